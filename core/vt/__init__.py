@@ -1,0 +1,92 @@
+"""vt: a Python inference runtime for GGUF models with pluggable, capability-checked backends.
+
+This module is vt's public API: a plugin imports only what is exported here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backend import (
+    MODEL_KERNELS,
+    SAMPLE_PARAMS_DTYPE,
+    Backend,
+    Buffer,
+    Event,
+    HostBuffer,
+    KVLayout,
+    Probe,
+    RopeParams,
+    RopeStyle,
+    Segment,
+    Stream,
+    VirtualRange,
+    Weight,
+    WeightTensor,
+)
+from .capabilities import Capabilities, Provenance, Source, VmmCaps
+from .errors import (
+    BackendUnavailableError,
+    CapabilityError,
+    HostAccessError,
+    KernelNotImplementedError,
+    ModelError,
+    VmmError,
+    VtError,
+)
+from .plugins import hookimpl, hookspec
+
+__version__ = "0.1.0"
+
+# Heavy parts (model loading, tokenizers) load on first use, so `import vt` stays cheap for
+# plugins and `vt backends`.
+_LAZY = {
+    "LLM": ("vt.llm", "LLM"),
+    "SamplingParams": ("vt.sampling", "SamplingParams"),
+    "reference": ("vt.reference", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module_name, attr = _LAZY[name]
+        module = importlib.import_module(module_name)
+        return module if attr is None else getattr(module, attr)
+    raise AttributeError(f"module 'vt' has no attribute {name!r}")
+
+
+__all__ = [
+    "MODEL_KERNELS",
+    "SAMPLE_PARAMS_DTYPE",
+    "Backend",
+    "BackendUnavailableError",
+    "Buffer",
+    "Capabilities",
+    "CapabilityError",
+    "Event",
+    "HostAccessError",
+    "HostBuffer",
+    "KVLayout",
+    "KernelNotImplementedError",
+    "LLM",
+    "ModelError",
+    "Probe",
+    "Provenance",
+    "RopeParams",
+    "RopeStyle",
+    "SamplingParams",
+    "Segment",
+    "Source",
+    "Stream",
+    "VirtualRange",
+    "VmmCaps",
+    "VmmError",
+    "VtError",
+    "Weight",
+    "WeightTensor",
+    "hookimpl",
+    "hookspec",
+    "reference",
+]

@@ -1,0 +1,3 @@
+"""Placeholder until its commands land."""
+
+COMMANDS: list = []
