@@ -1,0 +1,208 @@
+"""The arena smoke that ``vt audit`` runs on every backend declaring ``vmm``.
+
+Each check uses its own small arena, so one failure does not hide the others. The
+aliasing check is the one that would have caught the Windows ROCm bug: two segments,
+distinct patterns, and the whole prefix read back through an explicit copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..backend import Backend
+from ..errors import VmmError
+from .arena import VmmArena, arena_tensor, vmm_granularity
+
+if TYPE_CHECKING:
+    from ..audit import Check
+
+SMOKE_IDS: tuple[str, ...] = (
+    "vmm.granularity",
+    "vmm.segments_distinct",
+    "vmm.over_reserve",
+    "vmm.non_multiple",
+    "vmm.release_reserve",
+    "vmm.tensor_4097",
+)
+
+_FIX = (
+    "declare `segments_may_alias=True` in the backend's VmmCaps, which selects the full-map "
+    "policy (the whole reservation mapped in one segment, never grown)"
+)
+
+
+class _Failed(Exception):
+    """A smoke step saw wrong behaviour; the message is the check's detail."""
+
+
+def _check(check_id: str, result: str, detail: str) -> Check:
+    from ..audit import Check  # vt.audit imports this module; import lazily to avoid a cycle
+
+    return Check(id=check_id, kind="probe", result=result, detail=detail)
+
+
+def _pattern(n: int, which: int) -> np.ndarray:
+    # A[i] + B[i] == 255 (odd) so the two patterns differ at every byte.
+    base = (np.arange(n, dtype=np.int64) % 251).astype(np.uint8)
+    return base if which == 0 else (255 - base).astype(np.uint8)
+
+
+def _write(arena: VmmArena, offset: int, data: np.ndarray) -> None:
+    arena.backend.copy_h2d(arena.buffer.view(offset, data.nbytes), data)
+
+
+def _read(arena: VmmArena, offset: int, nbytes: int) -> np.ndarray:
+    out = np.empty(nbytes, np.uint8)
+    arena.backend.copy_d2h(out, arena.buffer.view(offset, nbytes))
+    return out
+
+
+def _first_diff(got: np.ndarray, want: np.ndarray) -> int:
+    return int(np.flatnonzero(got != want)[0])
+
+
+def _expect_intact(arena: VmmArena, want: np.ndarray, after: str) -> None:
+    got = _read(arena, 0, want.nbytes)
+    if not np.array_equal(got, want):
+        raise _Failed(f"data changed after {after}: first wrong byte at {_first_diff(got, want)}")
+
+
+def _expect_vmm_error(arena: VmmArena, nbytes: int, fragment: str) -> str:
+    before = (arena.mapped_bytes, arena.segments)
+    try:
+        arena.map_next(nbytes)
+    except VmmError as exc:
+        message = str(exc)
+    else:
+        raise _Failed(f"map_next({nbytes}) succeeded; expected an error containing {fragment!r}")
+    if fragment not in message:
+        raise _Failed(f"map_next({nbytes}) raised {message!r}; expected {fragment!r} in it")
+    if (arena.mapped_bytes, arena.segments) != before:
+        raise _Failed(f"map_next({nbytes}) failed but changed the arena to {arena!r}")
+    return message
+
+
+def _segments_distinct(backend: Backend, g: int) -> str:
+    with VmmArena.reserve(backend, 2 * g) as arena:
+        a, b = _pattern(g, 0), _pattern(g, 1)
+        if arena.full_map:
+            if arena.segments != 1 or arena.mapped_bytes != arena.reserved_bytes:
+                raise _Failed(
+                    "segments_may_alias is declared but the arena did not map its full "
+                    f"reservation in one segment: {arena!r}"
+                )
+            _write(arena, 0, a)
+            _write(arena, g, b)
+            _expect_intact(arena, np.concatenate([a, b]), "writing both halves of the mapping")
+            return "full-map policy (segments_may_alias): one segment covers the reservation"
+        arena.map_next(g)
+        _write(arena, 0, a)
+        arena.map_next(g)
+        _write(arena, g, b)
+        got = _read(arena, 0, 2 * g)
+        if np.array_equal(got[:g], b):
+            raise _Failed(
+                f"segment 2 aliases segment 1: writing pattern B at offset {g} overwrote "
+                f"pattern A at offset 0; {_FIX}"
+            )
+        if not np.array_equal(got, np.concatenate([a, b])):
+            where = _first_diff(got, np.concatenate([a, b]))
+            raise _Failed(
+                f"prefix read back is not A then B (first wrong byte at {where}); the "
+                f"segments may alias; {_FIX}"
+            )
+        return f"two segments of {g} bytes hold A then B"
+
+
+def _over_reserve(backend: Backend, g: int) -> str:
+    with VmmArena.reserve(backend, 2 * g) as arena:
+        arena.ensure(g)
+        a = _pattern(g, 0)
+        _write(arena, 0, a)
+        over = arena.reserved_bytes - arena.mapped_bytes + g
+        _expect_vmm_error(arena, over, "would exceed reserve")
+        _expect_intact(arena, a, "the rejected map")
+        return f"map_next({over}) past the reservation failed; data intact"
+
+
+def _non_multiple(backend: Backend, g: int) -> str:
+    with VmmArena.reserve(backend, 2 * g) as arena:
+        arena.ensure(g)
+        a = _pattern(g, 0)
+        _write(arena, 0, a)
+        _expect_vmm_error(arena, g + 1, "must be a non-zero multiple of granularity")
+        _expect_intact(arena, a, "the rejected map")
+        return f"map_next({g + 1}) failed; data intact"
+
+
+def _release_reserve(backend: Backend, g: int) -> str:
+    arena = VmmArena.reserve(backend, g)
+    arena.ensure(g)
+    _write(arena, 0, _pattern(g, 0))
+    arena.release()
+    arena.release()
+    with VmmArena.reserve(backend, g) as fresh:
+        fresh.ensure(g)
+        b = _pattern(g, 1)
+        _write(fresh, 0, b)
+        _expect_intact(fresh, b, "a write to a fresh reservation")
+    return "release (twice) then a fresh reserve round-trips"
+
+
+def _tensor_4097(backend: Backend, g: int) -> str:
+    tensor = arena_tensor(backend, 4097)
+    try:
+        if tensor.nbytes != 4097:
+            raise _Failed(f"the tensor exposes {tensor.nbytes} bytes, expected 4097")
+        want = -(-4097 // g) * g
+        if tensor.arena.mapped_bytes != want or tensor.arena.segments != 1:
+            raise _Failed(
+                f"expected one segment of {want} bytes, got {tensor.arena.segments} "
+                f"segment(s) of {tensor.arena.mapped_bytes} bytes"
+            )
+        data = np.random.default_rng(4097).integers(0, 256, 4097, dtype=np.uint8)
+        backend.copy_h2d(tensor.buffer, data)
+        got = np.empty(4097, np.uint8)
+        backend.copy_d2h(got, tensor.buffer)
+        if not np.array_equal(got, data):
+            raise _Failed(f"read back differs at byte {_first_diff(got, data)}")
+    finally:
+        tensor.release()
+    return f"4097 bytes round-trip in one {want}-byte segment"
+
+
+_STEPS: tuple[tuple[str, Callable[[Backend, int], str]], ...] = (
+    ("vmm.segments_distinct", _segments_distinct),
+    ("vmm.over_reserve", _over_reserve),
+    ("vmm.non_multiple", _non_multiple),
+    ("vmm.release_reserve", _release_reserve),
+    ("vmm.tensor_4097", _tensor_4097),
+)
+
+
+def arena_smoke(backend: Backend) -> list[Check]:
+    """Prove the backend's VMM path on small arenas; one :class:`vt.audit.Check` per step."""
+    if backend.capabilities.vmm is None:
+        return [
+            _check(i, "skip", f"backend {backend.name!r} does not declare vmm") for i in SMOKE_IDS
+        ]
+    try:
+        g = vmm_granularity(backend)
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        return [_check("vmm.granularity", "fail", detail)] + [
+            _check(i, "skip", "skipped: no usable granularity") for i in SMOKE_IDS[1:]
+        ]
+    policy = "full-map" if backend.capabilities.vmm.segments_may_alias else "grow"
+    checks = [_check("vmm.granularity", "pass", f"granularity {g} bytes, {policy} policy")]
+    for check_id, step in _STEPS:
+        try:
+            checks.append(_check(check_id, "pass", step(backend, g)))
+        except _Failed as exc:
+            checks.append(_check(check_id, "fail", str(exc)))
+        except Exception as exc:
+            checks.append(_check(check_id, "fail", f"{type(exc).__name__}: {exc}"))
+    return checks

@@ -1,0 +1,437 @@
+"""VmmArena: rounding, growth, every error path (data intact), release, aliasing policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import vt
+from vt.memory import TENSOR_ALIGNMENT, VmmArena, arena_tensor
+from vt.memory.smoke import SMOKE_IDS, arena_smoke
+
+KiB, MiB = 1 << 10, 1 << 20
+GRANULARITIES = [4 * KiB, 64 * KiB, 2 * MiB]
+
+
+class FakeVmmBackend(vt.Backend):
+    """Host memory with a faithful VMM model: each segment is its own physical array."""
+
+    name = "fake_vmm"
+
+    def __init__(self, granularity: int = 4 * KiB, *, declare_alias: bool = False) -> None:
+        self.capabilities = vt.Capabilities(
+            unified_memory=True,
+            device_memory_is_host_addressable=True,
+            vmm=vt.VmmCaps(granularity=granularity, segments_may_alias=declare_alias),
+        )
+        self._granularity = granularity
+        self.unmapped: list[int] = []
+        self.fail_unmaps = 0
+        self.fail_releases = 0
+        self.fail_maps = 0
+
+    def _physical(self, vrange: vt.VirtualRange, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, np.uint8)
+
+    def _spans(self, buf: vt.Buffer):
+        lo, hi = buf.offset, buf.offset + buf.nbytes
+        pos = lo
+        for seg in sorted(buf.handle["segments"], key=lambda s: s[0]):
+            off, n, store = seg
+            if off <= pos < off + n:
+                end = min(hi, off + n)
+                yield store[pos - off : end - off]
+                pos = end
+            if pos >= hi:
+                return
+        if pos < hi:
+            raise RuntimeError(f"access to unmapped bytes [{pos}, {hi})")
+
+    def copy_h2d(self, dst: vt.Buffer, src: np.ndarray) -> None:
+        raw = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
+        done = 0
+        for part in self._spans(dst.view(0, raw.nbytes)):
+            part[:] = raw[done : done + part.nbytes]
+            done += part.nbytes
+
+    def copy_d2h(self, dst: np.ndarray, src: vt.Buffer) -> None:
+        flat = dst.view(np.uint8).reshape(-1)
+        flat[:] = np.concatenate(list(self._spans(src.view(0, flat.nbytes))))
+
+    def memset(self, buf: vt.Buffer, value: int, stream: vt.Stream | None = None) -> None:
+        for part in self._spans(buf):
+            part[:] = value
+
+    def vmm_granularity(self) -> int:
+        return self._granularity
+
+    def vmm_reserve(self, nbytes: int) -> vt.VirtualRange:
+        return vt.VirtualRange({"segments": [], "released": False}, nbytes)
+
+    def vmm_map(self, vrange: vt.VirtualRange, offset: int, nbytes: int) -> vt.Segment:
+        if self.fail_maps:
+            self.fail_maps -= 1
+            raise RuntimeError("injected: out of physical memory")
+        assert offset % self._granularity == 0 and nbytes % self._granularity == 0
+        assert offset + nbytes <= vrange.nbytes
+        seg = (offset, nbytes, self._physical(vrange, nbytes))
+        vrange.handle["segments"].append(seg)
+        return vt.Segment(seg, offset, nbytes)
+
+    def vmm_unmap(self, vrange: vt.VirtualRange, segment: vt.Segment) -> None:
+        if self.fail_unmaps:
+            self.fail_unmaps -= 1
+            raise RuntimeError("injected: unmap failed")
+        vrange.handle["segments"].remove(segment.handle)
+        self.unmapped.append(segment.offset)
+
+    def vmm_release(self, vrange: vt.VirtualRange) -> None:
+        if self.fail_releases:
+            self.fail_releases -= 1
+            raise RuntimeError("injected: address free failed")
+        assert not vrange.handle["segments"], "released with segments still mapped"
+        vrange.handle["released"] = True
+
+    def vmm_buffer(self, vrange: vt.VirtualRange) -> vt.Buffer:
+        return vt.Buffer(vrange.handle, vrange.nbytes, owner=self.name)
+
+
+class AliasingBackend(FakeVmmBackend):
+    """Every new segment reuses the first segment's physical memory (the ROCm bug)."""
+
+    name = "aliasing_vmm"
+
+    def _physical(self, vrange: vt.VirtualRange, nbytes: int) -> np.ndarray:
+        segs = vrange.handle["segments"]
+        if segs and segs[0][2].nbytes >= nbytes:
+            return segs[0][2][:nbytes]
+        return super()._physical(vrange, nbytes)
+
+
+def make_backend(granularity: int = 4 * KiB, **kwargs: object) -> FakeVmmBackend:
+    return FakeVmmBackend(granularity, **kwargs)
+
+
+def _pattern(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def _read(arena: VmmArena, nbytes: int | None = None) -> np.ndarray:
+    n = arena.mapped_bytes if nbytes is None else nbytes
+    out = np.empty(n, np.uint8)
+    arena.backend.copy_d2h(out, arena.buffer.view(0, n))
+    return out
+
+
+def _filled(backend: vt.Backend, g: int, reserve: int) -> tuple[VmmArena, np.ndarray]:
+    arena = VmmArena.reserve(backend, reserve)
+    arena.map_next(g)
+    data = _pattern(g, 1)
+    backend.copy_h2d(arena.buffer.view(0, g), data)
+    return arena, data
+
+
+def _state(arena: VmmArena) -> tuple[int, int, int]:
+    return arena.reserved_bytes, arena.mapped_bytes, arena.segments
+
+
+# --------------------------------------------------------------------------- reserve
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+def test_reserve_rounds_up_to_granularity(g: int) -> None:
+    arena = VmmArena.reserve(make_backend(g), g + 1)
+    assert arena.granularity == g
+    assert arena.reserved_bytes == 2 * g
+    assert arena.mapped_bytes == 0 and arena.segments == 0
+    assert arena.buffer.nbytes == 2 * g
+    assert not arena.full_map
+    exact = VmmArena.reserve(make_backend(g), 3 * g)
+    assert exact.reserved_bytes == 3 * g
+
+
+@pytest.mark.parametrize("nbytes", [0, -4096])
+def test_reserve_needs_positive_size(nbytes: int) -> None:
+    with pytest.raises(vt.VmmError, match=f"must be a positive number of bytes, got {nbytes}"):
+        VmmArena.reserve(make_backend(), nbytes)
+
+
+def test_reserve_on_backend_without_vmm_names_it() -> None:
+    backend = make_backend()
+    backend.capabilities = backend.capabilities.model_copy(update={"vmm": None})
+    with pytest.raises(vt.CapabilityError, match="backend 'fake_vmm' does not declare vmm"):
+        VmmArena.reserve(backend, 4096)
+
+
+def test_declared_granularity_must_match_runtime() -> None:
+    backend = make_backend(4 * KiB)
+    backend._granularity = 64 * KiB  # runtime disagrees with the declaration
+    with pytest.raises(vt.VmmError, match="declared vmm granularity 4096 is not a positive"):
+        VmmArena.reserve(backend, 4096)
+
+
+# --------------------------------------------------------------------------- map_next
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+def test_segments_hold_their_own_data(g: int) -> None:
+    backend = make_backend(g)
+    arena, a = _filled(backend, g, 3 * g)
+    arena.map_next(2 * g)
+    b = _pattern(2 * g, 2)
+    backend.copy_h2d(arena.buffer.view(g, 2 * g), b)
+    assert _state(arena) == (3 * g, 3 * g, 2)
+    np.testing.assert_array_equal(_read(arena), np.concatenate([a, b]))
+    arena.release()
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+@pytest.mark.parametrize("factor", [0.0, 0.5, 1.5, -1.0])
+def test_map_next_rejects_non_multiples(g: int, factor: float) -> None:
+    backend = make_backend(g)
+    arena, data = _filled(backend, g, 4 * g)
+    size = int(g * factor)
+    with pytest.raises(
+        vt.VmmError, match=f"map size {size} must be a non-zero multiple of granularity {g}$"
+    ):
+        arena.map_next(size)
+    assert _state(arena) == (4 * g, g, 1)
+    np.testing.assert_array_equal(_read(arena), data)
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+def test_map_next_past_reservation_names_sizes(g: int) -> None:
+    backend = make_backend(g)
+    arena, data = _filled(backend, g, 2 * g)
+    with pytest.raises(vt.VmmError, match=rf"would exceed reserve {g} \+ {2 * g} > {2 * g}$"):
+        arena.map_next(2 * g)
+    assert _state(arena) == (2 * g, g, 1)
+    np.testing.assert_array_equal(_read(arena), data)
+    arena.map_next(g)  # what does fit still maps
+    assert arena.mapped_bytes == arena.reserved_bytes
+
+
+def test_failed_backend_map_leaves_arena_intact() -> None:
+    backend = make_backend()
+    arena, data = _filled(backend, 4096, 4 * 4096)
+    backend.fail_maps = 1
+    with pytest.raises(RuntimeError, match="injected: out of physical memory"):
+        arena.map_next(4096)
+    assert _state(arena) == (4 * 4096, 4096, 1)
+    np.testing.assert_array_equal(_read(arena), data)
+    arena.map_next(4096)
+    assert arena.segments == 2
+
+
+# --------------------------------------------------------------------------- ensure
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+def test_ensure_grows_in_min_growth_chunks(g: int) -> None:
+    backend = make_backend(g)
+    arena = VmmArena.reserve(backend, 16 * g, min_growth=3 * g - 1)
+    assert arena.min_growth == 3 * g  # rounded up to the granularity
+    assert arena.ensure(1) == 3 * g
+    assert arena.ensure(3 * g) == 0  # already covered
+    assert arena.ensure(7 * g + 1) == 5 * g  # several granules at once, one segment
+    assert _state(arena) == (16 * g, 8 * g, 2)
+    assert arena.ensure(15 * g) == 7 * g
+    assert arena.ensure(15 * g + 1) == g  # min_growth clipped to the reservation
+    assert _state(arena) == (16 * g, 16 * g, 4)
+    with pytest.raises(vt.VmmError, match=f"cannot map {16 * g + 1} bytes: the arena reserves"):
+        arena.ensure(16 * g + 1)
+    with pytest.raises(vt.VmmError, match="ensure size must be a non-negative number"):
+        arena.ensure(-1)
+
+
+def test_min_growth_must_not_be_negative() -> None:
+    with pytest.raises(vt.VmmError, match="min_growth must be a non-negative number of bytes"):
+        VmmArena.reserve(make_backend(), 4096, min_growth=-1)
+
+
+# --------------------------------------------------------------------------- release
+
+
+def test_release_unmaps_in_reverse_order_and_is_idempotent() -> None:
+    backend = make_backend()
+    arena = VmmArena.reserve(backend, 4 * 4096)
+    for _ in range(3):
+        arena.map_next(4096)
+    handle = arena.buffer.handle
+    arena.release()
+    assert backend.unmapped == [8192, 4096, 0]
+    assert handle["released"]
+    assert arena.released and arena.segments == 0 and arena.mapped_bytes == 0
+    arena.release()
+    assert backend.unmapped == [8192, 4096, 0]
+    for call in (lambda: arena.map_next(4096), lambda: arena.ensure(1), lambda: arena.buffer):
+        with pytest.raises(vt.VmmError, match="the VMM arena has been released"):
+            call()
+
+
+def test_release_retries_after_a_failing_unmap() -> None:
+    backend = make_backend()
+    arena = VmmArena.reserve(backend, 4 * 4096)
+    for _ in range(4):
+        arena.map_next(4096)
+    original = backend.vmm_unmap
+    calls = {"n": 0}
+
+    def flaky(vrange: vt.VirtualRange, segment: vt.Segment) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the last segment goes, the next one fails and stays listed
+            raise RuntimeError("injected: unmap failed")
+        original(vrange, segment)
+
+    backend.vmm_unmap = flaky  # type: ignore[method-assign]
+    with pytest.raises(
+        vt.VmmError, match=r"segment at offset 8192 \(4096 bytes\) failed: injected: unmap failed"
+    ) as info:
+        arena.release()
+    assert "3 segment(s) still mapped, call release() again" in str(info.value)
+    assert not arena.released
+    assert _state(arena) == (4 * 4096, 3 * 4096, 3)
+    arena.release()
+    assert arena.released
+    assert backend.unmapped == [12288, 8192, 4096, 0]
+
+
+def test_release_retries_after_a_failing_address_free() -> None:
+    backend = make_backend()
+    arena = VmmArena.reserve(backend, 2 * 4096)
+    arena.map_next(4096)
+    handle = arena.buffer.handle
+    backend.fail_releases = 1
+    with pytest.raises(vt.VmmError, match="freeing the reservation of 8192 bytes failed"):
+        arena.release()
+    assert not arena.released and arena.segments == 0
+    arena.release()
+    assert arena.released and handle["released"]
+    assert backend.unmapped == [0]
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+def test_4097_byte_tensor_maps_whole_granules(g: int) -> None:
+    backend = make_backend(g)
+    tensor = arena_tensor(backend, 4097)
+    assert tensor.nbytes == 4097 and tensor.buffer.nbytes == 4097
+    assert tensor.arena.segments == 1
+    assert tensor.arena.mapped_bytes == -(-4097 // g) * g
+    data = _pattern(4097, 3)
+    backend.copy_h2d(tensor.buffer, data)
+    got = np.empty(4097, np.uint8)
+    backend.copy_d2h(got, tensor.buffer)
+    np.testing.assert_array_equal(got, data)
+    tensor.release()
+    assert tensor.arena.released
+
+
+def test_alloc_tensor_bumps_aligned_offsets() -> None:
+    backend = make_backend(64 * KiB)
+    arena = VmmArena.reserve(backend, 256 * KiB)
+    first = arena.alloc_tensor(4097)
+    second = arena.alloc_tensor(100)
+    assert (first.offset, first.nbytes) == (0, 4097)
+    assert second.offset == -(-4097 // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+    assert arena.mapped_bytes == 64 * KiB and arena.segments == 1
+    with pytest.raises(vt.VmmError, match="does not fit in the arena's reservation of 262144"):
+        arena.alloc_tensor(256 * KiB)
+    with pytest.raises(vt.VmmError, match="tensor size must be a positive number of bytes, got 0"):
+        arena.alloc_tensor(0)
+    with pytest.raises(vt.VmmError, match="tensor size must be a positive number of bytes"):
+        arena_tensor(backend, -1)
+
+
+# --------------------------------------------------------------------------- aliasing policy
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+def test_full_map_policy_maps_everything_once(g: int) -> None:
+    backend = AliasingBackend(g, declare_alias=True)
+    arena = VmmArena.reserve(backend, 5 * g + 1, min_growth=g)
+    assert arena.full_map
+    assert _state(arena) == (6 * g, 6 * g, 1)
+    data = _pattern(6 * g, 4)
+    backend.copy_h2d(arena.buffer, data)
+    # Growing anywhere within the reservation is a no-op, never "exceed reserve".
+    for n in (1, g, 6 * g):
+        assert arena.ensure(n) == 0
+    with pytest.raises(vt.VmmError, match="must be a non-zero multiple of granularity"):
+        arena.map_next(g + 1)
+    with pytest.raises(vt.VmmError, match=rf"exceed reserve {6 * g} \+ {g} > {6 * g}") as info:
+        arena.map_next(g)
+    assert "segments_may_alias" in str(info.value)
+    assert _state(arena) == (6 * g, 6 * g, 1)
+    np.testing.assert_array_equal(_read(arena), data)
+    arena.release()
+    assert backend.unmapped == [0]
+
+
+def test_aliasing_backend_really_aliases() -> None:
+    # Without the policy, the second segment overwrites the first: the bug the smoke catches.
+    backend = AliasingBackend(4096)
+    arena, a = _filled(backend, 4096, 2 * 4096)
+    arena.map_next(4096)
+    backend.copy_h2d(arena.buffer.view(4096, 4096), _pattern(4096, 2))
+    assert not np.array_equal(_read(arena, 4096), a)
+
+
+# --------------------------------------------------------------------------- arena smoke
+
+
+def _by_id(checks: list) -> dict:
+    assert [c.id for c in checks] == list(SMOKE_IDS)
+    assert all(c.kind == "probe" for c in checks)
+    return {c.id: c for c in checks}
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+def test_smoke_passes_on_a_correct_backend(g: int) -> None:
+    checks = _by_id(arena_smoke(make_backend(g)))
+    assert {c.result for c in checks.values()} == {"pass"}, checks
+    assert "grow policy" in checks["vmm.granularity"].detail
+
+
+def test_smoke_catches_undeclared_aliasing_and_names_the_fix() -> None:
+    checks = _by_id(arena_smoke(AliasingBackend(64 * KiB)))
+    alias = checks["vmm.segments_distinct"]
+    assert alias.result == "fail"
+    assert "segment 2 aliases segment 1" in alias.detail
+    assert "declare `segments_may_alias=True`" in alias.detail
+    assert "full-map policy" in alias.detail
+
+
+@pytest.mark.parametrize("g", GRANULARITIES)
+def test_declaring_aliasing_selects_full_map_which_passes(g: int) -> None:
+    checks = _by_id(arena_smoke(AliasingBackend(g, declare_alias=True)))
+    assert {c.result for c in checks.values()} == {"pass"}, checks
+    assert "full-map policy" in checks["vmm.segments_distinct"].detail
+
+
+def test_smoke_reports_broken_map_errors() -> None:
+    backend = make_backend()
+    backend.fail_maps = 100
+    checks = _by_id(arena_smoke(backend))
+    assert checks["vmm.granularity"].result == "pass"
+    for check_id in SMOKE_IDS[1:]:
+        assert checks[check_id].result == "fail"
+        assert "injected: out of physical memory" in checks[check_id].detail
+
+
+def test_smoke_skips_a_backend_without_vmm() -> None:
+    backend = make_backend()
+    backend.capabilities = backend.capabilities.model_copy(update={"vmm": None})
+    checks = _by_id(arena_smoke(backend))
+    assert {c.result for c in checks.values()} == {"skip"}
+    assert "does not declare vmm" in checks["vmm.segments_distinct"].detail
+
+
+def test_smoke_fails_on_granularity_mismatch() -> None:
+    backend = make_backend(4096)
+    backend._granularity = 8192
+    checks = _by_id(arena_smoke(backend))
+    assert checks["vmm.granularity"].result == "fail"
+    assert "not a positive multiple" in checks["vmm.granularity"].detail
+    assert checks["vmm.segments_distinct"].result == "skip"
