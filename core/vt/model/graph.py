@@ -1,0 +1,336 @@
+"""The llama-family forward graph (``llama``, ``qwen2``, ``qwen3``) over the backend protocol.
+
+The graph owns the uploaded weights and the activation buffers; it enqueues one step's
+kernels on a stream and never touches the host. Every step is one flattened batch
+(vLLM style): the tokens of all sequences are rows of one ``[n_tokens, dim]`` activation,
+each row carrying its own position and KV slot, so decoding many sequences is one
+matmul per projection. Only the rows that are sampled reach the output projection.
+
+Per layer::
+
+    h = rms_norm(x)                       attn_norm
+    q, k, v = h @ Wq, h @ Wk, h @ Wv      (+ bias: qwen2)
+    q, k = rms_norm per head              (qwen3: attn_q_norm, attn_k_norm)
+    q, k = rope(q), rope(k)               style from the model config
+    kv_store(k, v); a = attention(q)      scale 1/sqrt(head_dim)
+    x = x + a @ Wo
+    h = rms_norm(x)                       ffn_norm
+    x = x + (silu(h @ Wg) * (h @ Wu)) @ Wd
+
+then ``logits = rms_norm(x[rows]) @ Wout`` and ``sample``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from ..backend import Backend, Buffer, KVLayout, Stream, Weight
+from ..errors import KernelNotImplementedError, ModelError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+#: Architectures this graph runs (``general.architecture`` of the GGUF).
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
+
+_F32 = 4
+
+
+def check_backend(backend: Backend) -> None:
+    """Refuse a backend that lacks a kernel the model needs, naming every missing one."""
+    missing = type(backend).missing_kernels()
+    if missing:
+        raise KernelNotImplementedError(
+            f"backend {backend.name!r} does not implement the model kernels "
+            f"{', '.join(missing)}; it cannot run llama-family models"
+        )
+
+
+@dataclass(eq=False)
+class LayerWeights:
+    """One transformer block's weights in the backend's format (None where absent)."""
+
+    attn_norm: Weight
+    wq: Weight
+    wk: Weight
+    wv: Weight
+    wo: Weight
+    ffn_norm: Weight
+    w_gate: Weight
+    w_up: Weight
+    w_down: Weight
+    bq: Weight | None = None
+    bk: Weight | None = None
+    bv: Weight | None = None
+    q_norm: Weight | None = None
+    k_norm: Weight | None = None
+
+    def all(self) -> Iterator[Weight]:
+        for f in fields(self):
+            w = getattr(self, f.name)
+            if w is not None:
+                yield w
+
+
+@dataclass(eq=False)
+class Activations:
+    """Every buffer a step's kernels use, allocated once for the largest step.
+
+    ``x`` is the residual stream; ``h`` the normalised input of a projection and the
+    output of the o/down projections before they are added back.
+    """
+
+    x: Buffer
+    h: Buffer
+    q: Buffer
+    k: Buffer
+    v: Buffer
+    attn: Buffer
+    gate: Buffer
+    up: Buffer
+    act: Buffer
+    sel: Buffer  # the sampled rows of x, then normalised in place of sel_norm
+    sel_norm: Buffer
+    logits: Buffer
+    max_tokens: int
+    max_rows: int
+
+    def buffers(self) -> list[Buffer]:
+        return [
+            getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Buffer)
+        ]
+
+
+@dataclass(eq=False)
+class StepInputs:
+    """The device-side int32 inputs of one step (views of buffers the caller owns).
+
+    ``ids``/``positions``/``slots`` have one entry per token row; ``rows`` the index of
+    each sampled row; ``params`` one :data:`vt.SAMPLE_PARAMS_DTYPE` record per sampled row.
+    """
+
+    ids: Buffer
+    positions: Buffer
+    slots: Buffer
+    rows: Buffer
+    params: Buffer
+
+
+def _config_value(config: Any, name: str) -> Any:
+    try:
+        return getattr(config, name)
+    except AttributeError as exc:  # pragma: no cover - ModelConfig always has them
+        raise ModelError(f"model config has no {name!r}") from exc
+
+
+class LlamaGraph:
+    """Uploaded weights plus the kernel sequence of one forward step.
+
+    ``model`` is a :class:`vt.model.ModelFile` (anything with ``.config`` and
+    ``.tensor(name)``). Weights are uploaded once here; a tied output projection reuses
+    ``token_embd``.
+    """
+
+    def __init__(self, backend: Backend, model: Any) -> None:
+        check_backend(backend)
+        config = model.config
+        arch = _config_value(config, "architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelError(
+                f"architecture {arch!r} is not supported by the llama-family graph "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        if config.n_heads % config.n_kv_heads:
+            raise ModelError(
+                f"n_heads={config.n_heads} is not a multiple of n_kv_heads={config.n_kv_heads}"
+            )
+        if config.rope.head_dim != config.head_dim:
+            raise ModelError(
+                f"RoPE head_dim {config.rope.head_dim} differs from the model's {config.head_dim}"
+            )
+        self.backend = backend
+        self.config = config
+        self._uploaded: list[Weight] = []
+        try:
+            self.token_embd = self._upload(model, "token_embd.weight")
+            self.output_norm = self._upload(model, "output_norm.weight")
+            self.output = (
+                self.token_embd if config.tied_output else self._upload(model, "output.weight")
+            )
+            self.layers = [self._upload_layer(model, i) for i in range(config.n_layers)]
+        except BaseException:
+            self.close()
+            raise
+        self._check_shapes()
+
+    # ---- weights
+    def _upload(self, model: Any, name: str) -> Weight:
+        weight = self.backend.upload_weight(model.tensor(name))
+        self._uploaded.append(weight)
+        return weight
+
+    def _upload_layer(self, model: Any, i: int) -> LayerWeights:
+        c = self.config
+
+        def up(suffix: str) -> Weight:
+            return self._upload(model, f"blk.{i}.{suffix}")
+
+        layer = LayerWeights(
+            attn_norm=up("attn_norm.weight"),
+            wq=up("attn_q.weight"),
+            wk=up("attn_k.weight"),
+            wv=up("attn_v.weight"),
+            wo=up("attn_output.weight"),
+            ffn_norm=up("ffn_norm.weight"),
+            w_gate=up("ffn_gate.weight"),
+            w_up=up("ffn_up.weight"),
+            w_down=up("ffn_down.weight"),
+        )
+        if c.has_qkv_bias:
+            layer.bq, layer.bk, layer.bv = (
+                up("attn_q.bias"),
+                up("attn_k.bias"),
+                up("attn_v.bias"),
+            )
+        if c.has_qk_norm:
+            layer.q_norm, layer.k_norm = up("attn_q_norm.weight"), up("attn_k_norm.weight")
+        return layer
+
+    def _check_shapes(self) -> None:
+        """Catch a file whose tensor shapes disagree with its metadata before any kernel runs."""
+        c = self.config
+        q_dim, kv_dim = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        expect: list[tuple[Weight, tuple[int, ...]]] = [
+            (self.token_embd, (c.vocab_size, c.dim)),
+            (self.output, (c.vocab_size, c.dim)),
+            (self.output_norm, (c.dim,)),
+        ]
+        for layer in self.layers:
+            expect += [
+                (layer.attn_norm, (c.dim,)),
+                (layer.wq, (q_dim, c.dim)),
+                (layer.wk, (kv_dim, c.dim)),
+                (layer.wv, (kv_dim, c.dim)),
+                (layer.wo, (c.dim, q_dim)),
+                (layer.ffn_norm, (c.dim,)),
+                (layer.w_gate, (c.ffn_dim, c.dim)),
+                (layer.w_up, (c.ffn_dim, c.dim)),
+                (layer.w_down, (c.dim, c.ffn_dim)),
+            ]
+            if layer.bq is not None:
+                expect += [(layer.bq, (q_dim,)), (layer.bk, (kv_dim,)), (layer.bv, (kv_dim,))]
+            if layer.q_norm is not None:
+                expect += [(layer.q_norm, (c.head_dim,)), (layer.k_norm, (c.head_dim,))]
+        for weight, shape in expect:
+            if tuple(weight.shape) != shape:
+                raise ModelError(
+                    f"tensor {weight.name!r} has shape {tuple(weight.shape)}, "
+                    f"but the model config implies {shape}"
+                )
+
+    # ---- buffers
+    def allocate(self, max_tokens: int, max_rows: int) -> Activations:
+        """Allocate the activation buffers for steps of up to ``max_tokens`` token rows and
+        ``max_rows`` sampled rows."""
+        c = self.config
+        q_dim, kv_dim = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        sizes = {
+            "x": max_tokens * c.dim,
+            "h": max_tokens * c.dim,
+            "q": max_tokens * q_dim,
+            "k": max_tokens * kv_dim,
+            "v": max_tokens * kv_dim,
+            # also qwen3's scratch for un-normalised q and k (kv_dim <= q_dim)
+            "attn": max_tokens * q_dim,
+            "gate": max_tokens * c.ffn_dim,
+            "up": max_tokens * c.ffn_dim,
+            "act": max_tokens * c.ffn_dim,
+            "sel": max_rows * c.dim,
+            "sel_norm": max_rows * c.dim,
+            "logits": max_rows * c.vocab_size,
+        }
+        done: dict[str, Buffer] = {}
+        try:
+            for name, n in sizes.items():
+                done[name] = self.backend.alloc(n * _F32)
+        except BaseException:
+            for buf in done.values():
+                self.backend.free(buf)
+            raise
+        return Activations(**done, max_tokens=max_tokens, max_rows=max_rows)
+
+    def free_activations(self, act: Activations) -> None:
+        for buf in act.buffers():
+            self.backend.free(buf)
+
+    # ---- the step
+    def forward(
+        self,
+        act: Activations,
+        inp: StepInputs,
+        cache: Buffer,
+        layout: KVLayout,
+        n_tokens: int,
+        n_rows: int,
+        out_ids: Buffer,
+        stream: Stream,
+    ) -> None:
+        """Enqueue one step: ``n_tokens`` rows in, ``n_rows`` sampled ids into ``out_ids``.
+
+        Leaves the float32 logits of the sampled rows in ``act.logits``. Enqueues only
+        kernels: no allocation, no host synchronisation.
+        """
+        b, c, n = self.backend, self.config, n_tokens
+        if not 0 < n <= act.max_tokens or not 0 <= n_rows <= min(n, act.max_rows):
+            raise ValueError(
+                f"step of {n} tokens / {n_rows} sampled rows exceeds the buffers "
+                f"({act.max_tokens} tokens / {act.max_rows} rows)"
+            )
+        scale = 1.0 / math.sqrt(c.head_dim)
+        b.embedding(act.x, self.token_embd, inp.ids, n, stream)
+        for i, w in enumerate(self.layers):
+            b.rms_norm(act.h, act.x, w.attn_norm, n, c.dim, c.rms_eps, stream)
+            if w.q_norm is not None and w.k_norm is not None:
+                # qwen3: project into ``attn`` (free until attention writes it), then
+                # normalise each head into q / k.
+                b.matmul(act.attn, act.h, w.wq, n, stream, bias=w.bq)
+                b.rms_norm(act.q, act.attn, w.q_norm, n * c.n_heads, c.head_dim, c.rms_eps, stream)
+                b.matmul(act.attn, act.h, w.wk, n, stream, bias=w.bk)
+                b.rms_norm(
+                    act.k, act.attn, w.k_norm, n * c.n_kv_heads, c.head_dim, c.rms_eps, stream
+                )
+            else:
+                b.matmul(act.q, act.h, w.wq, n, stream, bias=w.bq)
+                b.matmul(act.k, act.h, w.wk, n, stream, bias=w.bk)
+            b.matmul(act.v, act.h, w.wv, n, stream, bias=w.bv)
+            b.rope(act.q, inp.positions, n, c.n_heads, c.rope, stream)
+            b.rope(act.k, inp.positions, n, c.n_kv_heads, c.rope, stream)
+            b.kv_store(cache, layout, i, act.k, act.v, inp.slots, inp.positions, n, stream)
+            b.attention(
+                act.attn, act.q, cache, layout, i, inp.slots, inp.positions, n, c.n_heads,
+                scale, stream,
+            )  # fmt: skip
+            b.matmul(act.h, act.attn, w.wo, n, stream)
+            b.add(act.x, act.x, act.h, n * c.dim, stream)
+            b.rms_norm(act.h, act.x, w.ffn_norm, n, c.dim, c.rms_eps, stream)
+            b.matmul(act.gate, act.h, w.w_gate, n, stream)
+            b.matmul(act.up, act.h, w.w_up, n, stream)
+            b.silu_mul(act.act, act.gate, act.up, n * c.ffn_dim, stream)
+            b.matmul(act.h, act.act, w.w_down, n, stream)
+            b.add(act.x, act.x, act.h, n * c.dim, stream)
+        if n_rows == 0:
+            return
+        # RMS norm is per row, so gathering first normalises only the rows that are sampled.
+        b.gather_rows(act.sel, act.x, inp.rows, n_rows, c.dim, stream)
+        b.rms_norm(act.sel_norm, act.sel, self.output_norm, n_rows, c.dim, c.rms_eps, stream)
+        b.matmul(act.logits, act.sel_norm, self.output, n_rows, stream)
+        b.sample(out_ids, act.logits, inp.params, n_rows, c.vocab_size, stream)
+
+    # ---- teardown
+    def close(self) -> None:
+        """Free the uploaded weights (idempotent)."""
+        uploaded, self._uploaded = self._uploaded, []
+        for weight in uploaded:
+            self.backend.free_weight(weight)
