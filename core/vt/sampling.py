@@ -1,0 +1,102 @@
+"""Sampling parameters of one request, in the style of vLLM's ``SamplingParams``.
+
+Differences from vLLM worth knowing: ``max_tokens`` defaults to 256 (vLLM: 16), and
+``seed=None`` draws a fresh seed per request (so two unseeded requests differ).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+#: Largest seed the device sampler takes (seeds are uint32, see ``SAMPLE_PARAMS_DTYPE``).
+MAX_SEED = 2**32 - 1
+
+
+class SamplingParams(BaseModel):
+    """How to sample one request's tokens and when to stop.
+
+    ``temperature == 0`` is greedy; ``top_k == 0`` (or -1) and ``top_p == 1`` turn those
+    filters off. Generation stops at the model's end-of-turn tokens (unless ``ignore_eos``),
+    any of ``stop_token_ids``, any of the ``stop`` strings (trimmed from the text), after
+    ``max_tokens`` tokens, or when the sequence reaches the engine's ``max_model_len``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int | None = Field(
+        default=256, description="most tokens to generate; None: until a stop or max_model_len"
+    )
+    temperature: float = Field(default=1.0, description="0 is greedy")
+    top_k: int = Field(default=0, description="keep the k most likely tokens; 0 or -1: all")
+    top_p: float = Field(default=1.0, description="nucleus sampling mass in (0, 1]")
+    seed: int | None = Field(default=None, description=f"0..{MAX_SEED}; None: random")
+    stop: list[str] = Field(default_factory=list, description="strings that end generation")
+    stop_token_ids: list[int] = Field(default_factory=list, description="ids that end it")
+    ignore_eos: bool = Field(default=False, description="keep going past end-of-turn tokens")
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {v}")
+        return v
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if not v >= 0.0 or v == float("inf"):  # also refuses NaN
+            raise ValueError(f"temperature must be a finite number >= 0, got {v}")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v < -1:
+            raise ValueError(f"top_k must be >= 0 (0 or -1 disables it), got {v}")
+        return max(v, 0)
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {v}")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= MAX_SEED:
+            raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {v}")
+        return v
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, v: object) -> object:
+        if v is None:
+            return []
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, (list, tuple)) and any(isinstance(s, str) and s == "" for s in v):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, v: list[int]) -> list[int]:
+        bad = [i for i in v if i < 0]
+        if bad:
+            raise ValueError(f"stop_token_ids must be >= 0, got {bad}")
+        return v
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """One line naming each bad field and why, for CLI and API error messages."""
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e.get("loc", ())) or "value"
+        msg = str(e.get("msg", "invalid"))
+        msg = msg.removeprefix("Value error, ")
+        if e.get("type") == "extra_forbidden":
+            msg = "unknown sampling parameter"
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
