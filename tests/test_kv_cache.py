@@ -5,70 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import vt
+from test_vmm_arena import AliasingBackend, FakeVmmBackend
 from vt.memory import KVCache, KVCacheStats, KVCapacityError
 
+KiB, MiB = 1 << 10, 1 << 20
 
-class NumpyBackend(vt.Backend):
-    """Host memory backend with a faithful VMM model: unmapped bytes cannot be touched."""
 
-    name = "numpy_test"
-
-    def __init__(self, granularity: int | None = 4096) -> None:
-        vmm = None if granularity is None else vt.VmmCaps(granularity=granularity)
-        self.capabilities = vt.Capabilities(
-            unified_memory=True, device_memory_is_host_addressable=True, vmm=vmm
-        )
-        self._granularity = granularity or 4096
-
-    def alloc(self, nbytes: int) -> vt.Buffer:
-        return vt.Buffer(np.zeros(nbytes, np.uint8), nbytes, owner=self.name)
-
-    def free(self, buf: vt.Buffer) -> None:
-        pass
-
-    def _bytes(self, buf: vt.Buffer) -> np.ndarray:
-        h = buf.handle
-        if isinstance(h, np.ndarray):
-            return h[buf.offset : buf.offset + buf.nbytes]
-        lo, hi = buf.offset, buf.offset + buf.nbytes
-        for off, n, store in h.segments:
-            if off <= lo and hi <= off + n:
-                return store[lo - off : hi - off]
-        raise RuntimeError(f"access [{lo}, {hi}) outside one mapped segment")
-
-    def memset(self, buf: vt.Buffer, value: int, stream: vt.Stream | None = None) -> None:
-        self._bytes(buf)[:] = value
-
-    def copy_h2d(self, dst: vt.Buffer, src: np.ndarray) -> None:
-        raw = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
-        self._bytes(dst.view(0, raw.nbytes))[:] = raw
-
-    def copy_d2h(self, dst: np.ndarray, src: vt.Buffer) -> None:
-        dst.view(np.uint8).reshape(-1)[:] = self._bytes(src.view(0, dst.nbytes))
-
-    def vmm_granularity(self) -> int:
-        return self._granularity
-
-    def vmm_reserve(self, nbytes: int) -> vt.VirtualRange:
-        class Space:
-            segments: list = []
-
-        space = Space()
-        space.segments = []
-        return vt.VirtualRange(space, nbytes)
-
-    def vmm_map(self, vrange: vt.VirtualRange, offset: int, nbytes: int) -> vt.Segment:
-        vrange.handle.segments.append((offset, nbytes, np.zeros(nbytes, np.uint8)))
-        return vt.Segment(len(vrange.handle.segments) - 1, offset, nbytes)
-
-    def vmm_unmap(self, vrange: vt.VirtualRange, segment: vt.Segment) -> None:
-        vrange.handle.segments.pop(segment.handle)
-
-    def vmm_release(self, vrange: vt.VirtualRange) -> None:
-        assert not vrange.handle.segments
-
-    def vmm_buffer(self, vrange: vt.VirtualRange) -> vt.Buffer:
-        return vt.Buffer(vrange.handle, vrange.nbytes, owner=self.name)
+def host_backend(granularity: int | None = 4 * KiB, **kwargs: object) -> FakeVmmBackend:
+    """A host-memory backend with vmm of ``granularity`` (None: no vmm)."""
+    backend = FakeVmmBackend(granularity or 4 * KiB, **kwargs)
+    if granularity is None:
+        backend.capabilities = backend.capabilities.model_copy(update={"vmm": None})
+    return backend
 
 
 def _layout(max_len: int = 8192, n_slots: int = 1) -> vt.KVLayout:
@@ -83,7 +31,7 @@ def _read(backend: vt.Backend, buf: vt.Buffer) -> np.ndarray:
 
 
 def test_contiguous_commits_everything_zeroed() -> None:
-    backend = NumpyBackend(granularity=None)
+    backend = host_backend(granularity=None)
     layout = _layout(max_len=256)
     cache = KVCache.create(backend, layout, kind="contiguous")
     assert cache.kind == "contiguous"
@@ -102,21 +50,21 @@ def test_contiguous_commits_everything_zeroed() -> None:
 
 
 def test_auto_picks_vmm_only_where_declared() -> None:
-    no_vmm = KVCache.create(NumpyBackend(granularity=None), _layout(max_len=64))
+    no_vmm = KVCache.create(host_backend(granularity=None), _layout(max_len=64))
     assert no_vmm.kind == "contiguous"
-    with_vmm = KVCache.create(NumpyBackend(granularity=4096), _layout(max_len=64))
+    with_vmm = KVCache.create(host_backend(granularity=4096), _layout(max_len=64))
     assert with_vmm.kind == "vmm"
     assert with_vmm.stats().backend == "vmm"
 
 
 def test_unknown_kind_is_named() -> None:
     with pytest.raises(ValueError, match="unknown KV cache kind 'paged'"):
-        KVCache.create(NumpyBackend(), _layout(), kind="paged")
+        KVCache.create(host_backend(), _layout(), kind="paged")
 
 
 def test_vmm_on_backend_without_vmm_names_the_backend() -> None:
-    with pytest.raises(vt.CapabilityError, match="backend 'numpy_test' does not declare vmm"):
-        KVCache.create(NumpyBackend(granularity=None), _layout(), kind="vmm")
+    with pytest.raises(vt.CapabilityError, match="backend 'fake_vmm' does not declare vmm"):
+        KVCache.create(host_backend(granularity=None), _layout(), kind="vmm")
 
 
 @pytest.mark.parametrize(
@@ -126,19 +74,19 @@ def test_bad_layout_names_the_field(field: str, value: int) -> None:
     kwargs = {"n_layers": 2, "n_slots": 1, "max_len": 8, "n_kv_heads": 2, "head_dim": 8}
     kwargs[field] = value
     with pytest.raises(ValueError, match=f"KV layout {field} must be a positive integer"):
-        KVCache.create(NumpyBackend(), vt.KVLayout(**kwargs), kind="contiguous")
+        KVCache.create(host_backend(), vt.KVLayout(**kwargs), kind="contiguous")
 
 
 def test_bad_growth_settings() -> None:
     with pytest.raises(ValueError, match="grow_tokens must be a positive integer, got 0"):
-        KVCache.create(NumpyBackend(), _layout(), kind="vmm", grow_tokens=0)
+        KVCache.create(host_backend(), _layout(), kind="vmm", grow_tokens=0)
     with pytest.raises(ValueError, match="min_growth_bytes must be a non-negative integer"):
-        KVCache.create(NumpyBackend(), _layout(), kind="vmm", min_growth_bytes=-1)
+        KVCache.create(host_backend(), _layout(), kind="vmm", min_growth_bytes=-1)
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "vmm"])
 def test_positions_beyond_max_len_name_it(kind: str) -> None:
-    cache = KVCache.create(NumpyBackend(), _layout(max_len=128), kind=kind)
+    cache = KVCache.create(host_backend(), _layout(max_len=128), kind=kind)
     with pytest.raises(KVCapacityError, match="at most max_len=128 positions"):
         cache.ensure_positions(129)
     assert cache.capacity_positions >= 64  # still usable afterwards
@@ -148,12 +96,119 @@ def test_positions_beyond_max_len_name_it(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["contiguous", "vmm"])
 def test_release_is_idempotent(kind: str) -> None:
-    cache = KVCache.create(NumpyBackend(), _layout(max_len=128), kind=kind)
+    cache = KVCache.create(host_backend(), _layout(max_len=128), kind=kind)
+    handle = cache.buffer.handle
     cache.release()
     cache.release()
+    assert handle["released"]
+    assert cache.stats().mapped_bytes == 0
     assert cache.released
     assert cache.capacity_positions == 0
     with pytest.raises(vt.VtError, match="released"):
         _ = cache.buffer
     with pytest.raises(vt.VtError, match="released"):
         cache.ensure_positions(1)
+
+
+def test_vmm_commits_a_small_fraction_for_a_short_chat() -> None:
+    backend = host_backend(64 * KiB)
+    layout = _layout(max_len=8192)  # 64 MiB reserved
+    cache = KVCache.create(backend, layout, kind="vmm")
+    assert cache.kind == "vmm"
+    assert cache.buffer.nbytes == layout.nbytes
+    # The first chunk is 64 positions = 512 KiB, raised to the 2 MiB minimum growth.
+    assert cache.stats() == KVCacheStats(
+        backend="vmm", reserved_bytes=64 * MiB, mapped_bytes=2 * MiB, segments=1
+    )
+    assert cache.capacity_positions == 256
+    for n in range(1, 201):  # a 200-token chat, ensured before every step
+        cache.ensure_positions(n)
+    assert cache.stats().mapped_bytes == 2 * MiB
+    assert cache.ensure_positions(257) == 2 * MiB
+    assert cache.capacity_positions == 512
+    stats = cache.stats()
+    assert stats.segments == 2
+    assert stats.mapped_bytes / stats.reserved_bytes <= 1 / 16
+    cache.release()
+    assert cache.stats().mapped_bytes == 0
+
+
+def test_vmm_grows_by_grow_tokens_when_larger_than_min_growth() -> None:
+    # 64 KiB per position: 64 positions (4 MiB) per chunk beats the 2 MiB minimum.
+    layout = vt.KVLayout(n_layers=16, n_slots=1, max_len=1024, n_kv_heads=8, head_dim=64)
+    cache = KVCache.create(host_backend(4 * KiB), layout, kind="vmm", grow_tokens=64)
+    assert cache.capacity_positions == 64
+    assert cache.ensure_positions(65) == 4 * MiB
+    assert cache.capacity_positions == 128
+    assert cache.ensure_positions(1000) == 4 * MiB * 14  # to 1024 = 16 chunks, one segment
+    assert cache.capacity_positions == 1024
+    assert cache.stats().segments == 3
+
+
+def test_vmm_rounds_growth_to_the_granularity_and_caps_at_max_len() -> None:
+    # 192 bytes per position does not divide the 64 KiB granularity.
+    layout = vt.KVLayout(n_layers=3, n_slots=1, max_len=1000, n_kv_heads=1, head_dim=8)
+    cache = KVCache.create(host_backend(64 * KiB), layout, kind="vmm", min_growth_bytes=0)
+    assert cache.stats().mapped_bytes == 64 * KiB
+    assert cache.capacity_positions == 64 * KiB // 192
+    cache.ensure_positions(1000)
+    assert cache.stats().mapped_bytes == cache.stats().reserved_bytes == 192 * KiB
+    assert cache.capacity_positions == 1000  # never more than max_len
+
+
+def test_full_map_policy_kv_cache_never_grows() -> None:
+    backend = AliasingBackend(64 * KiB, declare_alias=True)
+    cache = KVCache.create(backend, _layout(max_len=512), kind="auto")
+    assert cache.kind == "vmm"
+    assert cache.capacity_positions == 512
+    assert cache.ensure_positions(512) == 0
+    assert cache.stats() == KVCacheStats(
+        backend="vmm", reserved_bytes=4 * MiB, mapped_bytes=4 * MiB, segments=1
+    )
+
+
+def test_failed_growth_leaves_cache_usable() -> None:
+    backend = host_backend(4 * KiB)
+    layout = _layout(max_len=1024)
+    cache = KVCache.create(backend, layout, kind="vmm", min_growth_bytes=0)
+    data = np.arange(64 * layout.position_bytes // 4, dtype=np.float32)
+    backend.copy_h2d(cache.buffer, data)
+    backend.fail_maps = 1
+    with pytest.raises(RuntimeError, match="injected"):
+        cache.ensure_positions(65)
+    assert cache.capacity_positions == 64
+    got = np.empty_like(data)
+    backend.copy_d2h(got, cache.buffer)
+    np.testing.assert_array_equal(got, data)
+    assert cache.ensure_positions(65) > 0
+
+
+def test_contiguous_and_vmm_hold_identical_data() -> None:
+    layout = _layout(max_len=512, n_slots=2)
+    backend = host_backend(4 * KiB)
+    caches = [
+        KVCache.create(backend, layout, kind=k, grow_tokens=16, min_growth_bytes=0)
+        for k in ("contiguous", "vmm")
+    ]
+    rng = np.random.default_rng(0)
+    row = layout.token_bytes // 4  # floats per (position, slot)
+    for pos in range(300):
+        for slot in range(layout.n_slots):
+            kv = rng.standard_normal(row).astype(np.float32)
+            for cache in caches:
+                cache.ensure_positions(pos + 1)
+                offset = pos * layout.position_bytes + slot * layout.token_bytes
+                backend.copy_h2d(cache.buffer.view(offset, layout.token_bytes), kv)
+    n = 300 * layout.position_bytes
+    views = []
+    for cache in caches:
+        out = np.empty(n, np.uint8)
+        backend.copy_d2h(out, cache.buffer.view(0, n))
+        views.append(out)
+    np.testing.assert_array_equal(views[0], views[1])
+    # Growth zeroes fresh memory, like the contiguous cache's memset.
+    vmm = caches[1]
+    tail = vmm.capacity_positions * layout.position_bytes - n
+    out = np.empty(tail, np.uint8)
+    backend.copy_d2h(out, vmm.buffer.view(n, tail))
+    assert tail > 0 and not out.any()

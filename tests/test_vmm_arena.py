@@ -32,6 +32,13 @@ class FakeVmmBackend(vt.Backend):
     def _physical(self, vrange: vt.VirtualRange, nbytes: int) -> np.ndarray:
         return np.zeros(nbytes, np.uint8)
 
+    def alloc(self, nbytes: int) -> vt.Buffer:
+        handle = {"segments": [(0, nbytes, np.zeros(nbytes, np.uint8))], "released": False}
+        return vt.Buffer(handle, nbytes, owner=self.name)
+
+    def free(self, buf: vt.Buffer) -> None:
+        buf.handle["released"] = True
+
     def _spans(self, buf: vt.Buffer):
         lo, hi = buf.offset, buf.offset + buf.nbytes
         pos = lo

@@ -206,7 +206,7 @@ class KVCache:
 
     # ---- reporting and teardown
     def stats(self) -> KVCacheStats:
-        if self._arena is not None:
+        if self._arena is not None and not self._arena.released:
             return KVCacheStats(
                 backend="vmm",
                 reserved_bytes=self._arena.reserved_bytes,
@@ -215,7 +215,7 @@ class KVCache:
             )
         held = 0 if self._buffer is None else self._layout.nbytes
         return KVCacheStats(
-            backend="contiguous",
+            backend=self._kind,
             reserved_bytes=held,
             mapped_bytes=held,
             segments=1 if held else 0,
