@@ -1,0 +1,225 @@
+"""Backends for vt's own tests: a threaded one, a discrete one, and liars of each.
+
+Imports only ``vt`` and numpy, like a third-party plugin. As a plugin module (entry point in
+group ``vt``) it registers ``threads`` and ``discrete``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import vt
+from vt import Buffer, Capabilities, Event, HostBuffer, Segment, Stream, VirtualRange, VmmCaps
+
+
+def _bytes(buf: Buffer) -> np.ndarray:
+    return buf.handle[buf.offset : buf.offset + buf.nbytes]
+
+
+class _Worker:
+    """One stream: a thread running its queue in order."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
+
+    def put(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+
+    def drain(self) -> None:
+        done = threading.Event()
+        self.put(done.set)
+        done.wait()
+
+
+class ThreadBackend(vt.Backend):
+    """Unified, host-addressable memory; worker-thread streams; real events; vmm."""
+
+    name = "threads"
+    priority = 5
+    description = "numpy with worker-thread streams (vt test backend)"
+    capabilities = Capabilities(
+        unified_memory=True,
+        device_memory_is_host_addressable=True,
+        supports_async_sampled_token_readback=True,
+        async_d2h_copy=True,
+        events=True,
+        pinned_host_memory=True,
+        vmm=VmmCaps(granularity=64 << 10),
+    )
+
+    def _submit(self, stream: Stream | None, job: Callable[[], None]) -> None:
+        if stream is None:
+            job()
+        else:
+            stream.handle.put(job)
+
+    def alloc(self, nbytes: int) -> Buffer:
+        return Buffer(np.zeros(nbytes, np.uint8), nbytes, owner=self.name)
+
+    def free(self, buf: Buffer) -> None:
+        pass
+
+    def memset(self, buf: Buffer, value: int, stream: Stream | None = None) -> None:
+        self._submit(stream, lambda: _bytes(buf).fill(value))
+
+    def copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
+        raw = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
+        _bytes(dst)[: raw.size] = raw
+
+    def copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
+        dst.reshape(-1).view(np.uint8)[:] = _bytes(src)[: dst.nbytes]
+
+    def copy_h2d_async(self, dst: Buffer, src: HostBuffer | np.ndarray, stream: Stream) -> None:
+        arr = src.array if isinstance(src, HostBuffer) else src
+        self._submit(stream, lambda: self.copy_h2d(dst, arr))
+
+    def copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
+        self._submit(stream, lambda: self.copy_d2h(dst.array, src))
+
+    def alloc_pinned(self, nbytes: int) -> HostBuffer:
+        return HostBuffer(np.zeros(nbytes, np.uint8), pinned=True)
+
+    def host_view(self, buf: Buffer) -> np.ndarray:
+        return _bytes(buf)
+
+    def create_stream(self, name: str = "") -> Stream:
+        return Stream(_Worker(), name)
+
+    def destroy_stream(self, stream: Stream) -> None:
+        stream.handle.put(None)
+        stream.handle.thread.join()
+
+    def synchronize(self, stream: Stream) -> None:
+        stream.handle.drain()
+
+    def create_event(self) -> Event:
+        done = threading.Event()
+        done.set()  # a never-recorded event is complete
+        return Event({"done": done})
+
+    def record_event(self, event: Event, stream: Stream) -> None:
+        done = threading.Event()  # a new object per record: earlier waits keep theirs
+        event.handle["done"] = done
+        stream.handle.put(done.set)
+
+    def query_event(self, event: Event) -> bool:
+        return event.handle["done"].is_set()
+
+    def synchronize_event(self, event: Event) -> None:
+        event.handle["done"].wait()
+
+    def stream_wait_event(self, stream: Stream, event: Event) -> None:
+        done = event.handle["done"]
+        stream.handle.put(done.wait)
+
+    def vmm_granularity(self) -> int:
+        return 64 << 10
+
+    def vmm_reserve(self, nbytes: int) -> VirtualRange:
+        return VirtualRange({"array": np.zeros(nbytes, np.uint8), "segments": []}, nbytes)
+
+    def vmm_map(self, vrange: VirtualRange, offset: int, nbytes: int) -> Segment:
+        g = self.vmm_granularity()
+        if offset % g or nbytes % g or nbytes <= 0 or offset + nbytes > vrange.nbytes:
+            raise vt.VmmError(f"bad mapping [{offset}, {offset + nbytes}) of {vrange.nbytes}")
+        seg = Segment(None, offset, nbytes)
+        vrange.handle["segments"].append(seg)
+        return seg
+
+    def vmm_unmap(self, vrange: VirtualRange, segment: Segment) -> None:
+        vrange.handle["segments"].remove(segment)
+
+    def vmm_release(self, vrange: VirtualRange) -> None:
+        if vrange.handle["segments"]:
+            raise vt.VmmError("release with segments still mapped")
+
+    def vmm_buffer(self, vrange: VirtualRange) -> Buffer:
+        return Buffer(vrange.handle["array"], vrange.nbytes, owner=self.name)
+
+
+class DiscreteBackend(vt.Backend):
+    """Opaque buffers, synchronous, no host access: the tt_stub shape."""
+
+    name = "discrete"
+    priority = 1
+    description = "synchronous discrete-device stand-in (vt test backend)"
+    capabilities = Capabilities()
+
+    def alloc(self, nbytes: int) -> Buffer:
+        return Buffer(bytearray(nbytes), nbytes, owner=self.name)
+
+    def free(self, buf: Buffer) -> None:
+        pass
+
+    def _view(self, buf: Buffer) -> np.ndarray:
+        return np.frombuffer(buf.handle, np.uint8)[buf.offset : buf.offset + buf.nbytes]
+
+    def memset(self, buf: Buffer, value: int, stream: Stream | None = None) -> None:
+        self._view(buf).fill(value)
+
+    def copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
+        raw = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
+        self._view(dst)[: raw.size] = raw
+
+    def copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
+        dst.reshape(-1).view(np.uint8)[:] = self._view(src)[: dst.nbytes]
+
+    def copy_h2d_async(self, dst: Buffer, src: HostBuffer | np.ndarray, stream: Stream) -> None:
+        self.copy_h2d(dst, src.array if isinstance(src, HostBuffer) else src)
+
+    def create_stream(self, name: str = "") -> Stream:
+        return Stream(None, name)
+
+    def destroy_stream(self, stream: Stream) -> None:
+        pass
+
+    def synchronize(self, stream: Stream) -> None:
+        pass
+
+
+class FakeEventsBackend(ThreadBackend):
+    """Declares events, but its events are complete at once: the probe must catch it."""
+
+    name = "fake-events"
+
+    def record_event(self, event: Event, stream: Stream) -> None:
+        pass
+
+    def synchronize_event(self, event: Event) -> None:
+        pass
+
+    def stream_wait_event(self, stream: Stream, event: Event) -> None:
+        pass
+
+
+class LeakyDiscreteBackend(DiscreteBackend):
+    """Says device memory is not host-addressable, yet host_view hands it out."""
+
+    name = "leaky"
+
+    def host_view(self, buf: Buffer) -> np.ndarray:
+        return self._view(buf)
+
+
+class FakePinnedBackend(ThreadBackend):
+    """Declares pinned memory but returns pageable buffers."""
+
+    name = "fake-pinned"
+
+    def alloc_pinned(self, nbytes: int) -> HostBuffer:
+        return HostBuffer(np.zeros(nbytes, np.uint8), pinned=False)
+
+
+@vt.hookimpl
+def vt_register_backends(register: Callable[[type], None]) -> None:
+    register(ThreadBackend)
+    register(DiscreteBackend)
