@@ -171,7 +171,7 @@ class Engine:
             params=params,
             seed=params.seed if params.seed is not None else random.getrandbits(32),
             stop_ids=stop_ids,
-            decoder=self.tokenizer.incremental_decoder(),
+            decoder=self.tokenizer.incremental_decoder(skip_special=True),
             prompt=prompt,
             t_arrival=time.perf_counter(),
         )
@@ -417,6 +417,9 @@ class Engine:
 
     # ------------------------------------------------------------------ slots
     def _finish(self, req: _Request, reason: FinishReason) -> None:
+        if reason != "abort" and not isinstance(req.stop_reason, str):
+            # An incomplete character left at the end becomes U+FFFD, as in decode().
+            req.text += req.decoder.flush()
         req.finished = True
         req.finish_reason = reason
         if req in self._waiting:
