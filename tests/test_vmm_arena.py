@@ -398,12 +398,12 @@ def _by_id(checks: list) -> dict:
 def test_smoke_passes_on_a_correct_backend(g: int) -> None:
     checks = _by_id(arena_smoke(make_backend(g)))
     assert {c.result for c in checks.values()} == {"pass"}, checks
-    assert "grow policy" in checks["vmm.granularity"].detail
+    assert "grow policy" in checks["vmm-granularity"].detail
 
 
 def test_smoke_catches_undeclared_aliasing_and_names_the_fix() -> None:
     checks = _by_id(arena_smoke(AliasingBackend(64 * KiB)))
-    alias = checks["vmm.segments_distinct"]
+    alias = checks["vmm-segments-distinct"]
     assert alias.result == "fail"
     assert "segment 2 aliases segment 1" in alias.detail
     assert "declare `segments_may_alias=True`" in alias.detail
@@ -414,14 +414,14 @@ def test_smoke_catches_undeclared_aliasing_and_names_the_fix() -> None:
 def test_declaring_aliasing_selects_full_map_which_passes(g: int) -> None:
     checks = _by_id(arena_smoke(AliasingBackend(g, declare_alias=True)))
     assert {c.result for c in checks.values()} == {"pass"}, checks
-    assert "full-map policy" in checks["vmm.segments_distinct"].detail
+    assert "full-map policy" in checks["vmm-segments-distinct"].detail
 
 
 def test_smoke_reports_broken_map_errors() -> None:
     backend = make_backend()
     backend.fail_maps = 100
     checks = _by_id(arena_smoke(backend))
-    assert checks["vmm.granularity"].result == "pass"
+    assert checks["vmm-granularity"].result == "pass"
     for check_id in SMOKE_IDS[1:]:
         assert checks[check_id].result == "fail"
         assert "injected: out of physical memory" in checks[check_id].detail
@@ -432,13 +432,13 @@ def test_smoke_skips_a_backend_without_vmm() -> None:
     backend.capabilities = backend.capabilities.model_copy(update={"vmm": None})
     checks = _by_id(arena_smoke(backend))
     assert {c.result for c in checks.values()} == {"skip"}
-    assert "does not declare vmm" in checks["vmm.segments_distinct"].detail
+    assert "does not declare vmm" in checks["vmm-segments-distinct"].detail
 
 
 def test_smoke_fails_on_granularity_mismatch() -> None:
     backend = make_backend(4096)
     backend._granularity = 8192
     checks = _by_id(arena_smoke(backend))
-    assert checks["vmm.granularity"].result == "fail"
-    assert "not a positive multiple" in checks["vmm.granularity"].detail
-    assert checks["vmm.segments_distinct"].result == "skip"
+    assert checks["vmm-granularity"].result == "fail"
+    assert "not a positive multiple" in checks["vmm-granularity"].detail
+    assert checks["vmm-segments-distinct"].result == "skip"

@@ -20,12 +20,12 @@ if TYPE_CHECKING:
     from ..audit import Check
 
 SMOKE_IDS: tuple[str, ...] = (
-    "vmm.granularity",
-    "vmm.segments_distinct",
-    "vmm.over_reserve",
-    "vmm.non_multiple",
-    "vmm.release_reserve",
-    "vmm.tensor_4097",
+    "vmm-granularity",
+    "vmm-segments-distinct",
+    "vmm-over-reserve",
+    "vmm-non-multiple",
+    "vmm-release-reserve",
+    "vmm-tensor-4097",
 )
 
 _FIX = (
@@ -175,11 +175,11 @@ def _tensor_4097(backend: Backend, g: int) -> str:
 
 
 _STEPS: tuple[tuple[str, Callable[[Backend, int], str]], ...] = (
-    ("vmm.segments_distinct", _segments_distinct),
-    ("vmm.over_reserve", _over_reserve),
-    ("vmm.non_multiple", _non_multiple),
-    ("vmm.release_reserve", _release_reserve),
-    ("vmm.tensor_4097", _tensor_4097),
+    ("vmm-segments-distinct", _segments_distinct),
+    ("vmm-over-reserve", _over_reserve),
+    ("vmm-non-multiple", _non_multiple),
+    ("vmm-release-reserve", _release_reserve),
+    ("vmm-tensor-4097", _tensor_4097),
 )
 
 
@@ -193,11 +193,11 @@ def arena_smoke(backend: Backend) -> list[Check]:
         g = vmm_granularity(backend)
     except Exception as exc:
         detail = f"{type(exc).__name__}: {exc}"
-        return [_check("vmm.granularity", "fail", detail)] + [
+        return [_check("vmm-granularity", "fail", detail)] + [
             _check(i, "skip", "skipped: no usable granularity") for i in SMOKE_IDS[1:]
         ]
     policy = "full-map" if backend.capabilities.vmm.segments_may_alias else "grow"
-    checks = [_check("vmm.granularity", "pass", f"granularity {g} bytes, {policy} policy")]
+    checks = [_check("vmm-granularity", "pass", f"granularity {g} bytes, {policy} policy")]
     for check_id, step in _STEPS:
         try:
             checks.append(_check(check_id, "pass", step(backend, g)))
