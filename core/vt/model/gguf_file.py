@@ -1,0 +1,542 @@
+"""Open a GGUF file safely and hand out its metadata and raw tensors.
+
+A GGUF is untrusted input. ``gguf.GGUFReader`` trusts every length and offset in it: on a
+truncated file it raises odd errors (or loops over a bogus array length for a very long
+time). So :func:`load_gguf` first walks the header with bounds checks of its own
+(:func:`scan_gguf`), and only then lets the real reader memory-map the file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from ..backend import WeightTensor
+from ..errors import ModelError
+from .config import ModelConfig, config_from_gguf
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
+
+#: Tensor types vt's kernels understand; anything else is refused at load time.
+SUPPORTED_TENSOR_TYPES: frozenset[GGMLQuantizationType] = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+    }
+)
+
+_SCALAR_FORMATS: dict[int, str] = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+# Smallest encoding of one array element, used to reject absurd array lengths up front.
+_MIN_ITEM_SIZE = {
+    **{t: struct.calcsize(f) for t, f in _SCALAR_FORMATS.items()},
+    GGUFValueType.STRING: 8,
+    GGUFValueType.ARRAY: 12,
+}
+
+
+# --------------------------------------------------------------------------- scanning
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives in the file, as checked by :func:`scan_gguf`."""
+
+    name: str
+    ggml_type: int
+    ne: tuple[int, ...]  # GGUF order: ne[0] is the contiguous (innermost) dimension
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical numpy shape: ``ne`` reversed, e.g. ``(out_features, in_features)``."""
+        return tuple(reversed(self.ne))
+
+    @property
+    def type_name(self) -> str:
+        return _type_name(self.ggml_type)
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    version: int
+    n_kv: int
+    alignment: int
+    data_offset: int
+    file_size: int
+    tensors: tuple[TensorInfo, ...]
+
+
+def _type_name(ggml_type: int) -> str:
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"unknown type {ggml_type}"
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads; every overrun names the section being read."""
+
+    def __init__(self, buf: Any, size: int, path: Path) -> None:
+        self.buf, self.size, self.path, self.pos = buf, size, path, 0
+
+    def fail(self, what: str) -> ModelError:
+        return ModelError(f"{self.path}: {what}")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(
+                f"truncated file: {what} needs bytes {self.pos}..{self.pos + n} "
+                f"but the file has only {self.size} bytes"
+            )
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", f"{what} (length)")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self.fail(f"{what} is not valid UTF-8 ({e})") from None
+
+    def skip_string(self, what: str) -> None:
+        n = self.unpack("<Q", f"{what} (length)")
+        self.need(n, what)
+        self.pos += n
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
+        """Read (scalars, strings) or skip (arrays) one value; returns None for arrays."""
+        if vtype in _SCALAR_FORMATS:
+            return self.unpack(_SCALAR_FORMATS[vtype], what)
+        if vtype == GGUFValueType.STRING:
+            return self.string(what)
+        if vtype != GGUFValueType.ARRAY:
+            raise self.fail(f"{what} has unknown value type {vtype}")
+        if depth > 2:
+            raise self.fail(f"{what} nests arrays too deeply")
+        item_type = self.unpack("<I", f"{what} (array item type)")
+        count = self.unpack("<Q", f"{what} (array length)")
+        if item_type not in _MIN_ITEM_SIZE:
+            raise self.fail(f"{what} is an array of unknown value type {item_type}")
+        # Checked before looping, so a bogus length cannot make us (or GGUFReader) spin.
+        self.need(count * _MIN_ITEM_SIZE[item_type], f"{what} ({count} array items)")
+        if item_type in _SCALAR_FORMATS:
+            self.pos += count * _MIN_ITEM_SIZE[item_type]
+        elif item_type == GGUFValueType.STRING:
+            for i in range(count):
+                self.skip_string(f"{what}[{i}]")
+        else:
+            for i in range(count):
+                self.value(item_type, f"{what}[{i}]", depth + 1)
+        return None
+
+
+def scan_gguf(path: str | os.PathLike[str]) -> GGUFLayout:
+    """Check a GGUF's structure without trusting it; raise :class:`ModelError` if broken.
+
+    Checks: the file exists and is readable, magic, version, that the header, every
+    key/value and every tensor info lie inside the file, tensor types are known GGML types
+    with whole blocks per row, offsets are aligned, and every tensor's data ends inside
+    the file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"{p}: no such model file")
+    if not p.is_file():
+        raise ModelError(f"{p}: not a regular file")
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            if size < 4:
+                head = f.read()
+                raise ModelError(
+                    f"{p}: truncated file: {size} bytes ({head!r}) is too short for a GGUF header"
+                )
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _scan(buf, size, p)
+    except OSError as e:
+        raise ModelError(f"{p}: cannot read the file: {e}") from e
+
+
+def _scan(buf: Any, size: int, path: Path) -> GGUFLayout:
+    cur = _Cursor(buf, size, path)
+    magic = bytes(buf[0:4])
+    if magic != GGUF_MAGIC:
+        hint = " (this looks like a zip or wheel archive)" if magic == b"PK\x03\x04" else ""
+        raise cur.fail(f"not a GGUF file: the magic bytes are {magic!r}, expected b'GGUF'{hint}")
+    cur.pos = 4
+    version = cur.unpack("<I", "the header (version)")
+    if version & 0xFFFF == 0 and version != 0:
+        raise cur.fail("big-endian GGUF files are not supported")
+    if version not in SUPPORTED_VERSIONS:
+        raise cur.fail(
+            f"unsupported GGUF version {version} (supported: "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))})"
+        )
+    n_tensors = cur.unpack("<Q", "the header (tensor count)")
+    n_kv = cur.unpack("<Q", "the header (key/value count)")
+    # Each key/value takes at least 13 bytes and each tensor info at least 24.
+    if n_kv * 13 > size or n_tensors * 24 > size:
+        raise cur.fail(
+            f"truncated or corrupt header: it claims {n_kv} key/values and {n_tensors} "
+            f"tensors, which cannot fit in {size} bytes"
+        )
+
+    alignment = DEFAULT_ALIGNMENT
+    seen: set[str] = set()
+    for i in range(n_kv):
+        key = cur.string(f"key/value #{i} (key)")
+        if key in seen:
+            raise cur.fail(f"duplicate metadata key {key!r}")
+        seen.add(key)
+        vtype = cur.unpack("<I", f"key/value {key!r} (type)")
+        value = cur.value(vtype, f"key/value {key!r}")
+        if key == "general.alignment":
+            if vtype != GGUFValueType.UINT32 or value <= 0 or value & (value - 1):
+                raise cur.fail(f"general.alignment must be a power of two, got {value!r}")
+            alignment = value
+
+    infos: list[tuple[str, int, tuple[int, ...], int]] = []
+    names: set[str] = set()
+    for i in range(n_tensors):
+        name = cur.string(f"tensor info #{i} (name)")
+        if name in names:
+            raise cur.fail(f"duplicate tensor {name!r}")
+        names.add(name)
+        n_dims = cur.unpack("<I", f"tensor info {name!r} (dimension count)")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        ne = tuple(cur.unpack("<Q", f"tensor info {name!r} (dimensions)") for _ in range(n_dims))
+        ggml_type = cur.unpack("<I", f"tensor info {name!r} (type)")
+        rel_offset = cur.unpack("<Q", f"tensor info {name!r} (offset)")
+        infos.append((name, ggml_type, ne, rel_offset))
+
+    data_offset = cur.pos + (-cur.pos) % alignment
+    if infos and data_offset > size:
+        raise cur.fail(
+            f"truncated file: tensor data should start at byte {data_offset} but the file "
+            f"has only {size} bytes"
+        )
+    tensors = []
+    for name, ggml_type, ne, rel_offset in infos:
+        try:
+            qtype = GGMLQuantizationType(ggml_type)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise cur.fail(f"tensor {name!r} has an unknown GGML type id {ggml_type}") from None
+        if ne[0] % block:
+            raise cur.fail(
+                f"tensor {name!r} ({qtype.name}) has rows of {ne[0]} elements, not a "
+                f"multiple of the {qtype.name} block size {block}"
+            )
+        if rel_offset % alignment:
+            raise cur.fail(
+                f"tensor {name!r} has offset {rel_offset}, not a multiple of the alignment "
+                f"{alignment}"
+            )
+        nbytes = int(np.prod(ne, dtype=object)) // block * type_size
+        start = data_offset + rel_offset
+        if start + nbytes > size:
+            raise cur.fail(
+                f"tensor {name!r} ({qtype.name}, shape {tuple(reversed(ne))}) occupies bytes "
+                f"{start}..{start + nbytes} but the file has only {size} bytes "
+                "(truncated or corrupt file)"
+            )
+        tensors.append(TensorInfo(name, int(qtype), ne, start, nbytes))
+    return GGUFLayout(version, n_kv, alignment, data_offset, size, tuple(tensors))
+
+
+# --------------------------------------------------------------------------- the model file
+
+
+@dataclass(frozen=True)
+class LayerTensors:
+    """The tensors of one transformer block; optional ones are None when absent."""
+
+    attn_norm: WeightTensor
+    attn_q: WeightTensor
+    attn_k: WeightTensor
+    attn_v: WeightTensor
+    attn_output: WeightTensor
+    ffn_norm: WeightTensor
+    ffn_gate: WeightTensor
+    ffn_up: WeightTensor
+    ffn_down: WeightTensor
+    attn_q_bias: WeightTensor | None = None  # qwen2
+    attn_k_bias: WeightTensor | None = None
+    attn_v_bias: WeightTensor | None = None
+    attn_q_norm: WeightTensor | None = None  # qwen3: per-head RMS norm of Q and K
+    attn_k_norm: WeightTensor | None = None
+
+    def items(self) -> Iterator[tuple[str, WeightTensor]]:
+        """``(field name, tensor)`` for every tensor present."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                yield f.name, value
+
+
+# field of LayerTensors -> GGUF tensor name suffix of blk.{i}.
+LAYER_TENSOR_NAMES: dict[str, str] = {
+    "attn_norm": "attn_norm.weight",
+    "attn_q": "attn_q.weight",
+    "attn_k": "attn_k.weight",
+    "attn_v": "attn_v.weight",
+    "attn_output": "attn_output.weight",
+    "ffn_norm": "ffn_norm.weight",
+    "ffn_gate": "ffn_gate.weight",
+    "ffn_up": "ffn_up.weight",
+    "ffn_down": "ffn_down.weight",
+    "attn_q_bias": "attn_q.bias",
+    "attn_k_bias": "attn_k.bias",
+    "attn_v_bias": "attn_v.bias",
+    "attn_q_norm": "attn_q_norm.weight",
+    "attn_k_norm": "attn_k_norm.weight",
+}
+
+
+def _field_value(field: Any) -> Any:
+    """A ReaderField as a plain Python value (str, int, float, bool or list)."""
+    value = field.contents()
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+class ModelFile:
+    """A validated, memory-mapped GGUF model. Build it with :func:`load_gguf`."""
+
+    def __init__(self, path: Path, layout: GGUFLayout, reader: GGUFReader) -> None:
+        self.path = path
+        self.layout = layout
+        self._reader = reader
+        self._infos = {t.name: t for t in layout.tensors}
+        self.metadata: dict[str, Any] = {
+            name: _field_value(field)
+            for name, field in reader.fields.items()
+            if not name.startswith("GGUF.")
+        }
+        self.config: ModelConfig = config_from_gguf(
+            self.metadata, {n: t.shape for n, t in self._infos.items()}, self._rope_freqs()
+        )
+        self._check_model_tensors()
+
+    # ---- tensors
+    @property
+    def tensor_names(self) -> list[str]:
+        return list(self._infos)
+
+    def tensor_info(self, name: str) -> TensorInfo:
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise ModelError(f"{self.path}: the model has no tensor {name!r}") from None
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._infos
+
+    def tensor(self, name: str) -> WeightTensor:
+        """The tensor's raw bytes (flat uint8, a read-only view of the file's mmap)."""
+        info = self.tensor_info(name)
+        data = self._reader.data[info.offset : info.offset + info.nbytes].view(np.ndarray)
+        return WeightTensor(name=name, ggml_type=info.ggml_type, shape=info.shape, data=data)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as float32 in its logical shape (for tests and reference code)."""
+        from gguf.quants import dequantize
+
+        t = self.tensor(name)
+        values = dequantize(t.data, GGMLQuantizationType(t.ggml_type))
+        return np.asarray(values, dtype=np.float32).reshape(t.shape)
+
+    def layer_tensors(self, i: int) -> LayerTensors:
+        """The tensors of block ``i``."""
+        if not 0 <= i < self.config.n_layers:
+            raise ModelError(f"layer {i} is out of range (the model has {self.config.n_layers})")
+        found = {}
+        for attr, suffix in LAYER_TENSOR_NAMES.items():
+            name = f"blk.{i}.{suffix}"
+            if name in self._infos:
+                found[attr] = self.tensor(name)
+        return LayerTensors(**found)
+
+    def token_embedding(self) -> WeightTensor:
+        return self.tensor("token_embd.weight")
+
+    def output_norm(self) -> WeightTensor:
+        return self.tensor("output_norm.weight")
+
+    def output(self) -> WeightTensor:
+        """The output projection: ``output.weight``, or the token embedding when tied."""
+        return self.tensor("token_embd.weight" if self.config.tied_output else "output.weight")
+
+    def model_tensor_names(self) -> list[str]:
+        """Every tensor the forward pass reads."""
+        names = ["token_embd.weight", "output_norm.weight"]
+        if not self.config.tied_output:
+            names.append("output.weight")
+        for i in range(self.config.n_layers):
+            names += [f"blk.{i}.{LAYER_TENSOR_NAMES[a]}" for a in self._layer_fields()]
+        return names
+
+    def type_histogram(self) -> dict[str, int]:
+        """How many tensors of each GGML type the file holds."""
+        return dict(Counter(t.type_name for t in self.layout.tensors).most_common())
+
+    @property
+    def n_parameters(self) -> int:
+        return sum(int(np.prod(t.ne, dtype=object)) for t in self.layout.tensors)
+
+    def close(self) -> None:
+        """Drop this object's reference to the mmap (tensors handed out keep it alive)."""
+        self._reader = None  # type: ignore[assignment]
+
+    def __enter__(self) -> ModelFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"ModelFile({str(self.path)!r}, {c.architecture}, {c.n_layers} layers, dim {c.dim})"
+
+    # ---- checks
+    def _layer_fields(self) -> list[str]:
+        c = self.config
+        names = [
+            "attn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_norm",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ]
+        if c.has_qkv_bias:
+            names += ["attn_q_bias", "attn_k_bias", "attn_v_bias"]
+        if c.has_qk_norm:
+            names += ["attn_q_norm", "attn_k_norm"]
+        return names
+
+    def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        c = self.config
+        q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        shapes: dict[str, tuple[int, ...]] = {
+            "attn_norm": (c.dim,),
+            "attn_q": (q, c.dim),
+            "attn_k": (kv, c.dim),
+            "attn_v": (kv, c.dim),
+            "attn_output": (c.dim, q),
+            "ffn_norm": (c.dim,),
+            "ffn_gate": (c.ffn_dim, c.dim),
+            "ffn_up": (c.ffn_dim, c.dim),
+            "ffn_down": (c.dim, c.ffn_dim),
+            "attn_q_bias": (q,),
+            "attn_k_bias": (kv,),
+            "attn_v_bias": (kv,),
+            "attn_q_norm": (c.head_dim,),
+            "attn_k_norm": (c.head_dim,),
+        }
+        return shapes
+
+    def _check_model_tensors(self) -> None:
+        c = self.config
+        expected: dict[str, tuple[int, ...]] = {
+            "token_embd.weight": (c.vocab_size, c.dim),
+            "output_norm.weight": (c.dim,),
+        }
+        if not c.tied_output:
+            expected["output.weight"] = (c.vocab_size, c.dim)
+        per_layer = self._expected_shapes()
+        for i in range(c.n_layers):
+            for attr in self._layer_fields():
+                expected[f"blk.{i}.{LAYER_TENSOR_NAMES[attr]}"] = per_layer[attr]
+        for name, shape in expected.items():
+            info = self._infos.get(name)
+            if info is None:
+                raise ModelError(
+                    f"{self.path}: tensor {name!r} is missing ({c.architecture} needs it)"
+                )
+            if info.ggml_type not in SUPPORTED_TENSOR_TYPES:
+                raise ModelError(
+                    f"{self.path}: tensor {name!r} has type {info.type_name}, which vt does "
+                    f"not support (supported: {', '.join(supported_type_names())})"
+                )
+            if info.shape != shape:
+                raise ModelError(
+                    f"{self.path}: tensor {name!r} has shape {info.shape}, expected {shape} "
+                    "from the model's metadata"
+                )
+
+    def _rope_freqs(self) -> np.ndarray | None:
+        info = self._infos.get("rope_freqs.weight")
+        if info is None:
+            return None
+        if info.ggml_type != GGMLQuantizationType.F32:
+            raise ModelError(f"{self.path}: rope_freqs.weight must be F32, got {info.type_name}")
+        start = info.offset
+        return np.frombuffer(self._reader.data[start : start + info.nbytes], dtype=np.float32)
+
+
+def supported_type_names() -> list[str]:
+    return sorted(t.name for t in SUPPORTED_TENSOR_TYPES)
+
+
+def load_gguf(path: str | os.PathLike[str]) -> ModelFile:
+    """Open, validate and memory-map a GGUF model; every problem is a :class:`ModelError`."""
+    p = Path(path).expanduser()
+    layout = scan_gguf(p)
+    try:
+        reader = GGUFReader(p, "r")
+    except Exception as e:  # the reader's errors are ValueError, KeyError, IndexError, ...
+        raise ModelError(f"{p}: the GGUF reader failed: {type(e).__name__}: {e}") from e
+    try:
+        return ModelFile(p, layout, reader)
+    except ModelError as e:
+        if str(p) in str(e):
+            raise
+        raise ModelError(f"{p}: {e}") from e
+    except (ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError) as e:
+        raise ModelError(f"{p}: cannot read the model: {type(e).__name__}: {e}") from e
