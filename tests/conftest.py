@@ -1,0 +1,68 @@
+"""Generic fixtures for vt's tests."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+#: Plugin modules vt's own tests install as fake distributions.
+TEST_PLUGINS = Path(__file__).parent / "plugins"
+
+VT_ENV = ("VT_PLUGINS", "VT_CAPS", "VT_BACKEND")
+
+
+@pytest.fixture(autouse=True)
+def _clean_vt_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests see no VT_* variables from the caller and a fresh process-wide registry."""
+    from vt import registry
+
+    for name in VT_ENV:
+        monkeypatch.delenv(name, raising=False)
+    registry.reset()
+    yield
+    registry.reset()
+
+
+InstallDist = Callable[..., Path]
+
+
+@pytest.fixture
+def install_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InstallDist]:
+    """Install a fake distribution (modules + ``.dist-info``) on a fresh sys.path entry.
+
+    ``install_dist(dist, entry_points={ep_name: module}, modules={module: source_path})``
+    returns the directory, which also works as PYTHONPATH for a ``vt`` subprocess.
+    ``modules`` defaults to ``tests/plugins/<module>.py`` for every entry point.
+    """
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    loaded: set[str] = set()
+
+    def install(
+        dist: str,
+        entry_points: dict[str, str],
+        modules: dict[str, Path] | None = None,
+        version: str = "1.0",
+    ) -> Path:
+        if modules is None:
+            names = {value.split(":")[0] for value in entry_points.values()}
+            modules = {m: TEST_PLUGINS / f"{m}.py" for m in names}
+        for module, source in modules.items():
+            (root / f"{module}.py").write_text(Path(source).read_text())
+            loaded.add(module)
+        info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        lines = ["[vt]", *(f"{ep} = {module}" for ep, module in entry_points.items())]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        importlib.invalidate_caches()
+        return root
+
+    yield install
+    for module in loaded:
+        sys.modules.pop(module, None)

@@ -1,0 +1,3 @@
+"""A plugin that fails to import."""
+
+raise RuntimeError("this plugin is broken on purpose")

@@ -1,0 +1,24 @@
+"""A plugin whose backend declares async readback without events: rejected."""
+
+from __future__ import annotations
+
+import numpy as np
+import vt
+
+
+class HastyBackend(vt.Backend):
+    name = "hasty"
+    priority = 50
+    capabilities = vt.Capabilities(
+        unified_memory=True,
+        device_memory_is_host_addressable=True,
+        supports_async_sampled_token_readback=True,
+    )
+
+    def host_view(self, buf: vt.Buffer) -> np.ndarray:
+        return buf.handle[buf.offset : buf.offset + buf.nbytes]
+
+
+@vt.hookimpl
+def vt_register_backends(register):
+    register(HastyBackend)

@@ -1,0 +1,257 @@
+"""Discovery, isolation, VT_PLUGINS / VT_CAPS / VT_BACKEND, and selection."""
+
+from __future__ import annotations
+
+import pytest
+from vt import BackendUnavailableError, CapabilityError, Source
+from vt.registry import Registry, Status, default_registry, parse_caps_overrides, reset
+
+TEST_PLUGINS = "threads_plugin,rule_breaker,import_error,misc,duplicate"
+
+
+@pytest.fixture
+def dists(install_dist):
+    install_dist("vt-test-backends", {"threads_plugin": "vt_test_backends"}, version="1.2.3")
+    install_dist("vt-rule-breaker", {"rule_breaker": "vt_test_rule_breaker"})
+    install_dist("vt-import-error", {"import_error": "vt_test_import_error"})
+    install_dist("vt-misc", {"misc": "vt_test_misc"})
+    install_dist("vt-duplicate", {"duplicate": "vt_test_duplicate"}, version="0.9")
+    install_dist(
+        "vt-hook-errors",
+        {
+            "raises_in_hook": "vt_test_hook_errors:raises_in_hook",
+            "misspelled_hook": "vt_test_hook_errors:misspelled_hook",
+            "registers_junk": "vt_test_hook_errors:registers_junk",
+            "registers_nothing": "vt_test_hook_errors:registers_nothing",
+            "no_hook": "vt_test_hook_errors:no_hook",
+        },
+    )
+
+
+def registry(plugins: str = "threads_plugin", **env: str) -> Registry:
+    return Registry(env={"VT_PLUGINS": plugins, **env})
+
+
+def by_name(reg: Registry) -> dict[str, object]:
+    return {e.name: e for e in reg.entries()}
+
+
+def test_discovers_a_distribution_through_its_entry_point(dists) -> None:
+    entries = by_name(registry())
+    threads = entries["threads"]
+    assert threads.status is Status.available
+    assert (threads.distribution, threads.version, threads.plugin) == (
+        "vt-test-backends",
+        "1.2.3",
+        "threads_plugin",
+    )
+    assert threads.priority == 5 and "worker-thread" in threads.description
+    assert threads.capabilities.events and threads.capabilities.vmm.granularity == 64 << 10
+    assert threads.capabilities.source_of("events").source is Source.declared
+    assert entries["discrete"].status is Status.available
+
+
+def test_rule_breaker_is_rejected_with_the_rule_id_and_never_selected(dists) -> None:
+    reg = registry("threads_plugin,rule_breaker")
+    hasty = reg.get("hasty")
+    assert hasty.status is Status.rejected
+    assert [v.rule for v in hasty.violations] == ["async-readback-needs-events"]
+    assert "async-readback-needs-events" in hasty.reason
+    # Highest priority (50) yet auto skips it.
+    entry, why = reg.select("auto")
+    assert entry.name == "threads" and "hasty (rejected)" in why
+    with pytest.raises(BackendUnavailableError, match="'hasty' is rejected: async-readback"):
+        reg.select("hasty")
+
+
+def test_import_error_marks_only_that_plugin_broken(dists) -> None:
+    entries = by_name(registry("threads_plugin,import_error"))
+    broken = entries["import_error"]
+    assert broken.status is Status.broken
+    assert broken.distribution == "vt-import-error"
+    assert "RuntimeError: this plugin is broken on purpose" in broken.reason
+    assert entries["threads"].status is Status.available
+
+
+@pytest.mark.parametrize(
+    ("plugin", "fragment"),
+    [
+        ("raises_in_hook", "vt_register_backends raised ValueError: cannot enumerate devices"),
+        ("misspelled_hook", "unknown hook 'vt_register_backend'"),
+        ("registers_junk", "register() expects a vt.Backend subclass, got 'not a class'"),
+        ("registers_nothing", "registered no backend"),
+        ("no_hook", "does not implement the vt_register_backends hook"),
+    ],
+)
+def test_hook_mistakes_are_isolated(dists, plugin: str, fragment: str) -> None:
+    entries = by_name(registry(f"threads_plugin,{plugin}"))
+    assert entries[plugin].status is Status.broken
+    assert fragment in entries[plugin].reason
+    assert entries["threads"].status is Status.available
+
+
+def test_probe_that_raises_is_broken_and_unavailable_keeps_its_reason(dists) -> None:
+    reg = registry("threads_plugin,misc")
+    flaky, absent = reg.get("flaky"), reg.get("absent")
+    assert flaky.status is Status.broken
+    assert flaky.reason == "probe raised OSError: device node /dev/flaky0 vanished"
+    assert absent.status is Status.unavailable
+    assert absent.reason == "no absent device found (driver not loaded)"
+    with pytest.raises(BackendUnavailableError, match=r"'absent' is unavailable: no absent"):
+        reg.select("absent")
+    with pytest.raises(BackendUnavailableError, match=r"'flaky' is broken: probe raised OSError"):
+        reg.create_backend("flaky")
+    assert reg.select("auto")[0].name == "threads"  # priority 1000 but unavailable
+
+
+def test_duplicate_names_are_both_listed_and_rejected_naming_both_distributions(dists) -> None:
+    reg = registry("threads_plugin,duplicate")
+    dupes = [e for e in reg.entries() if e.name == "threads"]
+    assert len(dupes) == 2
+    for entry in dupes:
+        assert entry.status is Status.rejected
+        assert [v.rule for v in entry.violations] == ["duplicate-backend-name"]
+        assert "vt-test-backends 1.2.3" in entry.reason and "vt-duplicate 0.9" in entry.reason
+    with pytest.raises(BackendUnavailableError, match="duplicate-backend-name"):
+        reg.select("threads")
+    assert reg.select("auto")[0].name == "discrete"
+
+
+def test_vt_plugins_limits_loading_and_reports_unknown_names(dists) -> None:
+    reg = registry("misc,nonesuch")
+    names = {e.name: e for e in reg.entries()}
+    assert set(names) == {"flaky", "absent", "nonesuch"}
+    assert names["nonesuch"].status is Status.unavailable
+    assert "VT_PLUGINS names plugin 'nonesuch'" in names["nonesuch"].reason
+    with pytest.raises(BackendUnavailableError, match="unknown backend 'threads'.*VT_PLUGINS"):
+        reg.select("threads")
+
+
+def test_empty_vt_plugins_loads_only_the_cpu_plugin(dists) -> None:
+    entries = Registry(env={"VT_PLUGINS": ""}).entries()
+    assert {e.plugin for e in entries} == {"cpu"}
+
+
+def test_without_vt_plugins_every_entry_point_is_loaded(dists) -> None:
+    plugins = {e.plugin for e in Registry(env={}).entries()}
+    assert set(TEST_PLUGINS.split(",")) <= plugins
+    assert {"cpu", "tt_stub", "rocm"} <= plugins
+
+
+def test_vt_caps_overrides_with_env_provenance(dists) -> None:
+    reg = registry(VT_CAPS="threads:vmm.segments_may_alias=1,events=off,async_readback=0")
+    threads = reg.get("threads")
+    caps = threads.capabilities
+    assert caps.vmm.segments_may_alias and caps.vmm.granularity == 64 << 10
+    assert not caps.events and not caps.supports_async_sampled_token_readback
+    prov = caps.source_of("events")
+    assert prov.source is Source.env and "events=off" in prov.detail
+    assert caps.source_of("vmm").source is Source.env
+    assert caps.source_of("unified_memory").source is Source.declared
+    assert threads.declared.events  # the declaration is kept
+    assert threads.status is Status.available
+
+
+def test_rules_are_rechecked_on_effective_capabilities(dists) -> None:
+    reg = registry("threads_plugin,rule_breaker", VT_CAPS="discrete:async_readback=1")
+    discrete = reg.get("discrete")
+    assert discrete.status is Status.rejected
+    rules = {v.rule for v in discrete.violations}
+    assert {"async-readback-needs-events", "async-readback-needs-d2h-path"} <= rules
+    # A user may switch off a lying capability: the rejected backend becomes usable.
+    fixed = registry("rule_breaker", VT_CAPS="hasty:supports_async_sampled_token_readback=0")
+    assert fixed.get("hasty").status is Status.available
+
+
+def test_vt_caps_turning_vmm_off(dists) -> None:
+    caps = registry(VT_CAPS="vmm=off").get("threads").capabilities
+    assert caps.vmm is None and caps.source_of("vmm").source is Source.env
+
+
+def test_vt_caps_bad_granularity_is_a_rule_violation(dists) -> None:
+    entry = registry(VT_CAPS="vmm.granularity=3000").get("threads")
+    assert entry.status is Status.rejected
+    assert [v.rule for v in entry.violations] == ["vmm-granularity-power-of-two"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("events", "not of the form name=value"),
+        ("events=maybe", "'maybe' is not a boolean"),
+        ("warp_drive=1", "unknown capability 'warp_drive'"),
+        ("vmm=on", "vmm can only be turned off"),
+        ("vmm.granularity=big", "granularity must be an integer"),
+    ],
+)
+def test_vt_caps_errors_name_the_problem(spec: str, fragment: str) -> None:
+    with pytest.raises(CapabilityError, match="VT_CAPS item") as err:
+        parse_caps_overrides(spec)
+    assert fragment in str(err.value)
+    with pytest.raises(CapabilityError, match="VT_CAPS"):
+        Registry(env={"VT_CAPS": spec, "VT_PLUGINS": "nothing"}).entries()
+
+
+def test_parse_caps_accepts_spaces_aliases_and_prefixes() -> None:
+    items = parse_caps_overrides(" pinned = yes , cpu:vmm=none,,vmm.granularity=0x1000 ")
+    assert [(o.backend, o.field, o.value) for o in items] == [
+        (None, "pinned_host_memory", True),
+        ("cpu", "vmm", None),
+        (None, "vmm.granularity", 4096),
+    ]
+
+
+def test_auto_picks_highest_priority_and_says_why(dists) -> None:
+    entry, why = registry("threads_plugin,misc").select("auto")
+    assert entry.name == "threads"
+    assert "auto picked 'threads' (priority 5)" in why
+    assert "also available: discrete (1)" in why
+    assert "absent (unavailable)" in why and "flaky (broken)" in why
+
+
+def test_none_reads_vt_backend_but_auto_does_not(dists) -> None:
+    reg = registry(VT_BACKEND="discrete")
+    entry, why = reg.select(None)
+    assert entry.name == "discrete" and "VT_BACKEND" in why
+    assert reg.select("auto")[0].name == "threads"
+    assert registry().select(None)[0].name == "threads"  # unset VT_BACKEND means auto
+
+
+def test_vt_backend_naming_an_unusable_backend_fails_without_fallback(dists) -> None:
+    with pytest.raises(BackendUnavailableError, match="'absent' is unavailable"):
+        registry("threads_plugin,misc", VT_BACKEND="absent").select(None)
+
+
+def test_unknown_backend_lists_installed_ones(dists) -> None:
+    with pytest.raises(BackendUnavailableError, match="unknown backend 'gpu9'.*discrete, threads"):
+        registry().select("gpu9")
+
+
+def test_auto_with_nothing_available_explains_each(dists) -> None:
+    with pytest.raises(BackendUnavailableError) as err:
+        registry("misc").select("auto")
+    message = str(err.value)
+    assert "no backend is available" in message
+    assert "absent is unavailable: no absent device" in message
+    assert "flaky is broken" in message
+
+
+def test_create_backend_sets_effective_capabilities(dists) -> None:
+    reg = registry(VT_CAPS="threads:events=0,threads:async_readback=0")
+    backend, why = reg.create_backend("threads")
+    assert type(backend).__name__ == "ThreadBackend"
+    assert backend.capabilities is reg.get("threads").capabilities
+    assert not backend.capabilities.events
+    assert "'threads' was asked for by --backend" == why
+
+
+def test_discovery_is_cached_and_fresh_registries_rediscover(dists, monkeypatch) -> None:
+    reg = registry()
+    assert reg.entries()[0] is reg.entries()[0]
+    monkeypatch.setenv("VT_PLUGINS", "misc")
+    assert default_registry() is default_registry()
+    assert {e.name for e in default_registry().entries()} == {"flaky", "absent"}
+    monkeypatch.setenv("VT_PLUGINS", "threads_plugin")
+    assert {e.name for e in default_registry().entries()} == {"flaky", "absent"}  # cached
+    reset()
+    assert {e.name for e in default_registry().entries()} == {"threads", "discrete"}
