@@ -34,11 +34,9 @@ def import_hip() -> ModuleType:
 
 
 def _fmt(arg: Any) -> str:
-    # Keep messages short: ints (sizes, addresses as hex) verbatim, objects by type.
-    if isinstance(arg, bool) or arg is None:
-        return repr(arg)
-    if isinstance(arg, int):
-        return hex(arg) if arg > 1 << 32 else str(arg)
+    # Keep messages short: plain values verbatim, handles and structs by type.
+    if arg is None or isinstance(arg, (bool, int, str)):
+        return repr(arg) if isinstance(arg, str) else str(arg)
     return type(arg).__name__
 
 
