@@ -5,6 +5,16 @@ The llama-family graph (``vt.model.graph``) lives beside these and is the runner
 
 from __future__ import annotations
 
+from .cache import (
+    DEFAULT_MODEL,
+    CachedModel,
+    KnownModel,
+    list_models,
+    models_dir,
+    pull,
+    resolve_model,
+    vt_home,
+)
 from .chat import ChatTemplate, ChatTemplateError, validate_messages
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .gguf_file import (
@@ -18,6 +28,14 @@ from .gguf_file import (
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 __all__ = [
+    "DEFAULT_MODEL",
+    "CachedModel",
+    "KnownModel",
+    "list_models",
+    "models_dir",
+    "pull",
+    "resolve_model",
+    "vt_home",
     "SUPPORTED_ARCHITECTURES",
     "SUPPORTED_TENSOR_TYPES",
     "ChatTemplate",
