@@ -1,0 +1,318 @@
+"""The CPU backend: vt.reference kernels on numpy memory, worker-thread streams, real VMM."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import vt
+from vt.reference import HostKernels
+
+from . import vmm
+from .streams import CpuEvent, WorkerStream
+
+DEFAULT_VMM_GRANULARITY = 2 << 20
+GRANULARITY_ENV = "VT_CPU_VMM_GRANULARITY"
+
+
+def _checked_granularity(value: int, source: str) -> int:
+    if value <= 0 or value & (value - 1) or value % vmm.PAGE_SIZE:
+        raise vt.VmmError(
+            f"{source}: vmm granularity {value} must be a power of two and a multiple of the "
+            f"page size {vmm.PAGE_SIZE}"
+        )
+    return value
+
+
+def granularity_from_env(env: Mapping[str, str] | None = None) -> int:
+    """``VT_CPU_VMM_GRANULARITY`` (bytes), or 2 MiB when unset."""
+    raw = (os.environ if env is None else env).get(GRANULARITY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_VMM_GRANULARITY
+    try:
+        value = int(raw, 0)
+    except ValueError:
+        raise vt.VmmError(f"{GRANULARITY_ENV}={raw!r} is not a number of bytes") from None
+    return _checked_granularity(value, f"{GRANULARITY_ENV}={raw}")
+
+
+def cpu_capabilities(granularity: int = DEFAULT_VMM_GRANULARITY) -> vt.Capabilities:
+    """What the CPU backend declares; no VMM where the OS lacks memfd_create."""
+    return vt.Capabilities(
+        unified_memory=True,
+        device_memory_is_host_addressable=True,
+        host_memory_is_device_addressable=True,
+        supports_async_sampled_token_readback=True,
+        async_d2h_copy=True,
+        events=True,
+        pinned_host_memory=True,
+        vmm=vt.VmmCaps(granularity=granularity, segments_may_alias=False)
+        if vmm.SUPPORTED
+        else None,
+    )
+
+
+@dataclass(eq=False)
+class _Reservation:
+    base: int
+    nbytes: int
+    segments: dict[int, vt.Segment] = field(default_factory=dict)  # by offset
+    released: bool = False
+    array: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class _Pinned:
+    """Handle of an ``alloc_pinned`` buffer: its own anonymous mapping, mlock'ed if allowed."""
+
+    mapping: mmap.mmap
+    locked: bool
+
+
+class CpuBackend(HostKernels):
+    """numpy on the host.
+
+    Memory is unified and host-addressable (a buffer's handle is its uint8 numpy array).
+    Each stream is a worker thread (:mod:`vt_cpu.streams`); synchronous copies and memsets
+    first wait for every stream to go idle, as a device's blocking copies do. VMM reserves
+    address space with ``PROT_NONE`` and commits memfd-backed segments on map
+    (:mod:`vt_cpu.vmm`). ``alloc_pinned`` returns a dedicated anonymous mapping and tries
+    ``mlock``; when RLIMIT_MEMLOCK refuses, the memory is still returned (a host copy
+    needs no page locking here) and ``handle.locked`` is False.
+    """
+
+    name = "cpu"
+    priority = 10
+    description = "numpy on the host: unified memory, worker-thread streams, real virtual memory"
+    capabilities = cpu_capabilities()
+
+    def __init__(self, vmm_granularity: int | None = None) -> None:
+        if vmm_granularity is None:
+            vmm_granularity = granularity_from_env()
+        self._granularity = _checked_granularity(vmm_granularity, "CpuBackend(vmm_granularity)")
+        self.capabilities = cpu_capabilities(self._granularity)
+        self._streams: set[WorkerStream] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def probe(cls) -> vt.Probe:
+        g = granularity_from_env()
+        return vt.Probe(
+            available=True,
+            capabilities=cpu_capabilities(g),
+            device=f"host CPU ({os.cpu_count()} threads, numpy {np.__version__})",
+            details={"vmm": "memfd segments" if vmm.SUPPORTED else "unsupported on this OS"},
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            streams, self._streams = list(self._streams), set()
+        for stream in streams:
+            stream.close()
+
+    # ---- memory
+    def alloc(self, nbytes: int) -> vt.Buffer:
+        if nbytes < 0:
+            raise ValueError(f"alloc: size must be non-negative, got {nbytes}")
+        return vt.Buffer(np.zeros(nbytes, dtype=np.uint8), nbytes, 0, self.name)
+
+    def free(self, buf: vt.Buffer) -> None:
+        self._mem(buf)  # memory returns to the allocator when the last view is dropped
+
+    def _mem(self, buf: vt.Buffer) -> np.ndarray:
+        if type(buf.handle) is not np.ndarray:
+            raise ValueError(f"buffer of backend {buf.owner!r} is not a cpu buffer")
+        return buf.handle
+
+    def host_view(self, buf: vt.Buffer) -> np.ndarray:
+        return self._mem(buf)[buf.offset : buf.offset + buf.nbytes]
+
+    def alloc_pinned(self, nbytes: int) -> vt.HostBuffer:
+        if nbytes < 0:
+            raise ValueError(f"alloc_pinned: size must be non-negative, got {nbytes}")
+        mapping = mmap.mmap(-1, max(nbytes, 1))
+        array = np.frombuffer(mapping, dtype=np.uint8)[:nbytes]
+        locked = vmm.lock(array.ctypes.data, nbytes)
+        return vt.HostBuffer(array, handle=_Pinned(mapping, locked), pinned=True)
+
+    def free_pinned(self, buf: vt.HostBuffer) -> None:
+        if isinstance(buf.handle, _Pinned) and buf.handle.locked:
+            vmm.unlock(buf.array.ctypes.data, buf.nbytes)
+            buf.handle.locked = False
+        # The mapping is unmapped when its last numpy view is garbage-collected.
+
+    def _before_sync(self) -> None:
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.wait_idle()
+
+    # ---- streams and events
+    def _worker(self, stream: vt.Stream) -> WorkerStream:
+        if not isinstance(stream.handle, WorkerStream):
+            raise ValueError(f"stream {stream.name!r} is not a cpu stream")
+        return stream.handle
+
+    def _launch(self, stream: vt.Stream, op: str, fn: Callable[[], Any]) -> None:
+        self._worker(stream).enqueue(op, fn)
+
+    def host_fn(self, stream: vt.Stream, fn: Callable[[], Any], name: str = "host_fn") -> None:
+        """Run a Python callable on ``stream`` in order (like ``cudaLaunchHostFunc``)."""
+        self._launch(stream, name, fn)
+
+    def create_stream(self, name: str = "") -> vt.Stream:
+        worker = WorkerStream(name or f"stream-{id(self):x}-{len(self._streams)}")
+        with self._lock:
+            self._streams.add(worker)
+        return vt.Stream(worker, name)
+
+    def destroy_stream(self, stream: vt.Stream) -> None:
+        worker = self._worker(stream)
+        try:
+            worker.synchronize()
+        finally:
+            worker.close()
+            with self._lock:
+                self._streams.discard(worker)
+
+    def synchronize(self, stream: vt.Stream) -> None:
+        self._worker(stream).synchronize()
+
+    def _event(self, event: vt.Event) -> CpuEvent:
+        if not isinstance(event.handle, CpuEvent):
+            raise ValueError("event is not a cpu event")
+        return event.handle
+
+    def create_event(self) -> vt.Event:
+        return vt.Event(CpuEvent())
+
+    def destroy_event(self, event: vt.Event) -> None:
+        self._event(event)
+
+    def record_event(self, event: vt.Event, stream: vt.Stream) -> None:
+        self._event(event).record(self._worker(stream))
+
+    def query_event(self, event: vt.Event) -> bool:
+        return self._event(event).query()
+
+    def synchronize_event(self, event: vt.Event) -> None:
+        self._event(event).synchronize()
+
+    def stream_wait_event(self, stream: vt.Stream, event: vt.Event) -> None:
+        self._event(event).wait_on(self._worker(stream))
+
+    # ---- virtual memory
+    def vmm_granularity(self) -> int:
+        if not vmm.SUPPORTED:
+            raise vt.VmmError("cpu: virtual memory needs Linux memfd_create")
+        return self._granularity
+
+    def _check_multiple(self, what: str, value: int, positive: bool) -> None:
+        g = self.vmm_granularity()
+        if value < 0 or (positive and value == 0) or value % g:
+            kind = "a positive" if positive else "a non-negative"
+            raise vt.VmmError(f"{what} {value} is not {kind} multiple of the granularity {g}")
+
+    def _reservation(self, vrange: vt.VirtualRange, op: str) -> _Reservation:
+        r = vrange.handle
+        if not isinstance(r, _Reservation):
+            raise vt.VmmError(f"{op}: not a cpu virtual range")
+        if r.released:
+            raise vt.VmmError(f"{op}: the reservation of {r.nbytes} bytes was already released")
+        return r
+
+    def vmm_reserve(self, nbytes: int) -> vt.VirtualRange:
+        self._check_multiple("vmm_reserve: size", nbytes, positive=True)
+        try:
+            base = vmm.reserve(nbytes)
+        except OSError as exc:
+            raise vt.VmmError(f"vmm_reserve of {nbytes} bytes failed: {exc}") from exc
+        return vt.VirtualRange(_Reservation(base, nbytes), nbytes)
+
+    def _create_physical(self, nbytes: int) -> int:
+        """A file descriptor of ``nbytes`` of fresh physical memory, owned by one segment.
+
+        A test backend may override this (e.g. return ``os.dup`` of an earlier segment's
+        descriptor) to make segments alias.
+        """
+        fd = os.memfd_create("vt-cpu-vmm", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)  # sparse: pages are committed when first touched
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def _map_physical(self, addr: int, nbytes: int, fd: int) -> None:
+        """Map ``fd`` read-write over ``[addr, addr + nbytes)`` of a reservation."""
+        vmm.map_fd(addr, nbytes, fd)
+
+    def _release_physical(self, fd: int) -> None:
+        os.close(fd)
+
+    def vmm_map(self, vrange: vt.VirtualRange, offset: int, nbytes: int) -> vt.Segment:
+        r = self._reservation(vrange, "vmm_map")
+        self._check_multiple("vmm_map: offset", offset, positive=False)
+        self._check_multiple("vmm_map: size", nbytes, positive=True)
+        end = offset + nbytes
+        if end > r.nbytes:
+            raise vt.VmmError(
+                f"vmm_map: segment [{offset}, {end}) runs past the reservation of {r.nbytes} bytes"
+            )
+        for seg in r.segments.values():
+            if offset < seg.offset + seg.nbytes and seg.offset < end:
+                raise vt.VmmError(
+                    f"vmm_map: segment [{offset}, {end}) overlaps the mapped segment "
+                    f"[{seg.offset}, {seg.offset + seg.nbytes})"
+                )
+        try:
+            fd = self._create_physical(nbytes)
+        except OSError as exc:
+            raise vt.VmmError(f"vmm_map: creating {nbytes} bytes failed: {exc}") from exc
+        try:
+            self._map_physical(r.base + offset, nbytes, fd)
+        except OSError as exc:
+            self._release_physical(fd)
+            raise vt.VmmError(f"vmm_map: mapping [{offset}, {end}) failed: {exc}") from exc
+        segment = vt.Segment(fd, offset, nbytes)
+        r.segments[offset] = segment
+        return segment
+
+    def vmm_unmap(self, vrange: vt.VirtualRange, segment: vt.Segment) -> None:
+        r = self._reservation(vrange, "vmm_unmap")
+        if r.segments.get(segment.offset) is not segment:
+            raise vt.VmmError(
+                f"vmm_unmap: no segment [{segment.offset}, {segment.offset + segment.nbytes}) "
+                "is mapped in this reservation"
+            )
+        self._before_sync()  # queued kernels may still touch it; a fault would kill us
+        vmm.decommit(r.base + segment.offset, segment.nbytes)
+        del r.segments[segment.offset]
+        self._release_physical(segment.handle)
+
+    def vmm_release(self, vrange: vt.VirtualRange) -> None:
+        r = self._reservation(vrange, "vmm_release")
+        if r.segments:
+            raise vt.VmmError(
+                f"vmm_release: {len(r.segments)} segment(s) are still mapped; unmap them first"
+            )
+        self._before_sync()
+        vmm.release(r.base, r.nbytes)
+        r.released, r.array = True, None
+
+    def vmm_buffer(self, vrange: vt.VirtualRange) -> vt.Buffer:
+        """A buffer over the whole reservation; touching an unmapped byte is a SIGSEGV."""
+        r = self._reservation(vrange, "vmm_buffer")
+        if r.array is None:
+            r.array = np.asarray(vmm.AddressArray(r.base, r.nbytes, owner=r))
+        return vt.Buffer(r.array, r.nbytes, 0, self.name)
+
+    def vmm_mapped_bytes(self, vrange: vt.VirtualRange) -> int:
+        """Bytes of physical memory mapped into ``vrange``."""
+        segments = self._reservation(vrange, "vmm_mapped_bytes").segments.values()
+        return sum(s.nbytes for s in segments)

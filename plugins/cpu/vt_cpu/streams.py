@@ -1,0 +1,142 @@
+"""Streams that really run asynchronously: one worker thread per stream, FIFO, in order.
+
+Errors are sticky per stream, like a device's: when an op raises, the worker records it
+(naming the op) and skips the rest of the stream's work, while still firing the events
+recorded on it so nobody waits forever. ``synchronize_event`` on such an event raises the
+error; ``synchronize`` of the stream raises it and clears it, after which the stream runs
+new work again.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import vt
+
+
+class StreamError(vt.VtError):
+    """Work enqueued on a CPU stream raised; the message names the stream and the op."""
+
+
+class WorkerStream:
+    """A FIFO of closures executed in order by a dedicated daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[tuple[str, Callable[[], Any], bool] | None] = (
+            queue.SimpleQueue()
+        )
+        self._error: StreamError | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"vt-cpu-stream:{name}")
+        self._thread.daemon = True  # a forgotten close() must not hang interpreter exit
+        self._thread.start()
+
+    def enqueue(self, op: str, fn: Callable[[], Any], always: bool = False) -> None:
+        """Run ``fn`` after everything enqueued before; ``always`` runs it even after an error."""
+        if self._closed:
+            raise StreamError(f"cpu stream {self.name!r} was destroyed; {op} cannot run on it")
+        self._queue.put((op, fn, always))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            op, fn, always = item
+            if self._error is not None and not always:
+                continue
+            try:
+                fn()
+            except BaseException as exc:  # recorded, re-raised by synchronize
+                if self._error is None:
+                    err = StreamError(
+                        f"cpu stream {self.name!r}: {op} failed: {type(exc).__name__}: {exc}"
+                    )
+                    err.__cause__ = exc
+                    self._error = err
+
+    @property
+    def error(self) -> StreamError | None:
+        return self._error
+
+    def wait_idle(self) -> None:
+        """Block until everything enqueued so far has run (or been skipped); never raises."""
+        if self._closed:
+            return
+        done = threading.Event()
+        self._queue.put(("synchronize", done.set, True))
+        done.wait()
+
+    def synchronize(self) -> None:
+        """Wait for the queue to drain; raise (and clear) a recorded error."""
+        self.wait_idle()
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    def close(self) -> None:
+        """Finish the queued work and stop the thread (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+
+
+class CpuEvent:
+    """A marker in a stream's queue; it completes when the worker reaches it.
+
+    As with device events, state refers to the most recent record: query and synchronize
+    of a never-recorded event return at once, and ``wait_on`` captures the record current
+    at the time of the call.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._recorded = 0  # generation of the latest record (host side)
+        self._reached = 0  # latest generation a worker has passed
+        self._stream: WorkerStream | None = None
+
+    def record(self, stream: WorkerStream) -> None:
+        with self._cond:
+            self._recorded += 1
+            gen, self._stream = self._recorded, stream
+        stream.enqueue("record_event", partial(self._reach, gen), always=True)
+
+    def _reach(self, gen: int) -> None:
+        with self._cond:
+            self._reached = max(self._reached, gen)
+            self._cond.notify_all()
+
+    def query(self) -> bool:
+        return self._reached >= self._recorded
+
+    def _wait(self, gen: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._reached >= gen)
+
+    def synchronize(self) -> None:
+        """Wait for the latest record; raise the error of the stream it was recorded on."""
+        with self._cond:
+            gen, stream = self._recorded, self._stream
+        self._wait(gen)
+        if stream is not None and stream.error is not None:
+            raise stream.error
+
+    def wait_on(self, stream: WorkerStream) -> None:
+        """Make ``stream`` wait for the latest record before running later work."""
+        with self._cond:
+            gen, source = self._recorded, self._stream
+        if gen == 0 or source is None:
+            return
+
+        def wait() -> None:
+            self._wait(gen)
+            if source is not stream and source.error is not None:
+                raise StreamError(
+                    f"waited on an event of cpu stream {source.name!r}, which failed: "
+                    f"{source.error}"
+                )
+
+        stream.enqueue("stream_wait_event", wait)
