@@ -23,6 +23,7 @@ the step consumed its staging, so an async host-to-device copy is never overwrit
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 from dataclasses import dataclass
@@ -109,6 +110,7 @@ class StepOutput:
         self.sampled_slots = sampled_slots
         self.step = step
         self._ids: np.ndarray | None = None
+        self._error: Exception | None = None
         self._read = False
 
     def ready(self) -> bool:
@@ -131,13 +133,24 @@ class StepOutput:
         return {s: int(i) for s, i in zip(self.sampled_slots, self._ids, strict=True)}
 
     def _materialize(self) -> None:
-        """Read the ids now and give the slot back to the pool."""
+        """Read the ids now and give the slot back to the pool.
+
+        A failed read (say, ``HostAccessError`` from a backend that lied about host access)
+        is kept and raised by every later :meth:`get_output`; the slot is released anyway.
+        """
         slot = self._slot
         if slot is None:
+            if self._error is not None:
+                raise self._error
             return
-        self._ids = self._pool.read(slot, len(self.sampled_slots))
-        slot.pending = None
-        self._slot = None
+        try:
+            self._ids = self._pool.read(slot, len(self.sampled_slots))
+        except Exception as exc:
+            self._error = exc
+            raise
+        finally:
+            slot.pending = None
+            self._slot = None
 
     def __repr__(self) -> str:
         state = "read" if self._read else ("ready" if self._slot is None else "pending")
@@ -202,7 +215,8 @@ class OutputPool:
         if slot.pending is not None:
             # The caller ran n_slots steps ahead of get_output(): read this one now so its
             # device ids, pinned staging and input staging can be reused.
-            slot.pending._materialize()
+            with contextlib.suppress(Exception):  # kept for that step's get_output()
+                slot.pending._materialize()
         return slot
 
     def publish(self, slot: OutputSlot) -> None:
@@ -243,7 +257,8 @@ class OutputPool:
         """Read every pending output, so that each stays readable after :meth:`close`."""
         for slot in self.slots:
             if slot.pending is not None:
-                slot.pending._materialize()
+                with contextlib.suppress(Exception):  # kept for that step's get_output()
+                    slot.pending._materialize()
 
     def close(self) -> None:
         """Free the pool (idempotent). Pending outputs are read first."""

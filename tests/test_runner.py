@@ -1,0 +1,339 @@
+"""The batched model runner: steps, batching, chunked prefill, validation, sampling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import vt
+from test_graph import ARCHS, PROMPT, make_backend, tiny_path
+from vt import reference as R
+from vt.model import load_gguf
+from vt.readback import OutputAlreadyReadError
+from vt.runner import InvalidStepError, ModelRunner, RunnerError, SeqChunk
+
+PATHS = ("host_view", "async_d2h", "sync")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-runner")
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_dir: Path) -> Any:
+    return load_gguf(tiny_path(tiny_dir, "llama"))
+
+
+def cpu_with_readback(path: str) -> vt.Backend:
+    """The cpu backend with capabilities that lead the runner to ``path``."""
+    backend = make_backend("cpu")
+    caps = backend.capabilities
+    if path != "host_view":
+        caps = caps.with_value(
+            "device_memory_is_host_addressable", False, vt.Source.env, "test: force a copy"
+        )
+    if path == "sync":
+        caps = caps.with_value(
+            "supports_async_sampled_token_readback", False, vt.Source.env, "test: no async"
+        )
+    backend.capabilities = caps
+    return backend
+
+
+def greedy(
+    runner: ModelRunner, prompts: dict[int, list[int]], n_new: int, chunk: int | None = None
+) -> dict[int, list[int]]:
+    """Generate ``n_new`` greedy ids per slot, all slots batched, prompts prefilled in
+    chunks of ``chunk`` tokens, decode inputs taken device-side (``from_previous``)."""
+    out: dict[int, list[int]] = {s: [] for s in prompts}
+    done = {s: 0 for s in prompts}
+    got: dict[int, int] = {}
+    while any(done[s] < len(p) for s, p in prompts.items()):  # prefill, one chunk per slot
+        chunks = []
+        for s, p in prompts.items():
+            if done[s] < len(p):
+                part = p[done[s] : done[s] + (chunk or len(p))]
+                last = done[s] + len(part) == len(p)
+                chunks.append(SeqChunk(slot=s, start_pos=done[s], token_ids=part, sample=last))
+                done[s] += len(part)
+        got = runner.execute(chunks).get_output()
+        for s, tok in got.items():
+            out[s].append(tok)
+    pos = {s: len(p) for s, p in prompts.items()}
+    prev_sampled = set(got)
+    for _ in range(n_new - 1):
+        chunks = [
+            SeqChunk(slot=s, start_pos=pos[s], token_ids=None, from_previous=True)
+            if s in prev_sampled
+            else SeqChunk(slot=s, start_pos=pos[s], token_ids=[out[s][-1]])
+            for s in prompts
+        ]
+        got = runner.execute(chunks).get_output()
+        prev_sampled = set(got)
+        for s, tok in got.items():
+            out[s].append(tok)
+            pos[s] += 1
+    return out
+
+
+def test_greedy_ids_equal_across_backends_and_readback_paths(llama: Any) -> None:
+    prompts = {0: PROMPT, 1: PROMPT[:3]}
+    results = {}
+    for name in PATHS:
+        with ModelRunner(cpu_with_readback(name), llama, max_slots=2, max_model_len=32) as r:
+            assert r.readback == name
+            results[f"cpu/{name}"] = greedy(r, prompts, 8)
+    with ModelRunner(make_backend("tt_stub"), llama, max_slots=2, max_model_len=32) as r:
+        results[f"tt_stub/{r.readback}"] = greedy(r, prompts, 8)
+    with ModelRunner(make_backend("cpu"), llama, max_slots=2, async_scheduling=False) as r:
+        assert r.readback == "sync"
+        results["cpu/async-off"] = greedy(r, prompts, 8)
+    first = next(iter(results.values()))
+    assert all(len(ids) == 8 for ids in first.values())
+    for key, ids in results.items():
+        assert ids == first, f"{key} differs"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batch_of_sequences_equals_each_alone(tiny_dir: Path, arch: str) -> None:
+    model = load_gguf(tiny_path(tiny_dir, arch))
+    prompts = {0: PROMPT, 2: PROMPT[4:6], 3: [8, 2, 50, 7, 7]}
+    with ModelRunner(make_backend("cpu"), model, max_slots=4, max_model_len=32) as r:
+        batched = greedy(r, prompts, 6)
+    for slot, prompt in prompts.items():
+        with ModelRunner(make_backend("cpu"), model, max_slots=4, max_model_len=32) as r:
+            alone = greedy(r, {slot: prompt}, 6)
+        assert alone[slot] == batched[slot], f"slot {slot}"
+
+
+def test_chunked_prefill_equals_one_shot(llama: Any) -> None:
+    prompt = PROMPT * 3  # 27 tokens
+    with ModelRunner(make_backend("cpu"), llama, max_slots=1, max_model_len=48) as r:
+        one_shot = r.compute_logits([SeqChunk(slot=0, start_pos=0, token_ids=prompt)])
+        ids_one = greedy(r, {0: prompt}, 5)
+    with ModelRunner(
+        make_backend("cpu"), llama, max_slots=1, max_model_len=48, max_batch_tokens=8
+    ) as r:
+        for start in range(0, 24, 8):
+            part = prompt[start : start + 8]
+            out = r.execute([SeqChunk(slot=0, start_pos=start, token_ids=part, sample=False)])
+            assert out.get_output() == {}  # prefill-only rows return no ids
+        chunked = r.compute_logits([SeqChunk(slot=0, start_pos=24, token_ids=prompt[24:])])
+        r.free_slot(0)
+        ids_chunked = greedy(r, {0: prompt}, 5, chunk=8)
+    np.testing.assert_allclose(chunked, one_shot, rtol=1e-5, atol=1e-5)
+    assert ids_chunked == ids_one
+
+
+def test_prefill_and_decode_mix_in_one_step(llama: Any) -> None:
+    """A new sequence's prefill joins a running decode batch between steps."""
+    with ModelRunner(make_backend("cpu"), llama, max_slots=3, max_model_len=32) as r:
+        first = r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
+        step = r.execute(
+            [
+                SeqChunk(slot=1, start_pos=0, token_ids=PROMPT[:5], sample=False),
+                SeqChunk(slot=0, start_pos=len(PROMPT), token_ids=None, from_previous=True),
+            ]
+        ).get_output()
+        assert set(step) == {0}  # the prefill-only row returned nothing
+        got = r.compute_logits([SeqChunk(slot=1, start_pos=5, token_ids=PROMPT[5:])])
+    with ModelRunner(make_backend("cpu"), llama, max_slots=3, max_model_len=32) as r:
+        alone = greedy(r, {0: PROMPT}, 2)
+        want = r.compute_logits([SeqChunk(slot=1, start_pos=0, token_ids=PROMPT)])
+    assert [first[0], step[0]] == alone[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_get_output_twice_is_an_error(llama: Any) -> None:
+    with ModelRunner(make_backend("cpu"), llama, max_slots=1, max_model_len=16) as r:
+        out = r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)])
+        ids = out.get_output()
+        assert set(ids) == {0}
+        with pytest.raises(OutputAlreadyReadError, match="already called for step 0"):
+            out.get_output()
+
+
+def test_steps_run_ahead_of_get_output(llama: Any) -> None:
+    """More steps in flight than output slots: outputs are read on reuse, none is lost."""
+    with ModelRunner(cpu_with_readback("async_d2h"), llama, max_slots=1, max_model_len=32) as r:
+        want = greedy(r, {0: PROMPT}, 7)[0]
+        r.free_slot(0)
+        outs = [r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)])]
+        for j in range(6):
+            pos = len(PROMPT) + j
+            outs.append(
+                r.execute([SeqChunk(slot=0, start_pos=pos, token_ids=None, from_previous=True)])
+            )
+        got = [o.get_output()[0] for o in outs]
+    assert got == want
+
+
+def test_seeded_sampling_is_the_reference_draw(llama: Any) -> None:
+    params = dict(temperature=0.9, top_p=0.95, top_k=20, seed=1234, counter=3)
+    chunk = SeqChunk(slot=0, start_pos=0, token_ids=PROMPT, **params)
+    with ModelRunner(make_backend("cpu"), llama, max_slots=1, max_model_len=16) as r:
+        logits = r.compute_logits([chunk])
+    record = np.array(
+        [tuple(params[k] for k in ("temperature", "top_p", "top_k", "seed", "counter"))],
+        dtype=vt.SAMPLE_PARAMS_DTYPE,
+    )
+    want = int(R.sample(logits, record)[0])
+    for backend in ("cpu", "tt_stub"):
+        with ModelRunner(make_backend(backend), llama, max_slots=1, max_model_len=16) as r:
+            assert r.execute([chunk]).get_output() == {0: want}
+    # another counter draws again (and the runner does not cache the draw)
+    draws = set()
+    with ModelRunner(make_backend("cpu"), llama, max_slots=1, max_model_len=16) as r:
+        for counter in range(12):
+            c = SeqChunk(slot=0, start_pos=0, token_ids=PROMPT, temperature=5.0, counter=counter)
+            draws.add(r.execute([c]).get_output()[0])
+    assert len(draws) > 1
+
+
+def test_compute_logits_rows_follow_chunk_order(llama: Any) -> None:
+    with ModelRunner(make_backend("cpu"), llama, max_slots=3, max_model_len=16) as r:
+        a = r.compute_logits([SeqChunk(slot=2, start_pos=0, token_ids=PROMPT[:4])])
+        r.free_slot(2)
+        b = r.compute_logits([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT[:2])])
+        r.free_slot(0)
+        both = r.compute_logits(
+            [
+                SeqChunk(slot=0, start_pos=0, token_ids=PROMPT[:2]),
+                SeqChunk(slot=1, start_pos=0, token_ids=PROMPT[:3], sample=False),
+                SeqChunk(slot=2, start_pos=0, token_ids=PROMPT[:4]),
+            ]
+        )
+    assert both.shape[0] == 2
+    np.testing.assert_allclose(both[0], b[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(both[1], a[0], rtol=1e-5, atol=1e-5)
+
+
+INVALID = [
+    ([], "non-empty"),
+    ([SeqChunk(slot=4, start_pos=0, token_ids=[1])], "slot 4 is outside 0..3"),
+    ([SeqChunk(slot=-1, start_pos=0, token_ids=[1])], "slot -1 is outside"),
+    (
+        [
+            SeqChunk(slot=1, start_pos=0, token_ids=[1]),
+            SeqChunk(slot=1, start_pos=0, token_ids=[2]),
+        ],
+        "slot 1 appears more than once",
+    ),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[])], "needs token_ids"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=None)], "needs token_ids"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1, 10**6])], "token id 1000000 is outside"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[-3])], "token id -3 is outside"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1.5])], "integers"),
+    ([SeqChunk(slot=0, start_pos=-1, token_ids=[1])], "start_pos -1"),
+    ([SeqChunk(slot=3, start_pos=5, token_ids=[1])], "skips positions; the slot holds 0"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1] * 17)], "17 tokens but max_batch_tokens is 16"),
+    ([SeqChunk(slot=2, start_pos=0, token_ids=None, from_previous=True)], "from_previous needs"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1], from_previous=True)], "token_ids must be None"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1], temperature=-1.0)], "temperature"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1], top_p=0.0)], "top_p"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1], top_p=1.5)], "top_p"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1], seed=2**32)], "seed"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1], counter=-1)], "counter"),
+    (["not a chunk"], "expected SeqChunk"),
+]
+
+
+@pytest.mark.parametrize(("chunks", "message"), INVALID, ids=[m for _, m in INVALID])
+def test_invalid_steps_raise_clear_errors_and_change_nothing(
+    llama: Any, chunks: list[Any], message: str
+) -> None:
+    with ModelRunner(
+        make_backend("cpu"), llama, max_slots=4, max_model_len=20, max_batch_tokens=16
+    ) as r:
+        first = r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
+        with pytest.raises(InvalidStepError, match=message):
+            r.execute(chunks)
+        # the runner still works, and the failed step left no trace: slot 0 continues
+        # device-side from the id sampled before the bad step
+        nxt = r.execute(
+            [SeqChunk(slot=0, start_pos=len(PROMPT), token_ids=None, from_previous=True)]
+        ).get_output()
+    with ModelRunner(make_backend("cpu"), llama, max_slots=4, max_model_len=20) as r:
+        assert greedy(r, {0: PROMPT}, 2)[0] == [first[0], nxt[0]]
+
+
+def test_positions_past_max_model_len_are_refused(llama: Any) -> None:
+    with ModelRunner(make_backend("cpu"), llama, max_slots=1, max_model_len=10) as r:
+        r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
+        r.execute([SeqChunk(slot=0, start_pos=9, token_ids=None, from_previous=True)]).get_output()
+        with pytest.raises(InvalidStepError, match="exceed max_model_len=10"):
+            r.execute([SeqChunk(slot=0, start_pos=10, token_ids=None, from_previous=True)])
+
+
+def test_from_previous_needs_a_sample_in_the_previous_step(llama: Any) -> None:
+    with ModelRunner(make_backend("cpu"), llama, max_slots=2, max_model_len=32) as r:
+        r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
+        # slot 0 sat out a step: its sample is no longer the previous step's
+        r.execute([SeqChunk(slot=1, start_pos=0, token_ids=PROMPT)]).get_output()
+        with pytest.raises(InvalidStepError, match="slot 0: from_previous"):
+            r.execute([SeqChunk(slot=0, start_pos=9, token_ids=None, from_previous=True)])
+        # a prefill-only step samples nothing for slot 1
+        r.execute([SeqChunk(slot=1, start_pos=9, token_ids=[4], sample=False)]).get_output()
+        with pytest.raises(InvalidStepError, match="slot 1: from_previous"):
+            r.execute([SeqChunk(slot=1, start_pos=10, token_ids=None, from_previous=True)])
+        # a freed slot forgets its sample and its positions
+        r.execute([SeqChunk(slot=1, start_pos=10, token_ids=[4])]).get_output()
+        r.free_slot(1)
+        with pytest.raises(InvalidStepError, match="slot 1: from_previous"):
+            r.execute([SeqChunk(slot=1, start_pos=11, token_ids=None, from_previous=True)])
+        assert r.seq_len(1) == 0
+
+
+def test_runner_arguments_are_checked(llama: Any) -> None:
+    cpu = make_backend("cpu")
+    ctx = llama.config.context_length
+    with pytest.raises(ValueError, match="max_slots must be a positive integer"):
+        ModelRunner(cpu, llama, max_slots=0)
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        ModelRunner(cpu, llama, max_batch_tokens=0)
+    with pytest.raises(ValueError, match=f"context length {ctx}"):
+        ModelRunner(cpu, llama, max_model_len=ctx + 1)
+    with pytest.raises(ValueError, match="n_output_slots must be at least 2"):
+        ModelRunner(cpu, llama, max_model_len=8, n_output_slots=1)
+    with pytest.raises(ValueError, match="unknown KV cache kind"):
+        ModelRunner(cpu, llama, max_model_len=8, kv_cache="paged")
+
+
+def test_closed_runner_refuses_steps_but_keeps_pending_outputs(llama: Any) -> None:
+    r = ModelRunner(make_backend("cpu"), llama, max_slots=1, max_model_len=16)
+    out = r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)])
+    r.close()
+    r.close()  # idempotent
+    assert set(out.get_output()) == {0}
+    with pytest.raises(RunnerError, match="closed"):
+        r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)])
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "vmm"])
+def test_kv_cache_kinds_agree_and_grow_before_the_step(llama: Any, kind: str) -> None:
+    backend = make_backend("cpu")
+    if kind == "vmm" and backend.capabilities.vmm is None:
+        pytest.fail("the cpu backend is expected to declare vmm")
+    with ModelRunner(backend, llama, max_slots=2, max_model_len=256, kv_cache=kind) as r:
+        assert r.kv.kind == kind
+        ids = greedy(r, {0: PROMPT * 8}, 4)  # 72 positions: past the first vmm chunk
+        assert r.kv.capacity_positions >= 75
+    with ModelRunner(make_backend("cpu"), llama, max_slots=2, max_model_len=256) as r:
+        assert greedy(r, {0: PROMPT * 8}, 4) == ids
+
+
+@pytest.mark.slow
+def test_default_model_says_paris() -> None:
+    from vt.model import default_model_path
+    from vt.model.tokenizer import Tokenizer
+
+    model = load_gguf(default_model_path())
+    tok = Tokenizer.from_model(model)
+    prompt = tok.encode("The capital of France is")
+    assert prompt == [504, 3575, 282, 4649, 314]
+    with ModelRunner(make_backend("cpu"), model, max_slots=1, max_model_len=64) as r:
+        ids = greedy(r, {0: prompt}, 3)[0]
+    assert tok.decode(ids).startswith(" Paris.")
