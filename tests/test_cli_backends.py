@@ -1,0 +1,257 @@
+"""``vt backends`` and ``vt audit``: CliRunner in-process, and real ``vt`` subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from vt.cli import main
+from vt.cli.options import backend_option, open_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "docs" / "examples" / "vt-example-backend"
+CAPS_KEYS = {
+    "unified_memory",
+    "device_memory_is_host_addressable",
+    "host_memory_is_device_addressable",
+    "supports_async_sampled_token_readback",
+    "async_d2h_copy",
+    "events",
+    "pinned_host_memory",
+    "vmm",
+}
+
+
+@pytest.fixture
+def site(install_dist) -> Path:
+    install_dist("vt-test-backends", {"threads_plugin": "vt_test_backends"}, version="1.2.3")
+    install_dist("vt-misc", {"misc": "vt_test_misc"})
+    install_dist("vt-rule-breaker", {"rule_breaker": "vt_test_rule_breaker"})
+    install_dist("vt-import-error", {"import_error": "vt_test_import_error"})
+    return install_dist(
+        "vt-example-backend",
+        {"example": "vt_example_backend"},
+        modules={"vt_example_backend": EXAMPLE / "vt_example_backend.py"},
+    )
+
+
+def invoke(args: list[str], **env: str):
+    return CliRunner().invoke(main, args, env=env, catch_exceptions=False)
+
+
+def test_backends_table(site) -> None:
+    result = invoke(["backends"], VT_PLUGINS="threads_plugin,misc,rule_breaker,import_error")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.splitlines()[0].split() == ["NAME", "DISTRIBUTION", "STATUS", "PRIO", "CAPABILITIES"]
+    threads = next(line for line in out.splitlines() if line.startswith("threads "))
+    assert "vt-test-backends 1.2.3" in threads and "available" in threads
+    assert "unified host-addressable async-readback async-d2h events pinned vmm(65536B)" in threads
+    assert "reason: no absent device found (driver not loaded)" in out
+    assert "reason: probe raised OSError: device node /dev/flaky0 vanished" in out
+    assert "reason: async-readback-needs-events:" in out
+    assert "RuntimeError: this plugin is broken on purpose" in out
+    assert out.rstrip().splitlines()[-1].startswith("auto picked 'threads' (priority 5)")
+
+
+def test_backends_table_shows_overridden_provenance(site) -> None:
+    result = invoke(["backends"], VT_PLUGINS="threads_plugin", VT_CAPS="threads:events=0")
+    assert "events=off (env: VT_CAPS threads:events=0)" in result.output
+    assert "discrete" in result.output
+
+
+def test_backends_json(site) -> None:
+    result = invoke(["backends", "--json"], VT_PLUGINS="threads_plugin,rule_breaker,misc")
+    assert result.exit_code == 0
+    items = {item["name"]: item for item in json.loads(result.output)}
+    for item in items.values():
+        assert {"name", "status", "reason", "distribution", "capabilities", "violations"} <= set(
+            item
+        )
+    threads = items["threads"]
+    assert threads["status"] == "available" and threads["distribution"] == "vt-test-backends"
+    assert set(threads["capabilities"]) == CAPS_KEYS
+    assert threads["capabilities"]["vmm"] == {"granularity": 65536, "segments_may_alias": False}
+    assert threads["auto"] is True and items["discrete"]["auto"] is False
+    assert items["discrete"]["capabilities"]["vmm"] is None
+    assert items["hasty"]["status"] == "rejected"
+    assert items["hasty"]["violations"][0]["rule"] == "async-readback-needs-events"
+    assert items["absent"]["reason"] == "no absent device found (driver not loaded)"
+    assert items["flaky"]["capabilities"] is None
+
+
+def test_backends_with_nothing_available_still_lists_and_explains(site) -> None:
+    result = invoke(["backends"], VT_PLUGINS="misc")
+    assert result.exit_code == 0
+    assert "auto: no backend is available" in result.output
+
+
+def test_bad_vt_caps_is_a_clear_error(site) -> None:
+    result = invoke(["backends"], VT_PLUGINS="threads_plugin", VT_CAPS="events=perhaps")
+    assert result.exit_code == 1
+    assert "Error: VT_CAPS item 'events=perhaps': 'perhaps' is not a boolean" in result.output
+
+
+def test_audit_named_backend_passes(site) -> None:
+    result = invoke(["audit", "--backend", "threads"], VT_PLUGINS="threads_plugin")
+    assert result.exit_code == 0, result.output
+    assert "PASS  probe  event-ordering" in result.output
+    assert "PASS  rule   async-readback-needs-events" in result.output
+    assert result.output.rstrip().endswith("audit passed")
+
+
+def test_audit_json_shape(site) -> None:
+    result = invoke(["audit", "--backend", "discrete", "--json"], VT_PLUGINS="threads_plugin")
+    assert result.exit_code == 0
+    report = json.loads(result.output)
+    assert report["ok"] is True
+    (backend,) = report["backends"]
+    assert backend["name"] == "discrete" and backend["status"] == "available"
+    for check in backend["checks"]:
+        assert set(check) == {"id", "kind", "result", "detail"}
+        assert check["kind"] in ("rule", "probe") and check["result"] in ("pass", "fail", "skip")
+    skipped = [c for c in backend["checks"] if c["result"] == "skip"]
+    assert skipped and all(c["detail"] for c in skipped)
+
+
+def test_audit_of_an_unavailable_backend_fails_with_the_reason(site) -> None:
+    result = invoke(["audit", "--backend", "absent"], VT_PLUGINS="misc")
+    assert result.exit_code == 1
+    assert "FAIL  probe  available: unavailable: no absent device found" in result.output
+    assert result.output.rstrip().endswith("audit FAILED")
+
+
+def test_audit_of_everything_fails_on_a_broken_plugin(site) -> None:
+    result = invoke(["audit", "--json"], VT_PLUGINS="threads_plugin,import_error")
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    assert report["ok"] is False
+    assert {b["name"]: b["ok"] for b in report["backends"]} == {
+        "threads": True,
+        "discrete": True,
+        "import_error": False,
+    }
+
+
+def test_the_example_distribution_is_discovered_and_passes_its_audit(site) -> None:
+    result = invoke(["audit", "--backend", "example"], VT_PLUGINS="example")
+    assert result.exit_code == 0, result.output
+    assert "PASS  probe  host-view-roundtrip" in result.output
+    listing = json.loads(invoke(["backends", "--json"], VT_PLUGINS="example").output)
+    assert listing[0]["distribution"] == "vt-example-backend"
+    assert listing[0]["capabilities"]["device_memory_is_host_addressable"] is True
+
+
+def test_help_texts_explain() -> None:
+    out = invoke(["backends", "--help"]).output
+    for word in ("available", "unavailable", "rejected", "broken", "VT_PLUGINS", "VT_CAPS"):
+        assert word in out
+    out = invoke(["audit", "--help"]).output
+    assert "Exit status is 0 only" in out and "--backend NAME" in out and "--json" in out
+
+
+@click.command()
+@backend_option
+def _which(backend: str) -> None:
+    instance, why = open_backend(backend)
+    click.echo(f"{instance.name}|{why}")
+
+
+def test_backend_option_default_env_and_errors(site, monkeypatch) -> None:
+    monkeypatch.setenv("VT_PLUGINS", "threads_plugin,misc")
+    runner = CliRunner()
+    assert runner.invoke(_which, []).output.startswith("threads|auto picked 'threads'")
+    assert runner.invoke(_which, [], env={"VT_BACKEND": "discrete"}).output.startswith("discrete|")
+    assert runner.invoke(_which, ["-b", "discrete"]).output.startswith("discrete|")
+    result = runner.invoke(_which, ["--backend", "absent"])
+    assert result.exit_code == 1
+    assert "Error: backend 'absent' is unavailable: no absent device found" in result.output
+    help_text = runner.invoke(_which, ["--help"]).output
+    assert "VT_BACKEND" in help_text and "default: auto" in help_text
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def vt_command() -> list[str]:
+    script = Path(sys.executable).parent / "vt"
+    return [str(script)] if script.exists() else [shutil.which("vt") or "vt"]
+
+
+def run_vt(args: list[str], pythonpath: Path | None = None, **env: str):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("VT_")}
+    if pythonpath is not None:
+        full["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(pythonpath), full.get("PYTHONPATH")])
+        )
+    full.update(env)
+    return subprocess.run(
+        vt_command() + args, env=full, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_subprocess_broken_plugin_leaves_cpu_available(site) -> None:
+    proc = run_vt(["backends", "--json"], site)
+    assert proc.returncode == 0, proc.stderr
+    items = {item["name"]: item for item in json.loads(proc.stdout)}
+    assert items["import_error"]["status"] == "broken"
+    assert "this plugin is broken on purpose" in items["import_error"]["reason"]
+    assert items["hasty"]["status"] == "rejected"
+    assert items["cpu"]["status"] == "available"
+    assert items["threads"]["status"] == "available"
+
+
+def test_subprocess_selection_by_env_and_unknown_name(site) -> None:
+    proc = run_vt(["audit", "--backend", "absent"], site, VT_PLUGINS="misc")
+    assert proc.returncode == 1
+    assert "no absent device found" in proc.stdout
+    proc = run_vt(["backends", "--json"], site, VT_PLUGINS="")
+    assert proc.returncode == 0
+    assert [item["name"] for item in json.loads(proc.stdout)] == ["cpu"]
+    proc = run_vt(["audit", "--backend", "nope"], site)
+    assert proc.returncode == 1
+    assert "unknown backend 'nope'; installed backends: absent, cpu" in proc.stdout
+
+
+def test_pip_install_example_into_a_venv(tmp_path: Path) -> None:
+    """A real ``pip install`` of the example distribution, seen by vt in that environment.
+
+    The venv borrows vt from the system site-packages; pip builds the example in an
+    isolated environment (setuptools from the package index or pip's cache).
+    """
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+        check=True,
+    )
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(EXAMPLE)],
+        check=True,
+        timeout=300,
+    )
+    run = [str(python), "-c", "from vt.cli import main; main()"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VT_")}
+    proc = subprocess.run(
+        [*run, "backends", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    items = {item["name"]: item for item in json.loads(proc.stdout)}
+    assert items["example"]["status"] == "available"
+    assert items["example"]["distribution"] == "vt-example-backend"
+    assert items["example"]["version"] == "0.1.0"
+    proc = subprocess.run(
+        [*run, "audit", "--backend", "example"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
