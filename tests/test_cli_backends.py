@@ -232,8 +232,9 @@ def test_pip_install_example_into_a_venv(tmp_path: Path) -> None:
         check=True,
     )
     python = venv / "bin" / "python"
+    source = shutil.copytree(EXAMPLE, tmp_path / "src")  # setuptools writes build/ in place
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(EXAMPLE)],
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(source)],
         check=True,
         timeout=300,
     )
