@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import vt
-from test_vmm_arena import AliasingBackend, FakeVmmBackend
+from test_vmm_arena import AliasingCpu, InjectingCpu
 from vt.memory import KVCache, KVCacheStats, KVCapacityError
 
 KiB, MiB = 1 << 10, 1 << 20
 
 
-def host_backend(granularity: int | None = 4 * KiB, **kwargs: object) -> FakeVmmBackend:
-    """A host-memory backend with vmm of ``granularity`` (None: no vmm)."""
-    backend = FakeVmmBackend(granularity or 4 * KiB, **kwargs)
+def host_backend(granularity: int | None = 4 * KiB) -> InjectingCpu:
+    """The CPU backend with vmm of ``granularity`` (None: vmm turned off)."""
+    backend = InjectingCpu(granularity or 4 * KiB)
     if granularity is None:
         backend.capabilities = backend.capabilities.model_copy(update={"vmm": None})
     return backend
@@ -63,7 +63,7 @@ def test_unknown_kind_is_named() -> None:
 
 
 def test_vmm_on_backend_without_vmm_names_the_backend() -> None:
-    with pytest.raises(vt.CapabilityError, match="backend 'fake_vmm' does not declare vmm"):
+    with pytest.raises(vt.CapabilityError, match="backend 'cpu' does not declare vmm"):
         KVCache.create(host_backend(granularity=None), _layout(), kind="vmm")
 
 
@@ -97,10 +97,10 @@ def test_positions_beyond_max_len_name_it(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["contiguous", "vmm"])
 def test_release_is_idempotent(kind: str) -> None:
     cache = KVCache.create(host_backend(), _layout(max_len=128), kind=kind)
-    handle = cache.buffer.handle
+    backend = cache.backend
     cache.release()
     cache.release()
-    assert handle["released"]
+    assert (backend.freed, backend.released_ranges) == ((1, 0) if kind == "contiguous" else (0, 1))
     assert cache.stats().mapped_bytes == 0
     assert cache.released
     assert cache.capacity_positions == 0
@@ -157,7 +157,7 @@ def test_vmm_rounds_growth_to_the_granularity_and_caps_at_max_len() -> None:
 
 
 def test_full_map_policy_kv_cache_never_grows() -> None:
-    backend = AliasingBackend(64 * KiB, declare_alias=True)
+    backend = AliasingCpu(64 * KiB, declare_alias=True)
     cache = KVCache.create(backend, _layout(max_len=512), kind="auto")
     assert cache.kind == "vmm"
     assert cache.capacity_positions == 512
@@ -174,7 +174,7 @@ def test_failed_growth_leaves_cache_usable() -> None:
     data = np.arange(64 * layout.position_bytes // 4, dtype=np.float32)
     backend.copy_h2d(cache.buffer, data)
     backend.fail_maps = 1
-    with pytest.raises(RuntimeError, match="injected"):
+    with pytest.raises(vt.VmmError, match="injected"):
         cache.ensure_positions(65)
     assert cache.capacity_positions == 64
     got = np.empty_like(data)
@@ -212,3 +212,46 @@ def test_contiguous_and_vmm_hold_identical_data() -> None:
     out = np.empty(tail, np.uint8)
     backend.copy_d2h(out, vmm.buffer.view(n, tail))
     assert tail > 0 and not out.any()
+
+
+def test_kv_store_writes_identically_to_both_kinds() -> None:
+    backend = host_backend(4 * KiB)
+    layout = vt.KVLayout(n_layers=3, n_slots=2, max_len=512, n_kv_heads=2, head_dim=16)
+    caches = [
+        KVCache.create(backend, layout, kind=k, grow_tokens=32, min_growth_bytes=0)
+        for k in ("contiguous", "vmm")
+    ]
+    stream = backend.create_stream("kv")
+    rng = np.random.default_rng(1)
+    row = layout.n_kv_heads * layout.head_dim
+    # A 40-token prefill in slot 0, then 260 decode steps of one token in each slot.
+    steps = [(np.zeros(40, np.int32), np.arange(40, dtype=np.int32))]
+    steps += [(np.array([0, 1], np.int32), np.array([40 + i, i], np.int32)) for i in range(260)]
+    bufs = {name: backend.alloc(40 * row * 4) for name in ("k", "v")}
+    slots, positions = backend.alloc(40 * 4), backend.alloc(40 * 4)
+    for slot_ids, pos in steps:
+        n = len(pos)
+        backend.copy_h2d(slots, slot_ids)
+        backend.copy_h2d(positions, pos)
+        for cache in caches:
+            cache.ensure_positions(int(pos.max()) + 1, stream)
+        for layer in range(layout.n_layers):
+            for name in ("k", "v"):
+                backend.copy_h2d(bufs[name], rng.standard_normal((n, row)).astype(np.float32))
+            for cache in caches:
+                backend.kv_store(
+                    cache.buffer, layout, layer, bufs["k"], bufs["v"], slots, positions, n, stream
+                )
+        backend.synchronize(stream)
+    vmm = caches[1]
+    assert vmm.capacity_positions == 320  # grown in 32-position chunks (4 KiB granules)
+    used = 300 * layout.position_bytes
+    contiguous = backend.host_view(caches[0].buffer.view(0, used))
+    grown = backend.host_view(vmm.buffer.view(0, used))
+    np.testing.assert_array_equal(contiguous, grown)
+    assert contiguous.any()
+    # The arena's accounting matches what the backend really has mapped.
+    assert backend.vmm_mapped_bytes(vmm.arena.vrange) == vmm.stats().mapped_bytes
+    backend.destroy_stream(stream)
+    for cache in caches:
+        cache.release()

@@ -2,120 +2,79 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import numpy as np
 import pytest
 import vt
 from vt.memory import TENSOR_ALIGNMENT, VmmArena, arena_tensor
 from vt.memory.smoke import SMOKE_IDS, arena_smoke
+from vt_cpu.backend import CpuBackend
 
 KiB, MiB = 1 << 10, 1 << 20
 GRANULARITIES = [4 * KiB, 64 * KiB, 2 * MiB]
 
 
-class FakeVmmBackend(vt.Backend):
-    """Host memory with a faithful VMM model: each segment is its own physical array."""
-
-    name = "fake_vmm"
+class InjectingCpu(CpuBackend):
+    """The real CPU backend (memfd segments) with failure injection and bookkeeping."""
 
     def __init__(self, granularity: int = 4 * KiB, *, declare_alias: bool = False) -> None:
-        self.capabilities = vt.Capabilities(
-            unified_memory=True,
-            device_memory_is_host_addressable=True,
-            vmm=vt.VmmCaps(granularity=granularity, segments_may_alias=declare_alias),
-        )
-        self._granularity = granularity
-        self.unmapped: list[int] = []
-        self.fail_unmaps = 0
-        self.fail_releases = 0
+        super().__init__(vmm_granularity=granularity)
+        if declare_alias:
+            caps = vt.VmmCaps(granularity=granularity, segments_may_alias=True)
+            self.capabilities = self.capabilities.model_copy(update={"vmm": caps})
+        self.unmapped: list[int] = []  # segment offsets, in unmap order
+        self.released_ranges = 0
+        self.freed = 0
         self.fail_maps = 0
+        self.fail_releases = 0
 
-    def _physical(self, vrange: vt.VirtualRange, nbytes: int) -> np.ndarray:
-        return np.zeros(nbytes, np.uint8)
-
-    def alloc(self, nbytes: int) -> vt.Buffer:
-        handle = {"segments": [(0, nbytes, np.zeros(nbytes, np.uint8))], "released": False}
-        return vt.Buffer(handle, nbytes, owner=self.name)
-
-    def free(self, buf: vt.Buffer) -> None:
-        buf.handle["released"] = True
-
-    def _spans(self, buf: vt.Buffer):
-        lo, hi = buf.offset, buf.offset + buf.nbytes
-        pos = lo
-        for seg in sorted(buf.handle["segments"], key=lambda s: s[0]):
-            off, n, store = seg
-            if off <= pos < off + n:
-                end = min(hi, off + n)
-                yield store[pos - off : end - off]
-                pos = end
-            if pos >= hi:
-                return
-        if pos < hi:
-            raise RuntimeError(f"access to unmapped bytes [{pos}, {hi})")
-
-    def copy_h2d(self, dst: vt.Buffer, src: np.ndarray) -> None:
-        raw = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
-        done = 0
-        for part in self._spans(dst.view(0, raw.nbytes)):
-            part[:] = raw[done : done + part.nbytes]
-            done += part.nbytes
-
-    def copy_d2h(self, dst: np.ndarray, src: vt.Buffer) -> None:
-        flat = dst.view(np.uint8).reshape(-1)
-        flat[:] = np.concatenate(list(self._spans(src.view(0, flat.nbytes))))
-
-    def memset(self, buf: vt.Buffer, value: int, stream: vt.Stream | None = None) -> None:
-        for part in self._spans(buf):
-            part[:] = value
-
-    def vmm_granularity(self) -> int:
-        return self._granularity
-
-    def vmm_reserve(self, nbytes: int) -> vt.VirtualRange:
-        return vt.VirtualRange({"segments": [], "released": False}, nbytes)
-
-    def vmm_map(self, vrange: vt.VirtualRange, offset: int, nbytes: int) -> vt.Segment:
+    def _map_physical(self, addr: int, nbytes: int, fd: int) -> None:
         if self.fail_maps:
             self.fail_maps -= 1
-            raise RuntimeError("injected: out of physical memory")
-        assert offset % self._granularity == 0 and nbytes % self._granularity == 0
-        assert offset + nbytes <= vrange.nbytes
-        seg = (offset, nbytes, self._physical(vrange, nbytes))
-        vrange.handle["segments"].append(seg)
-        return vt.Segment(seg, offset, nbytes)
+            raise OSError(errno.ENOMEM, "injected: out of physical memory")
+        super()._map_physical(addr, nbytes, fd)
 
     def vmm_unmap(self, vrange: vt.VirtualRange, segment: vt.Segment) -> None:
-        if self.fail_unmaps:
-            self.fail_unmaps -= 1
-            raise RuntimeError("injected: unmap failed")
-        vrange.handle["segments"].remove(segment.handle)
+        super().vmm_unmap(vrange, segment)
         self.unmapped.append(segment.offset)
 
     def vmm_release(self, vrange: vt.VirtualRange) -> None:
         if self.fail_releases:
             self.fail_releases -= 1
-            raise RuntimeError("injected: address free failed")
-        assert not vrange.handle["segments"], "released with segments still mapped"
-        vrange.handle["released"] = True
+            raise OSError(errno.EBUSY, "injected: address free failed")
+        super().vmm_release(vrange)
+        self.released_ranges += 1
 
-    def vmm_buffer(self, vrange: vt.VirtualRange) -> vt.Buffer:
-        return vt.Buffer(vrange.handle, vrange.nbytes, owner=self.name)
-
-
-class AliasingBackend(FakeVmmBackend):
-    """Every new segment reuses the first segment's physical memory (the ROCm bug)."""
-
-    name = "aliasing_vmm"
-
-    def _physical(self, vrange: vt.VirtualRange, nbytes: int) -> np.ndarray:
-        segs = vrange.handle["segments"]
-        if segs and segs[0][2].nbytes >= nbytes:
-            return segs[0][2][:nbytes]
-        return super()._physical(vrange, nbytes)
+    def free(self, buf: vt.Buffer) -> None:
+        super().free(buf)
+        self.freed += 1
 
 
-def make_backend(granularity: int = 4 * KiB, **kwargs: object) -> FakeVmmBackend:
-    return FakeVmmBackend(granularity, **kwargs)
+class AliasingCpu(InjectingCpu):
+    """Every new segment maps the first segment's physical memory (the Windows ROCm bug)."""
+
+    def __init__(self, granularity: int = 4 * KiB, **kwargs: bool) -> None:
+        super().__init__(granularity, **kwargs)
+        self._first_fd: int | None = None
+
+    def _create_physical(self, nbytes: int) -> int:
+        if self._first_fd is None:
+            self._first_fd = super()._create_physical(nbytes)
+        if os.fstat(self._first_fd).st_size < nbytes:
+            os.ftruncate(self._first_fd, nbytes)  # never map past its end (SIGBUS)
+        return os.dup(self._first_fd)
+
+    def close(self) -> None:
+        super().close()
+        if self._first_fd is not None:
+            os.close(self._first_fd)
+            self._first_fd = None
+
+
+def make_backend(granularity: int = 4 * KiB, **kwargs: bool) -> InjectingCpu:
+    return InjectingCpu(granularity, **kwargs)
 
 
 def _pattern(n: int, seed: int) -> np.ndarray:
@@ -165,13 +124,15 @@ def test_reserve_needs_positive_size(nbytes: int) -> None:
 def test_reserve_on_backend_without_vmm_names_it() -> None:
     backend = make_backend()
     backend.capabilities = backend.capabilities.model_copy(update={"vmm": None})
-    with pytest.raises(vt.CapabilityError, match="backend 'fake_vmm' does not declare vmm"):
+    with pytest.raises(vt.CapabilityError, match="backend 'cpu' does not declare vmm"):
         VmmArena.reserve(backend, 4096)
 
 
 def test_declared_granularity_must_match_runtime() -> None:
-    backend = make_backend(4 * KiB)
-    backend._granularity = 64 * KiB  # runtime disagrees with the declaration
+    backend = make_backend(64 * KiB)  # the runtime's granularity
+    backend.capabilities = backend.capabilities.model_copy(
+        update={"vmm": vt.VmmCaps(granularity=4 * KiB)}
+    )
     with pytest.raises(vt.VmmError, match="declared vmm granularity 4096 is not a positive"):
         VmmArena.reserve(backend, 4096)
 
@@ -221,7 +182,7 @@ def test_failed_backend_map_leaves_arena_intact() -> None:
     backend = make_backend()
     arena, data = _filled(backend, 4096, 4 * 4096)
     backend.fail_maps = 1
-    with pytest.raises(RuntimeError, match="injected: out of physical memory"):
+    with pytest.raises(vt.VmmError, match="injected: out of physical memory"):
         arena.map_next(4096)
     assert _state(arena) == (4 * 4096, 4096, 1)
     np.testing.assert_array_equal(_read(arena), data)
@@ -263,10 +224,9 @@ def test_release_unmaps_in_reverse_order_and_is_idempotent() -> None:
     arena = VmmArena.reserve(backend, 4 * 4096)
     for _ in range(3):
         arena.map_next(4096)
-    handle = arena.buffer.handle
     arena.release()
     assert backend.unmapped == [8192, 4096, 0]
-    assert handle["released"]
+    assert backend.released_ranges == 1
     assert arena.released and arena.segments == 0 and arena.mapped_bytes == 0
     arena.release()
     assert backend.unmapped == [8192, 4096, 0]
@@ -306,13 +266,12 @@ def test_release_retries_after_a_failing_address_free() -> None:
     backend = make_backend()
     arena = VmmArena.reserve(backend, 2 * 4096)
     arena.map_next(4096)
-    handle = arena.buffer.handle
     backend.fail_releases = 1
     with pytest.raises(vt.VmmError, match="freeing the reservation of 8192 bytes failed"):
         arena.release()
     assert not arena.released and arena.segments == 0
     arena.release()
-    assert arena.released and handle["released"]
+    assert arena.released and backend.released_ranges == 1
     assert backend.unmapped == [0]
 
 
@@ -356,7 +315,7 @@ def test_alloc_tensor_bumps_aligned_offsets() -> None:
 
 @pytest.mark.parametrize("g", GRANULARITIES)
 def test_full_map_policy_maps_everything_once(g: int) -> None:
-    backend = AliasingBackend(g, declare_alias=True)
+    backend = AliasingCpu(g, declare_alias=True)
     arena = VmmArena.reserve(backend, 5 * g + 1, min_growth=g)
     assert arena.full_map
     assert _state(arena) == (6 * g, 6 * g, 1)
@@ -378,7 +337,7 @@ def test_full_map_policy_maps_everything_once(g: int) -> None:
 
 def test_aliasing_backend_really_aliases() -> None:
     # Without the policy, the second segment overwrites the first: the bug the smoke catches.
-    backend = AliasingBackend(4096)
+    backend = AliasingCpu(4096)
     arena, a = _filled(backend, 4096, 2 * 4096)
     arena.map_next(4096)
     backend.copy_h2d(arena.buffer.view(4096, 4096), _pattern(4096, 2))
@@ -402,7 +361,7 @@ def test_smoke_passes_on_a_correct_backend(g: int) -> None:
 
 
 def test_smoke_catches_undeclared_aliasing_and_names_the_fix() -> None:
-    checks = _by_id(arena_smoke(AliasingBackend(64 * KiB)))
+    checks = _by_id(arena_smoke(AliasingCpu(64 * KiB)))
     alias = checks["vmm-segments-distinct"]
     assert alias.result == "fail"
     assert "segment 2 aliases segment 1" in alias.detail
@@ -412,7 +371,7 @@ def test_smoke_catches_undeclared_aliasing_and_names_the_fix() -> None:
 
 @pytest.mark.parametrize("g", GRANULARITIES)
 def test_declaring_aliasing_selects_full_map_which_passes(g: int) -> None:
-    checks = _by_id(arena_smoke(AliasingBackend(g, declare_alias=True)))
+    checks = _by_id(arena_smoke(AliasingCpu(g, declare_alias=True)))
     assert {c.result for c in checks.values()} == {"pass"}, checks
     assert "full-map policy" in checks["vmm-segments-distinct"].detail
 
@@ -436,8 +395,10 @@ def test_smoke_skips_a_backend_without_vmm() -> None:
 
 
 def test_smoke_fails_on_granularity_mismatch() -> None:
-    backend = make_backend(4096)
-    backend._granularity = 8192
+    backend = make_backend(8192)
+    backend.capabilities = backend.capabilities.model_copy(
+        update={"vmm": vt.VmmCaps(granularity=4096)}
+    )
     checks = _by_id(arena_smoke(backend))
     assert checks["vmm-granularity"].result == "fail"
     assert "not a positive multiple" in checks["vmm-granularity"].detail

@@ -164,6 +164,11 @@ class VmmArena:
         return self._vrange is None
 
     @property
+    def vrange(self) -> VirtualRange:
+        """The backend's reservation handle (raises once released)."""
+        return self._live()
+
+    @property
     def buffer(self) -> Buffer:
         """A Buffer over the whole reservation; only ``[0, mapped_bytes)`` may be touched."""
         vrange = self._live()

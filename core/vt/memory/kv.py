@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..backend import Backend, Buffer, KVLayout
+from ..backend import Backend, Buffer, KVLayout, Stream
 from ..errors import VtError
 
 if TYPE_CHECKING:
@@ -175,12 +175,13 @@ class KVCache:
         return min(self._layout.max_len, self._arena.mapped_bytes // self._layout.position_bytes)
 
     # ---- growth
-    def ensure_positions(self, n: int) -> int:
+    def ensure_positions(self, n: int, stream: Stream | None = None) -> int:
         """Make positions ``0..n-1`` usable; returns the bytes newly committed.
 
         Call on the host before enqueueing the step that writes position ``n - 1``. A ``vmm``
         cache grows to the next multiple of ``grow_tokens`` positions, committing at least
-        ``min_growth_bytes`` (rounded to the granularity) per growth.
+        ``min_growth_bytes`` (rounded to the granularity) per growth. Fresh memory is zeroed
+        on ``stream`` (ordered before the step's kernels) or, when None, synchronously.
         """
         if not isinstance(n, int) or n < 0:
             raise ValueError(f"position count must be a non-negative integer, got {n!r}")
@@ -201,7 +202,7 @@ class KVCache:
         if after > before:
             # Fresh physical memory is not zero on every runtime; zero it so a vmm cache holds
             # exactly what a contiguous one does.
-            self._backend.memset(buf.view(before, after - before), 0)
+            self._backend.memset(buf.view(before, after - before), 0, stream)
         return self._arena.mapped_bytes - before
 
     # ---- reporting and teardown
