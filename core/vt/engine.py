@@ -189,7 +189,9 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running or self._inflight is not None)
+        """Whether a request is waiting or running. A step still in flight that only holds
+        rows of finished requests does not count: the next :meth:`step` collects it."""
+        return bool(self._waiting or self._running)
 
     @property
     def num_waiting(self) -> int:

@@ -1,0 +1,220 @@
+"""``vt bench``: prefill and decode tokens/s of one model on one backend, async on and off.
+
+Both runs share the backend and the loaded model file; each builds its own runner (the
+async setting is fixed per runner), warms up with a short request, then runs one greedy
+request of exactly ``prompt_tokens`` prompt tokens and ``gen_tokens`` generated tokens
+(``ignore_eos``). The rates are the engine's per-request timings. Peak memory is the
+process's peak resident set size (``getrusage``), so it covers both runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from .engine import Engine, RequestOutput
+from .sampling import SamplingParams
+
+# Text repeated to build a prompt of any length (real words, so the tokenizer behaves).
+_PASSAGE = (
+    "The sky appears blue because molecules in the air scatter shorter wavelengths of "
+    "sunlight more strongly than longer ones. This effect, called Rayleigh scattering, "
+    "also explains why sunsets look red and orange near the horizon. "
+)
+
+
+class BenchRun(BaseModel):
+    """One timed request with async scheduling on or off."""
+
+    async_scheduling: bool
+    readback: str
+    readback_reason: str
+    prompt_tokens: int
+    gen_tokens: int
+    prefill_s: float | None
+    decode_s: float | None
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+    kv_cache: dict[str, Any]
+    ids: list[int]
+
+
+class BenchResult(BaseModel):
+    backend: str
+    backend_reason: str
+    model: str
+    model_path: str
+    prompt_tokens: int
+    gen_tokens: int
+    max_model_len: int
+    load_s: float
+    runs: list[BenchRun]
+    same_ids: bool  # async on and off generated the same greedy ids
+    peak_rss_bytes: int
+    rss_bytes: int
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size so far."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return int(getattr(info, "peak_wset", info.rss))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB else
+
+
+def rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def bench_prompt(tokenizer: Any, n: int) -> list[int]:
+    """Exactly ``n`` prompt ids: BOS (if the model wants one) then the passage, repeated."""
+    ids = tokenizer.encode(_PASSAGE * (1 + n // 8))
+    while len(ids) < n:
+        ids += tokenizer.encode(_PASSAGE, add_special=False)
+    return ids[:n]
+
+
+def run_bench(
+    model: str | None = None,
+    backend: str | None = None,
+    *,
+    prompt_tokens: int = 128,
+    gen_tokens: int = 64,
+    kv_cache: str = "auto",
+    max_model_len: int | None = None,
+    max_batch_tokens: int = 256,
+    warmup: bool = True,
+    log: Any = None,
+) -> BenchResult:
+    """Measure; ``log(str)`` (optional) hears about progress."""
+    from .model import Tokenizer, load_gguf
+    from .model.cache import resolve_model
+    from .registry import create_backend
+    from .runner import DEFAULT_MAX_MODEL_LEN, ModelRunner
+
+    say = log or (lambda _msg: None)
+    for name, value in (("prompt_tokens", prompt_tokens), ("gen_tokens", gen_tokens)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value!r}")
+    path = resolve_model(model)
+    t0 = time.perf_counter()
+    be, why = create_backend(backend)
+    try:
+        with load_gguf(path) as model_file:
+            tokenizer = Tokenizer.from_model(model_file)
+            load_s = time.perf_counter() - t0
+            limit = max_model_len or min(model_file.config.context_length, DEFAULT_MAX_MODEL_LEN)
+            if prompt_tokens + gen_tokens > limit:
+                raise ValueError(
+                    f"prompt_tokens + gen_tokens = {prompt_tokens + gen_tokens} exceeds "
+                    f"max_model_len {limit}; raise --max-model-len or ask for fewer tokens"
+                )
+            prompt = bench_prompt(tokenizer, prompt_tokens)
+            params = SamplingParams(temperature=0.0, max_tokens=gen_tokens, ignore_eos=True)
+            runs = []
+            for async_on in (True, False):
+                say(f"async scheduling {'on' if async_on else 'off'}: loading the runner")
+                runner = ModelRunner(
+                    be,
+                    model_file,
+                    max_slots=1,
+                    max_model_len=limit,
+                    max_batch_tokens=max_batch_tokens,
+                    kv_cache=kv_cache,
+                    async_scheduling=async_on,
+                )
+                try:
+                    engine = Engine(runner, tokenizer)
+                    if warmup:
+                        _complete(engine, prompt[: min(8, prompt_tokens)], params, max_tokens=4)
+                    say(f"async scheduling {'on' if async_on else 'off'}: timing")
+                    out = _complete(engine, prompt, params)
+                    runs.append(_record(async_on, runner, out))
+                finally:
+                    runner.close()
+    finally:
+        be.close()
+    return BenchResult(
+        backend=be.name,
+        backend_reason=why,
+        model=model_file.config.name,
+        model_path=str(path),
+        prompt_tokens=prompt_tokens,
+        gen_tokens=gen_tokens,
+        max_model_len=limit,
+        load_s=load_s,
+        runs=runs,
+        same_ids=runs[0].ids == runs[1].ids,
+        peak_rss_bytes=peak_rss_bytes(),
+        rss_bytes=rss_bytes(),
+    )
+
+
+def _complete(
+    engine: Engine, prompt: list[int], params: SamplingParams, max_tokens: int | None = None
+) -> RequestOutput:
+    if max_tokens is not None:
+        params = params.model_copy(update={"max_tokens": max_tokens})
+    rid = engine.add_request(prompt, params)
+    while True:
+        for out in engine.step():
+            if out.request_id == rid and out.finished:
+                return out
+
+
+def _record(async_on: bool, runner: Any, out: RequestOutput) -> BenchRun:
+    t = out.timings
+    return BenchRun(
+        async_scheduling=async_on,
+        readback=runner.readback,
+        readback_reason=getattr(runner, "readback_reason", ""),
+        prompt_tokens=t.prompt_tokens,
+        gen_tokens=t.generated_tokens,
+        prefill_s=t.prefill_s,
+        decode_s=t.decode_s,
+        prefill_tok_s=t.prefill_tok_s,
+        decode_tok_s=t.decode_tok_s,
+        kv_cache=runner.kv.stats().model_dump(),
+        ids=out.ids,
+    )
+
+
+def format_table(result: BenchResult) -> str:
+    """A human-readable report of a :class:`BenchResult`."""
+    mib = 1 << 20
+    lines = [
+        f"model    {result.model} ({result.model_path})",
+        f"backend  {result.backend}: {result.backend_reason}",
+        f"tokens   {result.prompt_tokens} prompt + {result.gen_tokens} generated "
+        f"(max_model_len {result.max_model_len})",
+        "",
+        f"{'async':<6} {'readback':<10} {'prefill tok/s':>14} {'decode tok/s':>13}  kv cache",
+    ]
+    for r in result.runs:
+        kv = r.kv_cache
+        lines.append(
+            f"{'on' if r.async_scheduling else 'off':<6} {r.readback:<10} "
+            f"{_rate(r.prefill_tok_s):>14} {_rate(r.decode_tok_s):>13}  "
+            f"{kv['backend']}, {kv['mapped_bytes'] / mib:.1f} of "
+            f"{kv['reserved_bytes'] / mib:.1f} MiB mapped, {kv['segments']} segment(s)"
+        )
+    lines += [
+        "",
+        f"same greedy ids with async on and off: {'yes' if result.same_ids else 'NO'}",
+        f"peak RSS {result.peak_rss_bytes / mib:.1f} MiB (now {result.rss_bytes / mib:.1f} MiB)",
+    ]
+    return "\n".join(lines)
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
