@@ -1,0 +1,383 @@
+"""GGUF loading: valid tiny models of every architecture and tensor type, and every kind of
+broken file refused with a ModelError that says what is wrong (never a crash or a hang)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+from pydantic import ValidationError
+from vt import ModelError, RopeStyle, WeightTensor
+from vt.model import gguf_file as gguf_file_mod
+from vt.model import load_gguf, resolve_model
+from vt.testing.tiny import quantize_matrix, write_tiny_gguf
+
+K_DIMS = {"dim": 256, "ffn": 256}
+TYPES = {
+    "F32": {},
+    "F16": {},
+    "BF16": {},
+    "Q8_0": {},
+    "Q4_0": {},
+    "Q4_1": {},
+    "Q4_K": K_DIMS,
+    "Q5_K": K_DIMS,
+    "Q6_K": K_DIMS,
+}
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    return write_tiny_gguf(tmp_path / "tiny.gguf")
+
+
+def _copy_truncated(src: Path, dst: Path, n: int) -> Path:
+    dst.write_bytes(src.read_bytes()[:n])
+    return dst
+
+
+def _patch(path: Path, offset: int, fmt: str, value: int) -> None:
+    data = bytearray(path.read_bytes())
+    struct.pack_into(fmt, data, offset, value)
+    path.write_bytes(bytes(data))
+
+
+# --------------------------------------------------------------------------- valid files
+
+
+def test_tiny_llama_config(tiny: Path) -> None:
+    mf = load_gguf(tiny)
+    c = mf.config
+    assert (c.architecture, c.n_layers, c.dim, c.ffn_dim) == ("llama", 2, 64, 128)
+    assert (c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size) == (4, 2, 16, 300)
+    assert c.context_length == 256
+    assert c.rms_eps == pytest.approx(1e-5)
+    assert c.rope.style is RopeStyle.normal and c.rope.base == 10000.0
+    assert c.rope.linear_factor == 1.0 and c.rope.inv_freq is None
+    assert c.tied_output and not c.has_qkv_bias and not c.has_qk_norm
+    with pytest.raises(ValidationError):  # frozen
+        c.dim = 3  # type: ignore[misc]
+
+
+def test_tensor_is_raw_bytes_in_logical_shape(tiny: Path) -> None:
+    mf = load_gguf(tiny)
+    t = mf.tensor("blk.0.ffn_down.weight")
+    assert isinstance(t, WeightTensor)
+    assert t.shape == (64, 128)  # (out_features, in_features): GGUF ne reversed
+    assert t.ggml_type == GGMLQuantizationType.Q8_0
+    assert t.data.dtype == np.uint8 and t.data.ndim == 1
+    assert t.data.nbytes == 64 * 128 // 32 * 34
+    assert not t.data.flags.writeable  # a view of the read-only mmap, not a copy
+    assert t.data.base is not None
+    # Same bytes the real gguf reader sees.
+    ref = next(r for r in GGUFReader(tiny).tensors if r.name == t.name)
+    assert bytes(t.data) == ref.data.tobytes()
+    assert mf.dequantize(t.name).shape == (64, 128)
+
+
+def test_layer_tensors_and_output(tiny: Path, tmp_path: Path) -> None:
+    mf = load_gguf(tiny)
+    lt = mf.layer_tensors(1)
+    names = {t.name for _, t in lt.items()}
+    assert names == {
+        f"blk.1.{s}.weight"
+        for s in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm")
+        + ("ffn_gate", "ffn_up", "ffn_down")
+    }
+    assert lt.attn_k.shape == (32, 64) and lt.attn_q_bias is None and lt.attn_q_norm is None
+    assert mf.output().name == "token_embd.weight"  # tied
+    assert mf.output_norm().shape == (64,)
+    with pytest.raises(ModelError, match="layer 2 is out of range"):
+        mf.layer_tensors(2)
+    with pytest.raises(ModelError, match="no tensor 'nope'"):
+        mf.tensor("nope")
+
+    untied = load_gguf(write_tiny_gguf(tmp_path / "untied.gguf", tied=False))
+    assert not untied.config.tied_output
+    assert untied.output().name == "output.weight"
+    assert untied.output().shape == (300, 64)
+
+
+def test_qwen2_biases_and_qwen3_qk_norm(tmp_path: Path) -> None:
+    q2 = load_gguf(write_tiny_gguf(tmp_path / "q2.gguf", arch="qwen2"))
+    assert q2.config.has_qkv_bias and not q2.config.has_qk_norm
+    assert q2.config.rope.style is RopeStyle.neox
+    lt = q2.layer_tensors(0)
+    assert lt.attn_q_bias.shape == (64,) and lt.attn_v_bias.shape == (32,)
+
+    q3 = load_gguf(write_tiny_gguf(tmp_path / "q3.gguf", arch="qwen3", head_dim=32))
+    c = q3.config
+    assert c.has_qk_norm and not c.has_qkv_bias and c.rope.style is RopeStyle.neox
+    assert c.head_dim == 32 and c.q_dim == 128  # key_length, not dim // n_heads
+    assert q3.layer_tensors(1).attn_k_norm.shape == (32,)
+    assert q3.layer_tensors(0).attn_q.shape == (128, 64)
+
+
+@pytest.mark.parametrize("weight_type", list(TYPES))
+def test_every_supported_tensor_type_loads(tmp_path: Path, weight_type: str) -> None:
+    path = write_tiny_gguf(tmp_path / "m.gguf", weight_type=weight_type, **TYPES[weight_type])
+    mf = load_gguf(path)
+    t = mf.tensor("blk.0.attn_q.weight")
+    assert GGMLQuantizationType(t.ggml_type).name == weight_type
+    assert weight_type in mf.type_histogram()
+    w = mf.dequantize("blk.0.attn_q.weight")
+    assert w.shape == t.shape and np.isfinite(w).all() and np.abs(w).max() > 0
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_writer_round_trips(qtype: str) -> None:
+    # The tiny writer's own K-quant encoders, checked by gguf's decoder.
+    x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
+    back = dequantize(quantize_matrix(x, qtype), GGMLQuantizationType[qtype]).reshape(x.shape)
+    rms = float(np.sqrt(np.mean((back - x) ** 2)))
+    assert rms < {"Q4_K": 0.12, "Q5_K": 0.06, "Q6_K": 0.03}[qtype]
+
+
+def test_rope_scaling_from_metadata(tmp_path: Path) -> None:
+    linear = load_gguf(
+        write_tiny_gguf(
+            tmp_path / "lin.gguf",
+            metadata={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0},
+        )
+    )
+    assert linear.config.rope.linear_factor == 4.0
+
+    llama3 = load_gguf(
+        write_tiny_gguf(
+            tmp_path / "l3.gguf",
+            rope_base=500000.0,
+            metadata={"llama.rope.scaling.type": "llama3", "llama.rope.scaling.factor": 8.0},
+        )
+    ).config.rope
+    assert llama3.inv_freq is not None and len(llama3.inv_freq) == 8
+    plain = 500000.0 ** (-np.arange(0, 16, 2) / 16)
+    assert llama3.inv_freq[0] == pytest.approx(plain[0])  # high frequencies unchanged
+    assert llama3.inv_freq[-1] == pytest.approx(plain[-1] / 8.0)  # low ones divided
+
+    factors = np.linspace(1.0, 8.0, 8).astype(np.float32)
+    stored = load_gguf(
+        write_tiny_gguf(tmp_path / "rf.gguf", extra_tensors={"rope_freqs.weight": factors})
+    ).config.rope
+    expected = 10000.0 ** (-np.arange(0, 16, 2) / 16) / factors
+    np.testing.assert_allclose(stored.inv_freq, expected, rtol=1e-6)
+
+    with pytest.raises(ModelError, match="rope.scaling.type 'yarn' is not supported"):
+        load_gguf(
+            write_tiny_gguf(tmp_path / "y.gguf", metadata={"llama.rope.scaling.type": "yarn"})
+        )
+
+
+@pytest.mark.slow
+def test_default_model_matches_model_facts() -> None:
+    mf = load_gguf(resolve_model("default", progress=False))
+    c = mf.config
+    assert c.architecture == "llama"
+    assert (c.n_layers, c.dim, c.ffn_dim, c.n_heads, c.n_kv_heads, c.head_dim) == (
+        30,
+        576,
+        1536,
+        9,
+        3,
+        64,
+    )
+    assert (c.vocab_size, c.context_length) == (49152, 8192)
+    assert c.rope.base == 100000.0 and c.rope.style is RopeStyle.normal
+    assert c.rms_eps == pytest.approx(1e-5)
+    assert c.tied_output and not mf.has_tensor("output.weight")
+    assert mf.type_histogram() == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+    assert mf.token_embedding().ggml_type == GGMLQuantizationType.Q8_0
+    assert mf.layer_tensors(29).ffn_down.shape == (576, 1536)
+
+
+# --------------------------------------------------------------------------- broken files
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="no such model file"):
+        load_gguf(tmp_path / "absent.gguf")
+    with pytest.raises(ModelError, match="not a regular file"):
+        load_gguf(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"NOPE" + b"\0" * 64, r"magic bytes are b'NOPE'"),
+        (b"PK\x03\x04" + b"\0" * 64, r"b'PK\\x03\\x04'.*zip or wheel"),
+        (b"", "0 bytes"),
+        (b"GG", "too short"),
+    ],
+)
+def test_bad_magic_and_tiny_files(tmp_path: Path, content: bytes, expected: str) -> None:
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(content)
+    with pytest.raises(ModelError, match=expected):
+        load_gguf(p)
+
+
+@pytest.mark.parametrize("version", [1, 4, 99])
+def test_unsupported_version(tiny: Path, version: int) -> None:
+    _patch(tiny, 4, "<I", version)
+    with pytest.raises(ModelError, match=f"unsupported GGUF version {version}"):
+        load_gguf(tiny)
+
+
+def _section_offsets(path: Path) -> dict[str, int]:
+    reader = GGUFReader(path)
+    return {
+        "header": 12,
+        "first key": 30,
+        "token array": reader.fields["tokenizer.ggml.tokens"].offset + 200,
+        "last key": reader.fields["tokenizer.chat_template"].offset + 40,
+        "tensor info": reader.tensors[3].field.offset + 5,
+        "data start": reader.data_offset - 1,
+        "first tensor data": reader.tensors[0].data_offset + 10,
+        "last byte": path.stat().st_size - 1,
+    }
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "where",
+    [
+        "header",
+        "first key",
+        "token array",
+        "last key",
+        "tensor info",
+        "data start",
+        "first tensor data",
+        "last byte",
+    ],
+)
+def test_truncated_files(tiny: Path, tmp_path: Path, where: str) -> None:
+    cut = _section_offsets(tiny)[where]
+    short = _copy_truncated(tiny, tmp_path / "short.gguf", cut)
+    with pytest.raises(ModelError, match="truncated") as err:
+        load_gguf(short)
+    assert str(short) in str(err.value)
+
+
+def test_tensor_offset_past_end_of_file(tiny: Path) -> None:
+    reader = GGUFReader(tiny)
+    victim = reader.tensors[-1]
+    del reader
+    name = victim.name.encode()
+    # name length (8) + name + n_dims (4) + dims (8 each) + type (4), then the offset.
+    at = victim.field.offset + 8 + len(name) + 4 + 8 * len(victim.shape) + 4
+    _patch(tiny, at, "<Q", 1 << 30)
+    with pytest.raises(ModelError, match=f"tensor '{victim.name}'.*file has only"):
+        load_gguf(tiny)
+
+
+def test_misaligned_tensor_offset(tiny: Path) -> None:
+    reader = GGUFReader(tiny)
+    victim = reader.tensors[1]
+    at = victim.field.offset + 8 + len(victim.name) + 4 + 8 * len(victim.shape) + 4
+    rel = victim.data_offset - reader.data_offset
+    del reader
+    _patch(tiny, at, "<Q", rel + 3)
+    with pytest.raises(ModelError, match="not a multiple of the alignment"):
+        load_gguf(tiny)
+
+
+def test_bogus_array_length_fails_fast(tiny: Path) -> None:
+    reader = GGUFReader(tiny)
+    field = reader.fields["tokenizer.ggml.token_type"]
+    key_len = len("tokenizer.ggml.token_type")
+    # key length (8) + key + value type (4) + item type (4), then the array length.
+    at = field.offset + 8 + key_len + 4 + 4
+    del reader
+    _patch(tiny, at, "<Q", 1 << 60)
+    with pytest.raises(
+        ModelError, match="tokenizer.ggml.token_type.*truncated|truncated.*token_type"
+    ):
+        load_gguf(tiny)
+
+
+def test_huge_counts_in_header(tiny: Path) -> None:
+    _patch(tiny, 16, "<Q", 1 << 50)  # kv count
+    with pytest.raises(ModelError, match="cannot fit"):
+        load_gguf(tiny)
+
+
+def test_unknown_tensor_type_id(tiny: Path) -> None:
+    reader = GGUFReader(tiny)
+    victim = reader.tensors[0]
+    at = victim.field.offset + 8 + len(victim.name) + 4 + 8 * len(victim.shape)
+    del reader
+    _patch(tiny, at, "<I", 99)
+    with pytest.raises(ModelError, match=f"tensor '{victim.name}' has an unknown GGML type id 99"):
+        load_gguf(tiny)
+
+
+@pytest.mark.parametrize("weight_type", ["Q5_0", "Q5_1"])
+def test_unsupported_tensor_type_names_tensor_and_type(tmp_path: Path, weight_type: str) -> None:
+    path = write_tiny_gguf(tmp_path / "q5.gguf", weight_type=weight_type)
+    with pytest.raises(ModelError) as err:
+        load_gguf(path)
+    msg = str(err.value)
+    assert "blk.0.attn_q.weight" in msg and weight_type in msg and "Q4_K" in msg
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "neox.gguf", metadata={"general.architecture": "gptneox"})
+    with pytest.raises(
+        ModelError, match=r"unsupported architecture 'gptneox'.*llama, qwen2, qwen3"
+    ):
+        load_gguf(path)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "general.architecture",
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+        "llama.context_length",
+        "llama.attention.layer_norm_rms_epsilon",
+    ],
+)
+def test_missing_required_metadata_names_the_key(tmp_path: Path, key: str) -> None:
+    path = write_tiny_gguf(tmp_path / "m.gguf", metadata={key: None})
+    with pytest.raises(ModelError, match=f"'{key}' is missing"):
+        load_gguf(path)
+
+
+def test_bad_metadata_values(tmp_path: Path) -> None:
+    p = write_tiny_gguf(tmp_path / "a.gguf", metadata={"llama.block_count": "two"})
+    with pytest.raises(ModelError, match="'llama.block_count' must be an integer"):
+        load_gguf(p)
+    p = write_tiny_gguf(tmp_path / "b.gguf", metadata={"llama.attention.head_count_kv": 3})
+    with pytest.raises(ModelError, match="not a multiple of head_count_kv"):
+        load_gguf(p)
+    p = write_tiny_gguf(tmp_path / "c.gguf", metadata={"llama.vocab_size": 301})
+    with pytest.raises(ModelError, match="vocab_size \\(301\\) disagrees"):
+        load_gguf(p)
+
+
+def test_missing_tensor_and_wrong_shape(tmp_path: Path) -> None:
+    p = write_tiny_gguf(tmp_path / "a.gguf", omit_tensors=("blk.1.ffn_up.weight",))
+    with pytest.raises(ModelError, match="tensor 'blk.1.ffn_up.weight' is missing"):
+        load_gguf(p)
+    p = write_tiny_gguf(tmp_path / "b.gguf", metadata={"llama.feed_forward_length": 64})
+    with pytest.raises(
+        ModelError, match=r"'blk.0.ffn_gate.weight' has shape \(128, 64\), expected \(64, 64\)"
+    ):
+        load_gguf(p)
+
+
+def test_reader_errors_are_wrapped(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_reader(*args: object, **kwargs: object) -> None:
+        raise IndexError("index 0 is out of bounds")
+
+    monkeypatch.setattr(gguf_file_mod, "GGUFReader", broken_reader)
+    with pytest.raises(ModelError, match="GGUF reader failed: IndexError") as err:
+        load_gguf(tiny)
+    assert str(tiny) in str(err.value)
