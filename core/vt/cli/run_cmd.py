@@ -128,6 +128,11 @@ def _flag_names(message: str) -> str:
     help="Stop when the answer contains TEXT (trimmed); repeatable.",
 )
 @click.option(
+    "--ignore-eos",
+    is_flag=True,
+    help="Keep generating past end-of-turn tokens (until --max-tokens or --stop).",
+)
+@click.option(
     "--system", "-s", default=None, metavar="TEXT", help="A system message for the chat template."
 )
 @click.option("--raw", is_flag=True, help="Plain completion of PROMPT: no chat template.")
@@ -154,6 +159,7 @@ def run(
     top_p: float,
     seed: int | None,
     stop: tuple[str, ...],
+    ignore_eos: bool,
     system: str | None,
     raw: bool,
     no_stream: bool,
@@ -179,7 +185,7 @@ def run(
 
     with _clean_errors():
         if prompt == "-":
-            prompt = click.get_text_stream("stdin").read()
+            prompt = sys.stdin.read()
             if prompt.endswith("\n"):
                 prompt = prompt[:-1]
         if not prompt.strip():
@@ -193,6 +199,7 @@ def run(
             top_p=top_p,
             seed=seed,
             stop=list(stop),
+            ignore_eos=ignore_eos,
         )
         _check_max_model_len(max_model_len)
         llm = _open_llm(model, backend, kv_cache, max_model_len)
