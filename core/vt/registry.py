@@ -270,7 +270,7 @@ class Registry:
         for ep, module in loaded:
             entries.extend(self._load_plugin(ep, module, overrides))
         self._mark_duplicates(entries)
-        return entries
+        return sorted(entries, key=lambda e: (e.name, e.plugin))
 
     def _broken(self, ep: metadata.EntryPoint, reason: str, name: str | None = None) -> Entry:
         dist, version = _dist_of(ep)

@@ -68,6 +68,8 @@ def _table(entries: list[Entry]) -> str:
             continue
         e = entries[i - 1]
         pad = " " * 4
+        if e.device:
+            lines.append(f"{pad}device: {e.device}")
         if e.reason:
             label = "note" if e.status is Status.available else "reason"
             lines.append(f"{pad}{label}: {e.reason}")
