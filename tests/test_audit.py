@@ -83,6 +83,15 @@ def test_a_discrete_backend_proves_refusal_and_skips_what_it_does_not_declare() 
     assert "not declared" in {c.id: c.detail for c in checks}["vmm"]
 
 
+def test_a_synchronous_backend_with_honest_events_passes_and_says_what_it_saw() -> None:
+    checks = probe_backend(started(tb.SyncEventsBackend))
+    assert [c for c in checks if c.result == "fail"] == []
+    detail = {c.id: c.detail for c in checks}
+    assert "pending state was never observable" in detail["event-ordering"]
+    assert "finished too fast" in detail["async-d2h-copy"]
+    assert "side stream" in detail["async-readback"]
+
+
 def test_events_that_complete_at_once_are_caught() -> None:
     backend = started(tb.FakeEventsBackend)
     got = results(probe_events(backend))

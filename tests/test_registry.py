@@ -255,3 +255,13 @@ def test_discovery_is_cached_and_fresh_registries_rediscover(dists, monkeypatch)
     assert {e.name for e in default_registry().entries()} == {"flaky", "absent"}  # cached
     reset()
     assert {e.name for e in default_registry().entries()} == {"threads", "discrete"}
+
+
+def test_two_distributions_with_one_entry_point_name(install_dist) -> None:
+    install_dist("vt-first", {"samename": "vt_test_misc"})
+    install_dist("vt-second", {"samename": "vt_test_duplicate"})
+    entries = Registry(env={"VT_PLUGINS": "samename"}).entries()
+    broken = [e for e in entries if e.status is Status.broken]
+    assert len(broken) == 1
+    assert "plugin name 'samename' is also provided by distribution vt-" in broken[0].reason
+    assert any(e.status is not Status.broken for e in entries)

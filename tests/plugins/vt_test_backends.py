@@ -186,6 +186,39 @@ class DiscreteBackend(vt.Backend):
         pass
 
 
+class SyncEventsBackend(DiscreteBackend):
+    """Synchronous, yet honest about events and async copies: everything is done at once."""
+
+    name = "sync-events"
+    capabilities = Capabilities(
+        supports_async_sampled_token_readback=True,
+        async_d2h_copy=True,
+        events=True,
+        pinned_host_memory=True,
+    )
+
+    def copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
+        self.copy_d2h(dst.array, src)
+
+    def alloc_pinned(self, nbytes: int) -> HostBuffer:
+        return HostBuffer(np.zeros(nbytes, np.uint8), pinned=True)
+
+    def create_event(self) -> Event:
+        return Event("sync")
+
+    def record_event(self, event: Event, stream: Stream) -> None:
+        pass  # the work before it has already run
+
+    def query_event(self, event: Event) -> bool:
+        return True
+
+    def synchronize_event(self, event: Event) -> None:
+        pass
+
+    def stream_wait_event(self, stream: Stream, event: Event) -> None:
+        pass
+
+
 class FakeEventsBackend(ThreadBackend):
     """Declares events, but its events are complete at once: the probe must catch it."""
 
