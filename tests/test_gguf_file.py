@@ -95,6 +95,12 @@ def test_layer_tensors_and_output(tiny: Path, tmp_path: Path) -> None:
         mf.layer_tensors(2)
     with pytest.raises(ModelError, match="no tensor 'nope'"):
         mf.tensor("nope")
+    kept = mf.tensor("output_norm.weight")
+    with mf:
+        pass
+    with pytest.raises(ModelError, match="closed"):
+        mf.tensor("output_norm.weight")
+    assert kept.data.shape == (256,)  # tensors handed out stay valid
 
     untied = load_gguf(write_tiny_gguf(tmp_path / "untied.gguf", tied=False))
     assert not untied.config.tied_output

@@ -377,6 +377,8 @@ class ModelFile:
     def tensor(self, name: str) -> WeightTensor:
         """The tensor's raw bytes (flat uint8, a read-only view of the file's mmap)."""
         info = self.tensor_info(name)
+        if self._reader is None:
+            raise ModelError(f"{self.path}: the model file is closed")
         data = self._reader.data[info.offset : info.offset + info.nbytes].view(np.ndarray)
         return WeightTensor(name=name, ggml_type=info.ggml_type, shape=info.shape, data=data)
 
