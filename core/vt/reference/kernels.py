@@ -51,7 +51,10 @@ def matmul(
     """``x[n, in] @ w.T (+ bias)`` for ``w`` of shape ``(out, in)``."""
     x2 = x.reshape(-1, w.shape[1])
     o = _out(out, (x2.shape[0], w.shape[0]), "matmul")
-    np.matmul(x2, w.T, out=o)
+    if x2.shape[0] == 1:  # decode: a plain gemv over row-major w is BLAS's fastest path
+        np.matmul(w, x2[0], out=o[0])
+    else:
+        np.matmul(x2, w.T, out=o)
     if bias is not None:
         o += bias
     return o

@@ -69,15 +69,16 @@ def sample(logits: np.ndarray, params: np.ndarray, out: np.ndarray | None = None
 
 def _sample_row(row: np.ndarray, p: np.void, r: int) -> int:
     temperature, top_p, top_k = float(p["temperature"]), float(p["top_p"]), int(p["top_k"])
-    if np.isnan(row).any() or np.isposinf(row).any():
+    best = int(np.argmax(row))  # argmax stops at the first NaN, so one pass checks both
+    if not row[best] < np.inf:
         raise ValueError(f"sample: row {r}: logits contain NaN or +inf")
     if np.isnan(temperature):
         raise ValueError(f"sample: row {r}: temperature is NaN")
     if temperature <= 0:
-        return int(np.argmax(row))
+        return best
     if not top_p > 0:  # also catches NaN
         raise ValueError(f"sample: row {r}: top_p must be in (0, 1] (>= 1 disables), got {top_p}")
-    if np.isneginf(row).all():
+    if row[best] == -np.inf:
         raise ValueError(f"sample: row {r}: every logit is -inf")
     logits = row / np.float32(temperature)
     vocab = logits.shape[0]
