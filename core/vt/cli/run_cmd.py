@@ -217,7 +217,14 @@ def _check_max_model_len(value: int | None) -> None:
 def _open_llm(model: str | None, backend: str, kv_cache: str, max_model_len: int | None) -> Any:
     from ..llm import LLM
 
-    return LLM(model=model, backend=backend, kv_cache=kv_cache, max_model_len=max_model_len)
+    # One request: one KV slot, so a contiguous cache commits max_model_len positions once.
+    return LLM(
+        model=model,
+        backend=backend,
+        kv_cache=kv_cache,
+        max_model_len=max_model_len,
+        max_slots=1,
+    )
 
 
 def _run_one(
