@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -253,6 +254,15 @@ def test_close_stops_the_worker_threads() -> None:
     assert not any(t.is_alive() for t in threads)
     with pytest.raises(StreamError, match="destroyed"):
         backend.memset(backend.alloc(4), 0, streams[0])
+
+
+def test_a_forgotten_backend_stops_its_threads_when_collected() -> None:
+    backend = CpuBackend()
+    thread = backend.create_stream("orphan").handle._thread
+    del backend
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 # --------------------------------------------------------------------------- kernels

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,14 @@ def cpu_capabilities(granularity: int = DEFAULT_VMM_GRANULARITY) -> vt.Capabilit
     )
 
 
+def _close_streams(streams: set[WorkerStream], lock: threading.Lock) -> None:
+    with lock:
+        closing = list(streams)
+        streams.clear()
+    for stream in closing:
+        stream.close()
+
+
 @dataclass(eq=False)
 class _Reservation:
     base: int
@@ -98,6 +107,8 @@ class CpuBackend(HostKernels):
         self.capabilities = cpu_capabilities(self._granularity)
         self._streams: set[WorkerStream] = set()
         self._lock = threading.Lock()
+        # Stop the worker threads even when close() is forgotten.
+        weakref.finalize(self, _close_streams, self._streams, self._lock)
 
     @classmethod
     def probe(cls) -> vt.Probe:
@@ -110,10 +121,7 @@ class CpuBackend(HostKernels):
         )
 
     def close(self) -> None:
-        with self._lock:
-            streams, self._streams = list(self._streams), set()
-        for stream in streams:
-            stream.close()
+        _close_streams(self._streams, self._lock)
 
     # ---- memory
     def alloc(self, nbytes: int) -> vt.Buffer:
