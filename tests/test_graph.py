@@ -35,14 +35,16 @@ def make_backend(name: str) -> vt.Backend:
     return backend
 
 
-_MODELS: dict[tuple[str, str], Path] = {}
+_MODELS: dict[tuple[Any, ...], Path] = {}
 
 
-def tiny_path(tmp_dir: Path, arch: str, weight_type: str = "F32") -> Path:
-    key = (arch, weight_type)
+def tiny_path(tmp_dir: Path, arch: str, weight_type: str = "F32", **kw: Any) -> Path:
+    """A tiny GGUF of ``arch`` (written once per process; ``kw`` go to write_tiny_gguf)."""
+    key = (arch, weight_type, *sorted(kw.items()))
     if key not in _MODELS:
-        path = tmp_dir / f"tiny-{arch}-{weight_type}.gguf"
-        write_tiny_gguf(path, arch=arch, weight_type=weight_type)
+        extra = "".join(f"-{k}{v}" for k, v in sorted(kw.items()))
+        path = tmp_dir / f"tiny-{arch}-{weight_type}{extra}.gguf"
+        write_tiny_gguf(path, arch=arch, weight_type=weight_type, **kw)
         _MODELS[key] = path
     return _MODELS[key]
 
@@ -138,6 +140,25 @@ def test_runner_logits_equal_numpy_forward(tiny_dir: Path, arch: str, backend_na
             assert_close(got[0], want[pos], f"{arch} decode at position {pos}")
 
 
+@pytest.mark.parametrize(
+    ("arch", "variant"),
+    [
+        ("qwen3", {"head_dim": 32}),  # q_dim = 128 differs from dim = 64
+        ("qwen2", {"tied": False}),  # a separate output.weight
+        ("llama", {"n_kv_heads": 1, "n_heads": 8, "head_dim": 16}),  # 8 query heads per KV head
+    ],
+    ids=["qwen3-wide-heads", "qwen2-untied", "llama-mqa"],
+)
+def test_shape_variants_equal_numpy_forward(tiny_dir: Path, arch: str, variant: dict) -> None:
+    model = load_gguf(tiny_path(tiny_dir, arch, **variant))
+    want = numpy_forward(model, PROMPT + [7])
+    with ModelRunner(make_backend("cpu"), model, max_slots=2, max_model_len=32) as r:
+        got = r.compute_logits([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)])
+        assert_close(got[0], want[len(PROMPT) - 1], f"{arch} {variant} prefill")
+        got = r.compute_logits([SeqChunk(slot=0, start_pos=len(PROMPT), token_ids=[7])])
+        assert_close(got[0], want[-1], f"{arch} {variant} decode")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantized_weights_match_their_dequantized_oracle(tiny_dir: Path, arch: str) -> None:
     model = load_gguf(tiny_path(tiny_dir, arch, "Q8_0"))
@@ -162,19 +183,14 @@ def test_every_prompt_row_can_be_sampled_in_one_step(tiny_dir: Path) -> None:
 
 
 def test_tied_output_reuses_the_embedding_upload(tiny_dir: Path) -> None:
-    model = load_gguf(tiny_path(tiny_dir, "llama"))
-    assert model.config.tied_output
-    graph = LlamaGraph(make_backend("cpu"), model)
-    try:
-        assert graph.output is graph.token_embd
-    finally:
-        graph.close()
-    untied = load_gguf(tiny_path(tiny_dir, "qwen2"))
-    if not untied.config.tied_output:
-        graph = LlamaGraph(make_backend("cpu"), untied)
+    tied = load_gguf(tiny_path(tiny_dir, "llama"))
+    untied = load_gguf(tiny_path(tiny_dir, "qwen2", tied=False))
+    assert tied.config.tied_output and not untied.config.tied_output
+    for model, is_tied in ((tied, True), (untied, False)):
+        graph = LlamaGraph(make_backend("cpu"), model)
         try:
-            assert graph.output is not graph.token_embd
-            assert graph.output.name == "output.weight"
+            assert (graph.output is graph.token_embd) is is_tied
+            assert graph.output.name == ("token_embd.weight" if is_tied else "output.weight")
         finally:
             graph.close()
 
