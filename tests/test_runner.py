@@ -285,6 +285,8 @@ def test_from_previous_needs_a_sample_in_the_previous_step(llama: Any) -> None:
         with pytest.raises(InvalidStepError, match="slot 1: from_previous"):
             r.execute([SeqChunk(slot=1, start_pos=11, token_ids=None, from_previous=True)])
         assert r.seq_len(1) == 0
+        with pytest.raises(InvalidStepError, match="slot 5 is outside 0..1"):
+            r.free_slot(5)
 
 
 def test_runner_arguments_are_checked(llama: Any) -> None:

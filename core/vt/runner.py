@@ -227,7 +227,7 @@ class ModelRunner:
         Row ``i`` belongs to the ``i``-th chunk with ``sample=True``, in the order given.
         The step counts as a normal step (KV written, ids sampled for ``from_previous``).
         """
-        out, plan = self._enqueue(chunks)
+        _, plan = self._enqueue(chunks)
         assert self._act is not None and self.stream is not None
         n = len(plan.sampled)
         logits = np.zeros((n, self.config.vocab_size), dtype=np.float32)
@@ -236,21 +236,24 @@ class ModelRunner:
             self.backend.copy_d2h(logits, self._act.logits)
         sample_slot = [plan.chunks[k].slot for k in plan.sampled]
         order = [sample_slot.index(c.slot) for c in chunks if c.sample]
-        del out
         return logits[order]
 
     def free_slot(self, slot: int) -> None:
         """Forget the sequence in ``slot``; the next chunk for it must start at position 0."""
         self._check_open()
-        if not isinstance(slot, int) or not 0 <= slot < self.max_slots:
-            raise InvalidStepError(f"slot {slot!r} is outside 0..{self.max_slots - 1}")
+        self._check_slot(slot)
         self._seq_len[slot] = 0
         if self._prev is not None:
             self._prev[1].pop(slot, None)
 
     def seq_len(self, slot: int) -> int:
         """Positions of ``slot`` written by the steps enqueued so far."""
+        self._check_slot(slot)
         return self._seq_len[slot]
+
+    def _check_slot(self, slot: object) -> None:
+        if not _is_int(slot) or not 0 <= slot < self.max_slots:  # type: ignore[operator]
+            raise InvalidStepError(f"slot {slot!r} is outside 0..{self.max_slots - 1}")
 
     def synchronize(self) -> None:
         """Block until every enqueued step has finished on the device."""
@@ -405,8 +408,7 @@ class ModelRunner:
 
     def _check_chunk(self, c: SeqChunk, seen: set[int], prev: dict[int, int]) -> np.ndarray | None:
         slot = c.slot
-        if not _is_int(slot) or not 0 <= slot < self.max_slots:
-            raise InvalidStepError(f"slot {slot!r} is outside 0..{self.max_slots - 1}")
+        self._check_slot(slot)
         if slot in seen:
             raise InvalidStepError(f"slot {slot} appears more than once in the step")
         seen.add(slot)
