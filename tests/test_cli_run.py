@@ -276,6 +276,8 @@ def test_bench_json(tiny: Path) -> None:
         "20",
         "--gen-tokens",
         "8",
+        "--repeat",
+        "2",
         "--json",
     )
     assert res.exit_code == 0, res.output
@@ -286,7 +288,7 @@ def test_bench_json(tiny: Path) -> None:
         (False, "sync"),
     ]
     for r in obj["runs"]:
-        assert r["prompt_tokens"] == 20 and r["gen_tokens"] == 8
+        assert r["prompt_tokens"] == 20 and r["gen_tokens"] == 8 and r["repeat"] == 2
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
         assert set(r["kv_cache"]) == KV_KEYS
     assert obj["peak_rss_bytes"] >= obj["rss_bytes"] > 0
@@ -316,6 +318,7 @@ def test_bench_table_and_kv_choice(tiny: Path) -> None:
     [
         (["--prompt-tokens", "0"], "--prompt-tokens must be at least 1, got 0"),
         (["--gen-tokens", "-3"], "--gen-tokens must be at least 1, got -3"),
+        (["--repeat", "0"], "--repeat must be at least 1, got 0"),
         (
             ["--max-model-len", "16", "--prompt-tokens", "12", "--gen-tokens", "8"],
             "prompt_tokens + gen_tokens = 20 exceeds max_model_len 16",

@@ -315,6 +315,14 @@ def _rate(value: float | None) -> str:
     metavar="N",
     help="Tokens to generate (end-of-turn tokens are ignored).",
 )
+@click.option(
+    "--repeat",
+    type=int,
+    default=3,
+    show_default=True,
+    metavar="N",
+    help="Timed requests per setting; the best rates are reported.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def bench(
     model: str | None,
@@ -323,14 +331,16 @@ def bench(
     max_model_len: int | None,
     prompt_tokens: int,
     gen_tokens: int,
+    repeat: int,
     as_json: bool,
 ) -> None:
     """Measure prefill and decode tokens/s, with async scheduling on and then off.
 
     Each run is one greedy request of exactly --prompt-tokens prompt tokens and
-    --gen-tokens generated tokens, after a short warm-up. Reports the readback path of
-    each run, whether both runs generated the same ids, the KV cache, and the process's
-    peak resident memory.
+    --gen-tokens generated tokens, after a short warm-up, repeated --repeat times (the
+    best rates are reported: noise on a shared machine only slows runs down). Reports the
+    readback path of each setting, whether both generated the same ids, the KV cache, and
+    the process's peak resident memory.
 
     \b
     Examples:
@@ -341,7 +351,11 @@ def bench(
     from ..bench import format_table, run_bench
 
     with _clean_errors():
-        for flag, value in (("--prompt-tokens", prompt_tokens), ("--gen-tokens", gen_tokens)):
+        for flag, value in (
+            ("--prompt-tokens", prompt_tokens),
+            ("--gen-tokens", gen_tokens),
+            ("--repeat", repeat),
+        ):
             if value < 1:
                 raise click.ClickException(f"{flag} must be at least 1, got {value}")
         _check_max_model_len(max_model_len)
@@ -354,6 +368,7 @@ def bench(
                 gen_tokens=gen_tokens,
                 kv_cache=kv_cache,
                 max_model_len=max_model_len,
+                repeat=repeat,
                 log=log,
             )
         except KeyboardInterrupt:
