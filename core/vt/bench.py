@@ -70,7 +70,9 @@ def peak_rss_bytes() -> int:
         info = psutil.Process().memory_info()
         return int(getattr(info, "peak_wset", info.rss))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB else
+    peak = peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB else
+    # Linux updates the high-water mark lazily: it can trail the current RSS a little.
+    return max(int(peak), rss_bytes())
 
 
 def rss_bytes() -> int:
