@@ -368,6 +368,15 @@ def test_bad_metadata_values(tmp_path: Path) -> None:
         load_gguf(p)
 
 
+def test_corrupt_counts_fail_fast(tmp_path: Path) -> None:
+    p = write_tiny_gguf(tmp_path / "a.gguf", metadata={"llama.block_count": 1_900_000})
+    with pytest.raises(ModelError, match="block_count is 1900000, but the file holds only"):
+        load_gguf(p)
+    p = write_tiny_gguf(tmp_path / "b.gguf", metadata={"llama.attention.key_length": 1 << 30})
+    with pytest.raises(ModelError, match="head dimension 1073741824 is not supported"):
+        load_gguf(p)
+
+
 def test_missing_tensor_and_wrong_shape(tmp_path: Path) -> None:
     p = write_tiny_gguf(tmp_path / "a.gguf", omit_tensors=("blk.1.ffn_up.weight",))
     with pytest.raises(ModelError, match="tensor 'blk.1.ffn_up.weight' is missing"):
@@ -387,3 +396,30 @@ def test_reader_errors_are_wrapped(tiny: Path, monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ModelError, match="GGUF reader failed: IndexError") as err:
         load_gguf(tiny)
     assert str(tiny) in str(err.value)
+
+
+@pytest.mark.timeout(60)
+def test_random_corruption_gives_model_error_or_a_model(tiny: Path, tmp_path: Path) -> None:
+    """Flip bytes in the header and metadata: every outcome is a ModelError or a valid load."""
+    import random
+
+    from vt.model import ChatTemplate, Tokenizer
+
+    src = tiny.read_bytes()
+    header_end = GGUFReader(tiny).data_offset
+    rng = random.Random(1234)
+    target = tmp_path / "fuzz.gguf"
+    outcomes = {"ok": 0, "error": 0}
+    for _ in range(200):
+        data = bytearray(src)
+        for _ in range(rng.choice([1, 2, 4])):
+            data[rng.randrange(header_end)] = rng.randrange(256)
+        target.write_bytes(bytes(data))
+        try:
+            mf = load_gguf(target)
+            Tokenizer.from_model(mf)
+            ChatTemplate.from_model(mf)
+            outcomes["ok"] += 1
+        except ModelError:
+            outcomes["error"] += 1
+    assert outcomes["error"] > 50 and outcomes["ok"] > 10

@@ -18,6 +18,7 @@ SUPPORTED_ARCHITECTURES: dict[str, RopeStyle] = {
     "qwen2": RopeStyle.neox,
     "qwen3": RopeStyle.neox,
 }
+MAX_HEAD_DIM = 1024  # far above any real model; bounds work done before shapes are checked
 
 
 class ModelConfig(BaseModel):
@@ -99,6 +100,13 @@ def config_from_gguf(
         )
     m = _Meta(metadata, arch)
     n_layers = m.positive("{arch}.block_count")
+    # Each block has at least 9 tensors; checked here so a corrupt count cannot make the
+    # per-layer checks loop for millions of layers.
+    if n_layers * 9 > len(tensor_shapes):
+        raise ModelError(
+            f"{arch}.block_count is {n_layers}, but the file holds only {len(tensor_shapes)} "
+            "tensors (at least 9 per block are needed)"
+        )
     dim = m.positive("{arch}.embedding_length")
     ffn_dim = m.positive("{arch}.feed_forward_length")
     n_heads = m.positive("{arch}.attention.head_count")
@@ -114,6 +122,11 @@ def config_from_gguf(
             f"and {arch}.attention.key_length is missing"
         )
     head_dim = m.positive("{arch}.attention.key_length", dim // n_heads)
+    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        raise ModelError(
+            f"head dimension {head_dim} is not supported (RoPE needs an even size, at most "
+            f"{MAX_HEAD_DIM})"
+        )
     value_dim = m.positive("{arch}.attention.value_length", head_dim)
     if value_dim != head_dim:
         raise ModelError(

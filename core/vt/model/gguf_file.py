@@ -413,12 +413,7 @@ class ModelFile:
 
     def model_tensor_names(self) -> list[str]:
         """Every tensor the forward pass reads."""
-        names = ["token_embd.weight", "output_norm.weight"]
-        if not self.config.tied_output:
-            names.append("output.weight")
-        for i in range(self.config.n_layers):
-            names += [f"blk.{i}.{LAYER_TENSOR_NAMES[a]}" for a in self._layer_fields()]
-        return names
+        return [name for name, _ in self._expected_tensors()]
 
     def type_histogram(self) -> dict[str, int]:
         """How many tensors of each GGML type the file holds."""
@@ -483,23 +478,24 @@ class ModelFile:
         }
         return shapes
 
-    def _check_model_tensors(self) -> None:
+    def _expected_tensors(self) -> Iterator[tuple[str, tuple[int, ...]]]:
         c = self.config
-        expected: dict[str, tuple[int, ...]] = {
-            "token_embd.weight": (c.vocab_size, c.dim),
-            "output_norm.weight": (c.dim,),
-        }
+        yield "token_embd.weight", (c.vocab_size, c.dim)
+        yield "output_norm.weight", (c.dim,)
         if not c.tied_output:
-            expected["output.weight"] = (c.vocab_size, c.dim)
+            yield "output.weight", (c.vocab_size, c.dim)
         per_layer = self._expected_shapes()
+        layer_fields = self._layer_fields()
         for i in range(c.n_layers):
-            for attr in self._layer_fields():
-                expected[f"blk.{i}.{LAYER_TENSOR_NAMES[attr]}"] = per_layer[attr]
-        for name, shape in expected.items():
+            for attr in layer_fields:
+                yield f"blk.{i}.{LAYER_TENSOR_NAMES[attr]}", per_layer[attr]
+
+    def _check_model_tensors(self) -> None:
+        for name, shape in self._expected_tensors():
             info = self._infos.get(name)
             if info is None:
                 raise ModelError(
-                    f"{self.path}: tensor {name!r} is missing ({c.architecture} needs it)"
+                    f"{self.path}: tensor {name!r} is missing ({self.config.architecture} needs it)"
                 )
             if info.ggml_type not in SUPPORTED_TENSOR_TYPES:
                 raise ModelError(
