@@ -205,6 +205,9 @@ def test_sentencepiece_from_scores() -> None:
     assert tok.decode(ids) == "<s>hello world!"
     assert tok.decode(ids, skip_special=True) == "hello world!"
     assert tok.stop_ids == {2}
+    # Like llama.cpp, text after a special token gets the space prefix again.
+    ids = tok.encode("hello</s>hello", add_special=False)
+    assert [md["tokenizer.ggml.tokens"][i] for i in ids] == ["▁hello", "</s>", "▁hello"]
 
 
 def test_sentencepiece_byte_fallback() -> None:
