@@ -23,14 +23,13 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import ModelError
 
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = (
-    1,
-    2,
-    3,
-    4,
-    5,
-    6,
-)
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
 
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"""
 _LLAMA3 = (
