@@ -61,7 +61,7 @@ def tiny_vocab(vocab: int = 300) -> tuple[list[str], list[int], list[str]]:
     tokens = list(SPECIAL_TOKENS) + alphabet
     types = [3] * len(SPECIAL_TOKENS) + [1] * 256
     # Words as GPT-2 pre-tokenizes them roughly: a leading space belongs to the word.
-    words = Counter()
+    words: Counter[tuple[str, ...]] = Counter()
     for i, w in enumerate(_CORPUS.split(" ")):
         text = ("" if i == 0 else " ") + w
         words[tuple(alphabet[b] for b in text.encode("utf-8"))] += 1
@@ -212,8 +212,6 @@ def _qtype(name: GGMLQuantizationType | str) -> GGMLQuantizationType:
 
 
 # --------------------------------------------------------------------------- the writer
-
-_DELETE = object()
 
 
 def write_tiny_gguf(
