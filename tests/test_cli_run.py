@@ -216,6 +216,23 @@ def test_ctrl_c_stops_cleanly(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert res.stdout.endswith("\n") and len(res.stdout) > 1
 
 
+def test_ctrl_c_while_loading(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    bench_module = importlib.import_module("vt.bench")
+    llm_module = importlib.import_module("vt.llm")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llm_module.LLM, "__init__", interrupted)
+    res = vt("run", "--model", str(tiny), "Hello")
+    assert res.exit_code == 130 and res.stderr == "vt: interrupted\n" and res.stdout == ""
+    monkeypatch.setattr(bench_module, "run_bench", interrupted)
+    res = vt("bench", "--model", str(tiny))
+    assert res.exit_code == 130 and res.stderr == "vt bench: interrupted\n"
+
+
 def test_help_lists_every_option() -> None:
     out = vt("run", "--help").stdout
     for opt in (

@@ -54,8 +54,9 @@ def model_options(func: F) -> F:
 
 
 @contextmanager
-def _clean_errors() -> Iterator[None]:
-    """Turn the errors a user can cause into one line and exit 1 (VT_DEBUG=1: traceback)."""
+def _clean_errors(prog: str = "vt") -> Iterator[None]:
+    """Turn the errors a user can cause into one line and exit 1 (VT_DEBUG=1: traceback);
+    Ctrl-C (while loading, say) into ``PROG: interrupted`` and exit 130."""
     from pydantic import ValidationError
 
     from ..errors import VtError
@@ -63,6 +64,9 @@ def _clean_errors() -> Iterator[None]:
 
     try:
         yield
+    except KeyboardInterrupt:
+        click.echo(f"{prog}: interrupted", err=True)
+        sys.exit(130)
     except click.ClickException:
         raise
     except ValidationError as exc:
@@ -350,7 +354,7 @@ def bench(
     """
     from ..bench import format_table, run_bench
 
-    with _clean_errors():
+    with _clean_errors("vt bench"):
         for flag, value in (
             ("--prompt-tokens", prompt_tokens),
             ("--gen-tokens", gen_tokens),
@@ -360,20 +364,16 @@ def bench(
                 raise click.ClickException(f"{flag} must be at least 1, got {value}")
         _check_max_model_len(max_model_len)
         log = None if as_json else (lambda msg: click.echo(f"vt bench: {msg}", err=True))
-        try:
-            result = run_bench(
-                model,
-                backend,
-                prompt_tokens=prompt_tokens,
-                gen_tokens=gen_tokens,
-                kv_cache=kv_cache,
-                max_model_len=max_model_len,
-                repeat=repeat,
-                log=log,
-            )
-        except KeyboardInterrupt:
-            click.echo("vt bench: interrupted", err=True)
-            sys.exit(130)
+        result = run_bench(
+            model,
+            backend,
+            prompt_tokens=prompt_tokens,
+            gen_tokens=gen_tokens,
+            kv_cache=kv_cache,
+            max_model_len=max_model_len,
+            repeat=repeat,
+            log=log,
+        )
     if as_json:
         click.echo(result.model_dump_json(exclude={"runs": {"__all__": {"ids"}}}))
     else:
