@@ -189,3 +189,18 @@ def test_close_is_idempotent(tiny: Path) -> None:
     llm.close()
     with pytest.raises(vt.VtError, match="closed"):
         llm.generate("Hello", LONG)
+
+
+@pytest.mark.slow
+def test_default_model_batch_equals_alone_and_chat_stops() -> None:
+    greedy = vt.SamplingParams(temperature=0.0, max_tokens=16)
+    prompts = ["The capital of France is", "Water boils at a temperature of"]
+    with vt.LLM(max_slots=2) as llm:
+        together = llm.generate(prompts, greedy)
+        assert together[0].text.startswith(" Paris.")
+        assert _ids(together) == [llm.generate(p, greedy)[0].ids for p in prompts]
+        longer = greedy.model_copy(update={"max_tokens": 64})
+        (answer,) = llm.chat([{"role": "user", "content": "Say hello."}], longer)
+        assert answer.text.strip()
+        if answer.finish_reason == "stop":
+            assert answer.ids[-1] in llm.tokenizer.stop_ids
