@@ -6,6 +6,7 @@ import importlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,18 @@ def install_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[In
     yield install
     for module in loaded:
         sys.modules.pop(module, None)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where ``model_support.tiny_path`` writes the tiny GGUFs (once per session)."""
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_dir: Path) -> Any:
+    """The tiny llama-architecture model (F32 weights), loaded once per test module."""
+    from model_support import tiny_path
+    from vt.model import load_gguf
+
+    return load_gguf(tiny_path(tiny_dir, "llama"))

@@ -1,8 +1,9 @@
 """The llama-family graph: runner logits equal a plain numpy forward, per architecture.
 
-The oracle here is written out independently of the runner: whole-sequence float64 numpy
-with an explicit causal mask and grouped-query heads, no KV cache, no batching. Only the
-elementwise pieces (RMS norm, RoPE, dequantization) come from ``vt.reference``.
+The oracle (``numpy_forward`` in model_support.py) is written out independently of the
+runner: whole-sequence float64 numpy with an explicit causal mask and grouped-query heads, no
+KV cache, no batching. Only the elementwise pieces (RMS norm, RoPE, dequantization) come from
+``vt.reference``.
 """
 
 from __future__ import annotations
@@ -13,103 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 import vt
-from vt import reference as R
+from model_support import ARCHS, PROMPT, assert_close, make_backend, numpy_forward, tiny_path
 from vt.model import load_gguf
 from vt.model.graph import SUPPORTED_ARCHITECTURES, LlamaGraph, check_backend
-from vt.registry import Registry
 from vt.runner import ModelRunner, SeqChunk
-from vt.testing.tiny import write_tiny_gguf
 
-ARCHS = ("llama", "qwen2", "qwen3")
 BACKENDS = ("cpu", "tt_stub")
-PROMPT = [3, 17, 42, 5, 9, 60, 1, 33, 21]
-
-
-# --------------------------------------------------------------------------- helpers
-# (test_runner.py and test_readback.py import these)
-
-
-def make_backend(name: str) -> vt.Backend:
-    """A fresh instance of an installed backend with its effective capabilities."""
-    backend, _ = Registry(env={}).create_backend(name)
-    return backend
-
-
-_MODELS: dict[tuple[Any, ...], Path] = {}
-
-
-def tiny_path(tmp_dir: Path, arch: str, weight_type: str = "F32", **kw: Any) -> Path:
-    """A tiny GGUF of ``arch`` (written once per process; ``kw`` go to write_tiny_gguf)."""
-    key = (arch, weight_type, *sorted(kw.items()))
-    if key not in _MODELS:
-        extra = "".join(f"-{k}{v}" for k, v in sorted(kw.items()))
-        path = tmp_dir / f"tiny-{arch}-{weight_type}{extra}.gguf"
-        write_tiny_gguf(path, arch=arch, weight_type=weight_type, **kw)
-        _MODELS[key] = path
-    return _MODELS[key]
-
-
-def _f64(model: Any, name: str) -> np.ndarray:
-    return R.dequantize(model.tensor(name)).astype(np.float64)
-
-
-def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def numpy_forward(model: Any, tokens: list[int]) -> np.ndarray:
-    """Logits ``[len(tokens), vocab]`` of the whole sequence, computed from scratch."""
-    c = model.config
-    n, hd = len(tokens), c.head_dim
-    group = c.n_heads // c.n_kv_heads
-    pos = np.arange(n)
-    out_name = "token_embd.weight" if c.tied_output else "output.weight"
-    x = _f64(model, "token_embd.weight")[np.asarray(tokens)]
-    future = np.triu(np.ones((n, n), dtype=bool), k=1)
-    for i in range(c.n_layers):
-
-        def w(name: str, i: int = i) -> np.ndarray:
-            return _f64(model, f"blk.{i}.{name}")
-
-        h = _rms(x, w("attn_norm.weight"), c.rms_eps)
-        q, k, v = h @ w("attn_q.weight").T, h @ w("attn_k.weight").T, h @ w("attn_v.weight").T
-        if c.has_qkv_bias:
-            q, k, v = q + w("attn_q.bias"), k + w("attn_k.bias"), v + w("attn_v.bias")
-        q = q.reshape(n, c.n_heads, hd)
-        k = k.reshape(n, c.n_kv_heads, hd)
-        v = v.reshape(n, c.n_kv_heads, hd)
-        if c.has_qk_norm:
-            q = _rms(q, w("attn_q_norm.weight"), c.rms_eps)
-            k = _rms(k, w("attn_k_norm.weight"), c.rms_eps)
-        q = R.rope(q.reshape(n, -1), pos, c.n_heads, c.rope).astype(np.float64)
-        k = R.rope(k.reshape(n, -1), pos, c.n_kv_heads, c.rope).astype(np.float64)
-        q = q.reshape(n, c.n_heads, hd)
-        k = np.repeat(k.reshape(n, c.n_kv_heads, hd), group, axis=1)  # head h -> kv h//group
-        v = np.repeat(v, group, axis=1)
-        scores = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(hd)
-        scores[:, future] = -np.inf
-        p = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)
-        attn = np.einsum("hij,jhd->ihd", p, v).reshape(n, -1)
-        x = x + attn @ w("attn_output.weight").T
-        h = _rms(x, w("ffn_norm.weight"), c.rms_eps)
-        gate, up = h @ w("ffn_gate.weight").T, h @ w("ffn_up.weight").T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ w("ffn_down.weight").T
-    return _rms(x, _f64(model, "output_norm.weight"), c.rms_eps) @ _f64(model, out_name).T
-
-
-def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    scale = float(np.abs(want).max())
-    err = float(np.abs(got - want).max())
-    assert err <= 1e-4 * max(1.0, scale), f"{what}: max |diff| {err:.3g} (logit scale {scale:.3g})"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tiny-graph")
-
-
-# --------------------------------------------------------------------------- tests
 
 
 def test_oracle_sees_the_model_differently_per_architecture(tiny_dir: Path) -> None:

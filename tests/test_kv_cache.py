@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import vt
-from test_vmm_arena import AliasingCpu, InjectingCpu
+from vmm_support import AliasingCpu, InjectingCpu
 from vt.memory import KVCache, KVCacheStats, KVCapacityError
 
 KiB, MiB = 1 << 10, 1 << 20

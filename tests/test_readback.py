@@ -8,14 +8,11 @@ plain synchronous copy. These tests record the protocol calls the runner makes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import vt
-from test_graph import PROMPT, make_backend, tiny_path
-from test_runner import cpu_with_readback, greedy
-from vt.model import load_gguf
+from model_support import PROMPT, cpu_with_readback, greedy, make_backend
 from vt.readback import ReadbackPath, async_scheduling_enabled, choose_readback
 from vt.runner import ModelRunner, SeqChunk
 
@@ -27,12 +24,6 @@ ASYNC_CAPS = vt.Capabilities(
     events=True,
     pinned_host_memory=True,
 )
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tmp: Path = tmp_path_factory.mktemp("tiny-readback")
-    return load_gguf(tiny_path(tmp, "llama"))
 
 
 class Spy:

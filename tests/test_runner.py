@@ -8,75 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 import vt
-from test_graph import ARCHS, PROMPT, make_backend, tiny_path
+from model_support import ARCHS, PROMPT, cpu_with_readback, greedy, make_backend, tiny_path
 from vt import reference as R
 from vt.model import load_gguf
 from vt.readback import OutputAlreadyReadError
 from vt.runner import InvalidStepError, ModelRunner, RunnerError, SeqChunk
 
 PATHS = ("host_view", "async_d2h", "sync")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tiny-runner")
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_dir: Path) -> Any:
-    return load_gguf(tiny_path(tiny_dir, "llama"))
-
-
-def cpu_with_readback(path: str) -> vt.Backend:
-    """The cpu backend with capabilities that lead the runner to ``path``."""
-    backend = make_backend("cpu")
-    caps = backend.capabilities
-    if path != "host_view":
-        caps = caps.with_value(
-            "device_memory_is_host_addressable", False, vt.Source.env, "test: force a copy"
-        )
-    if path == "sync":
-        caps = caps.with_value(
-            "supports_async_sampled_token_readback", False, vt.Source.env, "test: no async"
-        )
-    backend.capabilities = caps
-    return backend
-
-
-def greedy(
-    runner: ModelRunner, prompts: dict[int, list[int]], n_new: int, chunk: int | None = None
-) -> dict[int, list[int]]:
-    """Generate ``n_new`` greedy ids per slot, all slots batched, prompts prefilled in
-    chunks of ``chunk`` tokens, decode inputs taken device-side (``from_previous``)."""
-    out: dict[int, list[int]] = {s: [] for s in prompts}
-    done = {s: 0 for s in prompts}
-    got: dict[int, int] = {}
-    while any(done[s] < len(p) for s, p in prompts.items()):  # prefill, one chunk per slot
-        chunks = []
-        for s, p in prompts.items():
-            if done[s] < len(p):
-                part = p[done[s] : done[s] + (chunk or len(p))]
-                last = done[s] + len(part) == len(p)
-                chunks.append(SeqChunk(slot=s, start_pos=done[s], token_ids=part, sample=last))
-                done[s] += len(part)
-        got = runner.execute(chunks).get_output()
-        for s, tok in got.items():
-            out[s].append(tok)
-    pos = {s: len(p) for s, p in prompts.items()}
-    prev_sampled = set(got)
-    for _ in range(n_new - 1):
-        chunks = [
-            SeqChunk(slot=s, start_pos=pos[s], token_ids=None, from_previous=True)
-            if s in prev_sampled
-            else SeqChunk(slot=s, start_pos=pos[s], token_ids=[out[s][-1]])
-            for s in prompts
-        ]
-        got = runner.execute(chunks).get_output()
-        prev_sampled = set(got)
-        for s, tok in got.items():
-            out[s].append(tok)
-            pos[s] += 1
-    return out
 
 
 def test_greedy_ids_equal_across_backends_and_readback_paths(llama: Any) -> None:
