@@ -22,27 +22,15 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 
 from ..backend import WeightTensor
 from ..errors import ModelError
+from ..reference.quant import SUPPORTED_TYPES as SUPPORTED_TENSOR_TYPES
 from .config import ModelConfig, config_from_gguf
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
-
-#: Tensor types vt's kernels understand; anything else is refused at load time.
-SUPPORTED_TENSOR_TYPES: frozenset[GGMLQuantizationType] = frozenset(
-    {
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-    }
-)
+# SUPPORTED_TENSOR_TYPES (exported by vt.model) is the reference's own list, so the loader
+# refuses exactly the types vt cannot dequantize.
 
 _SCALAR_FORMATS: dict[int, str] = {
     GGUFValueType.UINT8: "<B",
