@@ -25,6 +25,7 @@ import pytest
 import vt
 import vt_rocm.adapter as adapter
 from vt import rules
+from vt.memory import VmmArena
 from vt_rocm.adapter import HipError, HipRuntime
 from vt_rocm.backend import RocmBackend
 from vt_rocm.caps import DeviceProfile, capabilities_from_device
@@ -654,6 +655,64 @@ def test_release_after_a_failed_address_free_can_be_retried() -> None:
     assert len(fake.args("hipMemAddressFree")) == 2
     with pytest.raises(vt.VmmError, match="already released"):
         backend.vmm_map(vrange, 0, 4096)
+
+
+def test_unmap_after_a_failed_release_is_retried_without_unmapping_again() -> None:
+    backend, fake = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(2 * g)
+    base = vrange.handle.base
+    first = backend.vmm_map(vrange, 0, g)
+    second = backend.vmm_map(vrange, g, g)
+    fake.fail["hipMemRelease"] = hipError_t.hipErrorInvalidValue
+    with pytest.raises(HipError, match="hipMemRelease"):
+        backend.vmm_unmap(vrange, second)
+    # still listed, so the reservation is not freed under its physical memory
+    assert vrange.handle.segments == [first, second]
+    with pytest.raises(vt.VmmError, match="unmap the 2 mapped segment"):
+        backend.vmm_release(vrange)
+    backend.vmm_unmap(vrange, second)  # the retry completes
+    assert fake.args("hipMemUnmap") == [(base + g, g)]  # the range was unmapped once
+    assert fake.args("hipMemRelease") == [(second.handle,), (second.handle,)]
+    assert vrange.handle.segments == [first]
+    with pytest.raises(vt.VmmError, match="is not mapped"):
+        backend.vmm_unmap(vrange, second)
+    backend.vmm_unmap(vrange, first)
+    backend.vmm_release(vrange)
+
+
+def test_arena_release_retries_a_failed_hipmemrelease() -> None:
+    backend, fake = make()
+    g = backend.vmm_granularity()
+    arena = VmmArena.reserve(backend, 4 * g, min_growth=g)
+    base = arena.vrange.handle.base
+    arena.ensure(g)
+    arena.ensure(2 * g)
+    assert arena.segments == 2
+    fake.fail["hipMemRelease"] = hipError_t.hipErrorInvalidValue
+    with pytest.raises(vt.VmmError, match="2 segment\\(s\\) still mapped, call release"):
+        arena.release()
+    assert arena.segments == 2 and arena.mapped_bytes == 2 * g
+    arena.release()
+    assert arena.released and arena.mapped_bytes == 0
+    assert fake.args("hipMemUnmap") == [(base + g, g), (base, g)]  # none again on the retry
+    first, second = (args[3] for args in fake.args("hipMemMap"))
+    assert fake.args("hipMemRelease") == [(second,), (second,), (first,)]
+    assert fake.names()[-1] == "hipMemAddressFree"
+
+
+def test_failed_set_access_with_a_failed_release_still_frees_the_reservation() -> None:
+    backend, fake = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(2 * g)
+    fake.fail["hipMemSetAccess"] = hipError_t.hipErrorInvalidValue
+    fake.fail["hipMemRelease"] = hipError_t.hipErrorInvalidValue
+    with pytest.raises(HipError, match="hipMemSetAccess"):
+        backend.vmm_map(vrange, 0, g)
+    # the caller never got the segment, so nothing could retry it: it is forgotten
+    assert vrange.handle.segments == [] and vrange.handle.unmapped == []
+    backend.vmm_map(vrange, 0, g)
+    assert fake.names()[-1] == "hipMemSetAccess"
 
 
 def test_windows_backend_declares_aliasing_segments() -> None:

@@ -75,16 +75,23 @@ def _check_fits(what: str, nbytes: int, capacity: int) -> None:
 
 @dataclass(eq=False)
 class _Reservation:
-    """The state behind a VirtualRange: its base address and mapped segments."""
+    """The state behind a VirtualRange: its base address and mapped segments.
+
+    ``segments`` lists every segment not yet fully unmapped; ``unmapped`` those among them
+    whose range is unmapped but whose physical memory is not yet released (a release failed),
+    so a retry of ``vmm_unmap`` only releases.
+    """
 
     base: int
     segments: list[Segment] = field(default_factory=list)
+    unmapped: list[Segment] = field(default_factory=list)
     released: bool = False
 
     def mapped_prefix(self) -> int:
         """End of the run of segments that starts at offset 0 without gaps."""
         end = 0
-        for seg in sorted(self.segments, key=lambda s: s.offset):
+        mapped = [s for s in self.segments if s not in self.unmapped]
+        for seg in sorted(mapped, key=lambda s: s.offset):
             if seg.offset != end:
                 break
             end += seg.nbytes
@@ -307,6 +314,11 @@ class RocmBackend(Backend):
         except HipError:
             with contextlib.suppress(HipError):
                 self.vmm_unmap(vrange, segment)
+            if segment in res.unmapped:
+                # Its release failed, and the caller never sees this segment to retry it:
+                # forget it (leaking the physical memory) so the reservation can be freed.
+                res.unmapped.remove(segment)
+                res.segments.remove(segment)
             raise
         return segment
 
@@ -317,9 +329,13 @@ class RocmBackend(Backend):
                 f"segment [{segment.offset}, {segment.offset + segment.nbytes}) "
                 "is not mapped in this reservation"
             )
-        self._rt.call("hipMemUnmap", res.base + segment.offset, segment.nbytes)
-        res.segments.remove(segment)  # unmapped: a retry must not unmap it again
+        if segment not in res.unmapped:  # a retry after a failed release only releases
+            self._rt.call("hipMemUnmap", res.base + segment.offset, segment.nbytes)
+            res.unmapped.append(segment)
         self._rt.call("hipMemRelease", segment.handle)
+        # Forget the segment only now, so the arena's retry of a failed release finds it.
+        res.unmapped.remove(segment)
+        res.segments.remove(segment)
 
     def vmm_release(self, vrange: VirtualRange) -> None:
         res = vrange.handle
