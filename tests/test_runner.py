@@ -252,17 +252,61 @@ def test_closed_runner_refuses_steps_but_keeps_pending_outputs(llama: Any) -> No
         r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)])
 
 
+# 64 slots make a position 32 KiB, so the vmm cache's first chunk (2 MiB) holds 64 positions
+# and longer sequences grow it.
+KV_SLOTS = 64
+
+
 @pytest.mark.parametrize("kind", ["contiguous", "vmm"])
 def test_kv_cache_kinds_agree_and_grow_before_the_step(llama: Any, kind: str) -> None:
     backend = make_backend("cpu")
     if kind == "vmm" and backend.capabilities.vmm is None:
         pytest.fail("the cpu backend is expected to declare vmm")
-    with ModelRunner(backend, llama, max_slots=2, max_model_len=256, kv_cache=kind) as r:
+    with ModelRunner(backend, llama, max_slots=KV_SLOTS, max_model_len=256, kv_cache=kind) as r:
         assert r.kv.kind == kind
+        if kind == "vmm":
+            assert r.kv.capacity_positions == 64
         ids = greedy(r, {0: PROMPT * 8}, 4)  # 72 positions: past the first vmm chunk
         assert r.kv.capacity_positions >= 75
-    with ModelRunner(make_backend("cpu"), llama, max_slots=2, max_model_len=256) as r:
+        if kind == "vmm":
+            assert r.kv.stats().segments == 2  # grew once, before the 72-token prefill
+    with ModelRunner(
+        make_backend("cpu"), llama, max_slots=KV_SLOTS, max_model_len=256, kv_cache="contiguous"
+    ) as r:
         assert greedy(r, {0: PROMPT * 8}, 4) == ids
+
+
+def test_kv_growth_while_steps_run_ahead_leaves_ids_unchanged(llama: Any) -> None:
+    """Decode steps enqueued ahead of get_output cross the vmm cache's first chunk: the fresh
+    memory is zeroed on the runner's stream (no synchronous memset that waits for the steps
+    in flight), and the ids equal a contiguous cache's."""
+    prompt, n_new = PROMPT * 6, 20  # 54 positions; decoding crosses position 64
+    with ModelRunner(
+        make_backend("cpu"), llama, max_slots=KV_SLOTS, max_model_len=256, kv_cache="contiguous"
+    ) as r:
+        want = greedy(r, {0: prompt}, n_new)[0]
+    backend = cpu_with_readback("async_d2h")
+    memsets: list[Any] = []
+    plain_memset = backend.memset
+
+    def memset(buf: vt.Buffer, value: int, stream: vt.Stream | None = None) -> None:
+        memsets.append(stream)
+        plain_memset(buf, value, stream)
+
+    backend.memset = memset  # type: ignore[method-assign]
+    with ModelRunner(backend, llama, max_slots=KV_SLOTS, max_model_len=256, kv_cache="vmm") as r:
+        assert r.kv.capacity_positions == 64
+        memsets.clear()
+        outs = [r.execute([SeqChunk(slot=0, start_pos=0, token_ids=prompt)])]
+        for j in range(n_new - 1):
+            pos = len(prompt) + j
+            outs.append(
+                r.execute([SeqChunk(slot=0, start_pos=pos, token_ids=None, from_previous=True)])
+            )
+        assert r.kv.stats().segments == 2
+        assert memsets == [r.stream]
+        got = [o.get_output()[0] for o in outs]
+    assert got == want
 
 
 @pytest.fixture(scope="module")

@@ -307,7 +307,9 @@ class ModelRunner:
         assert self.kv is not None and self._pool is not None and self.graph is not None
         assert self._act is not None and self.stream is not None and self._inputs is not None
         b, main = self.backend, self.stream
-        self.kv.ensure_positions(plan.max_end)
+        # Growth maps on the host now; the zeroing of fresh memory goes on the main stream,
+        # ahead of this step, so it does not wait for steps still in flight.
+        self.kv.ensure_positions(plan.max_end, main)
         slot = self._pool.acquire()
         self._stage(slot.inputs, plan)
         b.copy_h2d_async(self._inputs, slot.inputs, main)
