@@ -8,6 +8,8 @@ pieces (RMS norm, RoPE, dequantization) come from ``vt.reference``.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +149,34 @@ def greedy(
             out[s].append(tok)
             pos[s] += 1
     return out
+
+
+class LiveWeights:
+    """Counts the weights a backend instance holds: uploaded and not yet freed.
+
+    Wraps ``upload_weight``/``free_weight`` on the instance and keeps a weak reference to each
+    weight's handle, so a test can also see whether the memory behind it was let go.
+    """
+
+    def __init__(self, backend: vt.Backend) -> None:
+        self.live: dict[int, vt.Weight] = {}
+        self.handles: list[weakref.ref[Any]] = []
+        upload, free = backend.upload_weight, backend.free_weight
+
+        def upload_weight(tensor: vt.WeightTensor) -> vt.Weight:
+            weight = upload(tensor)
+            self.live[id(weight)] = weight
+            self.handles.append(weakref.ref(weight.handle))
+            return weight
+
+        def free_weight(weight: vt.Weight) -> None:
+            free(weight)
+            self.live.pop(id(weight))
+
+        backend.upload_weight = upload_weight  # type: ignore[method-assign]
+        backend.free_weight = free_weight  # type: ignore[method-assign]
+
+    def handles_alive(self) -> int:
+        """How many weight handles are still referenced by anything."""
+        gc.collect()
+        return sum(ref() is not None for ref in self.handles)

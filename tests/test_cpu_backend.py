@@ -6,6 +6,7 @@ import gc
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -125,6 +126,19 @@ def test_bad_sizes_raise_at_the_call_site(cpu: CpuBackend, stream: vt.Stream) ->
         cpu.memset(small, 300)
     with pytest.raises(ValueError, match="not a cpu stream"):
         cpu.memset(small, 0, vt.Stream(object(), "alien"))
+
+
+def test_free_weight_lets_go_of_the_weight_memory(cpu: CpuBackend, stream: vt.Stream) -> None:
+    """The Weight object may outlive free_weight (a closed runner keeps its graph); the
+    dequantized array must not."""
+    w = cpu.upload_weight(vt.WeightTensor("w", 0, (4, 2), np.ones((4, 2), np.float32)))
+    memory = weakref.ref(w.handle)
+    cpu.free_weight(w)
+    cpu.free_weight(w)  # idempotent
+    gc.collect()
+    assert memory() is None
+    with pytest.raises(ValueError, match="weight 'w' was freed"):
+        cpu.matmul(cpu.alloc(32), cpu.alloc(64), w, 4, stream)
 
 
 def test_pinned_memory_is_a_dedicated_mapping(cpu: CpuBackend, stream: vt.Stream) -> None:

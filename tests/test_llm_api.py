@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import vt
+from model_support import LiveWeights
+from vt import registry
 from vt.engine import RequestError
 from vt.llm import RequestOutput
 from vt.testing.tiny import write_tiny_gguf
@@ -189,6 +191,29 @@ def test_close_is_idempotent(tiny: Path) -> None:
     llm.close()
     with pytest.raises(vt.VtError, match="closed"):
         llm.generate("Hello", LONG)
+
+
+def test_close_frees_the_weights_and_the_kv_cache(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    created: list[LiveWeights] = []
+    plain = registry.create_backend
+
+    def create_backend(name: str | None = None) -> tuple[vt.Backend, str]:
+        backend, why = plain(name)
+        created.append(LiveWeights(backend))
+        return backend, why
+
+    monkeypatch.setattr(registry, "create_backend", create_backend)
+    llm = vt.LLM(model=tiny, backend="cpu", kv_cache="contiguous")
+    llm.generate("Hello", LONG)
+    (weights,) = created
+    assert weights.live and weights.handles_alive() == len(weights.live)
+    assert llm.kv_cache_stats()["mapped_bytes"] > 0
+    llm.close()
+    assert weights.live == {}
+    assert weights.handles_alive() == 0  # while `llm` itself is still referenced
+    assert llm.runner.kv.released
 
 
 @pytest.mark.slow

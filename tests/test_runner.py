@@ -8,7 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 import vt
-from model_support import ARCHS, PROMPT, cpu_with_readback, greedy, make_backend, tiny_path
+from model_support import (
+    ARCHS,
+    PROMPT,
+    LiveWeights,
+    cpu_with_readback,
+    greedy,
+    make_backend,
+    tiny_path,
+)
 from vt import reference as R
 from vt.model import load_gguf
 from vt.readback import OutputAlreadyReadError
@@ -255,6 +263,23 @@ def test_closed_runner_refuses_steps_but_keeps_pending_outputs(llama: Any) -> No
 # 64 slots make a position 32 KiB, so the vmm cache's first chunk (2 MiB) holds 64 positions
 # and longer sequences grow it.
 KV_SLOTS = 64
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "vmm"])
+def test_close_frees_the_weights_and_the_kv_cache(llama: Any, kind: str) -> None:
+    """vt bench builds a second runner after closing the first: nothing of the first may stay
+    alive, even while the closed runner object is still referenced."""
+    backend = make_backend("cpu")
+    weights = LiveWeights(backend)
+    r = ModelRunner(backend, llama, max_slots=1, max_model_len=16, kv_cache=kind)
+    r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
+    n_weights = 2 + 9 * llama.config.n_layers  # tied output: token_embd serves both
+    assert len(weights.live) == n_weights and weights.handles_alive() == n_weights
+    assert r.kv.stats().mapped_bytes > 0
+    r.close()
+    assert weights.live == {}
+    assert weights.handles_alive() == 0  # the backend let go of the weight memory
+    assert r.kv.released and r.kv.stats().mapped_bytes == 0
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "vmm"])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import vt
@@ -98,6 +101,19 @@ def test_foreign_buffers_and_weights_are_refused(tt: TtStubBackend) -> None:
     w = vt.Weight("w", (2, 2), np.eye(2, dtype=np.float32))
     with pytest.raises(ValueError, match="weight 'w' was not uploaded to tt_stub"):
         tt.matmul(tt.alloc(16), tt.alloc(16), w, 2, tt.create_stream())
+
+
+def test_free_weight_lets_go_of_the_weight_memory(tt: TtStubBackend) -> None:
+    w = tt.upload_weight(vt.WeightTensor("w", 0, (2, 2), np.eye(2, dtype=np.float32)))
+    memory = weakref.ref(w.handle._array)
+    tt.free_weight(w)
+    tt.free_weight(w)  # idempotent
+    gc.collect()
+    assert memory() is None
+    with pytest.raises(ValueError, match="weight 'w' was freed"):
+        tt.matmul(tt.alloc(16), tt.alloc(16), w, 2, tt.create_stream())
+    with pytest.raises(ValueError, match="weight 'x' was not uploaded to tt_stub"):
+        tt.free_weight(vt.Weight("x", (2, 2), np.eye(2, dtype=np.float32)))
 
 
 def test_kernels_equal_the_reference(tt: TtStubBackend) -> None:

@@ -66,6 +66,8 @@ class HostKernels(Backend):
 
     def _weight(self, weight: Weight) -> np.ndarray:
         """The float32 array behind a weight handle."""
+        if weight.handle is None:
+            raise ValueError(f"weight {weight.name!r} was freed")
         return weight.handle
 
     # ---- helpers
@@ -124,6 +126,17 @@ class HostKernels(Backend):
         array = dequantize(tensor)
         array.setflags(write=False)
         return Weight(tensor.name, tuple(array.shape), self._wrap_weight(array), tensor.ggml_type)
+
+    def free_weight(self, weight: Weight) -> None:
+        """Let go of the weight's array (idempotent).
+
+        The handle is cleared because the :class:`Weight` object itself often outlives the
+        free (a closed runner still holds its graph): keeping the handle would keep the
+        dequantized float32 copy alive with it.
+        """
+        if weight.handle is not None:
+            self._weight(weight)  # refuses a weight of another backend
+            weight.handle = None
 
     def embedding(self, out: Buffer, table: Weight, ids: Buffer, n: int, stream: Stream) -> None:
         t = self._weight(table)

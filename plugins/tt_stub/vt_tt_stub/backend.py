@@ -76,6 +76,8 @@ class TtStubBackend(HostKernels):
         return _DeviceWeight(array)
 
     def _weight(self, weight: vt.Weight) -> np.ndarray:
+        if weight.handle is None:
+            raise ValueError(f"weight {weight.name!r} was freed")
         if not isinstance(weight.handle, _DeviceWeight):
             raise ValueError(f"weight {weight.name!r} was not uploaded to tt_stub")
         return weight.handle._array
