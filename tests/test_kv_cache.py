@@ -63,8 +63,9 @@ def test_unknown_kind_is_named() -> None:
 
 
 def test_vmm_on_backend_without_vmm_names_the_backend() -> None:
-    with pytest.raises(vt.CapabilityError, match="backend 'cpu' does not declare vmm"):
+    with pytest.raises(vt.CapabilityError, match="backend 'cpu' does not declare vmm") as err:
         KVCache.create(host_backend(granularity=None), _layout(), kind="vmm")
+    assert "--kv-cache contiguous, kv_cache='contiguous'" in str(err.value)  # real option names
 
 
 @pytest.mark.parametrize(

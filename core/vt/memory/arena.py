@@ -45,7 +45,8 @@ def vmm_granularity(backend: Backend) -> int:
     if caps is None:
         raise CapabilityError(
             f"backend {backend.name!r} does not declare vmm; use a contiguous allocation "
-            "(kv_backend='contiguous') or a backend that supports virtual memory"
+            "(--kv-cache contiguous, kv_cache='contiguous') or a backend that supports "
+            "virtual memory"
         )
     runtime = backend.vmm_granularity()
     declared = caps.granularity
