@@ -374,7 +374,8 @@ class Backend:
         n: int,
         stream: Stream,
     ) -> None:
-        """Write ``k[i], v[i]`` (``n_kv_heads * head_dim`` floats) at ``(positions[i], slots[i])``."""
+        """Write ``k[i], v[i]`` (``n_kv_heads * head_dim`` floats each) at cache position
+        ``positions[i]`` of slot ``slots[i]``."""
         raise _missing(self, "kv_store")
 
     def attention(
