@@ -1,0 +1,346 @@
+"""Capability contracts: what a declared capability promises, proven on the backend.
+
+A contract runs whenever its capability is declared (effective capabilities, so VT_CAPS
+overrides count) and is never skipped then: a probe that cannot run fails. An undeclared
+capability's contract raises :class:`NotDeclared`, reported as "not declared", never as a
+pass. Contracts without a capability (memory, host_view, sync readback, staging reuse)
+hold for every backend. The audit's probes (:mod:`vt.audit`) are reused; the kit adds
+stricter ones for pinned memory, async readback and staging reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import numpy as np
+
+from .. import audit
+from ..audit import Check
+from ..backend import Backend, Buffer, HostBuffer, Stream
+from .kit import KitCase, KitContext, KitFailure, NotDeclared
+
+POISON = 0xCD
+WORK_BYTES = 8 << 20
+WORK_ROUNDS = (8, 32, 128)
+
+
+def _declared(backend: Backend, capability: str) -> bool:
+    value = getattr(backend.capabilities, capability)
+    return value is not None and value is not False
+
+
+def _pattern(n: int, seed: int) -> np.ndarray:
+    """Random bytes below the poison value, so no byte of data looks poisoned."""
+    return np.random.default_rng(seed).integers(0, POISON, n, dtype=np.uint8)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+@contextmanager
+def _device(b: Backend, nbytes: int) -> Iterator[Buffer]:
+    buf = b.alloc(nbytes)
+    try:
+        yield buf
+    finally:
+        b.free(buf)
+
+
+@contextmanager
+def _pinned(b: Backend, nbytes: int) -> Iterator[HostBuffer]:
+    buf = b.alloc_pinned(nbytes)
+    try:
+        yield buf
+    finally:
+        b.free_pinned(buf)
+
+
+@contextmanager
+def _stream(b: Backend, name: str) -> Iterator[Stream]:
+    s = b.create_stream(name)
+    try:
+        yield s
+    finally:
+        b.synchronize(s)
+        b.destroy_stream(s)
+
+
+def _busy(b: Backend, work: Buffer, stream: Stream, rounds: int) -> None:
+    for i in range(rounds):
+        b.memset(work, i & 0xFF, stream)
+
+
+def _read(b: Backend, buf: Buffer) -> np.ndarray:
+    out = np.empty(buf.nbytes, dtype=np.uint8)
+    b.copy_d2h(out, buf)
+    return out
+
+
+# --------------------------------------------------------------------------- from the audit
+
+
+def _from_probe(
+    ctx: KitContext, contract: str, probe: Callable[[Backend], list[Check]], ids: tuple[str, ...]
+) -> str:
+    """Run an audit probe (once per backend) and judge the checks named ``ids``."""
+    checks = ctx.probe(probe.__name__, partial(probe, ctx.backend))
+    picked = [c for c in checks if not ids or c.id in ids]
+    if not picked:
+        raise KitFailure(f"contract {contract}: the probe reported none of the checks {ids}")
+    for c in picked:
+        if c.result == "fail":
+            raise KitFailure(f"contract {contract} failed: {c.id}: {c.detail}")
+        if c.result == "skip":
+            raise KitFailure(
+                f"contract {contract}: the capability is declared but check {c.id} did not "
+                f"run ({c.detail}); a declared capability is never skipped"
+            )
+    ctx.count(len(picked))
+    return "; ".join(f"{c.id}: {c.detail}" for c in picked)
+
+
+def _host_view(ctx: KitContext) -> str:
+    which = (
+        "host-view-roundtrip"
+        if ctx.backend.capabilities.device_memory_is_host_addressable
+        else "host-view-refused"
+    )
+    return _from_probe(ctx, "host-view", audit.probe_host_view, (which,))
+
+
+# --------------------------------------------------------------------------- pinned memory
+
+
+def _pinned_memory(ctx: KitContext) -> str:
+    """The audit's pinned probe, plus: pinned memory is not (and does not alias) device
+    memory, whichever of the two is allocated first."""
+    detail = _from_probe(ctx, "pinned-host-memory", audit.probe_pinned, ("pinned-host-memory",))
+    b, n = ctx.backend, 64 << 10
+    c = "contract pinned-host-memory failed"
+    with _device(b, n) as before, _pinned(b, n) as pinned, _device(b, n) as after:
+        pinned.array[:] = POISON
+        for name, dev, seed in (("earlier", before, 1), ("later", after, 2)):
+            data = _pattern(n, seed)
+            b.copy_h2d(dev, data)
+            if (pinned.array != POISON).any():
+                raise KitFailure(
+                    f"{c}: writing the device allocation made {name} changed the pinned buffer "
+                    f"(first changed byte {_first(pinned.array != POISON)}): alloc_pinned "
+                    "returned memory that is (or aliases) a device allocation"
+                )
+            pinned.array[:] = _pattern(n, seed + 10)
+            got = _read(b, dev)
+            if not np.array_equal(got, data):
+                raise KitFailure(
+                    f"{c}: writing the pinned buffer changed the device allocation made {name} "
+                    f"(first changed byte {_first(got != data)}): alloc_pinned returned memory "
+                    "that is (or aliases) a device allocation"
+                )
+            if b.capabilities.device_memory_is_host_addressable and np.shares_memory(
+                pinned.array, b.host_view(dev)
+            ):
+                raise KitFailure(f"{c}: the pinned buffer shares memory with a device allocation")
+            pinned.array[:] = POISON
+            ctx.count(2)
+    return detail + "; distinct from device allocations made before and after it"
+
+
+# --------------------------------------------------------------------------- async readback
+
+
+def _async_round(
+    ctx: KitContext, src: Buffer, dst: HostBuffer, want: np.ndarray, rounds: int
+) -> bool:
+    """One readback behind ``rounds`` of work; True when the poison was seen before ready."""
+    b, caps = ctx.backend, ctx.backend.capabilities
+    c = "contract async-d2h-readback failed"
+    array = dst.array
+    array[:] = POISON
+    stale = _pattern(src.nbytes, rounds)
+    b.copy_h2d(src, stale)
+    with _device(b, WORK_BYTES) as work, _stream(b, "vt-kit-d2h") as s:
+        ready = b.create_event() if caps.events else None
+        try:
+            _busy(b, work, s, rounds)
+            b.copy_h2d_async(src, want, s)  # stands in for the kernel that writes the ids
+            b.copy_d2h_async(dst, src, s)
+            if ready is not None:
+                b.record_event(ready, s)
+            early = dst.array.copy()
+            if ready is not None:
+                b.synchronize_event(ready)
+            else:
+                b.synchronize(s)
+        finally:
+            if ready is not None:
+                b.destroy_event(ready)
+        fence = "the ready event" if ready is not None else "synchronize"
+        if dst.array is not array:
+            raise KitFailure(
+                f"{c}: copy_d2h_async replaced HostBuffer.array with other memory; the pinned "
+                "buffer must stay the caller's (this makes it the device allocation)"
+            )
+        if not np.array_equal(dst.array, want):
+            bad = dst.array != want
+            hint = (
+                "still poisoned: the copy had not run when the event said it had"
+                if (dst.array[bad] == POISON).all()
+                else "wrong bytes"
+            )
+            raise KitFailure(
+                f"{c}: after {fence} the pinned buffer is wrong ({hint}; first wrong byte "
+                f"{_first(bad)})"
+            )
+        odd = (early != POISON) & (early != want)
+        if odd.any():
+            i = _first(odd)
+            what = "the device buffer's earlier contents" if early[i] == stale[i] else "garbage"
+            raise KitFailure(
+                f"{c}: before {fence} the pinned buffer held bytes that are neither the poison "
+                f"nor the copied data (byte {i} is {int(early[i]):#04x}, {what}): the pinned "
+                "buffer is (or aliases) the device allocation"
+            )
+        b.memset(src, 0, s)
+        b.synchronize(s)
+        if not np.array_equal(dst.array, want):
+            raise KitFailure(
+                f"{c}: overwriting the device buffer after the copy finished changed the pinned "
+                f"buffer (first changed byte {_first(dst.array != want)}): it is (or aliases) "
+                "the device allocation"
+            )
+    ctx.count(4)
+    return bool((early == POISON).all())
+
+
+def _async_d2h(ctx: KitContext) -> str:
+    """A poisoned pinned buffer is wrong before the ready event and right after, and stays
+    right when the device memory changes later."""
+    b, n, off = ctx.backend, 64 << 10, 1024
+    want = _pattern(n, 7)
+    with _device(b, off + n) as whole, _pinned(b, n) as dst:
+        src = whole.view(off, n)  # copies must honour the source offset
+        for rounds in WORK_ROUNDS:
+            if _async_round(ctx, src, dst, want, rounds):
+                return (
+                    f"poisoned before the ready event behind {rounds} memsets of "
+                    f"{WORK_BYTES >> 20} MiB, correct after it, unchanged by later device writes"
+                )
+    return (
+        "correct after the ready event and unchanged by later device writes; the copy always "
+        "finished before it could be seen pending"
+    )
+
+
+# --------------------------------------------------------------------------- staging reuse
+
+
+def _staging_reuse(ctx: KitContext) -> str:
+    """The runner's input staging: a ring of pinned buffers, each reused once the event
+    recorded after its async host-to-device copy completes. No copy may read its staging
+    after that event, or the device gets a later step's (torn) inputs."""
+    b, caps = ctx.backend, ctx.backend.capabilities
+    n, ring, steps = 16 << 10, 2, 6
+    fence = "its event" if caps.events else "synchronize"
+    with (
+        _pinned(b, n) as s0,
+        _pinned(b, n) as s1,
+        _device(b, steps * n) as dst,
+        _device(b, WORK_BYTES) as work,
+        _stream(b, "vt-kit-staging") as s,
+    ):
+        staging = [s0, s1]
+        events = [b.create_event() for _ in range(ring)] if caps.events else []
+        try:
+            for step in range(steps):
+                k = step % ring
+                if step >= ring:  # reuse: wait for the copy that last read this staging
+                    if events:
+                        b.synchronize_event(events[k])
+                    else:
+                        b.synchronize(s)
+                staging[k].array[:] = _pattern(n, 100 + step)
+                _busy(b, work, s, 4)
+                b.copy_h2d_async(dst.view(step * n, n), staging[k], s)
+                if events:
+                    b.record_event(events[k], s)
+            b.synchronize(s)
+        finally:
+            for e in events:
+                b.destroy_event(e)
+        got = _read(b, dst).reshape(steps, n)
+    for step in range(steps):
+        want = _pattern(n, 100 + step)
+        if not np.array_equal(got[step], want):
+            later = [
+                q for q in range(step + 1, steps) if np.array_equal(got[step], _pattern(n, 100 + q))
+            ]
+            what = (
+                f"the bytes staged for step {later[0]}, written after {fence} said step "
+                f"{step}'s copy was done"
+                if later
+                else f"torn bytes (first wrong byte {_first(got[step] != want)})"
+            )
+            raise KitFailure(
+                f"contract staging-reuse failed: step {step}'s device input holds {what}: the "
+                "async host-to-device copy read its pinned staging after the host was allowed "
+                "to reuse it"
+            )
+    ctx.count(steps)
+    return f"{steps} steps through a ring of {ring} pinned staging buffers, reused after {fence}"
+
+
+# --------------------------------------------------------------------------- the cases
+
+#: ``(id, capability or None, run)`` in run order.
+CONTRACTS: tuple[tuple[str, str | None, Callable[[KitContext], str]], ...] = (
+    (
+        "memory-roundtrip",
+        None,
+        lambda ctx: _from_probe(ctx, "memory-roundtrip", audit.probe_memory, ()),
+    ),
+    ("host-view", None, _host_view),
+    ("pinned-host-memory", "pinned_host_memory", _pinned_memory),
+    (
+        "event-ordering",
+        "events",
+        lambda ctx: _from_probe(ctx, "event-ordering", audit.probe_events, ("event-ordering",)),
+    ),
+    (
+        "stream-wait-event",
+        "events",
+        lambda ctx: _from_probe(
+            ctx, "stream-wait-event", audit.probe_events, ("stream-wait-event",)
+        ),
+    ),
+    ("async-d2h-readback", "async_d2h_copy", _async_d2h),
+    (
+        "async-readback",
+        "supports_async_sampled_token_readback",
+        lambda ctx: _from_probe(ctx, "async-readback", audit.probe_readback, ("async-readback",)),
+    ),
+    (
+        "sync-readback",
+        None,
+        lambda ctx: _from_probe(ctx, "sync-readback", audit.probe_readback, ("sync-readback",)),
+    ),
+    ("staging-reuse", None, _staging_reuse),
+    ("vmm-arena", "vmm", lambda ctx: _from_probe(ctx, "vmm-arena", audit.probe_vmm, ())),
+)
+
+
+def _contract(
+    cid: str, capability: str | None, run: Callable[[KitContext], str], ctx: KitContext
+) -> str:
+    if capability is not None and not _declared(ctx.backend, capability):
+        raise NotDeclared(f"not declared: {capability} (contract {cid} proves it when declared)")
+    return run(ctx)
+
+
+def contract_cases() -> list[KitCase]:
+    return [
+        KitCase("contract", cid, "", "", partial(_contract, cid, cap, run), capability=cap)
+        for cid, cap, run in CONTRACTS
+    ]

@@ -1,0 +1,69 @@
+"""How close a backend's results must be to ``vt.reference``: normalized MSE bounds.
+
+``nmse(got, want) = sum((got - want)**2) / sum(want**2)``, in float64. A bound of 0 means
+bit-exact. The bounds leave room for what real devices legitimately do differently from
+numpy (another summation order, fused multiply-add, ``rsqrt``/``exp`` approximations, TF32
+or 8-bit activations in quantized dot products as llama.cpp does), and stay orders of
+magnitude below what an off-by-one or a wrong index produces (1e-4 and up).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Weight types the model kernels take (``upload_weight``, ``embedding``, ``matmul``).
+WEIGHT_TYPES: tuple[str, ...] = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
+FLOAT_TYPES: tuple[str, ...] = ("F32", "F16", "BF16")
+
+#: ``kernel -> {dtype or "*": bound}``. Activation kernels use dtype ``"F32"``.
+KERNEL_NMSE: dict[str, dict[str, float]] = {
+    # Dequantizing a float type is exact; a quantized block is scale * q (+ min), where an
+    # FMA or another operation order may differ by an ulp.
+    "upload_weight": {"F32": 0.0, "F16": 0.0, "BF16": 0.0, "*": 1e-12},
+    "embedding": {"F32": 0.0, "F16": 0.0, "BF16": 0.0, "*": 1e-12},
+    # F32 allows TF32-class accumulation; F16/BF16 allow activations in that type; quantized
+    # types allow 8-bit activation quantization.
+    "matmul": {"F32": 1e-6, "F16": 1e-5, "BF16": 1e-5, "*": 1e-3},
+    "rms_norm": {"*": 1e-9},
+    # theta = position * inv_freq in float32 loses ~position * 2**-24 radians.
+    "rope": {"*": 1e-6},
+    "attention": {"*": 1e-7},
+    "silu_mul": {"*": 1e-9},
+    "add": {"*": 0.0},
+    "gather_rows": {"*": 0.0},
+    "kv_store": {"*": 0.0},
+    "copy_d2d": {"*": 0.0},
+    "sample": {"*": 0.0},  # ids: greedy exact, seeded draws equal to vt.reference.sample
+}
+
+#: End-to-end logits of a tiny model against the float64 numpy forward, by weight type.
+MODEL_NMSE: dict[str, float] = {"F32": 1e-5, "F16": 1e-5, "BF16": 1e-5, "*": 2e-3}
+
+
+def kernel_tolerance(kernel: str, dtype: str) -> float:
+    """The normalized-MSE bound for ``kernel`` on ``dtype``."""
+    table = KERNEL_NMSE[kernel]
+    return table.get(dtype, table.get("*", 0.0))
+
+
+def model_tolerance(weight_type: str) -> float:
+    return MODEL_NMSE.get(weight_type, MODEL_NMSE["*"])
+
+
+def nmse(got: np.ndarray, want: np.ndarray) -> float:
+    """Normalized mean squared error (plain MSE when ``want`` is all zeros)."""
+    g = np.asarray(got, dtype=np.float64).reshape(-1)
+    w = np.asarray(want, dtype=np.float64).reshape(-1)
+    err = float(np.sum((g - w) ** 2))
+    ref = float(np.sum(w * w))
+    return err / ref if ref > 0 else err / max(1, w.size)
