@@ -136,7 +136,13 @@ def backends(as_json: bool) -> None:
     "installed backend. A named backend that is not available fails the audit.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def audit(backend: str | None, as_json: bool) -> None:
+@click.option(
+    "--matrix",
+    is_flag=True,
+    help="Run the conformance kit instead and print the support matrix (kernel x dtype, "
+    "capability, model) as Markdown; --backend may then be a comma list.",
+)
+def audit(backend: str | None, as_json: bool, matrix: bool) -> None:
     """Prove each backend's declared capabilities with rule checks and runtime probes.
 
     Rule checks re-run every consistency rule on the effective capabilities. Probes
@@ -148,7 +154,14 @@ def audit(backend: str | None, as_json: bool) -> None:
     Exit status is 0 only when every executed check of every audited backend passed
     and at least one ran. Without --backend, unavailable backends are reported (their
     probes skipped) but do not fail the audit; named, they do.
+
+    --matrix runs vt's conformance kit (the tests of `pytest --vt-backend NAME`) on each
+    backend and prints the support matrix; exit status 0 only if every case passed.
     """
+    if matrix:
+        from ..testing.matrix import matrix_command
+
+        raise SystemExit(matrix_command(backend, as_json))
     from ..audit import audit as run_audit
 
     registry: Registry = default_registry()

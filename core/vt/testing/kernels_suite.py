@@ -102,15 +102,17 @@ def _upload_matrix(ctx: KitContext, title: str, wtype: str, rows: int, cols: int
 
 
 def _upload_vector(ctx: KitContext, title: str, n: int) -> str:
+    """A 1-D weight, read back as the bias of a matmul by a zero matrix (exact: out = b)."""
     values = 1.0 + _normal((n,), "vec", scale=0.1)
     tensor, ref = weight_tensor("kit.vector", values, "F32")
-    x = np.ones((1, n), dtype=F32)
+    zeros, _ = weight_tensor("kit.zeros", np.zeros((n, 32), dtype=F32), "F32")
+    x = _normal((2, 32), "vec-x")
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
-        w = up(tensor)
-        out = io.output("out", n * 4)
-        ctx.backend.rms_norm(out, io.input("x", x), w, 1, n, 1e-5, ctx.stream)
-        got = io.result("out", F32, (1, n))
-        return compare(ctx, title, "rms_norm", "F32", got, R.rms_norm(x, ref, 1e-5))
+        w, b = up(zeros), up(tensor)
+        out = io.output("out", 2 * n * 4)
+        ctx.backend.matmul(out, io.input("x", x), w, 2, ctx.stream, bias=b)
+        got = io.result("out", F32, (2, n))
+        return compare(ctx, title, "upload_weight", "F32", got, np.stack([ref, ref]))
 
 
 def _embedding(ctx: KitContext, title: str, wtype: str, vocab: int, ids: list[int]) -> str:
