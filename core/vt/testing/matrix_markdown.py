@@ -64,9 +64,10 @@ def _backend(b: BackendMatrix) -> list[str]:
         value = b.capabilities.get(cap)
         declared = "yes" if value not in (None, False) else "no"
         for cid in contracts:
-            rows.append(
-                [f"`{cap}`", declared, f"`{cid}`", _cell(pick(category="contract", unit=cid))]
-            )
+            label = f"`{cid}`"
+            if cid == "host-view":  # proven either way: round-trip, or a refusal
+                label += " (round-trip)" if declared == "yes" else " (must refuse)"
+            rows.append([f"`{cap}`", declared, label, _cell(pick(category="contract", unit=cid))])
     covered = {c for cs in CAPABILITY_CONTRACTS.values() for c in cs}
     for r in pick(category="contract"):
         if r.unit not in covered:
