@@ -22,8 +22,11 @@ from ..backend import Backend, Buffer, HostBuffer, Stream
 from .kit import KitCase, KitContext, KitFailure, NotDeclared
 
 POISON = 0xCD
-WORK_BYTES = 8 << 20
+# Work queued ahead of a copy so that a host check lands while the copy is still pending,
+# even when the host thread is preempted for a few milliseconds on a busy machine.
+WORK_BYTES = 32 << 20
 WORK_ROUNDS = (8, 32, 128)
+STAGING_ROUNDS = 4
 
 
 def _declared(backend: Backend, capability: str) -> bool:
@@ -262,7 +265,7 @@ def _staging_reuse(ctx: KitContext) -> str:
                     else:
                         b.synchronize(s)
                 staging[k].array[:] = _pattern(n, 100 + step)
-                _busy(b, work, s, 4)
+                _busy(b, work, s, STAGING_ROUNDS)
                 b.copy_h2d_async(dst.view(step * n, n), staging[k], s)
                 if events:
                     b.record_event(events[k], s)

@@ -131,10 +131,23 @@ class SupportMatrix(BaseModel):
         return render_markdown(self)
 
 
-def matrix_from_results(names: list[str], results: list[CaseResult], command: str) -> SupportMatrix:
+def matrix_from_results(
+    names: list[str],
+    results: list[CaseResult],
+    command: str,
+    capabilities: dict[str, dict[str, object]],
+    not_started: dict[str, str],
+) -> SupportMatrix:
     """A matrix from cases already run (the pytest plugin's results)."""
     backends = [
-        BackendMatrix(name=n, tested=True, results=[r for r in results if r.backend == n])
+        BackendMatrix(name=n, tested=False, reason=not_started[n])
+        if n in not_started
+        else BackendMatrix(
+            name=n,
+            tested=True,
+            capabilities=capabilities.get(n, {}),
+            results=[r for r in results if r.backend == n],
+        )
         for n in names
     ]
     return SupportMatrix(command=command, backends=backends, ok=all(b.ok for b in backends))

@@ -78,6 +78,7 @@ class KitPlugin:
         self.outcome: dict[str, str] = {}  # nodeid -> passed / failed / skipped
         self.message: dict[str, str] = {}
         self.not_started: dict[str, str] = {}  # backend -> the registry's reason
+        self.capabilities: dict[str, dict[str, object]] = {}  # effective, per started backend
 
     # ---- collection
     @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they apply to the kit
@@ -153,8 +154,9 @@ class KitPlugin:
         if path:
             from .matrix import matrix_from_results
 
+            command = f"pytest --vt-backend {','.join(self.names)}"
             matrix = matrix_from_results(
-                self.names, self.results(), command=f"pytest --vt-backend {','.join(self.names)}"
+                self.names, self.results(), command, self.capabilities, self.not_started
             )
             Path(path).write_text(matrix.render(Path(path).suffix == ".md"))
 
@@ -205,7 +207,9 @@ class BackendNode(pytest.Collector):
         from .kit import KitContext
 
         try:
-            self.ctx = KitContext.start(self.backend, _plugin(self.config).shared)
+            plugin = _plugin(self.config)
+            self.ctx = KitContext.start(self.backend, plugin.shared)
+            plugin.capabilities[self.backend] = self.ctx.backend.capabilities.summary()
             return
         except VtError as exc:
             reason = str(exc)

@@ -1,0 +1,292 @@
+"""The conformance kit: `pytest --vt-backend NAME` on cpu and tt_stub, planted faults, matrix.
+
+The kit runs in subprocesses, as a backend author's CI runs it: from an empty directory with
+its own pytest.ini, the plugin loaded through vt's ``pytest11`` entry point.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from vt import MODEL_KERNELS
+from vt.cli import main
+from vt.model.graph import SUPPORTED_ARCHITECTURES
+from vt.registry import Registry
+from vt.testing.contracts_suite import CONTRACTS
+from vt.testing.kit import KitCase, KitContext, KitFailure, Shared, all_cases, run_case
+from vt.testing.matrix import SupportMatrix, run_matrix
+from vt.testing.tolerances import WEIGHT_TYPES
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTS = Path(__file__).parent / "kit_faults" / "vt_kit_faults.py"
+DOC = ROOT / "docs" / "support-matrix.md"
+
+N_CASES = len(all_cases()) + 1  # every case plus the per-backend `executed` test
+N_MODELS = len(SUPPORTED_ARCHITECTURES) * len(WEIGHT_TYPES)
+TT_UNDECLARED = [
+    "pinned-host-memory",
+    "event-ordering",
+    "stream-wait-event",
+    "async-d2h-readback",
+    "async-readback",
+    "vmm-arena",
+]
+
+
+def run_kit(
+    where: Path, *args: str, pythonpath: Path | None = None, conftest: str | None = None
+) -> tuple[int, str, dict[str, int]]:
+    """``pytest -q ARGS`` in a fresh directory; (exit status, output, outcome counts)."""
+    where.mkdir()
+    (where / "pytest.ini").write_text("[pytest]\n")  # not vt's own pyproject settings
+    if conftest is not None:
+        (where / "conftest.py").write_text(conftest)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VT_")}
+    env["OPENBLAS_NUM_THREADS"] = "1"  # the machine is shared: no BLAS thread pools
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", *args],
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", last)}
+    return proc.returncode, out, counts
+
+
+def summary(name: str, kernels: int, contracts: int, models: int, failed: int) -> str:
+    return (
+        f"vt conformance [{name}]: {kernels} kernels, {contracts} contracts, {models} models "
+        f"passed ({failed} failed)"
+    )
+
+
+def failure_lines(out: str, backend: str) -> list[str]:
+    """The one-line failure messages the kit printed for ``backend``."""
+    prefix = f"vt conformance [{backend}]: "
+    lines = [ln[len(prefix) :] for ln in out.splitlines() if ln.startswith(prefix)]
+    return [ln for ln in lines if not re.match(r"\d+ kernels, ", ln)]  # not the summary
+
+
+def sections(markdown: str) -> str:
+    """A matrix document without its first paragraph (which names the generating command)."""
+    return markdown[markdown.index("\n## ") :]
+
+
+# --------------------------------------------------------------------------- our backends
+
+
+def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
+    matrix = tmp_path / "matrix.md"
+    rc, out, counts = run_kit(
+        tmp_path / "run", "--vt-backend", "cpu", "--vt-backend", "tt_stub", f"--vt-matrix={matrix}"
+    )
+    assert rc == 0, out
+    assert len(MODEL_KERNELS) == 12 and N_MODELS == 27 and len(CONTRACTS) == 10
+    assert summary("cpu", 12, 10, 27, 0) in out
+    assert summary("tt_stub", 12, 4, 27, 0) in out
+    # tt_stub declares nothing: those contracts are "not declared", never passes
+    assert "  not declared: " + ", ".join(TT_UNDECLARED) in out
+    assert counts == {"passed": 2 * N_CASES - len(TT_UNDECLARED), "skipped": len(TT_UNDECLARED)}
+    for cid in TT_UNDECLARED:
+        assert f"vt conformance [tt_stub] contract {cid}: not declared:" in out
+    # docs/support-matrix.md holds exactly what the kit finds today
+    assert sections(matrix.read_text()) == sections(DOC.read_text())
+
+
+def test_the_plugin_adds_nothing_without_the_option(tmp_path: Path, request) -> None:
+    eps = importlib.metadata.entry_points(group="pytest11")
+    assert any(ep.value == "vt.testing.pytest_plugin" for ep in eps)
+    # this very session: the plugin is loaded, yet added no plugin object and no test
+    assert request.config.getoption("vt_backend") == []
+    assert request.config.pluginmanager.get_plugin("vt-conformance-kit") is None
+    assert not any(item.nodeid.startswith("vt-conformance") for item in request.session.items)
+    work = tmp_path / "plain"
+    work.mkdir()
+    (work / "test_one.py").write_text("def test_one():\n    assert True\n")
+    rc, out, counts = run_kit(work / "sub", str(work / "test_one.py"))
+    assert rc == 0 and counts == {"passed": 1}, out
+    assert "vt conformance" not in out
+
+
+def test_help_documents_the_options(tmp_path: Path) -> None:
+    _, out, _ = run_kit(tmp_path / "help", "--help")
+    assert "--vt-backend=NAME" in out and "--vt-matrix=PATH" in out
+
+
+def test_unavailable_or_unknown_backend_fails_every_test_at_setup(
+    tmp_path: Path, install_dist
+) -> None:
+    site = install_dist("vt-misc", {"misc": "vt_test_misc"})
+    rc, out, counts = run_kit(tmp_path / "run", "--vt-backend", "absent,nosuch", pythonpath=site)
+    assert rc == 1
+    assert counts == {"errors": 2 * N_CASES}, out  # not one skipped, not one passed
+    absent = "backend 'absent' is unavailable: no absent device found (driver not loaded)"
+    unknown = "unknown backend 'nosuch'; installed backends: absent, cpu, flaky, rocm, tt_stub"
+    assert out.count(f"vt conformance [absent]: {absent}") == N_CASES
+    assert out.count(f"vt conformance [nosuch]: {unknown}") == N_CASES
+    assert f"  not started: {absent}" in out and f"  not started: {unknown}" in out
+    assert "During handling" not in out  # the reason alone, no exception chain
+
+
+# --------------------------------------------------------------------------- nothing executed
+
+
+def test_a_run_that_executes_nothing_fails(tmp_path: Path) -> None:
+    rc, out, counts = run_kit(tmp_path / "run", "--vt-backend", "tt_stub", "-k", "executed")
+    assert rc == 1 and counts == {"failed": 1, "deselected": N_CASES - 1}, out
+    assert (
+        "vt conformance [tt_stub]: no kit test executed for the backend (all deselected or "
+        "skipped); a run that proves nothing fails"
+    ) in out
+    assert summary("tt_stub", 0, 0, 0, 1) in out
+
+
+def test_zero_kernels_collected_fails(tmp_path: Path) -> None:
+    conftest = (
+        "import vt.testing.kit as kit\n"
+        "_all = kit.all_cases\n"
+        "kit.all_cases = lambda: [c for c in _all() if c.category != 'kernel']\n"
+    )
+    rc, out, counts = run_kit(
+        tmp_path / "run", "--vt-backend", "tt_stub", "-k", "executed", conftest=conftest
+    )
+    assert rc == 1 and counts["failed"] == 1, out
+    assert "vt conformance [tt_stub]: zero kernels collected for the backend" in out
+
+
+def test_a_kernel_without_cases_fails_by_name(tmp_path: Path) -> None:
+    conftest = "import vt.testing.kernels_suite as ks\nks.kernel_cases = lambda: []\n"
+    rc, out, counts = run_kit(
+        tmp_path / "run", "--vt-backend", "tt_stub", "-k", "kernels", conftest=conftest
+    )
+    assert rc == 1 and counts["failed"] == len(MODEL_KERNELS), out
+    for kernel in MODEL_KERNELS:
+        assert (
+            f"kernel {kernel}: vt.MODEL_KERNELS lists it but the conformance kit has no case "
+            "for it, so nothing would prove it"
+        ) in out
+
+
+def test_a_case_that_checks_nothing_fails() -> None:
+    shared = Shared()
+    ctx = KitContext.start("tt_stub", shared, Registry(env={}))
+    try:
+        idle = KitCase("kernel", "add", "idle", "F32", lambda ctx: "looked fine")
+        with pytest.raises(KitFailure, match=r"kernel add\[idle\]: executed no check"):
+            run_case(idle, ctx)
+    finally:
+        ctx.close()
+        shared.close()
+
+
+# --------------------------------------------------------------------------- planted faults
+
+
+def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
+    site = install_dist("vt-kit-faults", {"kit_faults": "vt_kit_faults"}, {"vt_kit_faults": FAULTS})
+    names = "offbyone-norm,offbyone-attention,noop-events,alias-pinned"
+    rc, out, _ = run_kit(
+        tmp_path / "run", "--vt-backend", names, "-k", "kernels or contracts", pythonpath=site
+    )
+    assert rc == 1
+    kernels, contracts = len(MODEL_KERNELS), len(CONTRACTS)
+
+    # an off-by-one rms_norm: every rms_norm case fails, naming the kernel; nothing else does
+    norm = failure_lines(out, "offbyone-norm")
+    assert len(norm) == 4 and all(
+        re.match(r"kernel rms_norm\[.*\]: normalized MSE \S+ exceeds the F32 tolerance 1e-09", m)
+        for m in norm
+    ), norm
+    assert summary("offbyone-norm", kernels - 1, contracts, 0, 1) in out
+    assert "  failed: kernel rms_norm\n" in out
+
+    # attention that drops its last position: all but the position-0 case fail
+    attn = failure_lines(out, "offbyone-attention")
+    assert sorted(m.split(":")[0] for m in attn) == sorted(
+        f"kernel attention[{label}]"
+        for label in ("n=1,last-pos", "n=7,3-slots,prefill+decode", "n=2,no-gqa", "n=3,gqa-4,hd=64")
+    )
+    assert summary("offbyone-attention", kernels - 1, contracts, 0, 1) in out
+
+    # no-op events while declaring them: every contract that relies on events fails
+    events = failure_lines(out, "noop-events")
+    assert (
+        "contract event-ordering failed: event-ordering: work recorded before the event had "
+        "not finished after synchronize_event returned"
+    ) in events
+    assert any(
+        re.match(r"contract staging-reuse failed: step \d's device input holds", m) for m in events
+    ), events
+    assert any(
+        m.startswith("contract async-d2h-readback failed: after the ready event") for m in events
+    )
+    assert summary("noop-events", kernels, contracts - 5, 0, 5) in out
+    assert (
+        "  failed: contract event-ordering, contract stream-wait-event, contract "
+        "async-d2h-readback, contract async-readback, contract staging-reuse"
+    ) in out
+
+    # pinned memory that is a device allocation, handed out again by alloc
+    assert failure_lines(out, "alias-pinned") == [
+        "contract pinned-host-memory failed: writing the device allocation made later changed "
+        "the pinned buffer (first changed byte 0): alloc_pinned returned memory that is (or "
+        "aliases) a device allocation"
+    ]
+    assert summary("alias-pinned", kernels, contracts - 1, 0, 1) in out
+
+
+# --------------------------------------------------------------------------- vt audit --matrix
+
+
+def test_vt_audit_matrix_json_matches_the_published_matrix() -> None:
+    result = CliRunner().invoke(main, ["audit", "--matrix", "--backend", "tt_stub", "--json"])
+    assert result.exit_code == 0, result.output
+    matrix = SupportMatrix.model_validate_json(result.output)
+    assert matrix.ok and matrix.command == "vt audit --matrix --backend tt_stub"
+    (tt,) = matrix.backends
+    assert tt.tested and tt.capabilities["events"] is False
+    by_unit = {(r.category, r.unit, r.label): r for r in tt.results}
+    assert len(by_unit) == N_CASES - 1
+    assert by_unit[("contract", "event-ordering", "")].result == "not declared"
+    assert by_unit[("model", "qwen3-Q4_K", "")].result == "pass"
+    published = sections(DOC.read_text())
+    tt_section = published[published.index("\n## tt_stub") :]
+    assert sections(matrix.render(markdown=True)) == tt_section
+
+
+def test_vt_audit_matrix_markdown_and_failure_exit(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["audit", "--matrix", "--backend", "nosuch"])
+    assert result.exit_code == 1
+    assert result.output.startswith("# Support matrix\n")
+    assert "Generated by `vt audit --matrix --backend nosuch`" in result.output
+    assert "## nosuch\n\nNot tested: unknown backend 'nosuch'" in result.output
+
+
+def test_matrix_of_every_installed_backend_lists_unavailable_with_reason(install_dist) -> None:
+    install_dist("vt-misc", {"misc": "vt_test_misc"})
+    matrix = run_matrix(None, Registry(env={"VT_PLUGINS": "misc"}))
+    reasons = {b.name: (b.tested, b.reason) for b in matrix.backends}
+    assert reasons["absent"] == (
+        False,
+        "backend 'absent' is unavailable: no absent device found (driver not loaded)",
+    )
+    assert (
+        reasons["flaky"][0] is False and "OSError: device node /dev/flaky0" in reasons["flaky"][1]
+    )
+    assert not matrix.ok  # nothing was tested, and flaky is broken
+    doc = json.loads(matrix.render(markdown=False))
+    assert [b["name"] for b in doc["backends"]] == ["absent", "flaky"]
