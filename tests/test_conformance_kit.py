@@ -142,6 +142,28 @@ def test_unavailable_or_unknown_backend_fails_every_test_at_setup(
     assert "During handling" not in out  # the reason alone, no exception chain
 
 
+def test_honest_backends_without_kernels_pass_contracts_and_fail_every_kernel(
+    tmp_path: Path, install_dist
+) -> None:
+    site = install_dist("vt-test-backends", {"threads_plugin": "vt_test_backends"})
+    rc, out, _ = run_kit(tmp_path / "run", "--vt-backend", "threads,discrete", pythonpath=site)
+    assert rc == 1
+    units = len(MODEL_KERNELS) + N_MODELS
+    assert summary("threads", 0, len(CONTRACTS), 0, units) in out  # declares everything
+    assert summary("discrete", 0, 4, 0, units) in out  # declares nothing
+    threads = failure_lines(out, "threads")
+    assert (
+        "kernel copy_d2d[1001-bytes,offsets]: KernelNotImplementedError: backend 'threads' "
+        "does not implement copy_d2d"
+    ) in threads
+    assert (
+        "model qwen2-Q4_K: KernelNotImplementedError: backend 'threads' does not implement the "
+        "model kernels upload_weight, embedding, rms_norm, matmul, rope, kv_store, attention, "
+        "silu_mul, add, gather_rows, sample, copy_d2d; it cannot run llama-family models"
+    ) in threads
+    assert "_pytest" not in out  # the traceback starts at the kit, not in pytest
+
+
 # --------------------------------------------------------------------------- nothing executed
 
 

@@ -14,6 +14,7 @@ skipped "not declared", never as a pass. The terminal summary says, per backend,
 
 from __future__ import annotations
 
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -241,7 +242,7 @@ class KitItem(pytest.Item):
         self.backend = self.getparent(BackendNode).backend  # type: ignore[union-attr]
 
     def runtest(self) -> None:
-        from .kit import NotDeclared, run_case
+        from .kit import KitFailure, NotDeclared, run_case
 
         node = self.getparent(BackendNode)
         assert node is not None and node.ctx is not None
@@ -249,6 +250,15 @@ class KitItem(pytest.Item):
             detail = run_case(self.case, node.ctx)
         except NotDeclared as exc:
             pytest.skip(f"vt conformance [{self.backend}] {self.case.title}: {exc}")
+        except KitFailure:
+            raise
+        except Exception as exc:
+            # The backend raised: name the case, keep the frames from the kit down (the
+            # traceback starts here, so pytest's own frames are not in it).
+            frames = traceback.format_list(traceback.extract_tb(exc.__traceback__)[1:][-8:])
+            raise KitFailure(
+                f"{self.case.title}: {type(exc).__name__}: {exc}\n" + "".join(frames).rstrip()
+            ) from exc
         self.user_properties.append(("vt_detail", detail))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
