@@ -220,7 +220,7 @@ def test_a_case_that_checks_nothing_fails() -> None:
 
 def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
     site = install_dist("vt-kit-faults", {"kit_faults": "vt_kit_faults"}, {"vt_kit_faults": FAULTS})
-    names = "offbyone-norm,offbyone-attention,noop-events,alias-pinned"
+    names = "offbyone-norm,offbyone-attention,noop-events,alias-pinned,oob-add"
     rc, out, _ = run_kit(
         tmp_path / "run", "--vt-backend", names, "-k", "kernels or contracts", pythonpath=site
     )
@@ -269,6 +269,15 @@ def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
         "aliases) a device allocation"
     ]
     assert summary("alias-pinned", kernels, contracts - 1, 0, 1) in out
+
+    # add writing one float past its output: the guard region after it catches every case
+    assert failure_lines(out, "oob-add") == [
+        f"kernel add[{label}]: wrote 4 byte(s) past the end of {role} (the nearest is byte 1 "
+        "past it): an out-of-bounds write"
+        for label, role in (("n=1", "output 'out'"), ("n=1001", "output 'out'"),
+                            ("n=1001,in-place", "inout 'a'"))
+    ]  # fmt: skip
+    assert summary("oob-add", kernels - 1, contracts, 0, 1) in out
 
 
 # --------------------------------------------------------------------------- vt audit --matrix

@@ -1,7 +1,7 @@
 """Backends with planted faults that vt's conformance kit must catch (vt's own tests).
 
 Each is the cpu backend with one realistic bug. As a plugin module (entry point in group
-``vt``) it registers all four; their priority is negative so ``auto`` never picks one.
+``vt``) it registers all of them; their priority is negative so ``auto`` never picks one.
 """
 
 from __future__ import annotations
@@ -121,11 +121,32 @@ class AliasPinnedBackend(CpuBackend):
         pass
 
 
+class OutOfBoundsAddBackend(CpuBackend):
+    """add writes one float past the end of its output (a loop bound of n + 1)."""
+
+    name = "oob-add"
+    priority = -100
+    description = "cpu whose add writes past its output (kit fault)"
+
+    def add(self, out: vt.Buffer, a: vt.Buffer, b: vt.Buffer, n: int, stream: vt.Stream) -> None:
+        av = self._array(a, F32, (n,), "add a")
+        bv = self._array(b, F32, (n,), "add b")
+        # the bug: the raw allocation, n + 1 elements, bypassing the size check
+        o = self._mem(out)[out.offset : out.offset + 4 * (n + 1)].view(F32)
+
+        def run() -> None:
+            np.add(av, bv, out=o[:n])
+            o[n] = o[n - 1]
+
+        self._launch(stream, "add", run)
+
+
 FAULTS: tuple[type[vt.Backend], ...] = (
     OffByOneNormBackend,
     OffByOneAttentionBackend,
     NoopEventsBackend,
     AliasPinnedBackend,
+    OutOfBoundsAddBackend,
 )
 
 

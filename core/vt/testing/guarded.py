@@ -91,14 +91,15 @@ class CaseBuffers:
             b.copy_d2h(whole, item.raw)
             for side, got, want in (
                 ("before the start", whole[:GUARD], _CANARY[:GUARD]),
-                ("after the end", whole[GUARD + n :], _CANARY[GUARD:]),
+                ("past the end", whole[GUARD + n :], _CANARY[GUARD:]),
             ):
                 bad = np.flatnonzero(got != want)
                 if bad.size:
-                    where = GUARD - int(bad[-1]) if side == "before the start" else int(bad[0])
+                    # 1 = the byte right next to the buffer
+                    dist = GUARD - int(bad[-1]) if side.startswith("before") else int(bad[0]) + 1
                     raise KitFailure(
                         f"{self.title}: wrote {bad.size} byte(s) {side} of {item.role} "
-                        f"{item.name!r} (nearest {where} byte(s) {side.split()[0]} it): an "
+                        f"{item.name!r} (the nearest is byte {dist} {side.split()[0]} it): an "
                         "out-of-bounds write"
                     )
             payload = whole[GUARD : GUARD + n]
