@@ -127,6 +127,12 @@ def test_help_documents_the_options(tmp_path: Path) -> None:
     assert "--vt-backend=NAME" in out and "--vt-matrix=PATH" in out
 
 
+def test_matrix_without_a_backend_is_a_usage_error(tmp_path: Path) -> None:
+    rc, out, _ = run_kit(tmp_path / "run", "--vt-matrix=m.md")
+    assert rc == 4 and "--vt-matrix needs --vt-backend NAME" in out
+    assert not (tmp_path / "run" / "m.md").exists()
+
+
 def test_unavailable_or_unknown_backend_fails_every_test_at_setup(
     tmp_path: Path, install_dist
 ) -> None:
