@@ -82,7 +82,7 @@ def _backend(b: BackendMatrix) -> list[str]:
     failures = [r for r in b.results if r.result == "fail"]
     if failures:
         out += ["### Failures", ""]
-        out += [f"- {r.category} `{r.unit}` {r.label}: {r.detail}" for r in failures] + [""]
+        out += [f"- {r.detail}" for r in failures] + [""]  # each detail names its case
     return out
 
 

@@ -169,10 +169,12 @@ class KitPlugin:
 
 
 def _first_line(report: pytest.TestReport) -> str:
+    """The kit's one-line message (its reports lead with it), else pytest's last E line."""
     text = getattr(report, "longreprtext", "") or str(report.longrepr or "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
-    return (errors[-1] if errors else lines[-1] if lines else "failed")[:500]
+    line = errors[-1] if errors else lines[0] if lines else "failed"
+    return line.split("]: ", 1)[1] if line.startswith("vt conformance [") else line
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
