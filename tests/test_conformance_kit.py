@@ -22,7 +22,7 @@ from vt.model.graph import SUPPORTED_ARCHITECTURES
 from vt.registry import Registry
 from vt.testing.contracts_suite import CONTRACTS
 from vt.testing.kit import KitCase, KitContext, KitFailure, Shared, all_cases, run_case
-from vt.testing.matrix import SupportMatrix, run_matrix
+from vt.testing.matrix import CaseResult, SupportMatrix, matrix_from_results, run_matrix
 from vt.testing.tolerances import WEIGHT_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -327,3 +327,27 @@ def test_matrix_of_every_installed_backend_lists_unavailable_with_reason(install
     assert not matrix.ok  # nothing was tested, and flaky is broken
     doc = json.loads(matrix.render(markdown=False))
     assert [b["name"] for b in doc["backends"]] == ["absent", "flaky"]
+
+
+def test_matrix_marks_failed_cells_and_lists_failures() -> None:
+    cases = {c.id: c for c in all_cases()}
+    results = [
+        CaseResult.of("mine", c, "pass", "ok")
+        for c in cases.values()
+        if c.category != "contract" or c.capability is None
+    ]
+    bad = cases["rms_norm[n=24,dim=16,eps=1e-06]"]
+    results = [r for r in results if r.label != bad.label or r.unit != bad.unit]
+    results.append(CaseResult.of("mine", bad, "fail", "kernel rms_norm[n=24,dim=16,eps=1e-06]: X"))
+    undeclared = [c for c in cases.values() if c.category == "contract" and c.capability]
+    results += [CaseResult.of("mine", c, "not declared", "") for c in undeclared]
+    caps = {"events": False, "vmm": None, "device_memory_is_host_addressable": False}
+    matrix = matrix_from_results(["mine", "gone"], results, "test", {"mine": caps}, {"gone": "why"})
+    assert not matrix.ok
+    text = matrix.render(markdown=True)
+    assert summary("mine", 11, 4, 27, 1) in text
+    assert "| `rms_norm` | **FAIL** (1/4) |" in text
+    assert "| `events` | no | `event-ordering` | not declared |" in text
+    assert "| `device_memory_is_host_addressable` | no | `host-view` (must refuse) | pass |" in text
+    assert "### Failures\n\n- kernel rms_norm[n=24,dim=16,eps=1e-06]: X\n" in text
+    assert text.endswith("## gone\n\nNot tested: why\n")
