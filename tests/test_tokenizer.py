@@ -274,3 +274,14 @@ def test_token_lookup_helpers(tiny_tok: Tokenizer) -> None:
     assert tiny_tok.id_of("<|im_end|>") == 2
     assert tiny_tok.id_of("definitely not a token") is None
     assert "300 tokens" in repr(tiny_tok)
+
+
+@pytest.mark.slow
+def test_oracle_prompts_tokenize_as_llama_cpp(smollm: Tokenizer) -> None:
+    """Every prompt of the llama.cpp greedy fixture encodes to llama.cpp's prompt ids."""
+    import json
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "llama_cpp_greedy.json"
+    for rec in json.loads(fixture.read_text())["records"]:
+        assert smollm.encode(rec["prompt"]) == rec["prompt_ids"], rec["prompt"]
