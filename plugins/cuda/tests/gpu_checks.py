@@ -1,0 +1,225 @@
+"""Checks that need a real NVIDIA GPU: run them explicitly on one.
+
+    python -m pytest plugins/cuda/tests/gpu_checks.py
+
+(The file name is outside pytest's ``test_*.py`` pattern, so the default suite, which runs
+where there is no GPU, never collects it.) Beyond the conformance kit (``--vt-backend
+cuda``): the tiled matmul path, contexts longer than one attention chunk, sampling over
+real vocabulary sizes, the runner on cuda against cpu on every readback path and with a VMM
+KV cache, and the device's capability facts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import vt
+from vt import reference as R
+from vt import rules
+from vt.model import load_gguf
+from vt.registry import Registry
+from vt.runner import ModelRunner, SeqChunk
+from vt.testing.kernels_suite import sample_params, weight_tensor
+from vt.testing.tiny import write_tiny_gguf
+from vt.testing.tolerances import kernel_tolerance, nmse
+from vt_cuda.backend import CudaBackend
+
+OUT = Path(os.environ.get("VT_GPU_CHECKS_OUT", "")) if os.environ.get("VT_GPU_CHECKS_OUT") else None
+
+
+def make(name: str) -> vt.Backend:
+    backend, _ = Registry(env={}).create_backend(name)
+    return backend
+
+
+@pytest.fixture(scope="module")
+def cuda() -> Any:
+    backend = make("cuda")
+    yield backend
+    backend.close()
+
+
+class IO:
+    """Buffers for one check, freed at the end."""
+
+    def __init__(self, be: vt.Backend) -> None:
+        self.be, self.bufs = be, []
+
+    def put(self, array: np.ndarray) -> vt.Buffer:
+        buf = self.be.alloc(max(array.nbytes, 4))
+        self.be.copy_h2d(buf, np.ascontiguousarray(array))
+        self.bufs.append(buf)
+        return buf
+
+    def empty(self, nbytes: int) -> vt.Buffer:
+        buf = self.be.alloc(nbytes)
+        self.be.memset(buf, 0xFF)
+        self.bufs.append(buf)
+        return buf
+
+    def get(self, buf: vt.Buffer, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        self.be.copy_d2h(out, buf)
+        return out
+
+    def close(self) -> None:
+        for b in self.bufs:
+            self.be.free(b)
+
+
+def test_capabilities_are_the_discrete_device_facts(cuda: Any) -> None:
+    caps, profile = cuda.capabilities, cuda.profile
+    if OUT is not None:
+        (OUT / "profile.json").write_text(json.dumps(profile.model_dump(), indent=1))
+    assert not profile.integrated  # this check is for discrete data-centre parts
+    assert not caps.unified_memory and not caps.device_memory_is_host_addressable
+    assert caps.supports_async_sampled_token_readback and caps.async_d2h_copy
+    assert caps.vmm is not None and not caps.vmm.segments_may_alias
+    assert caps.vmm.granularity == profile.vmm_granularity > 0
+    assert rules.check(CudaBackend, caps) == []
+    with pytest.raises(vt.HostAccessError):
+        cuda.host_view(cuda.alloc(16))
+
+
+@pytest.mark.parametrize("wtype", ["F32", "F16", "BF16", "Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("n", [16, 70])
+def test_tiled_matmul_path(cuda: Any, wtype: str, n: int) -> None:
+    in_f = 512 if wtype.endswith("_K") else 96 if wtype.startswith("Q") else 67
+    rng = np.random.default_rng(n)
+    tensor, ref = weight_tensor("w", rng.standard_normal((131, in_f)).astype(np.float32), wtype)
+    x = rng.standard_normal((n, in_f)).astype(np.float32)
+    b_tensor, b_ref = weight_tensor("b", rng.standard_normal(131).astype(np.float32), "F32")
+    io = IO(cuda)
+    w, b = cuda.upload_weight(tensor), cuda.upload_weight(b_tensor)
+    try:
+        out = io.empty(n * 131 * 4)
+        stream = cuda.create_stream()
+        cuda.matmul(out, io.put(x), w, n, stream, bias=b)
+        cuda.synchronize(stream)
+        got = io.get(out, np.float32, (n, 131))
+        assert nmse(got, R.matmul(x, ref, b_ref)) <= kernel_tolerance("matmul", wtype)
+    finally:
+        cuda.free_weight(w)
+        cuda.free_weight(b)
+        io.close()
+
+
+@pytest.mark.parametrize("length", [1, 1024, 1025, 3000])
+def test_attention_past_one_chunk(cuda: Any, length: int) -> None:
+    layout = vt.KVLayout(n_layers=2, n_slots=2, max_len=3000, n_kv_heads=3, head_dim=64)
+    rng = np.random.default_rng(length)
+    cache = rng.standard_normal(layout.shape).astype(np.float32)
+    slots = np.array([1, 0], dtype=np.int32)
+    pos = np.array([length - 1, length // 2], dtype=np.int32)
+    q = rng.standard_normal((2, 9 * 64)).astype(np.float32)
+    want = R.attention(q, cache, layout, 1, slots, pos, 9, 0.125)
+    io = IO(cuda)
+    try:
+        out = io.empty(q.nbytes)
+        stream = cuda.create_stream()
+        cuda.attention(out, io.put(q), io.put(cache), layout, 1, io.put(slots), io.put(pos), 2,
+                       9, 0.125, stream)  # fmt: skip
+        cuda.synchronize(stream)
+        got = io.get(out, np.float32, q.shape)
+        assert nmse(got, want) <= kernel_tolerance("attention", "F32")
+    finally:
+        io.close()
+
+
+def _peaked(vocab: int, row: tuple[float, float, int, int]) -> np.ndarray:
+    """Logits with 24 peaks over a masked, noisy background, drawn until the kit can pick a
+    counter whose draw (and top-p cut) is clear of rounding: a flat distribution over a real
+    vocabulary puts every u within rounding of some CDF step."""
+    for seed in range(100):
+        rng = np.random.default_rng((vocab, row[3], seed))
+        logits = rng.standard_normal(vocab).astype(np.float32)
+        logits[::7] = -np.inf  # masked tokens, as a grammar would leave them
+        peaks = rng.choice(vocab, 24, replace=False)
+        logits[peaks] = rng.uniform(40.0, 60.0, 24).astype(np.float32)
+        try:
+            sample_params(logits[None], [row])
+        except ValueError:
+            continue
+        return logits
+    raise AssertionError("no usable logits")
+
+
+@pytest.mark.parametrize("vocab", [49152, 151936])
+def test_sampling_equals_the_reference_on_real_vocabularies(cuda: Any, vocab: int) -> None:
+    rows = [
+        (0.0, 1.0, 0, 0),
+        (0.7, 1.0, 0, 1),
+        (1.0, 0.9, 0, 2),
+        (0.8, 0.95, 40, 3),
+        (1.3, 1.0, 1, 4),
+        (1.0, 0.5, 200, 5),
+        (0.6, 1.0, vocab - 1, 6),
+        (2.0, 0.99, 0, 2**32 - 1),
+    ]
+    logits = np.stack([_peaked(vocab, row) for row in rows])
+    params = sample_params(logits, rows)
+    want = R.sample(logits, params)
+    io = IO(cuda)
+    try:
+        out = io.empty(len(rows) * 4)
+        stream = cuda.create_stream()
+        cuda.sample(out, io.put(logits), io.put(params), len(rows), vocab, stream)
+        cuda.synchronize(stream)
+        assert io.get(out, np.int32, (len(rows),)).tolist() == want.tolist()
+    finally:
+        io.close()
+
+
+def greedy(runner: ModelRunner, prompts: dict[int, list[int]], n_new: int) -> dict[int, list]:
+    out = {s: [] for s in prompts}
+    got = runner.execute(
+        [SeqChunk(slot=s, start_pos=0, token_ids=p) for s, p in prompts.items()]
+    ).get_output()
+    for s, t in got.items():
+        out[s].append(t)
+    pos = {s: len(p) for s, p in prompts.items()}
+    for _ in range(n_new - 1):
+        step = runner.execute(
+            [SeqChunk(slot=s, start_pos=pos[s], token_ids=None, from_previous=True) for s in out]
+        )
+        for s, t in step.get_output().items():
+            out[s].append(t)
+            pos[s] += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    path = tmp_path_factory.mktemp("tiny") / "llama-q8.gguf"
+    write_tiny_gguf(path, arch="llama", weight_type="Q8_0", n_layers=2)
+    with load_gguf(path) as model:
+        yield model
+
+
+def test_runner_ids_equal_cpu_on_every_path(tiny: Any) -> None:
+    prompts = {0: [3, 17, 42, 5, 9, 60, 1, 33, 21] * 2, 1: [8, 2, 50]}  # 18 rows: tiled matmul
+    results = {}
+    for name, kw in {
+        "cpu": {},
+        "cuda/async": {},
+        "cuda/sync": {"async_scheduling": False},
+        "cuda/vmm": {"kv_cache": "vmm"},
+        "cuda/contiguous": {"kv_cache": "contiguous"},
+    }.items():
+        backend = make(name.split("/")[0])
+        try:
+            with ModelRunner(backend, tiny, max_slots=2, max_model_len=64, **kw) as r:
+                if name == "cuda/async":
+                    assert r.readback == "async_d2h"
+                if name == "cuda/vmm":
+                    assert r.kv.kind == "vmm"  # type: ignore[union-attr]
+                results[name] = greedy(r, prompts, 12)
+        finally:
+            backend.close()
+    for name, ids in results.items():
+        assert ids == results["cpu"], name
