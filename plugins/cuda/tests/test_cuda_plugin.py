@@ -1,0 +1,595 @@
+"""The CUDA plugin without an NVIDIA GPU.
+
+Availability is tested for real (cuda-python absent, or present without a driver). The
+adapter and the backend are tested against fake ``driver``/``nvrtc`` modules
+(``fake_cuda.py``): they record every call, return cuda-python's ``(CUresult, *outputs)``
+tuples, back "device" memory with host memory so copies really move bytes, and fail on
+request. The kernels themselves run only on a GPU (``gpu_checks.py``, the conformance kit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import vt
+import vt_cuda
+import vt_cuda.adapter as adapter
+from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc
+from vt import rules
+from vt.gpu import GpuBackend, kernel_source
+from vt.testing.kernels_suite import weight_tensor
+from vt_cuda.adapter import CudaError, CudaRuntime
+from vt_cuda.backend import CudaBackend
+from vt_cuda.caps import ATTRIBUTES, DeviceProfile, capabilities_from_device
+
+INSTALL = "pip install 'vt-cuda[cu13]', or 'vt-cuda[cu12]' for a CUDA 12 driver"
+JETSON = H200.model_copy(
+    update={
+        "name": "Orin",
+        "integrated": True,
+        "concurrent_managed_access": False,
+        "compute_capability_minor": 7,
+        "compute_capability_major": 8,
+    }
+)
+SPARK = JETSON.model_copy(update={"concurrent_managed_access": True})
+
+
+def make(profile: DeviceProfile = H200) -> tuple[CudaBackend, FakeDriver, FakeNvrtc]:
+    driver, nvrtc = FakeDriver(profile), FakeNvrtc()
+    backend = CudaBackend(CudaRuntime(driver, nvrtc, platform=profile.platform))
+    driver.calls.clear()
+    return backend, driver, nvrtc
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cubin_cache() -> None:
+    CudaRuntime._cubins.clear()
+
+
+# --------------------------------------------------------------------------- availability
+
+
+def test_probe_in_this_environment_says_why_it_is_unavailable() -> None:
+    probe = CudaBackend.probe()
+    if (
+        importlib.util.find_spec("cuda") is None
+        or importlib.util.find_spec("cuda.bindings") is None
+    ):
+        assert not probe.available
+        assert probe.reason == f"cuda-python is not installed ({INSTALL})"
+    elif not probe.available:  # cuda-python without a driver, a GPU or NVRTC: says which
+        assert probe.reason.startswith(
+            ("the CUDA driver could not be loaded", "cuInit", "no CUDA device", "NVRTC")
+        ), probe.reason
+    else:  # an NVIDIA machine
+        assert probe.capabilities is not None and probe.device
+
+
+def test_probe_without_cuda_python_says_to_install_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "cuda", None)  # makes `from cuda.bindings import` fail
+    probe = CudaBackend.probe()
+    assert not probe.available
+    assert probe.reason == f"cuda-python is not installed ({INSTALL})"
+    with pytest.raises(vt.BackendUnavailableError, match=r"pip install 'vt-cuda\[cu13\]'"):
+        CudaBackend()
+
+
+def test_broken_cuda_python_install_is_reported_with_its_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken() -> Any:
+        raise ImportError("undefined symbol: cuGetProcAddress_v2")
+
+    monkeypatch.setattr(adapter, "import_cuda", broken)
+    import vt_cuda.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "import_cuda", broken)
+    probe = CudaBackend.probe()
+    assert not probe.available
+    assert "cuda-python failed to import (undefined symbol: cuGetProcAddress_v2)" in probe.reason
+
+
+def test_missing_driver_library_is_unavailable_not_broken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class NoDriver(FakeDriver):
+        def cuInit(self, flags: int) -> Any:  # noqa: N802
+            raise RuntimeError('"cuda" is an NVIDIA driver library and can only be found ...')
+
+    probe = CudaBackend.probe_modules(NoDriver(), FakeNvrtc())
+    assert not probe.available
+    reason = 'the CUDA driver could not be loaded: "cuda" is an NVIDIA driver library'
+    assert probe.reason.startswith(reason)
+    # Creating the backend anyway fails at once with the same reason, never a crash later.
+    monkeypatch.setattr(adapter, "import_cuda", lambda: (NoDriver(), FakeNvrtc()))
+    with pytest.raises(
+        vt.BackendUnavailableError, match=f"backend 'cuda' is unavailable: {reason}"
+    ):
+        CudaBackend()
+
+
+def test_no_device_is_unavailable_naming_the_call() -> None:
+    driver = FakeDriver()
+    driver.fail["cuInit"] = CUresult.CUDA_ERROR_NO_DEVICE
+    probe = CudaBackend.probe_modules(driver, FakeNvrtc())
+    assert not probe.available
+    assert (
+        probe.reason == "cuInit(0) failed: CUDA_ERROR_NO_DEVICE (100): fake: CUDA_ERROR_NO_DEVICE"
+    )
+
+
+def test_zero_devices_is_unavailable() -> None:
+    probe = CudaBackend.probe_modules(FakeDriver(device_count=0), FakeNvrtc())
+    assert not probe.available and probe.reason == "no CUDA device found"
+
+
+def test_missing_nvrtc_is_unavailable_with_the_install_hint() -> None:
+    class NoNvrtc(FakeNvrtc):
+        def nvrtcVersion(self) -> Any:  # noqa: N802
+            raise RuntimeError('Failure finding "libnvrtc.so.13"')
+
+    probe = CudaBackend.probe_modules(FakeDriver(), NoNvrtc())
+    assert not probe.available
+    assert (
+        probe.reason == f'NVRTC could not be loaded: Failure finding "libnvrtc.so.13" ({INSTALL})'
+    )
+
+
+def test_importing_the_plugin_does_not_import_cuda() -> None:
+    code = "import sys, vt_cuda.plugin; assert 'cuda' not in sys.modules, 'cuda imported'"
+    plugin_dir = str(Path(vt_cuda.__file__).resolve().parents[1])  # works uninstalled too
+    path = os.pathsep.join(p for p in (plugin_dir, os.environ.get("PYTHONPATH")) if p)
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": path}
+    )
+
+
+def test_probe_reads_the_profile_without_creating_a_context() -> None:
+    driver = FakeDriver()
+    probe = CudaBackend.probe_modules(driver, FakeNvrtc(), platform="linux")
+    assert probe.available, probe.reason
+    assert probe.capabilities == capabilities_from_device(H200)
+    assert probe.device == "NVIDIA H200 (sm_90, linux)"
+    assert probe.details["device_count"] == 1 and probe.details["nvrtc_version"] == "13.0"
+    assert (
+        DeviceProfile.model_validate(
+            {k: v for k, v in probe.details.items() if k in DeviceProfile.model_fields}
+        )
+        == H200
+    )
+    assert "cuDevicePrimaryCtxRetain" not in driver.names()
+    assert rules.check(CudaBackend, probe.capabilities) == []
+
+
+def test_device_profile_reads_each_attribute_and_the_granularity() -> None:
+    driver = FakeDriver(H200)
+    runtime = CudaRuntime(driver, FakeNvrtc(), platform="win32")
+    assert runtime.profile == H200.model_copy(update={"platform": "windows"})
+    queried = {args[0].name for args in driver.args("cuDeviceGetAttribute")}
+    assert queried == {f"CU_DEVICE_ATTRIBUTE_{a}" for a in ATTRIBUTES.values()}
+    ((prop, option),) = driver.args("cuMemGetAllocationGranularity")
+    assert option.name == "CU_MEM_ALLOC_GRANULARITY_MINIMUM"
+    assert prop.type.name == "CU_MEM_ALLOCATION_TYPE_PINNED"
+    assert (prop.location.type.name, prop.location.id) == ("CU_MEM_LOCATION_TYPE_DEVICE", 0)
+    assert driver.names()[:2] == ["cuInit", "cuDeviceGetCount"]
+    assert driver.names()[-2:] == ["cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"]
+
+
+def test_device_without_vmm_skips_the_granularity_query() -> None:
+    driver = FakeDriver(H200.model_copy(update={"vmm_supported": False, "vmm_granularity": 0}))
+    runtime = CudaRuntime(driver, FakeNvrtc())
+    assert not runtime.profile.vmm_supported and runtime.profile.vmm_granularity == 0
+    assert "cuMemGetAllocationGranularity" not in driver.names()
+
+
+def test_a_missing_device_ordinal_is_named() -> None:
+    with pytest.raises(adapter.NoDeviceError, match=r"CUDA device 1 does not exist \(1 found\)"):
+        CudaRuntime(FakeDriver(), FakeNvrtc(), device=1)
+
+
+def test_it_is_the_shared_gpu_backend_with_every_model_kernel() -> None:
+    assert issubclass(CudaBackend, GpuBackend)
+    assert CudaBackend.missing_kernels() == []
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_alloc_uses_cumemalloc_on_a_discrete_device() -> None:
+    backend, driver, _ = make(H200)
+    buf = backend.alloc(1024)
+    backend.free(buf)
+    assert driver.calls == [("cuMemAlloc", (1024,)), ("cuMemFree", (buf.handle,))]
+    assert buf.nbytes == 1024 and buf.owner == "cuda"
+
+
+def test_alloc_of_zero_bytes_gets_an_address() -> None:
+    backend, driver, _ = make(H200)
+    buf = backend.alloc(0)
+    assert driver.calls == [("cuMemAlloc", (1,))] and buf.nbytes == 0
+
+
+@pytest.mark.parametrize(("profile", "managed"), [(JETSON, False), (SPARK, True)])
+def test_managed_allocation_only_with_concurrent_access(
+    profile: DeviceProfile, managed: bool
+) -> None:
+    backend, driver, _ = make(profile)
+    backend.alloc(4096)
+    if managed:
+        assert driver.calls == [("cuMemAllocManaged", (4096, 1))]
+    else:
+        assert driver.calls == [("cuMemAlloc", (4096,))]
+    assert backend.capabilities.device_memory_is_host_addressable is managed
+
+
+def test_host_view_raises_on_a_discrete_device_and_views_managed_memory() -> None:
+    backend, _, _ = make(H200)
+    with pytest.raises(vt.HostAccessError, match="not host-addressable"):
+        backend.host_view(backend.alloc(16))
+    spark, _, _ = make(SPARK)
+    buf = spark.alloc(16)
+    spark.host_view(buf.view(4, 8))[:] = 9
+    out = np.empty(16, np.uint8)
+    spark.copy_d2h(out, buf)
+    assert out.tolist() == [0] * 4 + [9] * 8 + [0] * 4
+
+
+def test_copies_move_bytes_and_honour_offsets() -> None:
+    backend, driver, _ = make()
+    buf = backend.alloc(64)
+    backend.memset(buf, 7)
+    backend.copy_h2d(buf.view(16, 8), np.arange(8, dtype=np.uint8))
+    out = np.empty(64, dtype=np.uint8)
+    backend.copy_d2h(out, buf)
+    expected = np.full(64, 7, dtype=np.uint8)
+    expected[16:24] = np.arange(8)
+    np.testing.assert_array_equal(out, expected)
+    (h2d,) = driver.args("cuMemcpyHtoD")
+    (d2h,) = driver.args("cuMemcpyDtoH")
+    assert h2d[0] == buf.handle + 16 and h2d[2] == 8
+    assert d2h[1] == buf.handle and d2h[2] == 64
+    assert driver.args("cuMemsetD8") == [(buf.handle, 7, 64)]
+
+
+def test_async_copies_and_memset_run_on_the_stream() -> None:
+    backend, driver, _ = make()
+    stream = backend.create_stream("main")
+    a, b = backend.alloc(32), backend.alloc(32)
+    pinned = backend.alloc_pinned(32)
+    pinned.array[:] = np.arange(32, dtype=np.uint8)
+    backend.memset(b, 0, stream)
+    backend.copy_h2d_async(a, pinned, stream)
+    backend.copy_d2d(b, a, 32, stream)
+    out = backend.alloc_pinned(32)
+    backend.copy_d2h_async(out, b, stream)
+    np.testing.assert_array_equal(out.array, np.arange(32))
+    assert driver.args("cuMemsetD8Async") == [(b.handle, 0, 32, stream.handle)]
+    assert [args[-1] for args in driver.args("cuMemcpyHtoDAsync")] == [stream.handle]
+    assert driver.args("cuMemcpyDtoDAsync") == [(b.handle, a.handle, 32, stream.handle)]
+    assert [args[-1] for args in driver.args("cuMemcpyDtoHAsync")] == [stream.handle]
+    assert driver.args("cuStreamCreate") == [(1,)]  # CU_STREAM_NON_BLOCKING
+
+
+@pytest.mark.parametrize(
+    ("op", "message"),
+    [
+        (lambda be, buf: be.copy_h2d(buf, np.zeros(65, np.uint8)), "65 bytes do not fit"),
+        (lambda be, buf: be.copy_d2h(np.zeros(65, np.uint8), buf), "65 bytes do not fit"),
+        (lambda be, buf: be.copy_d2h(np.zeros((8, 8), np.uint8)[:, ::2], buf), "C-contiguous"),
+        (lambda be, buf: be.memset(buf, 256), "must be a byte"),
+        (lambda be, buf: be.alloc(-1), "negative size"),
+        (lambda be, buf: be.free(buf.view(8, 8)), "not a view"),
+        (lambda be, buf: be.copy_d2d(buf, buf.view(0, 8), 16, be.create_stream()), "16 bytes"),
+    ],
+    ids=["h2d-too-big", "d2h-too-big", "d2h-strided", "memset-value", "alloc", "free", "d2d"],
+)
+def test_bad_copy_arguments_fail_before_calling_cuda(op: Callable, message: str) -> None:
+    backend, driver, _ = make()
+    buf = backend.alloc(64)
+    driver.calls.clear()
+    with pytest.raises(ValueError, match=message):
+        op(backend, buf)
+    assert not [n for n in driver.names() if n.startswith(("cuMemcpy", "cuMemset", "cuMemFree"))]
+
+
+def test_pinned_memory_is_a_view_of_cumemhostalloc() -> None:
+    backend, driver, _ = make()
+    host = backend.alloc_pinned(16)
+    assert host.pinned and host.nbytes == 16 and host.array.dtype == np.uint8
+    assert driver.calls == [("cuMemHostAlloc", (16, 0))]
+    assert host.array.ctypes.data == host.handle  # no copy: the array IS the pinned memory
+    handle = host.handle
+    backend.free_pinned(host)
+    backend.free_pinned(host)  # a second free is a no-op, not a double free
+    assert driver.args("cuMemFreeHost") == [(handle,)]
+
+
+def test_a_failing_call_raises_a_clear_error() -> None:
+    backend, driver, _ = make()
+    driver.fail["cuMemAlloc"] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    with pytest.raises(CudaError) as info:
+        backend.alloc(1 << 40)
+    assert str(info.value) == (
+        "cuMemAlloc(1099511627776) failed: CUDA_ERROR_OUT_OF_MEMORY (2): "
+        "fake: CUDA_ERROR_OUT_OF_MEMORY"
+    )
+    assert isinstance(info.value, vt.VtError) and isinstance(info.value, RuntimeError)
+    assert info.value.code == 2 and info.value.error_name == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_unknown_error_code_is_still_named() -> None:
+    backend, driver, _ = make()
+    driver.fail["cuStreamCreate"] = 4242  # type: ignore[assignment]
+    with pytest.raises(CudaError, match=r"cuStreamCreate\(1\) failed: CUresult 4242 \(4242\)"):
+        backend.create_stream()
+
+
+# --------------------------------------------------------------------------- streams, events
+
+
+def test_stream_and_event_calls() -> None:
+    backend, driver, _ = make()
+    stream = backend.create_stream("copy")
+    event = backend.create_event()
+    backend.record_event(event, stream)
+    driver.query_results = [CUresult.CUDA_ERROR_NOT_READY, CUresult.CUDA_SUCCESS]
+    assert backend.query_event(event) is False
+    assert backend.query_event(event) is True
+    backend.synchronize_event(event)
+    backend.stream_wait_event(stream, event)
+    backend.synchronize(stream)
+    backend.destroy_event(event)
+    backend.destroy_stream(stream)
+    assert [(n, a) for n, a in driver.calls] == [
+        ("cuStreamCreate", (1,)),
+        ("cuEventCreate", (2,)),  # CU_EVENT_DISABLE_TIMING
+        ("cuEventRecord", (event.handle, stream.handle)),
+        ("cuEventQuery", (event.handle,)),
+        ("cuEventQuery", (event.handle,)),
+        ("cuEventSynchronize", (event.handle,)),
+        ("cuStreamWaitEvent", (stream.handle, event.handle, 0)),
+        ("cuStreamSynchronize", (stream.handle,)),
+        ("cuEventDestroy", (event.handle,)),
+        ("cuStreamDestroy", (stream.handle,)),
+    ]
+
+
+def test_event_query_error_other_than_not_ready_raises() -> None:
+    backend, driver, _ = make()
+    event = backend.create_event()
+    driver.fail["cuEventQuery"] = CUresult.CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(CudaError, match="cuEventQuery.*CUDA_ERROR_INVALID_VALUE"):
+        backend.query_event(event)
+
+
+def test_each_thread_makes_the_primary_context_current_once() -> None:
+    backend, driver, _ = make()
+
+    def work() -> None:
+        backend.alloc(8)
+        backend.alloc(8)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert driver.names() == ["cuCtxSetCurrent", "cuMemAlloc", "cuMemAlloc"]
+    assert driver.args("cuCtxSetCurrent") == [("ctx",)]
+
+
+def test_close_releases_the_primary_context_once() -> None:
+    backend, driver, _ = make()
+    backend.close()
+    backend.close()
+    assert driver.names() == ["cuDevicePrimaryCtxRelease"]
+
+
+# --------------------------------------------------------------------------- VMM
+
+
+def test_vmm_call_sequence() -> None:
+    backend, driver, _ = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(4 * g)
+    base = vrange.handle.base
+    first = backend.vmm_map(vrange, 0, g)
+    second = backend.vmm_map(vrange, g, 2 * g)
+    backend.vmm_unmap(vrange, second)
+    backend.vmm_unmap(vrange, first)
+    backend.vmm_release(vrange)
+    assert g == 2 << 20
+    assert driver.names() == [
+        "cuMemAddressReserve",
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemSetAccess",
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemSetAccess",
+        "cuMemUnmap",
+        "cuMemRelease",
+        "cuMemUnmap",
+        "cuMemRelease",
+        "cuMemAddressFree",
+    ]
+    assert driver.args("cuMemAddressReserve") == [(4 * g, 0, 0, 0)]
+    assert driver.args("cuMemMap") == [
+        (base, g, 0, first.handle, 0),
+        (base + g, 2 * g, 0, second.handle, 0),
+    ]
+    access = driver.args("cuMemSetAccess")
+    assert [(ptr, n, count) for ptr, n, _, count in access] == [(base, g, 1), (base, 3 * g, 1)]
+    (desc,) = access[0][2]
+    assert desc.flags.name == "CU_MEM_ACCESS_FLAGS_PROT_READWRITE"
+    assert (desc.location.type.name, desc.location.id) == ("CU_MEM_LOCATION_TYPE_DEVICE", 0)
+    assert driver.args("cuMemAddressFree") == [(base, 4 * g)]
+
+
+def test_vmm_on_a_device_without_it_names_the_attribute() -> None:
+    backend, driver, _ = make(H200.model_copy(update={"vmm_supported": False}))
+    assert backend.capabilities.vmm is None
+    with pytest.raises(vt.VmmError, match="VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED=0"):
+        backend.vmm_reserve(2 << 20)
+    assert driver.calls == []
+
+
+def test_failed_map_releases_the_physical_memory() -> None:
+    backend, driver, _ = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(2 * g)
+    driver.fail["cuMemMap"] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    with pytest.raises(CudaError, match="cuMemMap.*CUDA_ERROR_OUT_OF_MEMORY"):
+        backend.vmm_map(vrange, 0, g)
+    ((handle,),) = driver.args("cuMemRelease")
+    assert handle.startswith("mem#") and vrange.handle.segments == []
+    backend.vmm_map(vrange, 0, g)  # the arena can try again
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def test_kernels_compile_once_per_process_with_the_device_target() -> None:
+    backend, driver, nvrtc = make()
+    backend.prepare()
+    backend.prepare()
+    (compile_call,) = [a for n, a in nvrtc.calls if n == "nvrtcCompileProgram"]
+    assert compile_call[1] == (b"--gpu-architecture=sm_90", b"-DVT_WARP=32")
+    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+    other, driver2, nvrtc2 = make()
+    other.prepare()  # a second backend loads the cached cubin: no second compile
+    assert not [n for n, _ in nvrtc2.calls if n == "nvrtcCompileProgram"]
+    assert driver2.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+
+
+def test_a_compile_error_carries_the_compiler_log() -> None:
+    backend, _, nvrtc = make()
+    nvrtc.compile_error = 'kernels.cu(7): error: identifier "x" is undefined'
+    with pytest.raises(CudaError) as info:
+        backend.prepare()
+    message = str(info.value)
+    assert message.startswith("nvrtcCompileProgram('vt_kernels.cu', --gpu-architecture=sm_90")
+    assert "NVRTC_ERROR_COMPILATION (6)" in message
+    assert 'identifier "x" is undefined' in message
+    assert nvrtc.calls[-1][0] == "nvrtcDestroyProgram"  # the program is freed on failure
+
+
+def test_launch_passes_a_pointer_array_to_each_argument() -> None:
+    runtime = CudaRuntime(FakeDriver(), FakeNvrtc())
+    seen: list[tuple[int, float, int]] = []
+
+    def launch(f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int,
+               stream: Any, params: int, extra: Any) -> tuple[CUresult]:  # fmt: skip
+        ptrs = (ctypes.c_void_p * 3).from_address(params)
+        seen.append(
+            (
+                ctypes.c_int32.from_address(ptrs[0]).value,
+                ctypes.c_float.from_address(ptrs[1]).value,
+                ctypes.c_void_p.from_address(ptrs[2]).value,
+            )
+        )
+        assert (gx, gy, gz, bx, by, bz, smem, stream, extra) == (3, 2, 1, 256, 1, 1, 0, "s", 0)
+        return (CUresult.CUDA_SUCCESS,)
+
+    runtime.cu.cuLaunchKernel = launch  # type: ignore[attr-defined]
+    args = [ctypes.c_int32(7), ctypes.c_float(2.5), ctypes.c_void_p(0xABC0)]
+    runtime.launch("fn", (3, 2, 1), (256, 1, 1), 0, "s", args)
+    assert seen == [(7, 2.5, 0xABC0)]
+
+
+def test_matmul_launch_translation() -> None:
+    backend, driver, _ = make()
+    tensor, _ = weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1")
+    weight = backend.upload_weight(tensor)
+    stream = backend.create_stream()
+    x, out = backend.alloc(5 * 96 * 4), backend.alloc(5 * 37 * 4)
+    captured: list[tuple[str, Any, Any, list]] = []
+    backend.runtime.launch = lambda fn, grid, block, smem, s, args: captured.append(  # type: ignore[method-assign]
+        (fn, grid, block, [getattr(a, "value", a) for a in args])
+    )
+    backend.matmul(out, x, weight, 5, stream)
+    backend.matmul(out, x, weight, 1, stream)
+    backend.tiled_min_rows = 4
+    backend.matmul(out, x, weight, 5, stream)
+    h = weight.handle
+    small = [out.handle, x.handle, h.data, h.scales, 5, None, 5, 37, 96]
+    assert captured[0] == (captured[0][0], (5, 2, 1), (256, 1, 1), small)
+    assert captured[0][0].endswith(":matmul_small_q")
+    assert captured[1][1] == (5, 1, 1)  # 8 warps per block: ceil(37 / 8) outputs, 1 row group
+    assert captured[2][0].endswith(":matmul_tiled_q") and captured[2][1] == (1, 1, 1)
+    # int8 codes, then (scale, offset) pairs 256-byte aligned: one allocation per weight
+    assert h.scales == h.data + 3584 and weight.handle.buffer.nbytes == 3584 + 37 * 3 * 8
+    backend.free_weight(weight)
+    backend.free_weight(weight)  # idempotent
+    assert driver.args("cuMemFree") == [(h.data,)]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda be, w, b, s: be.matmul(b, b, w, 3, s), "matmul x: needs 1152 bytes"),
+        (lambda be, w, b, s: be.rms_norm(b, b, w, 1, 96, 1e-5, s), r"has shape \(4, 96\)"),
+        (lambda be, w, b, s: be.embedding(b, w, b, -1, s), "non-negative integer"),
+        (
+            lambda be, w, b, s: be.attention(
+                b, b, b, vt.KVLayout(1, 1, 4, 3, 8), 0, b, b, 1, 4, 1.0, s
+            ),  # fmt: skip
+            "n_heads 4 is not a multiple of n_kv_heads 3",
+        ),
+        (
+            lambda be, w, b, s: be.kv_store(b, vt.KVLayout(1, 1, 4, 1, 8), 1, b, b, b, b, 1, s),
+            r"layer 1 is out of range \[0, 1\)",
+        ),
+        (
+            lambda be, w, b, s: be.rope(b, b, 1, 1, vt.RopeParams(7), s),
+            "head_dim must be a positive even number",
+        ),
+        (lambda be, w, b, s: be.sample(b, b, b, 1, 0, s), r"vocab must be in \[1, 2\*\*24\)"),
+        (lambda be, w, b, s: be.gather_rows(b, b, b, 1, 0, s), "dim must be positive"),
+    ],
+    ids=["matmul-x", "rms-weight", "negative-n", "gqa", "layer", "rope", "vocab", "dim"],
+)
+def test_bad_kernel_arguments_fail_before_launching(call: Callable, message: str) -> None:
+    backend, driver, _ = make()
+    tensor, _ = weight_tensor("w", np.ones((4, 96), np.float32), "F32")
+    weight = backend.upload_weight(tensor)
+    buf = backend.alloc(64)
+    stream = backend.create_stream()
+    with pytest.raises(ValueError, match=message):
+        call(backend, weight, buf, stream)
+    assert driver.launches == []
+
+
+def test_a_weight_of_another_backend_is_refused() -> None:
+    backend, _, _ = make()
+    foreign = vt.Weight("w", (4, 4), np.zeros((4, 4), np.float32))
+    with pytest.raises(ValueError, match="was not uploaded by cuda"):
+        backend.matmul(backend.alloc(64), backend.alloc(64), foreign, 1, backend.create_stream())
+
+
+def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
+    source = kernel_source()
+    includes = [line for line in source.splitlines() if line.lstrip().startswith("#include")]
+    assert includes == []  # nvrtc and hiprtc find no system headers
+    names = {
+        "rms_norm", "rope", "kv_store", "attention", "silu_mul", "add", "gather_rows", "sample",
+        *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
+        *(f"matmul_{k}_{s}" for k in ("small", "tiled") for s in ("f32", "f16", "bf16", "q")),
+    }  # fmt: skip
+    for name in names:
+        defined = f'extern "C" __global__ void {name}(' in source or (
+            name.split("_")[0] in ("embedding", "matmul")
+            and f"{name.rsplit('_', 1)[0]}_##SUFFIX" in source
+        )
+        assert defined, name

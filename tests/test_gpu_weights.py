@@ -1,0 +1,88 @@
+"""vt.gpu's weight formats: what the GPU kernels dequantize equals vt.reference bit for bit.
+
+The kernels read ``scale * q + offset`` per value (kernels.cu ``vt_wload``); ``PackedWeight.
+values()`` mirrors it in numpy, so these tests pin the repacking without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import vt
+from gguf import GGMLQuantizationType
+from vt.gpu import weights as W
+from vt.gpu.backend import MAX_HEAD_DIM, rope_table
+from vt.testing.kernels_suite import weight_tensor
+from vt.testing.tolerances import WEIGHT_TYPES
+
+KINDS = {"F32": W.WT_F32, "F16": W.WT_F16, "BF16": W.WT_BF16}
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_packed_values_equal_the_reference_dequantization(wtype: str) -> None:
+    cols = 67 if wtype in KINDS else 512 if wtype.endswith("_K") else 96
+    values = (np.random.default_rng(7).standard_normal((9, cols)) * 3).astype(np.float32)
+    values[0, :8] = 0.0  # zero blocks: scales of 0
+    tensor, ref = weight_tensor("w", values, wtype)
+    packed = W.pack(tensor)
+    assert packed.kind == KINDS.get(wtype, W.WT_Q)
+    assert (packed.rows, packed.cols) == (9, cols)
+    np.testing.assert_array_equal(packed.values(), ref)
+    if packed.kind == W.WT_Q:
+        assert packed.data.dtype == np.int8 and packed.data.size == 9 * cols
+        block = 16 if wtype == "Q6_K" else 32
+        assert packed.lg_block == block.bit_length() - 1
+        assert packed.scales is not None and packed.scales.shape == (9 * cols // block, 2)
+
+
+def test_vectors_become_float32() -> None:
+    tensor, ref = weight_tensor("norm", np.linspace(-1, 1, 96, dtype=np.float32), "F16")
+    tensor.shape = (96,)
+    packed = W.pack(tensor)
+    assert packed.kind == W.WT_F32 and (packed.rows, packed.cols) == (1, 96)
+    np.testing.assert_array_equal(packed.values()[0], ref.reshape(-1))
+
+
+def _tensor(ggml_type: int, shape: tuple[int, ...], nbytes: int) -> vt.WeightTensor:
+    return vt.WeightTensor("blk.0.w", ggml_type, shape, np.zeros(nbytes, np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("tensor", "message"),
+    [
+        (_tensor(GGMLQuantizationType.IQ2_XXS, (4, 256), 4 * 66), "IQ2_XXS is not supported"),
+        (_tensor(99, (4, 32), 128), "type 99 is not supported"),
+        (_tensor(GGMLQuantizationType.F32, (2, 2, 2), 32), "not a 3-d tensor"),
+        (_tensor(GGMLQuantizationType.Q8_0, (4, 48), 4 * 34), "not a multiple of the Q8_0 block"),
+        (_tensor(GGMLQuantizationType.Q4_1, (4, 32), 79), "needs 80 bytes, got 79"),
+        (_tensor(GGMLQuantizationType.F16, (0, 8), 0), "invalid shape"),
+    ],
+    ids=["iq2", "unknown", "3d", "block", "bytes", "empty"],
+)
+def test_bad_tensors_are_refused_naming_the_tensor(tensor: vt.WeightTensor, message: str) -> None:
+    with pytest.raises(vt.ModelError, match=message) as info:
+        W.pack(tensor)
+    assert "blk.0.w" in str(info.value)
+
+
+def test_rope_table_matches_the_reference_frequencies() -> None:
+    params = vt.RopeParams(64, 10000.0, linear_factor=4.0)
+    table = rope_table(params)
+    want = 10000.0 ** (-2.0 * np.arange(32) / 64) / 4.0
+    assert list(table.inv[:32]) == want.tolist() and table.inv[32] == 0.0
+    inv = tuple(float(v) for v in np.linspace(1.0, 0.01, 8))
+    assert list(rope_table(vt.RopeParams(16, inv_freq=inv)).inv[:8]) == list(inv)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (vt.RopeParams(MAX_HEAD_DIM + 2), f"up to {MAX_HEAD_DIM}"),
+        (vt.RopeParams(15), "positive even number"),
+        (vt.RopeParams(16, linear_factor=0.0), "linear_factor must be positive"),
+        (vt.RopeParams(16, inv_freq=(1.0, 0.5)), "inv_freq has 2 entries, head_dim 16 needs 8"),
+    ],
+)
+def test_bad_rope_params_are_refused(params: vt.RopeParams, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        rope_table(params)
