@@ -25,6 +25,7 @@ import pytest
 import vt
 import vt_rocm.adapter as adapter
 from vt import rules
+from vt.gpu import GpuBackend, GpuRuntime
 from vt.memory import VmmArena
 from vt_rocm.adapter import HipError, HipRuntime
 from vt_rocm.backend import RocmBackend
@@ -196,6 +197,9 @@ class FakeHip:
             "hipMemUnmap": lambda ptr, n: (),
             "hipMemRelease": lambda handle: (),
             "hipMemAddressFree": lambda ptr, n: (),
+            "hipModuleLoadData": lambda code: (self._handle("module"),),
+            "hipModuleGetFunction": lambda module, name: (f"{module}:{name.decode()}",),
+            "hipModuleLaunchKernel": lambda *args: (),
         }
         return table[name]
 
@@ -327,10 +331,110 @@ def test_device_without_vmm_skips_the_granularity_query() -> None:
     assert "hipMemGetAllocationGranularity" not in fake.names()
 
 
-def test_kernels_are_not_implemented_so_the_runner_refuses_it() -> None:
-    missing = RocmBackend.missing_kernels()
-    assert "matmul" in missing and "attention" in missing
-    assert "copy_d2d" not in missing
+def test_it_is_the_shared_gpu_backend_with_every_model_kernel() -> None:
+    # ROCm and CUDA differ only in their runtime adapter and capability function.
+    assert issubclass(RocmBackend, GpuBackend)
+    assert isinstance(HipRuntime(FakeHip()), GpuRuntime)
+    assert RocmBackend.missing_kernels() == []
+
+
+# --------------------------------------------------------------------------- kernels (hiprtc)
+
+
+class hiprtcResult(enum.IntEnum):  # noqa: N801
+    HIPRTC_SUCCESS = 0
+    HIPRTC_ERROR_COMPILATION = 6
+
+
+class FakeHiprtc:
+    """``hip.hiprtc``: a compile that succeeds (a fake code object) or fails with a log."""
+
+    hiprtcResult = hiprtcResult
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.compile_error: str | None = None
+
+    def __getattr__(self, name: str) -> Callable[..., tuple[Any, ...]]:
+        if not name.startswith("hiprtc"):
+            raise AttributeError(name)
+
+        def call(*args: Any) -> tuple[Any, ...]:
+            self.calls.append((name, args))
+            ok = hiprtcResult.HIPRTC_SUCCESS
+            if name == "hiprtcCreateProgram":
+                return (ok, "prog")
+            if name == "hiprtcCompileProgram" and self.compile_error is not None:
+                return (hiprtcResult.HIPRTC_ERROR_COMPILATION,)
+            if name == "hiprtcGetProgramLogSize":
+                return (ok, len((self.compile_error or "").encode()) + 1)
+            if name == "hiprtcGetProgramLog":
+                log = (self.compile_error or "").encode() + b"\0"
+                args[1][: len(log)] = log
+            if name == "hiprtcGetCodeSize":
+                return (ok, 8)
+            if name == "hiprtcGetCode":
+                args[1][:] = b"HSACODE!"
+            return (ok,)
+
+        return call
+
+
+def make_rtc(
+    profile: DeviceProfile = DISCRETE, fresh: bool = True
+) -> tuple[RocmBackend, FakeHip, FakeHiprtc]:
+    fake, rtc = FakeHip(profile), FakeHiprtc()
+    backend = RocmBackend(HipRuntime(fake, hiprtc=rtc), platform=profile.platform)
+    fake.calls.clear()
+    if fresh:
+        HipRuntime._code_objects.clear()
+    return backend, fake, rtc
+
+
+def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> None:
+    backend, fake, rtc = make_rtc(APU.model_copy(update={"warp_size": 64}))
+    backend.prepare()
+    ((_, (prog, n, opts)),) = [c for c in rtc.calls if c[0] == "hiprtcCompileProgram"]
+    assert opts == [b"--offload-arch=gfx942", b"-DVT_WARP=64"] and n == 2
+    assert rtc.calls[-1] == ("hiprtcDestroyProgram", ("prog",))
+    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)]
+    other, fake2, rtc2 = make_rtc(APU.model_copy(update={"warp_size": 64}), fresh=False)
+    other.prepare()  # a second backend loads the cached code object: no second compile
+    assert rtc2.calls == [] and fake2.args("hipModuleLoadData") == [(b"HSACODE!",)]
+
+
+def test_a_hiprtc_compile_error_carries_the_log() -> None:
+    backend, _, rtc = make_rtc()
+    rtc.compile_error = "vt_kernels.cu:9:1: error: unknown type name 'x'"
+    with pytest.raises(HipError) as info:
+        backend.prepare()
+    message = str(info.value)
+    assert message.startswith("hiprtcCompileProgram('vt_kernels.cu', --offload-arch=gfx1100")
+    assert "HIPRTC_ERROR_COMPILATION (6)" in message and "unknown type name 'x'" in message
+    assert rtc.calls[-1][0] == "hiprtcDestroyProgram"
+
+
+def test_kernel_launch_translation() -> None:
+    backend, fake, _ = make_rtc()
+    seen: list[tuple[Any, ...]] = []
+
+    def launch(f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int,
+               stream: Any, params: int, extra: Any) -> tuple[hipError_t]:  # fmt: skip
+        ptrs = (ctypes.c_void_p * 4).from_address(params)
+        vals = [ctypes.c_void_p.from_address(ptrs[i]).value for i in range(3)]
+        seen.append((f, (gx, gy, gz), (bx, by, bz), smem, stream, extra, *vals,
+                     ctypes.c_int32.from_address(ptrs[3]).value))  # fmt: skip
+        return (hipError_t.hipSuccess,)
+
+    fake.hipModuleLaunchKernel = launch  # type: ignore[attr-defined]
+    stream = backend.create_stream()
+    out, a, b = backend.alloc(40), backend.alloc(40), backend.alloc(40)
+    backend.add(out, a, b, 10, stream)
+    assert seen[0][0].startswith("module#") and seen[0][0].endswith(":add")
+    assert seen == [
+        (seen[0][0], (1, 1, 1), (256, 1, 1), 0, stream.handle, None, out.handle, a.handle,
+         b.handle, 10),
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- memory
@@ -750,3 +854,17 @@ def test_every_hip_name_the_plugin_uses_exists_in_hip_python() -> None:
     desc = runtime.access_desc()
     assert desc.flags == hip.hipMemAccessFlags.hipMemAccessFlagsProtReadWrite
     assert runtime.error_name(hip.hipError_t.hipErrorNotReady) == "hipErrorNotReady"
+
+
+def test_every_hiprtc_name_the_adapter_uses_exists_in_hip_python() -> None:
+    if importlib.util.find_spec("hip") is None:
+        assert "vt[rocm]" in RocmBackend.probe().reason
+        return
+    from hip import hiprtc
+
+    source = Path(adapter.__file__).read_text()
+    found = re.findall(r'"(hiprtc[A-Z][A-Za-z]+)"|rtc\.(hiprtc[A-Z][A-Za-z]+)', source)
+    names = {a or b for a, b in found}
+    assert {"hiprtcCompileProgram", "hiprtcGetCode", "hiprtcDestroyProgram"} <= names
+    assert sorted(name for name in names if not hasattr(hiprtc, name)) == []
+    assert hiprtc.hiprtcResult.HIPRTC_SUCCESS == 0

@@ -348,6 +348,11 @@ class GpuBackend(Backend):
         except GpuCallError:
             with contextlib.suppress(GpuCallError):
                 self.vmm_unmap(vrange, segment)
+            if segment in res.unmapped:
+                # Its release failed, and the caller never sees this segment to retry it:
+                # forget it (leaking the physical memory) so the reservation can be freed.
+                res.unmapped.remove(segment)
+                res.segments.remove(segment)
             raise
         return segment
 

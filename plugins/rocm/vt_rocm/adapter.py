@@ -1,29 +1,30 @@
-"""A thin layer over hip-python: checked calls, clear errors, and the device profile.
+"""vt.gpu's runtime adapter over hip-python: checked HIP calls, hiprtc, the device profile.
 
 hip-python functions return a tuple ``(hipError_t, *outputs)``. :meth:`HipRuntime.call`
-checks the error and returns the outputs, so the backend reads like the C API without the
-error plumbing. The ``hip`` module is injected, so tests drive this code with a fake.
+checks the error and returns the outputs, so the adapter reads like the C API without the
+error plumbing. The ``hip`` and ``hiprtc`` modules are injected, so tests drive this code
+with fakes. Everything else (argument checks, VMM bookkeeping, kernels) is vt.gpu's
+GpuBackend, shared with the CUDA backend.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
-from vt import VtError
+from vt import VmmError
+from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params
 
-from .caps import DeviceProfile
+from .caps import DeviceProfile, use_managed_alloc
 
 INSTALL_HINT = "pip install 'vt[rocm]'"
 
 
-class HipError(VtError, RuntimeError):
-    """A HIP call returned an error; names the call and HIP's error name and string."""
-
-    def __init__(self, call: str, code: int, name: str, text: str) -> None:
-        self.call, self.code, self.error_name = call, code, name
-        super().__init__(f"{call} failed: {name} ({code}): {text}")
+class HipError(GpuCallError):
+    """A HIP or hiprtc call returned an error; names the call and HIP's error name and string."""
 
 
 def import_hip() -> ModuleType:
@@ -33,6 +34,13 @@ def import_hip() -> ModuleType:
     return hip
 
 
+def import_hiprtc() -> ModuleType:
+    """hip-python's hiprtc module (loaded when the kernels are first compiled)."""
+    from hip import hiprtc
+
+    return hiprtc
+
+
 def _fmt(arg: Any) -> str:
     # Keep messages short: plain values verbatim, handles and structs by type.
     if arg is None or isinstance(arg, (bool, int, str)):
@@ -40,12 +48,19 @@ def _fmt(arg: Any) -> str:
     return type(arg).__name__
 
 
-class HipRuntime:
+class HipRuntime(GpuRuntime):
     """Checked access to the HIP runtime for one device."""
 
-    def __init__(self, hip: ModuleType | Any, device: int = 0) -> None:
+    vendor = "hip"
+
+    def __init__(
+        self, hip: ModuleType | Any, device: int = 0, hiprtc: ModuleType | Any | None = None
+    ) -> None:
         self.hip = hip
         self.device = device
+        self._hiprtc = hiprtc
+        self.profile: DeviceProfile | None = None
+        self._managed = False
 
     @classmethod
     def load(cls, device: int = 0) -> HipRuntime:
@@ -118,7 +133,11 @@ class HipRuntime:
         return int(self.call("hipGetDeviceCount"))
 
     def device_profile(self, platform: str | None = None) -> DeviceProfile:
-        """Read the vendor facts :func:`~vt_rocm.caps.capabilities_from_device` needs."""
+        """Read the vendor facts :func:`~vt_rocm.caps.capabilities_from_device` needs.
+
+        The adapter keeps the profile: allocation (managed or not), the compile target and
+        the VMM granularity follow it.
+        """
         props = self.call("hipGetDeviceProperties", self.device)
         vmm = bool(self.attribute("VirtualMemoryManagementSupported"))
         granularity = 0
@@ -130,7 +149,7 @@ class HipRuntime:
                     self.hip.hipMemAllocationGranularity_flags.hipMemAllocationGranularityMinimum,
                 )
             )
-        return DeviceProfile(
+        profile = DeviceProfile(
             name=_text(props.name),
             gcn_arch_name=_text(props.gcnArchName),
             platform=host_platform(platform),
@@ -141,13 +160,209 @@ class HipRuntime:
             vmm_supported=vmm,
             vmm_granularity=granularity,
             total_memory=int(props.totalGlobalMem),
+            warp_size=int(getattr(props, "warpSize", 64) or 64),
         )
+        self.profile = profile
+        self._managed = use_managed_alloc(profile)
+        return profile
+
+    def _profile(self) -> DeviceProfile:
+        if self.profile is None:
+            return self.device_profile()
+        return self.profile
+
+    # ---- vt.gpu runtime protocol: device facts
+    def device_name(self) -> str:
+        return self._profile().name
+
+    def arch(self) -> str:
+        return self._profile().gcn_arch_name
+
+    def warp_size(self) -> int:
+        return self._profile().warp_size
+
+    # ---- memory
+    def malloc(self, nbytes: int) -> int:
+        if self._managed:
+            return int(self.call("hipMallocManaged", nbytes, self.hip.hipMemAttachGlobal))
+        return int(self.call("hipMalloc", nbytes))
+
+    def free(self, ptr: int) -> None:
+        self.call("hipFree", ptr)
+
+    def memset(self, ptr: int, value: int, nbytes: int, stream: Any = None) -> None:
+        if stream is None:
+            self.call("hipMemset", ptr, value, nbytes)
+        else:
+            self.call("hipMemsetAsync", ptr, value, nbytes, stream)
+
+    def _memcpy(self, dst: int, src: int, nbytes: int, k: Any, stream: Any) -> None:
+        if stream is None:
+            self.call("hipMemcpy", dst, src, nbytes, k)
+        else:
+            self.call("hipMemcpyAsync", dst, src, nbytes, k, stream)
+
+    def memcpy_h2d(self, dst: int, src: int, nbytes: int, stream: Any = None) -> None:
+        self._memcpy(dst, src, nbytes, self.hip.hipMemcpyKind.hipMemcpyHostToDevice, stream)
+
+    def memcpy_d2h(self, dst: int, src: int, nbytes: int, stream: Any = None) -> None:
+        self._memcpy(dst, src, nbytes, self.hip.hipMemcpyKind.hipMemcpyDeviceToHost, stream)
+
+    def memcpy_d2d(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        self._memcpy(dst, src, nbytes, self.hip.hipMemcpyKind.hipMemcpyDeviceToDevice, stream)
+
+    def host_alloc(self, nbytes: int) -> tuple[int, Any]:
+        ptr = int(self.call("hipHostMalloc", nbytes, self.hip.hipHostMallocDefault))
+        return ptr, host_array(ptr, nbytes)
+
+    def host_free(self, ptr: int) -> None:
+        self.call("hipHostFree", ptr)
+
+    # ---- streams and events (timing off: they only order work, which is the cheap kind)
+    def stream_create(self) -> Any:
+        return self.call("hipStreamCreate")
+
+    def stream_destroy(self, stream: Any) -> None:
+        self.call("hipStreamDestroy", stream)
+
+    def stream_synchronize(self, stream: Any) -> None:
+        self.call("hipStreamSynchronize", stream)
+
+    def event_create(self) -> Any:
+        return self.call("hipEventCreateWithFlags", self.hip.hipEventDisableTiming)
+
+    def event_destroy(self, event: Any) -> None:
+        self.call("hipEventDestroy", event)
+
+    def event_record(self, event: Any, stream: Any) -> None:
+        self.call("hipEventRecord", event, stream)
+
+    def event_query(self, event: Any) -> bool:
+        return self.ready("hipEventQuery", event)
+
+    def event_synchronize(self, event: Any) -> None:
+        self.call("hipEventSynchronize", event)
+
+    def stream_wait_event(self, stream: Any, event: Any) -> None:
+        self.call("hipStreamWaitEvent", stream, event, 0)
+
+    # ---- virtual memory
+    def vmm_granularity(self) -> int:
+        p = self._profile()
+        if not p.vmm_supported:
+            raise VmmError(
+                f"{p.gcn_arch_name}: the device does not support virtual memory "
+                "(hipDeviceAttributeVirtualMemoryManagementSupported=0)"
+            )
+        minimum = self.hip.hipMemAllocationGranularity_flags.hipMemAllocationGranularityMinimum
+        return int(self.call("hipMemGetAllocationGranularity", self.allocation_prop(), minimum))
+
+    def vmm_reserve(self, nbytes: int) -> int:
+        return int(self.call("hipMemAddressReserve", nbytes, 0, None, 0))
+
+    def vmm_create(self, nbytes: int) -> Any:
+        return self.call("hipMemCreate", nbytes, self.allocation_prop(), 0)
+
+    def vmm_map(self, ptr: int, nbytes: int, handle: Any) -> None:
+        self.call("hipMemMap", ptr, nbytes, 0, handle, 0)
+
+    def vmm_set_access(self, ptr: int, nbytes: int) -> None:
+        self.call("hipMemSetAccess", ptr, nbytes, self.access_desc(), 1)
+
+    def vmm_unmap(self, ptr: int, nbytes: int) -> None:
+        self.call("hipMemUnmap", ptr, nbytes)
+
+    def vmm_release(self, handle: Any) -> None:
+        self.call("hipMemRelease", handle)
+
+    def vmm_address_free(self, ptr: int, nbytes: int) -> None:
+        self.call("hipMemAddressFree", ptr, nbytes)
+
+    # ---- kernels: hiprtc
+    #: Compiled code objects per process: (arch, options, source digest) -> bytes.
+    _code_objects: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
+
+    @property
+    def hiprtc(self) -> Any:
+        if self._hiprtc is None:
+            self._hiprtc = import_hiprtc()
+        return self._hiprtc
+
+    def rtc(self, name: str, *args: Any) -> Any:
+        """Call ``hiprtc.<name>(*args)``, checked like :meth:`call`."""
+        rtc = self.hiprtc
+        result = getattr(rtc, name)(*args)
+        err, outputs = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
+        if err != rtc.hiprtcResult.HIPRTC_SUCCESS:
+            call = f"{name}({', '.join(_fmt(a) for a in args)})"
+            raise HipError(call, int(err), _rtc_name(rtc, err), "hiprtc call failed")
+        if not outputs:
+            return None
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def compile(self, source: str, name: str, options: Sequence[str]) -> Any:
+        """hiprtc to a code object for this device's architecture (once per process),
+        loaded as a module."""
+        opts = (f"--offload-arch={self.arch()}", *options)
+        key = (self.arch(), opts, hashlib.sha256(source.encode()).hexdigest())
+        code = self._code_objects.get(key)
+        if code is None:
+            code = self._hiprtc_compile(source, name, opts)
+            self._code_objects[key] = code
+        return self.call("hipModuleLoadData", code)
+
+    def _hiprtc_compile(self, source: str, name: str, opts: Sequence[str]) -> bytes:
+        rtc = self.hiprtc
+        prog = self.rtc("hiprtcCreateProgram", source.encode(), name.encode(), 0, [], [])
+        try:
+            encoded = [o.encode() for o in opts]
+            result = rtc.hiprtcCompileProgram(prog, len(encoded), encoded)
+            err = result[0] if isinstance(result, tuple) else result
+            if err != rtc.hiprtcResult.HIPRTC_SUCCESS:
+                size = int(self.rtc("hiprtcGetProgramLogSize", prog))
+                log = bytearray(size)
+                self.rtc("hiprtcGetProgramLog", prog, log)
+                raise HipError(
+                    f"hiprtcCompileProgram({name!r}, {' '.join(opts)})",
+                    int(err),
+                    _rtc_name(rtc, err),
+                    _text(bytes(log)).strip() or "no compiler log",
+                )
+            code = bytearray(int(self.rtc("hiprtcGetCodeSize", prog)))
+            self.rtc("hiprtcGetCode", prog, code)
+        finally:
+            ref = prog.createRef() if hasattr(prog, "createRef") else prog
+            self.rtc("hiprtcDestroyProgram", ref)
+        return bytes(code)
+
+    def get_function(self, module: Any, name: str) -> Any:
+        return self.call("hipModuleGetFunction", module, name.encode())
+
+    def launch(
+        self,
+        fn: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: Any,
+        args: Sequence[Any],
+    ) -> None:
+        params, address = kernel_params(args)
+        self.call("hipModuleLaunchKernel", fn, *grid, *block, shared_mem, stream, address, None)
+        del params  # kept alive until HIP has copied the arguments
 
 
 def host_platform(platform: str | None = None) -> str:
     """'windows' or 'linux' from ``sys.platform`` (HIP runs on nothing else)."""
     platform = sys.platform if platform is None else platform
     return "windows" if platform in ("win32", "cygwin", "windows") else "linux"
+
+
+def _rtc_name(rtc: Any, err: Any) -> str:
+    try:
+        return rtc.hiprtcResult(int(err)).name
+    except ValueError:
+        return f"hiprtcResult {int(err)}"
 
 
 def _text(value: Any) -> str:

@@ -31,6 +31,9 @@ class DeviceProfile(BaseModel):
         description="hipMemGetAllocationGranularity (minimum) in bytes; 0 when not queried",
     )
     total_memory: int = Field(default=0, ge=0, description="hipDeviceProp_t.totalGlobalMem")
+    warp_size: int = Field(
+        default=64, ge=1, description="hipDeviceProp_t.warpSize (64 on CDNA, 32 on RDNA)"
+    )
 
 
 def _flag(name: str, value: bool) -> str:
