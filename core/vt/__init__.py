@@ -1,6 +1,8 @@
 """vt: a Python inference runtime for GGUF models with pluggable, capability-checked backends.
 
-This module is vt's public API: a plugin imports only what is exported here.
+This module is vt's public API: a plugin imports only what is exported here, including the
+subpackages ``vt.reference`` (numpy reference kernels, ``HostKernels``) and ``vt.gpu`` (the
+shared GPU backend over a runtime adapter).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ _LAZY = {
     "LLM": ("vt.llm", "LLM"),
     "SamplingParams": ("vt.sampling", "SamplingParams"),
     "reference": ("vt.reference", None),
+    "gpu": ("vt.gpu", None),
 }
 
 
@@ -88,5 +91,6 @@ __all__ = [
     "WeightTensor",
     "hookimpl",
     "hookspec",
+    "gpu",
     "reference",
 ]
