@@ -21,9 +21,9 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import backends_cmd, model_cmd, run_cmd
+    from . import backends_cmd, model_cmd, run_cmd, serve_cmd
 
-    for module in (backends_cmd, model_cmd, run_cmd):
+    for module in (backends_cmd, model_cmd, run_cmd, serve_cmd):
         for command in module.COMMANDS:
             main.add_command(command)
 
