@@ -609,3 +609,40 @@ def test_vt_serve_command_serves_and_stops_on_ctrl_c(tiny: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --------------------------------------------------------------------------- default model
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_default_model_served_equals_llm() -> None:
+    questions = ["Why is the sky blue?", "Name three fruits.", "What is 2+2?", "Say hi."]
+    with vt.LLM(backend="cpu", max_slots=4) as llm:
+        params = vt.SamplingParams(temperature=0.0, max_tokens=24)
+        want = [llm.chat([{"role": "user", "content": q}], params)[0].text for q in questions]
+        srv = Server(llm, port=0, model_name="smollm2", log_level="warning")
+        srv.start()
+        try:
+            c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=120)
+            r = c.completions.create(
+                model="smollm2", prompt="The capital of France is", max_tokens=8, temperature=0
+            )
+            assert r.choices[0].text.startswith(" Paris.")
+            got: dict[int, str] = {}
+
+            def ask(i: int) -> None:
+                msgs = [{"role": "user", "content": questions[i]}]
+                out = c.chat.completions.create(
+                    model="smollm2", messages=msgs, max_tokens=24, temperature=0
+                )
+                got[i] = out.choices[0].message.content
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert [got.get(i) for i in range(len(questions))] == want
+        finally:
+            srv.stop()

@@ -13,6 +13,7 @@ slots); those requests get the error and the thread carries on with new ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -124,29 +125,39 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ the engine thread
     def _run(self) -> None:
-        engine = self.engine
         while True:
-            busy = engine.has_unfinished() or self._drain
             try:
-                command = self._commands.get(block=not busy)
+                if self._iterate():
+                    return
+            except Exception as exc:  # noqa: BLE001 - a bug here must not end the thread
+                log.exception("the engine loop failed; failing its requests")
+                self._fail_groups(exc)
+
+    def _iterate(self) -> bool:
+        """Apply queued commands, then run one step if there is work; True on stop."""
+        engine = self.engine
+        busy = engine.has_unfinished() or self._drain
+        try:
+            command = self._commands.get(block=not busy)
+        except queue.Empty:
+            command = None
+        while command is not None:
+            if command[0] == "stop":
+                self._shutdown()
+                return True
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
             except queue.Empty:
                 command = None
-            while command is not None:
-                if command[0] == "stop":
-                    self._shutdown()
-                    return
-                self._apply(command)
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    command = None
-            had_work = engine.has_unfinished()
-            if had_work or self._drain:
-                self._drain = False
-                self._step()
-                # One more step after the last request finishes collects a step still in
-                # flight, so the slots it held are released before the engine goes idle.
-                self._drain = had_work and not engine.has_unfinished()
+        had_work = engine.has_unfinished()
+        if had_work or self._drain:
+            self._drain = False
+            self._step()
+            # One more step after the last request finishes collects a step still in
+            # flight, so the slots it held are released before the engine goes idle.
+            self._drain = had_work and not engine.has_unfinished()
+        return False
 
     def _apply(self, command: tuple[str, Any]) -> None:
         kind, arg = command
@@ -185,10 +196,7 @@ class EngineLoop:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the engine dropped its requests; tell them
             log.exception("an engine step failed; failing the %d request(s) in it", len(self))
-            failed = {id(g): g for g in self._groups.values()}
-            self._groups.clear()
-            for group in failed.values():
-                group.deliver(Delivery(error=exc))
+            self._fail_groups(exc)
             self._update_stats(failed=1)
             return
         for out in outputs:
@@ -199,6 +207,15 @@ class EngineLoop:
                 del self._groups[out.request_id]
             group.deliver(Delivery(index=group.rids.index(out.request_id), output=out))
         self._update_stats()
+
+    def _fail_groups(self, exc: BaseException) -> None:
+        failed = {id(g): g for g in self._groups.values()}
+        for rid in self._groups:  # after a failed step the engine has dropped them already
+            with contextlib.suppress(Exception):
+                self.engine.abort(rid)
+        self._groups.clear()
+        for group in failed.values():
+            group.deliver(Delivery(error=exc))
 
     def _update_stats(self, failed: int = 0) -> None:
         s = self.stats
