@@ -572,7 +572,8 @@ def test_serve_busy_port_is_a_clean_error(server: Server, tiny: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{server.port}" in result.output
 
 
-def test_vt_serve_command_serves_and_stops_on_ctrl_c(tiny: Path) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+def test_vt_serve_command_serves_and_stops_on_a_signal(tiny: Path, stop_signal: int) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", "from vt.cli import main; main()", "serve"]
         + ["--model", str(tiny), "--backend", "cpu", "--port", "0"]
@@ -598,7 +599,7 @@ def test_vt_serve_command_serves_and_stops_on_ctrl_c(tiny: Path) -> None:
         assert [m.id for m in c.models.list().data] == [tiny.stem]
         got = c.completions.create(model=tiny.stem, prompt="Hi", max_tokens=3)
         assert 1 <= got.usage.completion_tokens <= 3
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.send_signal(stop_signal)  # Ctrl-C, or a service manager's stop
         assert proc.wait(timeout=15) == 0
         reader.join(5)
         while not lines.empty():

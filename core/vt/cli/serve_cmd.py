@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import click
 
 from .run_cmd import _check_max_model_len, _clean_errors, model_options
@@ -115,11 +117,20 @@ def serve(
             server = Server(llm, host=host, port=port, model_name=name, log_level=log_level)
         for line in startup_lines(llm, server, max_slots, max_batch_tokens):
             click.echo(f"vt serve: {line}", err=True)
+        # uvicorn handles SIGINT and SIGTERM while it runs, then re-raises the signal it
+        # caught; as KeyboardInterrupt both end here, so the model is released either way.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             server.run()
-        except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled
+        except KeyboardInterrupt:
             pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     click.echo("vt serve: stopped", err=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def startup_lines(llm: object, server: object, max_slots: int, max_batch_tokens: int) -> list[str]:
