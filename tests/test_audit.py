@@ -17,6 +17,7 @@ from vt.audit import (
     probe_async_d2h,
     probe_backend,
     probe_events,
+    probe_graphs,
     probe_host_view,
     probe_pinned,
     probe_readback,
@@ -65,6 +66,7 @@ def test_every_declared_capability_of_an_honest_backend_is_proven() -> None:
         "async-readback",
         "sync-readback",
         "vmm-segments-distinct",
+        "graph-replay",
     ):
         assert got[probe_id] == "pass", probe_id
     by_id = {c.id: c.detail for c in checks}
@@ -98,6 +100,30 @@ def test_events_that_complete_at_once_are_caught() -> None:
     assert got == {"event-ordering": "fail", "stream-wait-event": "fail"}
     assert results(probe_async_d2h(backend)) == {"async-d2h-copy": "fail"}
     assert results(probe_readback(backend))["async-readback"] == "fail"
+
+
+def test_graph_replay_is_proven_and_undeclared_graphs_are_skipped() -> None:
+    (check,) = probe_graphs(started(tb.ThreadBackend))
+    assert (check.id, check.result) == ("graph-replay", "pass")
+    assert "did not run at capture" in check.detail and "when they ran" in check.detail
+    (check,) = probe_graphs(started(tb.ThreadBackend, graphs=False))
+    assert (check.result, check.detail) == (
+        "skip",
+        "graphs not declared: the runner launches every kernel",
+    )
+
+
+def test_work_that_runs_at_capture_is_caught() -> None:
+    (check,) = probe_graphs(started(tb.EagerGraphBackend))
+    assert check.result == "fail"
+    assert "ran at capture" in check.detail and "must only be recorded" in check.detail
+
+
+def test_a_replay_of_the_captured_contents_is_caught() -> None:
+    (check,) = probe_graphs(started(tb.StaleGraphBackend))
+    assert check.result == "fail"
+    assert check.detail.startswith("replay 1 is wrong")
+    assert "copied the source as it was at capture" in check.detail
 
 
 def test_host_view_that_should_raise_but_does_not_is_caught() -> None:

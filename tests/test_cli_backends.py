@@ -25,6 +25,7 @@ CAPS_KEYS = {
     "async_d2h_copy",
     "events",
     "pinned_host_memory",
+    "graphs",
     "vmm",
 }
 
@@ -53,7 +54,10 @@ def test_backends_table(site) -> None:
     assert out.splitlines()[0].split() == ["NAME", "DISTRIBUTION", "STATUS", "PRIO", "CAPABILITIES"]
     threads = next(line for line in out.splitlines() if line.startswith("threads "))
     assert "vt-test-backends 1.2.3" in threads and "available" in threads
-    assert "unified host-addressable async-readback async-d2h events pinned vmm(65536B)" in threads
+    assert (
+        "unified host-addressable async-readback async-d2h events pinned graphs vmm(65536B)"
+        in threads
+    )
     assert "reason: no absent device found (driver not loaded)" in out
     assert "reason: probe raised OSError: device node /dev/flaky0 vanished" in out
     assert "reason: async-readback-needs-events:" in out

@@ -41,6 +41,7 @@ class hipError_t(enum.IntEnum):  # noqa: N801 - hip-python's names
     hipErrorNoDevice = 100
     hipErrorNotReady = 600
     hipErrorNotSupported = 801
+    hipErrorStreamCaptureUnsupported = 900
 
 
 class hipMemcpyKind(enum.IntEnum):  # noqa: N801
@@ -64,6 +65,12 @@ class hipMemAccessFlags(enum.IntEnum):  # noqa: N801
 
 class hipMemAllocationGranularity_flags(enum.IntEnum):  # noqa: N801
     hipMemAllocationGranularityMinimum = 0
+
+
+class hipStreamCaptureMode(enum.IntEnum):  # noqa: N801
+    hipStreamCaptureModeGlobal = 0
+    hipStreamCaptureModeThreadLocal = 1
+    hipStreamCaptureModeRelaxed = 2
 
 
 class hipDeviceAttribute_t(enum.IntEnum):  # noqa: N801
@@ -124,6 +131,7 @@ class FakeHip:
     hipMemAccessFlags = hipMemAccessFlags
     hipMemAllocationGranularity_flags = hipMemAllocationGranularity_flags
     hipDeviceAttribute_t = hipDeviceAttribute_t
+    hipStreamCaptureMode = hipStreamCaptureMode
     hipEventDisableTiming = 2
     hipHostMallocDefault = 0
     hipMemAttachGlobal = 1
@@ -137,6 +145,25 @@ class FakeHip:
         self.query_results: list[hipError_t] = []
         self._memory: dict[int, np.ndarray] = {}  # keeps "device" memory alive
         self._next = 0
+        # Stream capture: work on a capturing stream is recorded, run on hipGraphLaunch.
+        self.capturing: dict[str, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
+        self.graphs: dict[str, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
+        self.execs: dict[str, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
+
+    def _end_capture(self, stream: str) -> tuple[str]:
+        graph = self._handle("graph")
+        self.graphs[graph] = self.capturing.pop(stream)
+        return (graph,)
+
+    def _instantiate(self, graph: str, flags: int) -> tuple[str]:
+        graph_exec = self._handle("graphexec")
+        self.execs[graph_exec] = list(self.graphs[graph])
+        return (graph_exec,)
+
+    def _graph_launch(self, graph_exec: str, stream: Any) -> tuple[()]:
+        for impl, args in self.execs[graph_exec]:
+            impl(*args)
+        return ()
 
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
@@ -200,6 +227,12 @@ class FakeHip:
             "hipModuleLoadData": lambda code: (self._handle("module"),),
             "hipModuleGetFunction": lambda module, name: (f"{module}:{name.decode()}",),
             "hipModuleLaunchKernel": lambda *args: (),
+            "hipStreamBeginCapture": lambda s, mode: self.capturing.__setitem__(s, []) or (),
+            "hipStreamEndCapture": self._end_capture,
+            "hipGraphInstantiateWithFlags": self._instantiate,
+            "hipGraphLaunch": self._graph_launch,
+            "hipGraphExecDestroy": lambda e: self.execs.pop(e) and (),
+            "hipGraphDestroy": lambda g: self.graphs.pop(g) and (),
         }
         return table[name]
 
@@ -220,6 +253,13 @@ class FakeHip:
             if name in self.fail:
                 # hip-python returns the error plus placeholder outputs.
                 return (self.fail.pop(name), None)
+            if name not in ("hipStreamBeginCapture", "hipStreamEndCapture"):
+                stream = next((a for a in args if isinstance(a, str) and a in self.capturing), "")
+                if stream and name == "hipStreamSynchronize":
+                    return (hipError_t.hipErrorStreamCaptureUnsupported,)
+                if stream:  # recorded with its arguments, run by hipGraphLaunch
+                    self.capturing[stream].append((impl, args))
+                    return (hipError_t.hipSuccess,)
             return (hipError_t.hipSuccess, *impl(*args))
 
         return call
@@ -822,6 +862,69 @@ def test_failed_set_access_with_a_failed_release_still_frees_the_reservation() -
 def test_windows_backend_declares_aliasing_segments() -> None:
     backend, _ = make(DISCRETE.model_copy(update={"platform": "windows"}))
     assert backend.capabilities.vmm == vt.VmmCaps(granularity=4096, segments_may_alias=True)
+
+
+# --------------------------------------------------------------------------- graphs
+
+
+def test_graphs_are_declared_with_the_hip_calls_behind_them() -> None:
+    backend, _ = make()
+    assert backend.capabilities.graphs is True
+    detail = backend.capabilities.source_of("graphs").detail
+    assert "hipStreamBeginCapture" in detail and "hipGraphLaunch" in detail
+    assert rules.check(RocmBackend, backend.capabilities) == []
+
+
+def test_graph_capture_translates_to_hip_stream_capture() -> None:
+    backend, fake = make()
+    s = backend.create_stream("main")
+    src, dst = backend.alloc(32), backend.alloc(32)
+    backend.copy_h2d(src, np.full(32, 4, np.uint8))
+    backend.memset(dst, 0)
+    fake.calls.clear()
+    backend.begin_capture(s)
+    backend.copy_d2d(dst, src, 32, s)
+    graph = backend.end_capture(s)
+    assert fake.names() == [
+        "hipStreamBeginCapture",
+        "hipMemcpyAsync",
+        "hipStreamEndCapture",
+        "hipGraphInstantiateWithFlags",
+        "hipGraphDestroy",
+    ]
+    assert fake.args("hipStreamBeginCapture") == [
+        (s.handle, hipStreamCaptureMode.hipStreamCaptureModeThreadLocal)
+    ]
+    got = np.empty(32, np.uint8)
+    backend.copy_d2h(got, dst)
+    assert (got == 0).all()  # recorded, not run
+    backend.copy_h2d(src, np.full(32, 6, np.uint8))
+    fake.calls.clear()
+    backend.launch_graph(graph, s)
+    assert fake.names() == ["hipGraphLaunch"]
+    backend.copy_d2h(got, dst)
+    assert (got == 6).all()
+    backend.destroy_graph(graph)
+    assert fake.names()[-1] == "hipGraphExecDestroy" and fake.execs == {}
+
+
+def test_a_failed_hip_instantiation_names_the_call_and_destroys_the_graph() -> None:
+    backend, fake = make()
+    s = backend.create_stream()
+    backend.begin_capture(s)
+    fake.fail["hipGraphInstantiateWithFlags"] = hipError_t.hipErrorOutOfMemory
+    with pytest.raises(HipError, match=r"hipGraphInstantiateWithFlags\(.*hipErrorOutOfMemory"):
+        backend.end_capture(s)
+    assert fake.names()[-1] == "hipGraphDestroy" and fake.graphs == {}
+
+
+def test_the_audit_graph_probe_passes_on_the_fake_hip() -> None:
+    from vt.audit import probe_graphs
+
+    backend, fake = make()
+    (check,) = probe_graphs(backend)
+    assert (check.id, check.result) == ("graph-replay", "pass"), check.detail
+    assert fake.names().count("hipGraphLaunch") == 2 and fake.execs == {}
 
 
 # --------------------------------------------------------------------------- the real API

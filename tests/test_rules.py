@@ -66,6 +66,7 @@ def test_everything_declared_and_implemented_breaks_nothing() -> None:
         async_d2h_copy=True,
         events=True,
         pinned_host_memory=True,
+        graphs=True,
         vmm=VmmCaps(granularity=2 << 20, segments_may_alias=True),
     )
     assert ids(Complete, **full) == []
@@ -105,6 +106,7 @@ def test_async_readback_on_discrete_memory_needs_pinned() -> None:
         ("pinned_host_memory", True, "alloc_pinned"),
         ("async_d2h_copy", True, "copy_d2h_async"),
         ("vmm", VmmCaps(granularity=4096), "vmm_reserve"),
+        ("graphs", True, "begin_capture, end_capture, launch_graph, destroy_graph"),
     ],
 )
 def test_declared_without_implementation(field: str, value: object, missing: str) -> None:
@@ -173,3 +175,22 @@ def test_rules_are_pure_and_return_all_violations() -> None:
         "declared-without-implementation",
         "vmm-granularity-power-of-two",
     }
+
+
+def test_graphs_half_implemented_names_what_is_missing() -> None:
+    class CaptureOnly(vt.Backend):
+        name = "capture-only"
+
+        def begin_capture(self, stream: vt.Stream) -> None:
+            pass
+
+        def end_capture(self, stream: vt.Stream) -> vt.Graph:
+            return vt.Graph(None)
+
+    (violation,) = check(CaptureOnly, Capabilities(graphs=True))
+    assert violation.rule == "declared-without-implementation"
+    assert violation.message == (
+        "'capture-only' declares graphs=True but does not override launch_graph, destroy_graph"
+    )
+    # Not declaring graphs is always fine: the runner then launches every kernel.
+    assert check(CaptureOnly, Capabilities()) == []

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, computed_field
 
-from .backend import Backend, Buffer, HostBuffer, Stream
+from .backend import Backend, Buffer, Graph, HostBuffer, Stream
 from .errors import HostAccessError
 from .registry import Entry, Registry, Status, default_registry
 from .rules import RULES
@@ -428,6 +428,72 @@ def probe_readback(backend: Backend) -> list[Check]:
     return [run_probe("async-readback", async_path), run_probe("sync-readback", sync_path)]
 
 
+def probe_graphs(backend: Backend) -> list[Check]:
+    """Captured work does not run at capture; each replay reruns it on current contents.
+
+    The captured copy reads pinned host memory, as the runner's host inputs do; what it
+    reads must be what that memory holds when the replay runs.
+    """
+    if not backend.capabilities.graphs:
+        return [_skip("graph-replay", "graphs not declared: the runner launches every kernel")]
+
+    def body() -> str:
+        n, tail = 64 << 10, 4096
+        head = n - tail
+        staged = backend.alloc_pinned(head)
+        try:
+            with _allocated(backend, n) as dst, _stream(backend, "vt-audit-graph") as s:
+                backend.memset(dst, 0xCD)
+                first = _pattern(head, 9)
+                staged.array[:] = first
+                backend.begin_capture(s)
+                try:
+                    backend.copy_h2d_async(dst, staged, s)
+                    backend.memset(dst.view(head, tail), 0x77, s)
+                finally:
+                    graph = backend.end_capture(s)
+                try:
+                    _replays(backend, graph, s, dst, staged, first)
+                finally:
+                    backend.destroy_graph(graph)
+        finally:
+            backend.free_pinned(staged)
+        return (
+            "a captured copy + memset did not run at capture; two replays copied what the "
+            "pinned source held when they ran, in order with later work on the stream"
+        )
+
+    return [run_probe("graph-replay", body)]
+
+
+def _replays(
+    backend: Backend, graph: Graph, s: Stream, dst: Buffer, staged: HostBuffer, first: np.ndarray
+) -> None:
+    n, head = dst.nbytes, staged.nbytes
+    backend.synchronize(s)
+    got = np.empty(n, np.uint8)
+    backend.copy_d2h(got, dst)
+    if not (got == 0xCD).all():
+        raise ProbeFailed(
+            "work enqueued between begin_capture and end_capture ran at capture "
+            f"({_first_diff(got, np.full(n, 0xCD, np.uint8))}); it must only be recorded"
+        )
+    for round_, seed in enumerate((10, 11)):
+        data = _pattern(head, seed)
+        staged.array[:] = data
+        backend.launch_graph(graph, s)
+        backend.memset(dst.view(n - 1, 1), 0x11, s)  # after the replay, in stream order
+        backend.synchronize(s)
+        backend.copy_d2h(got, dst)
+        want = np.concatenate([data, np.full(n - head - 1, 0x77, np.uint8), [np.uint8(0x11)]])
+        if not np.array_equal(got, want):
+            stale = np.array_equal(got[:head], first)
+            raise ProbeFailed(
+                f"replay {round_ + 1} is wrong ({_first_diff(got, want)})"
+                + (": it copied the source as it was at capture" if stale else "")
+            )
+
+
 def _vmm_fallback(backend: Backend) -> list[Check]:
     """Minimal reserve/map/write/read/unmap/release probe (used if vt.memory.smoke is absent)."""
     vmm = backend.capabilities.vmm
@@ -485,6 +551,7 @@ PROBES: tuple[Callable[[Backend], list[Check]], ...] = (
     probe_async_d2h,
     probe_readback,
     probe_vmm,
+    probe_graphs,
 )
 
 

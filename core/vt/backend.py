@@ -71,6 +71,15 @@ class Event:
 
 
 @dataclass(eq=False)
+class Graph:
+    """Work captured on a stream (:meth:`Backend.end_capture`), replayed by
+    :meth:`Backend.launch_graph` until :meth:`Backend.destroy_graph`."""
+
+    handle: Any
+    name: str = ""  # the stream it was captured on, for messages
+
+
+@dataclass(eq=False)
 class VirtualRange:
     """A reserved, initially unmapped, range of device virtual addresses."""
 
@@ -296,6 +305,34 @@ class Backend:
 
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
         pass
+
+    # ---- graphs (optional; declare ``graphs`` only when overridden)
+    def begin_capture(self, stream: Stream) -> None:
+        """Record the work enqueued on ``stream`` from now on instead of running it.
+
+        Until :meth:`end_capture`, kernels, ``*_async`` copies, ``copy_d2d`` and stream
+        memsets on ``stream`` are recorded with their arguments (buffer addresses, sizes),
+        not executed. The host must not synchronize ``stream`` or record events on it
+        meanwhile, and must not allocate or free what the captured work touches.
+        """
+        raise _missing(self, "begin_capture")
+
+    def end_capture(self, stream: Stream) -> Graph:
+        """Stop recording on ``stream``; the captured work as a replayable :class:`Graph`."""
+        raise _missing(self, "end_capture")
+
+    def launch_graph(self, graph: Graph, stream: Stream) -> None:
+        """Enqueue one replay of ``graph`` on ``stream``, in order with its other work.
+
+        A replay reruns the captured work on the buffers' contents *at the time it runs*
+        (a device-to-device copy copies what the source holds then); it never replays
+        results computed at capture time.
+        """
+        raise _missing(self, "launch_graph")
+
+    def destroy_graph(self, graph: Graph) -> None:
+        """Release ``graph``; replays already enqueued still run."""
+        raise _missing(self, "destroy_graph")
 
     # ---- virtual memory (optional; declare ``vmm`` only when overridden)
     def vmm_granularity(self) -> int:

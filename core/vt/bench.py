@@ -43,6 +43,9 @@ class BenchRun(BaseModel):
     decode_tok_s: float | None
     kv_cache: dict[str, Any]
     ids: list[int]
+    graphs: bool = False  # decode steps replayed as graphs (VT_GRAPHS, capability)
+    graphs_reason: str = ""
+    graph_stats: dict[str, int] = {}
 
 
 class BenchResult(BaseModel):
@@ -204,6 +207,9 @@ def _record(async_on: bool, runner: Any, outs: list[RequestOutput]) -> BenchRun:
         decode_tok_s=decode.decode_tok_s,
         kv_cache=runner.kv.stats().model_dump(),
         ids=ids,
+        graphs=bool(getattr(runner, "graphs", False)),
+        graphs_reason=getattr(runner, "graphs_reason", ""),
+        graph_stats=dict(getattr(runner, "graph_stats", {})),
     )
 
 
@@ -229,6 +235,7 @@ def format_table(result: BenchResult) -> str:
     lines += [
         "",
         f"same greedy ids with async on and off: {'yes' if result.same_ids else 'NO'}",
+        f"graphs: {'on' if result.runs[0].graphs else 'off'} ({result.runs[0].graphs_reason})",
         f"peak RSS {result.peak_rss_bytes / mib:.1f} MiB (now {result.rss_bytes / mib:.1f} MiB)",
     ]
     return "\n".join(lines)

@@ -20,6 +20,7 @@ BOOL_FIELDS: tuple[str, ...] = (
     "async_d2h_copy",
     "events",
     "pinned_host_memory",
+    "graphs",
 )
 CAPABILITY_FIELDS: tuple[str, ...] = (*BOOL_FIELDS, "vmm")
 
@@ -82,6 +83,11 @@ class Capabilities(BaseModel):
     events: bool = Field(default=False, description="real events (record/query/synchronize)")
     pinned_host_memory: bool = Field(
         default=False, description="alloc_pinned returns real page-locked host memory"
+    )
+    graphs: bool = Field(
+        default=False,
+        description="work enqueued on a stream can be captured once and replayed as a graph "
+        "(begin_capture / end_capture / launch_graph / destroy_graph)",
     )
     vmm: VmmCaps | None = Field(default=None, description="virtual memory management, or None")
     provenance: dict[str, Provenance] = Field(default_factory=dict)

@@ -105,6 +105,7 @@ IMPLEMENTATION: dict[str, tuple[str, ...]] = {
     ),
     "pinned_host_memory": ("alloc_pinned",),
     "async_d2h_copy": ("copy_d2h_async",),
+    "graphs": ("begin_capture", "end_capture", "launch_graph", "destroy_graph"),
     "vmm": (
         "vmm_granularity",
         "vmm_reserve",

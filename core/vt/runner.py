@@ -11,7 +11,9 @@ plus the kernels, and returns a :class:`~vt.readback.StepOutput` at once. A chun
 ``from_previous`` takes its input token from the ids the previous step sampled, copied
 device-to-device, so the host's bookkeeping of step N overlaps the device running N+1.
 Every buffer a step touches is allocated in ``__init__``; a step enqueues kernels, copies
-and events only, never a host synchronisation.
+and events only, never a host synchronisation. Where the backend declares ``graphs``,
+decode-only steps replay their forward pass as a graph captured once per shape
+(:mod:`vt.step_graphs` says what is captured and why replays are right).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .readback import (
     async_scheduling_enabled,
     choose_readback,
 )
+from .step_graphs import DEFAULT_MAX_GRAPHS, StepGraphs, graphs_enabled
 
 __all__ = [
     "DEFAULT_MAX_MODEL_LEN",
@@ -100,6 +103,7 @@ class _Plan:
     sampled: list[int]  # indices into ``chunks`` of sampled chunks, in sample order
     copies: list[tuple[int, int, int]]  # (first row, first previous index, count)
     max_end: int
+    decode: bool = False  # every chunk from_previous: one token per sequence
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,9 @@ class ModelRunner:
     (KV slots ``0..max_slots-1``); a step holds at most ``max_batch_tokens`` tokens.
     ``async_scheduling`` (default: on unless ``VT_ASYNC_RUNNER=0``) off forces the ``sync``
     readback path. ``readback`` tells the path chosen from the backend's *effective*
-    capabilities, ``readback_reason`` why.
+    capabilities, ``readback_reason`` why. ``graphs`` (default: on unless ``VT_GRAPHS=0``,
+    and only where the effective capabilities declare ``graphs``) replays decode-only steps
+    as graphs, at most ``max_graphs`` shapes cached; ``graphs_reason`` says why on or off.
     """
 
     def __init__(
@@ -144,6 +150,8 @@ class ModelRunner:
         kv_cache: str = "auto",
         async_scheduling: bool | None = None,
         n_output_slots: int = 3,
+        graphs: bool | None = None,
+        max_graphs: int = DEFAULT_MAX_GRAPHS,
     ) -> None:
         check_backend(backend)
         config = model.config
@@ -165,6 +173,9 @@ class ModelRunner:
             )
         enabled, why = async_scheduling_enabled(async_scheduling)
         path, reason = choose_readback(backend.capabilities, enabled)
+        use_graphs, self.graphs_reason = graphs_enabled(backend.capabilities, graphs)
+        self.graphs: bool = use_graphs
+        self._graphs = StepGraphs(backend, use_graphs, max_graphs)
 
         self.backend = backend
         self.config = config
@@ -193,6 +204,7 @@ class ModelRunner:
         self.kv: KVCache | None = None  # type: ignore[assignment]
         self._act = None
         self._inputs: Buffer | None = None
+        self._graph_ids: Buffer | None = None  # where a replayed step samples into
         self._pool: OutputPool | None = None
         self.stream = None
         try:
@@ -201,6 +213,7 @@ class ModelRunner:
             self.kv = KVCache.create(backend, self.layout, kind=kv_cache)
             self._act = self.graph.allocate(max_batch_tokens, self.max_rows)
             self._inputs = backend.alloc(self._in.nbytes)
+            self._graph_ids = backend.alloc(self.max_rows * 4)
             self._pool = OutputPool(
                 backend, path, n_output_slots, self.max_rows, self._in.nbytes, self.stream
             )
@@ -255,6 +268,18 @@ class ModelRunner:
         if not _is_int(slot) or not 0 <= slot < self.max_slots:  # type: ignore[operator]
             raise InvalidStepError(f"slot {slot!r} is outside 0..{self.max_slots - 1}")
 
+    @property
+    def graph_stats(self) -> dict[str, int]:
+        """Graphs cached now, and how many were captured, replayed, evicted, invalidated."""
+        g = self._graphs
+        return {
+            "cached": len(g),
+            "captures": g.captures,
+            "replays": g.replays,
+            "evictions": g.evictions,
+            "invalidations": g.invalidations,
+        }
+
     def synchronize(self) -> None:
         """Block until every enqueued step has finished on the device."""
         self._check_open()
@@ -269,10 +294,13 @@ class ModelRunner:
         b = self.backend
         if self.stream is not None:
             b.synchronize(self.stream)
+        self._graphs.close(self.stream)
         if self._pool is not None:
             self._pool.close()
         if self._inputs is not None:
             b.free(self._inputs)
+        if self._graph_ids is not None:
+            b.free(self._graph_ids)
         if self._act is not None and self.graph is not None:
             self.graph.free_activations(self._act)
         if self.kv is not None:
@@ -281,7 +309,7 @@ class ModelRunner:
             self.graph.close()
         if self.stream is not None:
             b.destroy_stream(self.stream)
-        self._pool = self._inputs = self._act = self.stream = None
+        self._pool = self._inputs = self._graph_ids = self._act = self.stream = None
 
     def __enter__(self) -> ModelRunner:
         return self
@@ -292,7 +320,7 @@ class ModelRunner:
     def __repr__(self) -> str:
         return (
             f"ModelRunner(backend={self.backend.name!r}, arch={self.config.architecture!r}, "
-            f"readback={self.readback!r}, max_slots={self.max_slots}, "
+            f"readback={self.readback!r}, graphs={self.graphs}, max_slots={self.max_slots}, "
             f"max_model_len={self.max_model_len}, max_batch_tokens={self.max_batch_tokens})"
         )
 
@@ -323,16 +351,20 @@ class ModelRunner:
                     count * 4,
                     main,
                 )
-        self.graph.forward(
-            self._act,
-            self._io,
-            self.kv.buffer,
-            self.layout,
-            plan.n_tokens,
-            len(plan.sampled),
-            slot.ids,
-            main,
-        )
+        n_rows = len(plan.sampled)
+        graph, act, io, kv = self.graph, self._act, self._io, self.kv.buffer
+
+        def forward(out_ids: Buffer) -> None:
+            graph.forward(act, io, kv, self.layout, plan.n_tokens, n_rows, out_ids, main)
+
+        if plan.decode and self.graphs:
+            assert self._graph_ids is not None
+            ids = self._graph_ids
+            self._graphs.run((plan.n_tokens, n_rows), kv, main, lambda: forward(ids))
+            if n_rows:  # the output slot differs per step; the captured ids buffer does not
+                b.copy_d2d(slot.ids, ids, n_rows * 4, main)
+        else:
+            forward(slot.ids)
         self._pool.publish(slot)
         sampled_slots = tuple(plan.chunks[k].slot for k in plan.sampled)
         out = StepOutput(self._pool, slot, sampled_slots, self._step)
@@ -406,6 +438,7 @@ class ModelRunner:
             sampled=[k for k, c in enumerate(order) if c.sample],
             copies=copies,
             max_end=max(c.start_pos + c.n_tokens for c in order),
+            decode=len(follow) == len(order),
         )
 
     def _check_chunk(self, c: SeqChunk, seen: set[int], prev: dict[int, int]) -> np.ndarray | None:

@@ -12,7 +12,17 @@ from collections.abc import Callable
 
 import numpy as np
 import vt
-from vt import Buffer, Capabilities, Event, HostBuffer, Segment, Stream, VirtualRange, VmmCaps
+from vt import (
+    Buffer,
+    Capabilities,
+    Event,
+    Graph,
+    HostBuffer,
+    Segment,
+    Stream,
+    VirtualRange,
+    VmmCaps,
+)
 
 
 def _bytes(buf: Buffer) -> np.ndarray:
@@ -23,6 +33,7 @@ class _Worker:
     """One stream: a thread running its queue in order."""
 
     def __init__(self) -> None:
+        self.capture: list[Callable[[], None]] | None = None  # recording a graph
         self.jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -32,7 +43,10 @@ class _Worker:
             job()
 
     def put(self, job: Callable[[], None]) -> None:
-        self.jobs.put(job)
+        if self.capture is not None:
+            self.capture.append(job)
+        else:
+            self.jobs.put(job)
 
     def drain(self) -> None:
         done = threading.Event()
@@ -53,6 +67,7 @@ class ThreadBackend(vt.Backend):
         async_d2h_copy=True,
         events=True,
         pinned_host_memory=True,
+        graphs=True,
         vmm=VmmCaps(granularity=64 << 10),
     )
 
@@ -90,6 +105,20 @@ class ThreadBackend(vt.Backend):
 
     def host_view(self, buf: Buffer) -> np.ndarray:
         return _bytes(buf)
+
+    def begin_capture(self, stream: Stream) -> None:
+        stream.handle.capture = []
+
+    def end_capture(self, stream: Stream) -> Graph:
+        jobs, stream.handle.capture = stream.handle.capture, None
+        return Graph(jobs, stream.name)
+
+    def launch_graph(self, graph: Graph, stream: Stream) -> None:
+        for job in graph.handle:
+            stream.handle.put(job)
+
+    def destroy_graph(self, graph: Graph) -> None:
+        graph.handle = []
 
     def create_stream(self, name: str = "") -> Stream:
         return Stream(_Worker(), name)
@@ -250,6 +279,34 @@ class FakePinnedBackend(ThreadBackend):
 
     def alloc_pinned(self, nbytes: int) -> HostBuffer:
         return HostBuffer(np.zeros(nbytes, np.uint8), pinned=False)
+
+
+class EagerGraphBackend(ThreadBackend):
+    """Declares graphs, but "captured" work runs at once and a launch does nothing."""
+
+    name = "eager-graphs"
+
+    def begin_capture(self, stream: Stream) -> None:
+        pass
+
+    def end_capture(self, stream: Stream) -> Graph:
+        return Graph(None, stream.name)
+
+    def launch_graph(self, graph: Graph, stream: Stream) -> None:
+        pass
+
+
+class StaleGraphBackend(ThreadBackend):
+    """Declares graphs, but a replay writes back what the copies read at capture."""
+
+    name = "stale-graphs"
+
+    def copy_h2d_async(self, dst: Buffer, src: HostBuffer | np.ndarray, stream: Stream) -> None:
+        if stream.handle.capture is None:
+            super().copy_h2d_async(dst, src, stream)
+            return
+        snapshot = (src.array if isinstance(src, HostBuffer) else src).copy()
+        self._submit(stream, lambda: self.copy_h2d(dst, snapshot))
 
 
 @vt.hookimpl

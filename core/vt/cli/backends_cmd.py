@@ -19,6 +19,7 @@ SHORT = {
     "async_d2h_copy": "async-d2h",
     "events": "events",
     "pinned_host_memory": "pinned",
+    "graphs": "graphs",
 }
 
 

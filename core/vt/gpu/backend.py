@@ -27,6 +27,7 @@ from ..backend import (
     Backend,
     Buffer,
     Event,
+    Graph,
     HostBuffer,
     KVLayout,
     RopeParams,
@@ -103,6 +104,14 @@ class GpuWeight:
     @property
     def suffix(self) -> str:
         return W.SUFFIX[self.kind]
+
+
+@dataclass(eq=False)
+class _GpuGraph:
+    """What ``Graph.handle`` holds: the executable graph (its source graph is destroyed)."""
+
+    exec: Any
+    destroyed: bool = False
 
 
 @dataclass(eq=False)
@@ -290,6 +299,34 @@ class GpuBackend(Backend):
 
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
         self._rt.stream_wait_event(stream.handle, event.handle)
+
+    # ---- graphs: stream capture, instantiated at once; the source graph is not kept
+    def begin_capture(self, stream: Stream) -> None:
+        self._rt.graph_begin_capture(stream.handle)
+
+    def end_capture(self, stream: Stream) -> Graph:
+        graph = self._rt.graph_end_capture(stream.handle)
+        try:
+            graph_exec = self._rt.graph_instantiate(graph)
+        finally:
+            self._rt.graph_destroy(graph)  # an executable graph does not need its source
+        return Graph(_GpuGraph(graph_exec), stream.name)
+
+    def _gpu_graph(self, graph: Graph) -> _GpuGraph:
+        g = graph.handle
+        if not isinstance(g, _GpuGraph):
+            raise ValueError(f"graph is not a graph of the {self.name} backend")
+        if g.destroyed:
+            raise ValueError(f"graph captured on {graph.name!r} was destroyed")
+        return g
+
+    def launch_graph(self, graph: Graph, stream: Stream) -> None:
+        self._rt.graph_launch(self._gpu_graph(graph).exec, stream.handle)
+
+    def destroy_graph(self, graph: Graph) -> None:
+        g = self._gpu_graph(graph)
+        g.destroyed = True  # in-flight replays finish; the runtime frees it after them
+        self._rt.graph_exec_destroy(g.exec)
 
     # ---- virtual memory
     def vmm_granularity(self) -> int:

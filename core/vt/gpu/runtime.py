@@ -174,6 +174,29 @@ class GpuRuntime(abc.ABC):
     ) -> None:
         """Enqueue ``fn`` on ``stream``; ``args`` are ctypes values in parameter order."""
 
+    # ---- graphs (optional: not abstract, so adapters written before them still load; a
+    # capability function declares ``graphs`` only for an adapter that overrides them)
+    def graph_begin_capture(self, stream: Any) -> None:
+        """Start capturing the work enqueued on ``stream`` (this thread's capture mode)."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture graphs")
+
+    def graph_end_capture(self, stream: Any) -> Any:
+        """End the capture on ``stream``; the captured graph."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture graphs")
+
+    def graph_instantiate(self, graph: Any) -> Any:
+        """An executable graph of ``graph`` (which may be destroyed afterwards)."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture graphs")
+
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not capture graphs")
+
+    def graph_exec_destroy(self, graph_exec: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not capture graphs")
+
+    def graph_destroy(self, graph: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not capture graphs")
+
 
 def kernel_params(args: Sequence[KernelArg]) -> tuple[ctypes.Array, int]:
     """The ``void**`` array of a launch: pointers to each argument's bytes.

@@ -295,6 +295,50 @@ def _staging_reuse(ctx: KitContext) -> str:
     return f"{steps} steps through a ring of {ring} pinned staging buffers, reused after {fence}"
 
 
+# --------------------------------------------------------------------------- graphs
+
+
+def _graph_replay(ctx: KitContext) -> str:
+    """The audit's graph probe, plus a captured kernel: ``x += y`` twice per replay, so
+    each replay must start from what the previous one left (a rerun, not a recording)."""
+    detail = _from_probe(ctx, "graph-replay", audit.probe_graphs, ("graph-replay",))
+    b = ctx.backend
+    if not type(b).overrides("add"):
+        return detail + " (no add kernel to capture)"
+    c = "contract graph-replay failed"
+    n = 1024
+    # x has slack past its n floats: this contract proves replays, not add's bounds (the
+    # kernel cases catch an add that writes past its output)
+    with _device(b, 4 * n + 256) as x, _device(b, 4 * n) as y, _stream(b, "vt-kit-graph") as s:
+        b.copy_h2d(x, np.ones(n, np.float32))
+        b.copy_h2d(y, np.full(n, 0.5, np.float32))
+        b.begin_capture(s)
+        try:
+            b.add(x, x, y, n, s)
+            b.add(x, x, y, n, s)
+        finally:
+            graph = b.end_capture(s)
+        try:
+            expect = 1.0
+            for step in (0.5, 0.5, 2.0):
+                b.copy_h2d(y, np.full(n, step, np.float32))
+                b.launch_graph(graph, s)
+                b.synchronize(s)
+                expect += 2 * step
+                got = np.empty(n, np.float32)
+                b.copy_d2h(got, x.view(0, 4 * n))
+                if not (got == expect).all():
+                    raise KitFailure(
+                        f"{c}: after a replay of two captured add(x, x, y) x holds "
+                        f"{float(got[0])}, expected {expect}: the replay did not rerun the "
+                        "kernels on the buffers' current contents"
+                    )
+                ctx.count()
+        finally:
+            b.destroy_graph(graph)
+    return detail + "; captured add kernels rerun on current contents (3 replays)"
+
+
 # --------------------------------------------------------------------------- the cases
 
 #: ``(id, capability or None, run)`` in run order.
@@ -331,6 +375,7 @@ CONTRACTS: tuple[tuple[str, str | None, Callable[[KitContext], str]], ...] = (
     ),
     ("staging-reuse", None, _staging_reuse),
     ("vmm-arena", "vmm", lambda ctx: _from_probe(ctx, "vmm-arena", audit.probe_vmm, ())),
+    ("graph-replay", "graphs", _graph_replay),
 )
 
 

@@ -26,6 +26,7 @@ CAPABILITY_CONTRACTS: dict[str, tuple[str, ...]] = {
     "async_d2h_copy": ("async-d2h-readback",),
     "supports_async_sampled_token_readback": ("async-readback",),
     "vmm": ("vmm-arena",),
+    "graphs": ("graph-replay",),
 }
 
 

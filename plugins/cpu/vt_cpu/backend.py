@@ -15,7 +15,7 @@ import vt
 from vt.reference import HostKernels
 
 from . import vmm
-from .streams import CpuEvent, WorkerStream
+from .streams import CpuEvent, StreamError, WorkerStream
 
 DEFAULT_VMM_GRANULARITY = 2 << 20
 GRANULARITY_ENV = "VT_CPU_VMM_GRANULARITY"
@@ -52,6 +52,7 @@ def cpu_capabilities(granularity: int = DEFAULT_VMM_GRANULARITY) -> vt.Capabilit
         async_d2h_copy=True,
         events=True,
         pinned_host_memory=True,
+        graphs=True,
         vmm=vt.VmmCaps(granularity=granularity, segments_may_alias=False)
         if vmm.SUPPORTED
         else None,
@@ -73,6 +74,14 @@ class _Reservation:
     segments: dict[int, vt.Segment] = field(default_factory=dict)  # by offset
     released: bool = False
     array: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class _Graph:
+    """A captured stream's work: its closures, replayed in order on launch."""
+
+    ops: tuple[tuple[str, Callable[[], Any], bool], ...]
+    destroyed: bool = False
 
 
 @dataclass(eq=False)
@@ -202,8 +211,13 @@ class CpuBackend(HostKernels):
     def destroy_event(self, event: vt.Event) -> None:
         self._event(event)
 
+    def _not_capturing(self, worker: WorkerStream, op: str) -> WorkerStream:
+        if worker.capturing:  # as on a GPU: a captured event could never be waited on
+            raise StreamError(f"cpu stream {worker.name!r} is capturing a graph; {op} is refused")
+        return worker
+
     def record_event(self, event: vt.Event, stream: vt.Stream) -> None:
-        self._event(event).record(self._worker(stream))
+        self._event(event).record(self._not_capturing(self._worker(stream), "record_event"))
 
     def query_event(self, event: vt.Event) -> bool:
         return self._event(event).query()
@@ -212,7 +226,35 @@ class CpuBackend(HostKernels):
         self._event(event).synchronize()
 
     def stream_wait_event(self, stream: vt.Stream, event: vt.Event) -> None:
-        self._event(event).wait_on(self._worker(stream))
+        worker = self._not_capturing(self._worker(stream), "stream_wait_event")
+        self._event(event).wait_on(worker)
+
+    # ---- graphs: a capture records the stream's closures; a launch enqueues them again.
+    # The closures hold views of the buffers, not their contents, so a replay computes on
+    # what the buffers hold when it runs, as a device graph does.
+    def begin_capture(self, stream: vt.Stream) -> None:
+        self._worker(stream).begin_capture()
+
+    def end_capture(self, stream: vt.Stream) -> vt.Graph:
+        ops = self._worker(stream).end_capture()
+        return vt.Graph(_Graph(tuple(ops)), stream.name)
+
+    def _graph(self, graph: vt.Graph) -> _Graph:
+        g = graph.handle
+        if not isinstance(g, _Graph):
+            raise ValueError("graph is not a cpu graph")
+        if g.destroyed:
+            raise ValueError(f"graph captured on {graph.name!r} was destroyed")
+        return g
+
+    def launch_graph(self, graph: vt.Graph, stream: vt.Stream) -> None:
+        worker = self._worker(stream)
+        for op, fn, always in self._graph(graph).ops:
+            worker.enqueue(op, fn, always)
+
+    def destroy_graph(self, graph: vt.Graph) -> None:
+        g = self._graph(graph)
+        g.ops, g.destroyed = (), True
 
     # ---- virtual memory
     def vmm_granularity(self) -> int:

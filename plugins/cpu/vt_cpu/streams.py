@@ -32,6 +32,8 @@ class WorkerStream:
         )
         self._error: StreamError | None = None
         self._closed = False
+        # While capturing (graphs), enqueued work is recorded here instead of queued.
+        self._capture: list[tuple[str, Callable[[], Any], bool]] | None = None
         self._thread = threading.Thread(target=self._run, name=f"vt-cpu-stream:{name}")
         self._thread.daemon = True  # a forgotten close() must not hang interpreter exit
         self._thread.start()
@@ -40,7 +42,29 @@ class WorkerStream:
         """Run ``fn`` after everything enqueued before; ``always`` runs it even after an error."""
         if self._closed:
             raise StreamError(f"cpu stream {self.name!r} was destroyed; {op} cannot run on it")
+        if self._capture is not None:
+            self._capture.append((op, fn, always))
+            return
         self._queue.put((op, fn, always))
+
+    @property
+    def capturing(self) -> bool:
+        return self._capture is not None
+
+    def begin_capture(self) -> None:
+        """Record enqueued work from now on instead of running it."""
+        if self._closed:
+            raise StreamError(f"cpu stream {self.name!r} was destroyed; it cannot capture")
+        if self._capture is not None:
+            raise StreamError(f"cpu stream {self.name!r} is already capturing")
+        self._capture = []
+
+    def end_capture(self) -> list[tuple[str, Callable[[], Any], bool]]:
+        """Stop recording; the work recorded since :meth:`begin_capture`, in order."""
+        if self._capture is None:
+            raise StreamError(f"cpu stream {self.name!r} is not capturing")
+        ops, self._capture = self._capture, None
+        return ops
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -71,6 +95,11 @@ class WorkerStream:
 
     def synchronize(self) -> None:
         """Wait for the queue to drain; raise (and clear) a recorded error."""
+        if self._capture is not None:
+            raise StreamError(
+                f"cpu stream {self.name!r} is capturing a graph; end the capture before "
+                "synchronizing it"
+            )
         self.wait_idle()
         err, self._error = self._error, None
         if err is not None:

@@ -24,6 +24,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_INVALID_IMAGE = 200
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_NOT_SUPPORTED = 801
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
 
 
 CUdevice_attribute = enum.IntEnum(  # type: ignore[misc]
@@ -64,6 +65,16 @@ class CUmemAttach_flags(enum.IntEnum):  # noqa: N801
     CU_MEM_ATTACH_GLOBAL = 1
 
 
+class CUstreamCaptureMode(enum.IntEnum):  # noqa: N801
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+#: Calls that control a capture rather than being captured by it.
+CAPTURE_CONTROL = frozenset({"cuStreamBeginCapture", "cuStreamEndCapture"})
+
+
 class _Struct:
     """CUmemAllocationProp / CUmemAccessDesc: attributes plus a nested location."""
 
@@ -100,6 +111,7 @@ class FakeDriver:
     CUstream_flags = CUstream_flags
     CUevent_flags = CUevent_flags
     CUmemAttach_flags = CUmemAttach_flags
+    CUstreamCaptureMode = CUstreamCaptureMode
     CUmemAllocationProp = _Struct
     CUmemAccessDesc = _Struct
 
@@ -112,6 +124,10 @@ class FakeDriver:
         self.launches: list[dict[str, Any]] = []
         self._memory: dict[int, np.ndarray] = {}  # keeps "device" memory alive
         self._next = 0
+        # Stream capture: work on a capturing stream is recorded, run on cuGraphLaunch.
+        self.capturing: dict[str, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
+        self.graphs: dict[str, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
+        self.execs: dict[str, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
 
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
@@ -135,6 +151,21 @@ class FakeDriver:
             {"fn": f, "grid": (gx, gy, gz), "block": (bx, by, bz), "smem": smem,
              "stream": stream, "params": params, "extra": extra}
         )  # fmt: skip
+        return ()
+
+    def _end_capture(self, stream: str) -> tuple[str]:
+        graph = self._handle("graph")
+        self.graphs[graph] = self.capturing.pop(stream)
+        return (graph,)
+
+    def _instantiate(self, graph: str, flags: int) -> tuple[str]:
+        graph_exec = self._handle("graphexec")
+        self.execs[graph_exec] = list(self.graphs[graph])
+        return (graph_exec,)
+
+    def _graph_launch(self, graph_exec: str, stream: Any) -> tuple[()]:
+        for impl, args in self.execs[graph_exec]:
+            impl(*args)
         return ()
 
     def _impl(self, name: str) -> Callable[..., tuple[Any, ...]]:
@@ -184,6 +215,12 @@ class FakeDriver:
             "cuModuleLoadData": lambda image: (self._handle("module"),),
             "cuModuleGetFunction": lambda module, name: (f"{module}:{name.decode()}",),
             "cuLaunchKernel": self._launch,
+            "cuStreamBeginCapture": lambda s, mode: self.capturing.__setitem__(s, []) or (),
+            "cuStreamEndCapture": self._end_capture,
+            "cuGraphInstantiateWithFlags": self._instantiate,
+            "cuGraphLaunch": self._graph_launch,
+            "cuGraphExecDestroy": lambda e: self.execs.pop(e) and (),
+            "cuGraphDestroy": lambda g: self.graphs.pop(g) and (),
         }
         return table[name]
 
@@ -204,6 +241,13 @@ class FakeDriver:
             if name in self.fail:
                 # cuda-python returns the error plus placeholder outputs.
                 return (self.fail.pop(name), None)
+            if name not in CAPTURE_CONTROL:
+                stream = next((a for a in args if isinstance(a, str) and a in self.capturing), "")
+                if stream and name == "cuStreamSynchronize":
+                    return (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+                if stream:  # recorded with its arguments, run by cuGraphLaunch
+                    self.capturing[stream].append((impl, args))
+                    return (CUresult.CUDA_SUCCESS,)
             return (CUresult.CUDA_SUCCESS, *impl(*args))
 
         return call

@@ -6,7 +6,8 @@
 where there is no GPU, never collects it.) Beyond the conformance kit (``--vt-backend
 cuda``): the tiled matmul path, contexts longer than one attention chunk, sampling over
 real vocabulary sizes, the runner on cuda against cpu on every readback path and with a VMM
-KV cache, and the device's capability facts.
+KV cache, decode steps replayed as CUDA graphs against eager ones, and the device's
+capability facts.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def test_capabilities_are_the_discrete_device_facts(cuda: Any) -> None:
     assert caps.supports_async_sampled_token_readback and caps.async_d2h_copy
     assert caps.vmm is not None and not caps.vmm.segments_may_alias
     assert caps.vmm.granularity == profile.vmm_granularity > 0
+    assert caps.graphs
     assert rules.check(CudaBackend, caps) == []
     with pytest.raises(vt.HostAccessError):
         cuda.host_view(cuda.alloc(16))
@@ -223,3 +225,58 @@ def test_runner_ids_equal_cpu_on_every_path(tiny: Any) -> None:
             backend.close()
     for name, ids in results.items():
         assert ids == results["cpu"], name
+
+
+def _graph_script(runner: ModelRunner) -> list[dict[int, int]]:
+    """Batches of 3, 2 (a gap in the previous step's rows) and 1; slot 1 samples with
+    temperature; slot 0 decodes past the vmm cache's first 2 MiB chunk (64 positions)."""
+    prompts = {0: [3, 17, 42, 5, 9, 60, 1, 33, 21] * 6, 1: [8, 2, 50], 2: [5, 5, 5, 5]}
+    outs = [
+        runner.execute(
+            [SeqChunk(slot=s, start_pos=0, token_ids=p) for s, p in prompts.items()]
+        ).get_output()
+    ]
+    pos = {s: len(p) for s, p in prompts.items()}
+    counter = 0
+    for slots in ([0, 1, 2], [0, 2], [0]):
+        for _ in range(8):
+            counter += 1
+            chunks = [
+                SeqChunk(slot=s, start_pos=pos[s], token_ids=None, from_previous=True)
+                if s != 1
+                else SeqChunk(
+                    slot=1,
+                    start_pos=pos[1],
+                    token_ids=None,
+                    from_previous=True,
+                    temperature=0.9,
+                    top_k=8,
+                    seed=5,
+                    counter=counter,
+                )  # fmt: skip
+                for s in slots
+            ]
+            outs.append(runner.execute(chunks).get_output())
+            for s in slots:
+                pos[s] += 1
+    return outs
+
+
+def test_graph_replay_gives_the_ids_of_eager_steps(tiny: Any) -> None:
+    results, stats = {}, {}
+    for graphs in (False, True):
+        backend = make("cuda")
+        try:
+            with ModelRunner(
+                backend, tiny, max_slots=64, max_model_len=256, kv_cache="vmm", graphs=graphs
+            ) as r:
+                assert r.graphs is graphs, r.graphs_reason
+                results[graphs] = _graph_script(r)
+                assert r.kv.stats().segments >= 2  # type: ignore[union-attr]
+                stats[graphs] = r.graph_stats
+        finally:
+            backend.close()
+    print(f"graph stats on cuda: {stats[True]}")
+    assert results[True] == results[False]
+    assert stats[True]["captures"] == 3 and stats[True]["replays"] == 3 * (8 - 1)
+    assert stats[False]["replays"] == 0

@@ -374,6 +374,27 @@ class CudaRuntime(GpuRuntime):
         self.call("cuLaunchKernel", fn, *grid, *block, shared_mem, stream, address, 0)
         del params  # kept alive until the driver has copied the arguments
 
+    # ---- graphs: stream capture in this thread's mode, so another thread's unrelated CUDA
+    # calls (a second runner, a server thread) do not invalidate the capture
+    def graph_begin_capture(self, stream: Any) -> None:
+        mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self.call("cuStreamBeginCapture", stream, mode)
+
+    def graph_end_capture(self, stream: Any) -> Any:
+        return self.call("cuStreamEndCapture", stream)
+
+    def graph_instantiate(self, graph: Any) -> Any:
+        return self.call("cuGraphInstantiateWithFlags", graph, 0)
+
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        self.call("cuGraphLaunch", graph_exec, stream)
+
+    def graph_exec_destroy(self, graph_exec: Any) -> None:
+        self.call("cuGraphExecDestroy", graph_exec)
+
+    def graph_destroy(self, graph: Any) -> None:
+        self.call("cuGraphDestroy", graph)
+
 
 _INT_FIELDS = frozenset({"compute_capability_major", "compute_capability_minor", "warp_size"})
 

@@ -140,6 +140,11 @@ def capabilities_from_device(profile: DeviceProfile) -> Capabilities:
             "real events, cuMemHostAlloc pinned memory and "
             + ("host-addressable device memory" if host_addressable else "an async D2H copy"),
         ),
+        "graphs": (
+            True,
+            "cuStreamBeginCapture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "
+            "cuGraphInstantiateWithFlags, cuGraphLaunch",
+        ),
         "vmm": (vmm, vmm_detail),
     }
     return Capabilities.model_validate(

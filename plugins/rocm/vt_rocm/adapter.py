@@ -351,6 +351,26 @@ class HipRuntime(GpuRuntime):
         self.call("hipModuleLaunchKernel", fn, *grid, *block, shared_mem, stream, address, None)
         del params  # kept alive until HIP has copied the arguments
 
+    # ---- graphs: stream capture in this thread's mode (as the CUDA adapter)
+    def graph_begin_capture(self, stream: Any) -> None:
+        mode = self.hip.hipStreamCaptureMode.hipStreamCaptureModeThreadLocal
+        self.call("hipStreamBeginCapture", stream, mode)
+
+    def graph_end_capture(self, stream: Any) -> Any:
+        return self.call("hipStreamEndCapture", stream)
+
+    def graph_instantiate(self, graph: Any) -> Any:
+        return self.call("hipGraphInstantiateWithFlags", graph, 0)
+
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        self.call("hipGraphLaunch", graph_exec, stream)
+
+    def graph_exec_destroy(self, graph_exec: Any) -> None:
+        self.call("hipGraphExecDestroy", graph_exec)
+
+    def graph_destroy(self, graph: Any) -> None:
+        self.call("hipGraphDestroy", graph)
+
 
 def host_platform(platform: str | None = None) -> str:
     """'windows' or 'linux' from ``sys.platform`` (HIP runs on nothing else)."""

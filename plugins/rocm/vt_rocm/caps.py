@@ -111,6 +111,11 @@ def capabilities_from_device(profile: DeviceProfile) -> Capabilities:
             "real events, hipHostMalloc pinned memory and "
             + ("host-addressable device memory" if host_addressable else "an async D2H copy"),
         ),
+        "graphs": (
+            True,
+            "hipStreamBeginCapture(hipStreamCaptureModeThreadLocal), "
+            "hipGraphInstantiateWithFlags, hipGraphLaunch",
+        ),
         "vmm": (vmm, vmm_detail),
     }
     return Capabilities.model_validate(

@@ -1,0 +1,287 @@
+"""Decode steps replayed as graphs: the same ids as eager steps, a bounded cache, KV growth.
+
+The cpu backend declares ``graphs`` (a capture records its streams' closures, a launch
+enqueues them again), so these tests run the runner's real graph path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import vt
+from model_support import PROMPT, make_backend
+from vt.registry import Registry
+from vt.runner import ModelRunner, SeqChunk
+from vt.step_graphs import graphs_enabled
+
+KV_SLOTS = 64  # a position is 32 KiB: the vmm cache's first 2 MiB chunk holds 64 positions
+
+
+def _next(pos: dict[int, int], slots: list[int], counter: int) -> list[SeqChunk]:
+    """One decode step; slot 1 samples with temperature (its parameters change per step)."""
+    return [
+        SeqChunk(slot=s, start_pos=pos[s], token_ids=None, from_previous=True)
+        if s != 1
+        else SeqChunk(
+            slot=1,
+            start_pos=pos[1],
+            token_ids=None,
+            from_previous=True,
+            temperature=0.9,
+            top_k=5,
+            seed=11,
+            counter=counter,
+        )
+        for s in slots
+    ]
+
+
+def scripted(r: ModelRunner) -> list[dict[int, int]]:
+    """Batches that grow, shrink, mix in a prefill and reorder; every step's ids."""
+    prompts = {0: PROMPT, 1: PROMPT[::-1], 2: PROMPT[2:], 3: [7, 8, 9]}
+    outs = [r.execute([SeqChunk(s, 0, p) for s, p in prompts.items()]).get_output()]
+    pos = {s: len(p) for s, p in prompts.items()}
+    counter = 0
+
+    def decode(slots: list[int], n: int) -> None:
+        nonlocal counter
+        for _ in range(n):
+            counter += 1
+            outs.append(r.execute(_next(pos, slots, counter)).get_output())
+            for s in slots:
+                pos[s] += 1
+
+    decode([0, 1, 2, 3], 5)
+    decode([0, 1, 3], 4)  # slot 2 stopped: the previous step's indices have a gap
+    r.free_slot(2)
+    mixed = _next(pos, [0, 1, 3], 99) + [SeqChunk(slot=2, start_pos=0, token_ids=[4, 5, 6])]
+    outs.append(r.execute(mixed).get_output())  # a prefill in the step: eager
+    for s in (0, 1, 3):
+        pos[s] += 1
+    pos[2] = 3
+    decode([0, 1, 2, 3], 4)
+    decode([3, 1], 3)  # given out of order; rows follow the previous step's samples
+    return outs
+
+
+def test_graph_replay_gives_the_same_ids_as_eager_steps(llama: Any) -> None:
+    with ModelRunner(make_backend("cpu"), llama, max_slots=4, graphs=False) as r:
+        assert not r.graphs and r.graphs_reason == "graphs=False"
+        want = scripted(r)
+        assert r.graph_stats["captures"] == r.graph_stats["replays"] == 0
+    with ModelRunner(make_backend("cpu"), llama, max_slots=4) as r:
+        assert r.graphs
+        assert r.graphs_reason == "decode steps are captured once per shape and replayed (default)"
+        got = scripted(r)
+        stats = r.graph_stats
+    assert got == want
+    # shapes (4, 4) x5, (3, 3) x4, (4, 4) x4, (2, 2) x3: each eager once, captured the second
+    # time, replayed from then on
+    assert stats["captures"] == 3 and stats["cached"] == 3
+    assert stats["replays"] == (5 - 1) + (4 - 1) + 4 + (3 - 1)
+    assert stats["evictions"] == stats["invalidations"] == 0
+
+
+def test_prefill_and_mixed_steps_run_eagerly(llama: Any) -> None:
+    backend = make_backend("cpu")
+    with ModelRunner(backend, llama, max_slots=2) as r:
+        for _ in range(3):  # the same prefill shape three times: never captured
+            r.free_slot(0)
+            r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
+        assert r.graph_stats["captures"] == 0
+        r.execute([SeqChunk(slot=0, start_pos=9, token_ids=None, from_previous=True)])
+        r.execute(
+            [
+                SeqChunk(slot=0, start_pos=10, token_ids=None, from_previous=True),
+                SeqChunk(slot=1, start_pos=0, token_ids=[1, 2]),
+            ]
+        ).get_output()
+        assert r.graph_stats == {
+            "cached": 0, "captures": 0, "replays": 0, "evictions": 0, "invalidations": 0,
+        }  # fmt: skip
+
+
+def test_vmm_growth_does_not_invalidate_captured_graphs(llama: Any) -> None:
+    """Decoding crosses the vmm cache's first chunk while replaying: the reservation's address
+    is fixed and growth maps more of it before the replay is enqueued."""
+    prompt, n_new = PROMPT * 6, 20  # 54 positions; decode crosses position 64
+
+    def run(graphs: bool, kind: str) -> tuple[list[int], ModelRunner]:
+        r = ModelRunner(
+            make_backend("cpu"), llama, max_slots=KV_SLOTS, max_model_len=256, kv_cache=kind,
+            graphs=graphs,
+        )  # fmt: skip
+        outs = [r.execute([SeqChunk(slot=0, start_pos=0, token_ids=prompt)])]
+        for j in range(n_new - 1):  # run ahead of get_output, as the engine does
+            pos = len(prompt) + j
+            outs.append(
+                r.execute([SeqChunk(slot=0, start_pos=pos, token_ids=None, from_previous=True)])
+            )
+        ids = [o.get_output()[0] for o in outs]
+        if kind == "vmm":
+            assert r.kv.stats().segments == 2  # grew while decode steps were replayed
+        r.close()
+        return ids, r
+
+    want, _ = run(False, "contiguous")
+    got, r = run(True, "vmm")
+    assert got == want
+    assert r.kv.kind == "vmm"
+    stats = r.graph_stats
+    # 19 decode steps: the first eager, the second captured, every one after it replayed
+    assert stats["captures"] == 1 and stats["replays"] == n_new - 2
+    assert stats["invalidations"] == 0
+
+
+def test_a_changed_kv_buffer_drops_the_graphs(llama: Any) -> None:
+    """Never a replay against the KV address a graph was captured with, if it ever moved."""
+
+    def run(move: bool) -> tuple[list[int], dict[str, int]]:
+        backend = make_backend("cpu")
+        with ModelRunner(backend, llama, max_slots=1, kv_cache="contiguous") as r:
+            ids = [r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()[0]]
+            for j in range(8):
+                if move and j == 4:
+                    r.synchronize()
+                    old = r.kv.buffer
+                    new = backend.alloc(old.nbytes)
+                    backend.host_view(new)[:] = backend.host_view(old)
+                    r.kv._buffer = new
+                chunk = SeqChunk(slot=0, start_pos=9 + j, token_ids=None, from_previous=True)
+                ids.append(r.execute([chunk]).get_output()[0])
+            return ids, r.graph_stats
+
+    want, stats = run(False)
+    assert stats["captures"] == 1 and stats["invalidations"] == 0
+    got, stats = run(True)
+    assert got == want
+    assert stats["invalidations"] == 1
+    assert stats["captures"] == 2  # eager again once, then captured against the new buffer
+
+
+def test_the_cache_is_bounded_and_freed_on_close(llama: Any) -> None:
+    backend = make_backend("cpu")
+    destroyed: list[vt.Graph] = []
+    plain = backend.destroy_graph
+
+    def destroy(graph: vt.Graph) -> None:
+        destroyed.append(graph)
+        plain(graph)
+
+    backend.destroy_graph = destroy  # type: ignore[method-assign]
+
+    def shrink(r: ModelRunner) -> list[dict[int, int]]:
+        outs = [r.execute([SeqChunk(s, 0, PROMPT[s:]) for s in range(3)]).get_output()]
+        pos = {s: len(PROMPT) - s for s in range(3)}
+        for slots in ([0, 1, 2], [0, 1], [0]):
+            for _ in range(3):
+                outs.append(r.execute(_next(pos, slots, 1)).get_output())
+                for s in slots:
+                    pos[s] += 1
+        return outs
+
+    with ModelRunner(make_backend("cpu"), llama, max_slots=3, graphs=False) as r:
+        want = shrink(r)
+    r = ModelRunner(backend, llama, max_slots=3, max_graphs=1)
+    assert shrink(r) == want
+    stats = r.graph_stats
+    assert stats["captures"] == 3 and stats["evictions"] == 2 and stats["cached"] == 1
+    assert len(destroyed) == 2
+    r.close()
+    assert len(destroyed) == 3 and r.graph_stats["cached"] == 0
+
+
+def test_graphs_follow_the_argument_the_environment_and_the_capability(
+    llama: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VT_GRAPHS", "0")
+    with ModelRunner(make_backend("cpu"), llama, max_slots=1) as r:
+        assert (r.graphs, r.graphs_reason) == (False, "VT_GRAPHS=0")
+    with ModelRunner(make_backend("cpu"), llama, max_slots=1, graphs=True) as r:
+        assert r.graphs  # the argument wins over the environment
+    monkeypatch.setenv("VT_GRAPHS", "sometimes")
+    with pytest.raises(ValueError, match="VT_GRAPHS='sometimes' is not a boolean; use 0 or 1"):
+        ModelRunner(make_backend("cpu"), llama, max_slots=1)
+    monkeypatch.delenv("VT_GRAPHS")
+    no_graphs, _ = Registry(env={"VT_CAPS": "cpu:graphs=0"}).create_backend("cpu")
+    assert not no_graphs.capabilities.graphs
+    with ModelRunner(no_graphs, llama, max_slots=1, graphs=True) as r:
+        assert not r.graphs
+        assert r.graphs_reason == "the backend does not declare graphs (graphs=True)"
+        r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
+        for j in range(3):
+            r.execute([SeqChunk(slot=0, start_pos=9 + j, token_ids=None, from_previous=True)])
+        r.synchronize()
+        assert r.graph_stats["replays"] == 0
+    caps = vt.Capabilities(graphs=True)
+    assert graphs_enabled(caps, None) == (
+        True,
+        "decode steps are captured once per shape and replayed (default)",
+    )
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_graphs must be a positive integer"):
+            ModelRunner(make_backend("cpu"), llama, max_slots=1, max_graphs=bad)
+
+
+def test_a_failed_capture_ends_the_capture_and_raises(llama: Any) -> None:
+    backend = make_backend("cpu")
+    capturing = {"on": False}
+    plain_begin, plain_end, plain_add = backend.begin_capture, backend.end_capture, backend.add
+
+    def begin(stream: vt.Stream) -> None:
+        capturing["on"] = True
+        plain_begin(stream)
+
+    def end(stream: vt.Stream) -> vt.Graph:
+        capturing["on"] = False
+        return plain_end(stream)
+
+    def add(*args: Any) -> None:
+        if capturing["on"]:
+            raise ValueError("add refused during capture")
+        plain_add(*args)
+
+    backend.begin_capture, backend.end_capture = begin, end  # type: ignore[method-assign]
+    backend.add = add  # type: ignore[method-assign]
+    with ModelRunner(backend, llama, max_slots=1) as r:
+        r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
+        r.execute([SeqChunk(slot=0, start_pos=9, token_ids=None, from_previous=True)])
+        with pytest.raises(ValueError, match="add refused during capture"):
+            r.execute([SeqChunk(slot=0, start_pos=10, token_ids=None, from_previous=True)])
+        assert not capturing["on"]
+        r.synchronize()  # the stream is not left capturing
+        assert r.graph_stats["cached"] == 0
+
+
+def test_cpu_capture_records_and_refuses_what_a_gpu_refuses() -> None:
+    b = make_backend("cpu")
+    s = b.create_stream("cap")
+    src, dst = b.alloc(16), b.alloc(16)
+    b.host_view(src)[:] = 7
+    b.begin_capture(s)
+    with pytest.raises(vt.VtError, match="already capturing"):
+        b.begin_capture(s)
+    b.copy_d2d(dst, src, 16, s)
+    event = b.create_event()
+    with pytest.raises(vt.VtError, match="is capturing a graph; record_event is refused"):
+        b.record_event(event, s)
+    with pytest.raises(vt.VtError, match="is capturing a graph; stream_wait_event is refused"):
+        b.stream_wait_event(s, event)
+    with pytest.raises(vt.VtError, match="end the capture before synchronizing it"):
+        b.synchronize(s)
+    graph = b.end_capture(s)
+    b.synchronize(s)
+    assert (b.host_view(dst) == 0).all()  # recorded, not run
+    b.host_view(src)[:] = 9
+    b.launch_graph(graph, s)
+    b.synchronize(s)
+    assert np.array_equal(b.host_view(dst), np.full(16, 9, np.uint8))
+    b.destroy_graph(graph)
+    with pytest.raises(ValueError, match="graph captured on 'cap' was destroyed"):
+        b.launch_graph(graph, s)
+    with pytest.raises(vt.VtError, match="is not capturing"):
+        b.end_capture(s)
+    b.destroy_stream(s)
+    b.close()
