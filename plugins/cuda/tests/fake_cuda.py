@@ -217,7 +217,7 @@ class FakeDriver:
             "cuLaunchKernel": self._launch,
             "cuStreamBeginCapture": lambda s, mode: self.capturing.__setitem__(s, []) or (),
             "cuStreamEndCapture": self._end_capture,
-            "cuGraphInstantiateWithFlags": self._instantiate,
+            "cuGraphInstantiate": self._instantiate,
             "cuGraphLaunch": self._graph_launch,
             "cuGraphExecDestroy": lambda e: self.execs.pop(e) and (),
             "cuGraphDestroy": lambda g: self.graphs.pop(g) and (),

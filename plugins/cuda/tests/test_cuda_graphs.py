@@ -55,14 +55,14 @@ def test_capture_instantiate_launch_destroy_call_sequence() -> None:
         "cuStreamBeginCapture",
         "cuMemcpyDtoDAsync",
         "cuStreamEndCapture",
-        "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiate",
         "cuGraphDestroy",  # the executable graph does not need its source
     ]
     assert driver.args("cuStreamBeginCapture") == [
         (s.handle, CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
     ]
     (graph_handle,) = driver.args("cuGraphDestroy")[0]
-    assert driver.args("cuGraphInstantiateWithFlags") == [(graph_handle, 0)]
+    assert driver.args("cuGraphInstantiate") == [(graph_handle, 0)]
     got = np.empty(64, np.uint8)
     backend.copy_d2h(got, dst)
     assert (got == 0).all()  # recorded, not run
@@ -82,8 +82,8 @@ def test_a_failed_instantiation_still_destroys_the_graph_and_names_the_call() ->
     backend, driver = make()
     s = backend.create_stream()
     backend.begin_capture(s)
-    driver.fail["cuGraphInstantiateWithFlags"] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
-    with pytest.raises(CudaError, match=r"cuGraphInstantiateWithFlags\(.*CUDA_ERROR_OUT_OF_MEMORY"):
+    driver.fail["cuGraphInstantiate"] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    with pytest.raises(CudaError, match=r"cuGraphInstantiate\(.*CUDA_ERROR_OUT_OF_MEMORY"):
         backend.end_capture(s)
     assert driver.names()[-1] == "cuGraphDestroy"
 

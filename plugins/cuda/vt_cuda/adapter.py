@@ -384,7 +384,9 @@ class CudaRuntime(GpuRuntime):
         return self.call("cuStreamEndCapture", stream)
 
     def graph_instantiate(self, graph: Any) -> Any:
-        return self.call("cuGraphInstantiateWithFlags", graph, 0)
+        # cuda-python 12 and 13 bind cuGraphInstantiate as (graph, flags) (13 has no
+        # cuGraphInstantiateWithFlags, as seen on the H200's cuda-bindings 13.3.1)
+        return self.call("cuGraphInstantiate", graph, 0)
 
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
         self.call("cuGraphLaunch", graph_exec, stream)

@@ -143,7 +143,7 @@ def capabilities_from_device(profile: DeviceProfile) -> Capabilities:
         "graphs": (
             True,
             "cuStreamBeginCapture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "
-            "cuGraphInstantiateWithFlags, cuGraphLaunch",
+            "cuGraphInstantiate, cuGraphLaunch",
         ),
         "vmm": (vmm, vmm_detail),
     }
