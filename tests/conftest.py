@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,19 @@ import pytest
 #: Plugin modules vt's own tests install as fake distributions.
 TEST_PLUGINS = Path(__file__).parent / "plugins"
 
-VT_ENV = ("VT_PLUGINS", "VT_CAPS", "VT_BACKEND")
+VT_ENV = (
+    "VT_PLUGINS",
+    "VT_CAPS",
+    "VT_BACKEND",
+    "VT_GRAPHS",
+    "VT_ASYNC_RUNNER",
+    "VT_CPU_VMM_GRANULARITY",
+    "VT_MODEL_WHEEL",
+)
+# The caller's VT_* settings must not leak into any test, including module- and
+# session-scoped fixtures that are set up before the function-scoped one below.
+for _name in VT_ENV:
+    os.environ.pop(_name, None)
 
 
 @pytest.fixture(autouse=True)
