@@ -323,6 +323,22 @@ def test_missing_runtime_library_is_unavailable_not_broken() -> None:
     assert "libamdhip64.so" in probe.reason
 
 
+def test_missing_runtime_reason_shows_hip_pythons_bytes_as_text() -> None:
+    # hip-python's own message (seen in `vt backends` here) embeds bytes reprs.
+    class NoLibrary(FakeHip):
+        def hipGetDeviceCount(self) -> Any:  # noqa: N802
+            raise RuntimeError(
+                "failed to dlopen 'b'libamdhip64.so'': b'libamdhip64.so: cannot open shared "
+                "object file: No such file or directory'"
+            )
+
+    probe = RocmBackend.probe_runtime(HipRuntime(NoLibrary()))
+    assert probe.reason == (
+        "the HIP runtime could not be loaded: failed to dlopen 'libamdhip64.so': "
+        "libamdhip64.so: cannot open shared object file: No such file or directory"
+    )
+
+
 def test_no_device_is_unavailable_naming_the_call() -> None:
     fake = FakeHip()
     fake.fail["hipGetDeviceCount"] = hipError_t.hipErrorNoDevice

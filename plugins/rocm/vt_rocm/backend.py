@@ -6,6 +6,8 @@ shared with the CUDA backend: this module says how to find HIP and what the devi
 
 from __future__ import annotations
 
+import re
+
 from vt import BackendUnavailableError, Probe
 from vt.gpu import GpuBackend
 
@@ -24,8 +26,10 @@ def runtime_reason(error: RuntimeError) -> str:
     """Why the backend is unavailable when the HIP runtime fails (missing library, no device)."""
     if isinstance(error, HipError):
         return str(error)
-    # hip-python loads libamdhip64 on the first call and says so in its RuntimeError.
-    return f"the HIP runtime could not be loaded: {error}"
+    # hip-python loads libamdhip64 on the first call and says so in its RuntimeError, with
+    # bytes reprs ("failed to dlopen 'b'libamdhip64.so'': b'...'"): show them as text.
+    text = re.sub(r"\bb'([^']*)'", r"\1", str(error))
+    return f"the HIP runtime could not be loaded: {text}"
 
 
 def load_runtime(device: int = 0) -> HipRuntime:
