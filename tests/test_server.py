@@ -25,7 +25,7 @@ import pytest
 import vt
 from click.testing import CliRunner
 from vt.cli import main
-from vt.server import Server
+from vt.server import Server, bind
 from vt.testing.tiny import write_tiny_gguf
 
 pytestmark = pytest.mark.timeout(60)
@@ -570,6 +570,29 @@ def test_serve_busy_port_is_a_clean_error(server: Server, tiny: Path) -> None:
     )
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{server.port}" in result.output
+
+
+def test_serve_busy_port_fails_before_loading_the_model(
+    server: Server, tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded although the port is busy")
+
+    monkeypatch.setattr("vt.llm.LLM", no_load)
+    result = CliRunner().invoke(main, ["serve", "--model", str(tiny), "--port", str(server.port)])
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{server.port}" in result.output
+
+
+def test_serve_releases_the_port_when_the_model_fails_to_load(tmp_path: Path) -> None:
+    probe = bind("127.0.0.1", 0)
+    port = probe.getsockname()[1]
+    probe.close()
+    missing = tmp_path / "missing.gguf"
+    result = CliRunner().invoke(main, ["serve", "--model", str(missing), "--port", str(port)])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {missing}: no such model file"
+    bind("127.0.0.1", port).close()  # the port is free again
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])

@@ -99,22 +99,30 @@ def serve(
     Exit status: 0 after Ctrl-C, 1 on an error (one line on stderr, e.g. a busy port).
     """
     from ..llm import LLM
-    from ..server import Server, default_model_name
+    from ..server import Server, bind, default_model_name
 
     with _clean_errors("vt serve"):
         _check_max_model_len(max_model_len)
-        llm = LLM(
-            model=model,
-            backend=backend,
-            kv_cache=kv_cache,
-            max_model_len=max_model_len,
-            max_slots=max_slots,
-            max_batch_tokens=max_batch_tokens,
-        )
+        # Bind first: a busy or privileged port fails before seconds of model loading.
+        sock = bind(host, port)
+        try:
+            llm = LLM(
+                model=model,
+                backend=backend,
+                kv_cache=kv_cache,
+                max_model_len=max_model_len,
+                max_slots=max_slots,
+                max_batch_tokens=max_batch_tokens,
+            )
+        except BaseException:
+            sock.close()
+            raise
     with llm:
         with _clean_errors("vt serve"):
             name = served_model_name or default_model_name(model, llm.model_path)
-            server = Server(llm, host=host, port=port, model_name=name, log_level=log_level)
+            server = Server(
+                llm, host=host, port=port, model_name=name, log_level=log_level, sock=sock
+            )
         for line in startup_lines(llm, server, max_slots, max_batch_tokens):
             click.echo(f"vt serve: {line}", err=True)
         # uvicorn handles SIGINT and SIGTERM while it runs, then re-raises the signal it

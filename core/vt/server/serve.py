@@ -65,7 +65,10 @@ class _Uvicorn(uvicorn.Server):
 class Server:
     """``llm`` served over HTTP: :meth:`run` blocks (Ctrl-C stops it cleanly), or
     :meth:`start` runs it on a thread until :meth:`stop`. Closing ``llm`` is the caller's
-    job, after the server has stopped."""
+    job, after the server has stopped.
+
+    ``sock``: a socket :func:`bind` already returned for ``host:port`` (``vt serve`` binds
+    before loading the model, so a busy port fails at once); None binds here."""
 
     def __init__(
         self,
@@ -75,9 +78,10 @@ class Server:
         port: int = 8000,
         model_name: str | None = None,
         log_level: str = "info",
+        sock: socket.socket | None = None,
     ) -> None:
         self.llm = llm
-        self.sock = bind(host, port)
+        self.sock = sock if sock is not None else bind(host, port)
         self.host = host
         self.port = int(self.sock.getsockname()[1])
         self.model_name = model_name or str(llm.model_name)
