@@ -12,7 +12,6 @@ from vt.audit import (
     PROBES,
     BackendAudit,
     Check,
-    _vmm_fallback,
     audit,
     probe_async_d2h,
     probe_backend,
@@ -21,6 +20,7 @@ from vt.audit import (
     probe_host_view,
     probe_pinned,
     probe_readback,
+    probe_vmm,
 )
 from vt.registry import Registry
 
@@ -158,17 +158,19 @@ def test_a_probe_that_raises_is_one_failed_check(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("alias", [False, True])
-def test_minimal_vmm_probe(alias: bool) -> None:
+def test_vmm_probe(alias: bool) -> None:
     backend = started(tb.ThreadBackend, vmm=VmmCaps(granularity=64 << 10, segments_may_alias=alias))
-    (check,) = _vmm_fallback(backend)
-    assert check.result == "pass", check.detail
-    assert ("1 segment" if alias else "2 segment") in check.detail
+    checks = {c.id: c for c in probe_vmm(backend)}
+    assert all(c.result == "pass" for c in checks.values()), checks
+    distinct = checks["vmm-segments-distinct"].detail
+    assert ("one segment covers" if alias else "two segments") in distinct
 
 
-def test_minimal_vmm_probe_catches_a_granularity_mismatch() -> None:
+def test_vmm_probe_catches_a_granularity_mismatch() -> None:
     backend = started(tb.ThreadBackend, vmm=VmmCaps(granularity=4096))
-    (check,) = _vmm_fallback(backend)
-    assert check.result == "fail" and "declared 4096" in check.detail
+    check = probe_vmm(backend)[0]
+    assert check.id == "vmm-granularity"
+    assert check.result == "fail" and "declared vmm granularity 4096" in check.detail
 
 
 def test_zero_executed_checks_is_not_ok() -> None:

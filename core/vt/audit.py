@@ -494,48 +494,12 @@ def _replays(
             )
 
 
-def _vmm_fallback(backend: Backend) -> list[Check]:
-    """Minimal reserve/map/write/read/unmap/release probe (used if vt.memory.smoke is absent)."""
-    vmm = backend.capabilities.vmm
-    assert vmm is not None
-
-    def body() -> str:
-        g = backend.vmm_granularity()
-        if g != vmm.granularity:
-            raise ProbeFailed(f"vmm_granularity() is {g}, declared {vmm.granularity}")
-        vr = backend.vmm_reserve(2 * g)
-        sizes = [2 * g] if vmm.segments_may_alias else [g, g]
-        segs = []
-        try:
-            for i, size in enumerate(sizes):
-                segs.append(backend.vmm_map(vr, i * g, size))
-            buf = backend.vmm_buffer(vr)
-            a, b = _pattern(g, 7), _pattern(g, 8)
-            backend.copy_h2d(buf.view(0, g), a)
-            backend.copy_h2d(buf.view(g, g), b)
-            got = np.empty(2 * g, np.uint8)
-            backend.copy_d2h(got, buf.view(0, 2 * g))
-            if not np.array_equal(got, np.concatenate([a, b])):
-                raise ProbeFailed("the two halves of the mapping do not hold what was written")
-        finally:
-            for seg in reversed(segs):
-                backend.vmm_unmap(vr, seg)
-            backend.vmm_release(vr)
-        return f"reserve/map {len(sizes)} segment(s)/write/read/unmap/release at granularity {g}"
-
-    return [run_probe("vmm-smoke", body)]
-
-
 def probe_vmm(backend: Backend) -> list[Check]:
     """The VMM arena smoke (``vt.memory.smoke``) when vmm is declared."""
     if backend.capabilities.vmm is None:
         return [_skip("vmm", "vmm not declared")]
-    try:
-        from .memory.smoke import arena_smoke
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.memory.smoke":
-            raise
-        return _vmm_fallback(backend)
+    from .memory.smoke import arena_smoke  # it imports Check from here
+
     try:
         return list(arena_smoke(backend))
     except Exception as exc:

@@ -94,7 +94,7 @@ class LLM:
 
     @property
     def readback_reason(self) -> str:
-        return str(getattr(self.runner, "readback_reason", ""))
+        return str(self.runner.readback_reason)
 
     @property
     def max_model_len(self) -> int:

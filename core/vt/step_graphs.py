@@ -90,9 +90,6 @@ class StepGraphs:
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def keys(self) -> list[GraphKey]:
-        return list(self._graphs)
-
     def run(self, key: GraphKey, kv: Buffer, stream: Stream, forward: Callable[[], None]) -> bool:
         """Enqueue the step ``forward`` enqueues: replayed, captured then replayed, or (first
         sight of ``key``) eagerly. True when a graph ran it."""

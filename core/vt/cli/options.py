@@ -34,7 +34,8 @@ def backend_option(func: F) -> F:
 def open_backend(name: str) -> tuple[Any, str]:
     """Create the backend ``--backend`` names, as a click error (exit 1) if it can't be used.
 
-    Returns ``(backend, why)``; ``why`` says how it was chosen (print it with ``--verbose``).
+    Returns ``(backend, why)``; ``why`` says how it was chosen (``vt run`` prints it in its
+    summary line).
     """
     from ..errors import VtError
     from ..registry import create_backend

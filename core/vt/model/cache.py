@@ -87,10 +87,6 @@ def models_dir() -> Path:
     return vt_home() / "models"
 
 
-def known_names() -> list[str]:
-    return sorted(REGISTRY)
-
-
 def known_model(name: str) -> KnownModel:
     """The registry entry for ``name`` or one of its aliases."""
     key = name.lower()
