@@ -8,16 +8,13 @@ distinct patterns, and the whole prefix read back through an explicit copy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..backend import Backend
 from ..errors import VmmError
+from ..probes import Check
 from .arena import VmmArena, arena_tensor, vmm_granularity
-
-if TYPE_CHECKING:
-    from ..audit import Check
 
 SMOKE_IDS: tuple[str, ...] = (
     "vmm-granularity",
@@ -39,8 +36,6 @@ class _Failed(Exception):
 
 
 def _check(check_id: str, result: str, detail: str) -> Check:
-    from ..audit import Check  # vt.audit imports this module; import lazily to avoid a cycle
-
     return Check(id=check_id, kind="probe", result=result, detail=detail)
 
 

@@ -4,7 +4,7 @@ A contract runs whenever its capability is declared (effective capabilities, so 
 overrides count) and is never skipped then: a probe that cannot run fails. An undeclared
 capability's contract raises :class:`NotDeclared`, reported as "not declared", never as a
 pass. Contracts without a capability (memory, host_view, sync readback, staging reuse)
-hold for every backend. The audit's probes (:mod:`vt.audit`) are reused; the kit adds
+hold for every backend. The audit's probes (:mod:`vt.probes`) are reused; the kit adds
 stricter ones for pinned memory, async readback and staging reuse.
 """
 
