@@ -239,6 +239,8 @@ def test_resolve_errors(home: Path, tmp_path: Path) -> None:
         cache.resolve_model(str(tmp_path / "absent.gguf"))
     with pytest.raises(ModelError, match="is a directory"):
         cache.resolve_model(str(tmp_path))
+    with pytest.raises(ModelError, match="^/dev/null: is not a regular file"):
+        cache.resolve_model("/dev/null")
 
 
 # --------------------------------------------------------------------------- listing

@@ -330,8 +330,10 @@ def resolve_model(
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p
-    if p.exists():
+    if p.is_dir():
         raise ModelError(f"{p}: is a directory, not a GGUF model file")
+    if p.exists():
+        raise ModelError(f"{p}: is not a regular file (a GGUF model is one)")
     text = str(name_or_path)
     try:
         model = known_model(text)
