@@ -161,6 +161,30 @@ def test_help_texts_explain() -> None:
     assert "Exit status is 0 only" in out and "--backend NAME" in out and "--json" in out
 
 
+def _leaf_commands(group: click.Group, prefix: list[str]) -> list[list[str]]:
+    out = []
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            out += _leaf_commands(command, [*prefix, name])
+        else:
+            out.append([*prefix, name])
+    return out
+
+
+@pytest.mark.parametrize("path", _leaf_commands(main, []), ids=" ".join)
+def test_every_command_help_has_examples(path: list[str]) -> None:
+    result = invoke([*path, "--help"])
+    assert result.exit_code == 0
+    examples = result.output.split("Examples:")[1]  # a section, with at least one `vt ...`
+    assert f"vt {' '.join(path)}" in examples.split("Options:")[0]
+
+
+def test_run_help_names_its_environment_variables() -> None:
+    out = invoke(["run", "--help"]).output
+    for name in ("VT_BACKEND", "VT_ASYNC_RUNNER", "VT_GRAPHS", "VT_HOME", "VT_DEBUG"):
+        assert name in out
+
+
 @click.command()
 @backend_option
 def _which(backend: str) -> None:

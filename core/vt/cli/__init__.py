@@ -17,6 +17,8 @@ def main() -> None:
       vt run "Why is the sky blue?"   fetch the default model and stream an answer
       vt backends                     list backend plugins, their status and capabilities
       vt audit                        prove each declared capability with probes
+      vt serve                        an OpenAI-compatible HTTP server on :8000
+    Each command's --help has its options and examples; docs/cli.md has them all.
     """
 
 

@@ -100,6 +100,12 @@ def backends(as_json: bool) -> None:
       VT_PLUGINS=a,b   load only these plugins (empty: only cpu)
       VT_CAPS=...      override capabilities, e.g. "events=0,cpu:vmm=off"
       VT_BACKEND=NAME  the backend other commands use by default
+
+    \b
+    Examples:
+      vt backends
+      vt backends --json
+      VT_CAPS="cpu:async_readback=0" vt backends   # see an override and its provenance
     """
     registry = default_registry()
     try:
@@ -158,6 +164,12 @@ def audit(backend: str | None, as_json: bool, matrix: bool) -> None:
 
     --matrix runs vt's conformance kit (the tests of `pytest --vt-backend NAME`) on each
     backend and prints the support matrix; exit status 0 only if every case passed.
+
+    \b
+    Examples:
+      vt audit
+      vt audit --backend cpu --json
+      vt audit --matrix --backend cpu,tt_stub > support-matrix.md
     """
     if matrix:
         from ..testing.matrix import matrix_command

