@@ -308,6 +308,11 @@ def test_bench_json(tiny: Path) -> None:
         assert r["prompt_tokens"] == 20 and r["gen_tokens"] == 8 and r["repeat"] == 2
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
         assert set(r["kv_cache"]) == KV_KEYS
+        assert r["graphs"] is True and "captured once per shape" in r["graphs_reason"]
+    # cpu declares graphs: async decode steps replay; with async off none is decode-only.
+    on, off = (r["graph_stats"] for r in obj["runs"])
+    assert on["captures"] >= 1 and on["replays"] >= 1
+    assert off["captures"] == off["replays"] == 0
     assert obj["peak_rss_bytes"] >= obj["rss_bytes"] > 0
 
 
@@ -328,6 +333,19 @@ def test_bench_table_and_kv_choice(tiny: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "same greedy ids with async on and off: yes" in res.stdout
     assert "contiguous" in res.stdout and "peak RSS" in res.stdout
+    assert "graphs: off (the backend does not declare graphs" in res.stdout
+
+
+def test_bench_table_says_which_setting_replayed_graphs(tiny: Path) -> None:
+    args = ("--model", str(tiny), "--backend", "cpu", "--prompt-tokens", "8", "--gen-tokens", "6")
+    res = vt("bench", *args, "--repeat", "1")
+    assert res.exit_code == 0, res.output
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("graphs:")]
+    assert line.startswith("graphs: on (decode steps are captured once per shape")
+    replays = line.split("decode steps replayed: ")[1]
+    on, off = replays.split(", ")
+    assert int(on.split()[0]) >= 1 and on.endswith("with async on")
+    assert off == "0 with async off"
 
 
 @pytest.mark.parametrize(
