@@ -166,6 +166,12 @@ def test_stop_string_and_sampling_options(tiny: Path) -> None:
         (["--max-model-len", "100000"], "must be between 1 and the model's context length 256"),
         (["--max-model-len", "4"], "but max_model_len is 4"),
         (["--raw", "--system", "x"], "--system needs the chat template; drop --raw"),
+        (["--model", "/dev/null"], "/dev/null: is not a regular file"),
+        # No VMM on tt_stub: an explicit vmm cache is an error, never a silent contiguous one.
+        (
+            ["--backend", "tt_stub", "--kv-cache", "vmm"],
+            "backend 'tt_stub' does not declare vmm; use a contiguous allocation",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(tiny: Path, args: list[str], message: str) -> None:
@@ -176,6 +182,16 @@ def test_bad_input_is_one_clear_line(tiny: Path, args: list[str], message: str) 
     assert len(res.stderr.strip().splitlines()) == 1
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert res.stdout == ""
+
+
+def test_a_file_that_is_not_gguf_is_one_clear_line(tmp_path: Path) -> None:
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello, not a model\n")
+    res = vt("run", "--model", str(text), "Hi")
+    assert res.exit_code == 1 and res.stdout == ""
+    assert res.stderr == (
+        f"Error: {text}: not a GGUF file: the magic bytes are b'hell', expected b'GGUF'\n"
+    )
 
 
 @pytest.mark.parametrize("prompt", ["", "   ", "-"])
