@@ -516,7 +516,10 @@ def test_stopping_the_server_ends_running_requests(tiny: Path) -> None:
 
         runner.execute = slow
         c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=10)
-        stream = c.completions.create(model=MODEL, prompt="Hi", max_tokens=None, stream=True)
+        # ignore_eos: the random tiny model must not end the request before stop() does
+        stream = c.completions.create(
+            model=MODEL, prompt="Hi", max_tokens=None, stream=True, extra_body={"ignore_eos": True}
+        )
         next(iter(stream))
         t0 = time.monotonic()
         srv.stop()
