@@ -105,22 +105,46 @@ def test_tied_output_reuses_the_embedding_upload(tiny_dir: Path) -> None:
             graph.close()
 
 
-def test_backend_without_model_kernels_is_refused_by_name(tiny_dir: Path) -> None:
+def test_backend_without_a_primitive_op_is_refused_naming_the_ops(tiny_dir: Path) -> None:
     cpu = make_backend("cpu")
+    keep = tuple(o for o in vt.OPS if o not in ("rope", "attention", "rope_kv_store"))
 
     class NoRope(type(cpu)):  # type: ignore[misc]
         name = "norope"
-        rope = vt.Backend.rope
-        attention = vt.Backend.attention
+        reference_ops = keep
 
     backend = NoRope()
     with pytest.raises(vt.KernelNotImplementedError) as err:
         check_backend(backend)
+    # rope_kv_store is fused: its decomposition needs rope, which is what is missing.
     assert "'norope'" in str(err.value)
-    assert "rope" in str(err.value) and "attention" in str(err.value)
+    assert "op(s) attention, rope " in str(err.value)
     model = load_gguf(tiny_path(tiny_dir, "llama"))
     with pytest.raises(vt.KernelNotImplementedError, match="norope"):
         ModelRunner(backend, model, max_slots=1, max_model_len=8)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_fused_ops_run_as_decomposition_with_equal_logits(tiny_dir: Path, arch: str) -> None:
+    """A backend with only the primitive ops runs the model through the decompositions of
+    the fused ops, and its logits equal the backend that runs them natively."""
+    cpu = make_backend("cpu")
+
+    class PrimitiveOnly(type(cpu)):  # type: ignore[misc]
+        name = "primitive-only"
+        reference_ops = vt.PRIMITIVE_OPS
+
+    model = load_gguf(tiny_path(tiny_dir, arch))
+    chunks = [SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]
+    got = {}
+    for backend in (cpu, PrimitiveOnly()):
+        assert backend.supports("swiglu") is (backend is cpu)
+        runner = ModelRunner(backend, model, max_slots=1, max_model_len=32)
+        try:
+            got[backend.name] = runner.compute_logits(chunks)
+        finally:
+            runner.close()
+    np.testing.assert_array_equal(got["cpu"], got["primitive-only"])
 
 
 class _Renamed:

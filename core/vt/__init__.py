@@ -1,7 +1,7 @@
 """vt: a Python inference runtime for GGUF models with pluggable, capability-checked backends.
 
 This module is vt's public API: a plugin imports only what is exported here, including the
-subpackages ``vt.reference`` (numpy reference kernels, ``HostKernels``) and ``vt.gpu`` (the
+subpackages ``vt.reference`` (numpy reference kernels, the ``ReferenceOps`` and ``HostMemory`` mixins) and ``vt.gpu`` (the
 shared GPU backend over a runtime adapter).
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from .backend import (
-    MODEL_KERNELS,
     SAMPLE_PARAMS_DTYPE,
     Backend,
     Buffer,
@@ -23,6 +22,7 @@ from .backend import (
     RopeStyle,
     Segment,
     Stream,
+    Tensor,
     VirtualRange,
     Weight,
     WeightTensor,
@@ -37,6 +37,8 @@ from .errors import (
     VmmError,
     VtError,
 )
+from .mixins import AsyncD2HCopy, Events, Graphs, HostAddressable, PinnedHostMemory, VirtualMemory
+from .ops import FUSED_OPS, OPS, PRIMITIVE_OPS, Arg, OpDef
 from .plugins import hookimpl, hookspec
 
 __version__ = "0.1.0"
@@ -62,8 +64,19 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "MODEL_KERNELS",
+    "FUSED_OPS",
+    "OPS",
+    "PRIMITIVE_OPS",
     "SAMPLE_PARAMS_DTYPE",
+    "Arg",
+    "AsyncD2HCopy",
+    "Events",
+    "Graphs",
+    "HostAddressable",
+    "OpDef",
+    "PinnedHostMemory",
+    "Tensor",
+    "VirtualMemory",
     "Backend",
     "BackendUnavailableError",
     "Buffer",

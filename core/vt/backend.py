@@ -1,484 +1,463 @@
-"""The backend protocol: the only way the runner touches a device.
+"""The backend protocol: the only way vt touches a device.
 
-A backend subclasses :class:`Backend` and overrides what its hardware does. Methods the
-base class leaves as ``NotImplementedError`` are optional; the registry's rules check that
-every *declared* capability is backed by overridden methods (see ``vt.rules``).
+In layers (tinygrad's ``Allocator`` style: public methods check arguments once, here, and
+call the backend's hooks, which trust them):
 
-Conventions every backend follows:
+- the required core of :class:`Backend`: memory (``_alloc``, ``_free``, ``_memset``),
+  copies (``_copy_h2d``, ``_copy_d2h``, ``_copy_h2d_async``, ``_copy_d2d``), streams
+  (``_create_stream``, ``_destroy_stream``, ``_synchronize``) and weights
+  (``_upload_weight``, ``_free_weight``);
+- optional mixins, one per capability that needs code (:mod:`vt.mixins`): ``Events``,
+  ``PinnedHostMemory``, ``AsyncD2HCopy``, ``HostAddressable``, ``Graphs``,
+  ``VirtualMemory``;
+- ops (:mod:`vt.ops`): methods ``op_<name>(stream, **args)``, called through
+  :meth:`Backend.launch`.
 
-- Work enqueued on a :class:`Stream` runs in order and asynchronously to the host. Kernels
-  and ``*_async`` copies never block the host and never allocate.
-- Activations are float32, token ids and positions int32, row-major, in :class:`Buffer`
-  objects the caller allocated before the step.
-- ``Buffer.offset`` addresses a sub-range of an allocation (see :meth:`Buffer.view`);
-  backends must honour it in every method.
+Work enqueued on a :class:`Stream` runs in order and asynchronously to the host; ops and
+``*_async`` copies never block the host and never allocate.
 """
 
 from __future__ import annotations
 
-import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .capabilities import Capabilities
-from .errors import HostAccessError, KernelNotImplementedError
-
-# --------------------------------------------------------------------------- handles
-
-
-@dataclass(eq=False)
-class Buffer:
-    """Device memory: an opaque backend handle plus a byte range within it."""
-
-    handle: Any
-    nbytes: int
-    offset: int = 0
-    owner: str = ""  # backend name, for error messages
-
-    def view(self, offset: int, nbytes: int) -> Buffer:
-        """A sub-range ``[offset, offset + nbytes)`` of this buffer (no copy)."""
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
-            raise ValueError(
-                f"view [{offset}, {offset + nbytes}) is outside the buffer of {self.nbytes} bytes"
-            )
-        return Buffer(self.handle, nbytes, self.offset + offset, self.owner)
-
-
-@dataclass(eq=False)
-class HostBuffer:
-    """Host memory from :meth:`Backend.alloc_pinned`; ``array`` is a uint8 view of it."""
-
-    array: np.ndarray
-    handle: Any = None
-    pinned: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.array.nbytes)
-
-
-@dataclass(eq=False)
-class Stream:
-    handle: Any
-    name: str = ""
-
-
-@dataclass(eq=False)
-class Event:
-    handle: Any
-
-
-@dataclass(eq=False)
-class Graph:
-    """Work captured on a stream (:meth:`Backend.end_capture`), replayed by
-    :meth:`Backend.launch_graph` until :meth:`Backend.destroy_graph`."""
-
-    handle: Any
-    name: str = ""  # the stream it was captured on, for messages
-
-
-@dataclass(eq=False)
-class VirtualRange:
-    """A reserved, initially unmapped, range of device virtual addresses."""
-
-    handle: Any
-    nbytes: int
-
-
-@dataclass(eq=False)
-class Segment:
-    """Physical memory mapped at ``offset`` within a :class:`VirtualRange`."""
-
-    handle: Any
-    offset: int
-    nbytes: int
-
-
-# --------------------------------------------------------------------------- weights
-
-
-@dataclass(eq=False)
-class WeightTensor:
-    """A tensor as stored in the model file.
-
-    ``shape`` is the logical numpy shape (``(out_features, in_features)`` for a matrix,
-    ``(n,)`` for a vector); ``data`` the raw bytes in GGML format ``ggml_type`` (an int,
-    a ``gguf.GGMLQuantizationType`` value).
-    """
-
-    name: str
-    ggml_type: int
-    shape: tuple[int, ...]
-    data: np.ndarray
-
-
-@dataclass(eq=False)
-class Weight:
-    """A weight in the backend's own format, returned by :meth:`Backend.upload_weight`."""
-
-    name: str
-    shape: tuple[int, ...]
-    handle: Any
-    ggml_type: int = 0
-
-
-class RopeStyle(str, enum.Enum):
-    normal = "normal"  # rotate adjacent pairs (x[2i], x[2i+1]): llama GGUFs
-    neox = "neox"  # rotate (x[i], x[i + d/2]): qwen2, qwen3
-
-
-@dataclass(frozen=True)
-class RopeParams:
-    head_dim: int
-    base: float = 10000.0
-    style: RopeStyle = RopeStyle.normal
-    # Linear scaling divides positions by ``linear_factor`` (GGUF rope.scaling.type=linear).
-    linear_factor: float = 1.0
-    # Precomputed per-pair inverse frequencies for llama3-style scaling; None = base**(-2i/d).
-    inv_freq: tuple[float, ...] | None = None
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """Layout of the KV cache, one buffer for all layers and sequence slots.
-
-    Position-major so that a VMM arena can grow it by mapping more positions:
-    element ``(pos, slot, layer, kv, head, d)`` of a float32 array of shape
-    ``(max_len, n_slots, n_layers, 2, n_kv_heads, head_dim)``; ``kv`` 0 is K, 1 is V.
-    """
-
-    n_layers: int
-    n_slots: int
-    max_len: int
-    n_kv_heads: int
-    head_dim: int
-
-    @property
-    def token_bytes(self) -> int:
-        """Bytes that one position of one slot takes (all layers, K and V)."""
-        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * 4
-
-    @property
-    def position_bytes(self) -> int:
-        """Bytes that one position takes across all slots."""
-        return self.n_slots * self.token_bytes
-
-    @property
-    def nbytes(self) -> int:
-        return self.max_len * self.position_bytes
-
-    @property
-    def shape(self) -> tuple[int, int, int, int, int, int]:
-        return (self.max_len, self.n_slots, self.n_layers, 2, self.n_kv_heads, self.head_dim)
-
-
-#: One row of sampling parameters, uploaded to the device each step.
-#: temperature <= 0 means greedy; top_k <= 0 means no top-k; top_p >= 1 means no top-p.
-#: ``counter`` is the per-sequence step number mixed with ``seed`` for the random draw.
-SAMPLE_PARAMS_DTYPE = np.dtype(
-    [
-        ("temperature", "<f4"),
-        ("top_p", "<f4"),
-        ("top_k", "<i4"),
-        ("seed", "<u4"),
-        ("counter", "<u4"),
-    ]
+from .errors import CapabilityError, HostAccessError, KernelNotImplementedError
+from .handles import (
+    SAMPLE_PARAMS_DTYPE,
+    Buffer,
+    Event,
+    Graph,
+    HostBuffer,
+    KVLayout,
+    RopeParams,
+    RopeStyle,
+    Segment,
+    Stream,
+    Tensor,
+    VirtualRange,
+    Weight,
+    WeightTensor,
 )
+from .ops import OPS, get_op
 
-#: Kernels the llama-family model needs; the runner refuses a backend missing any.
-MODEL_KERNELS: tuple[str, ...] = (
-    "upload_weight",
-    "embedding",
-    "rms_norm",
-    "matmul",
-    "rope",
-    "kv_store",
-    "attention",
-    "silu_mul",
-    "add",
-    "gather_rows",
-    "sample",
-    "copy_d2d",
-)
-
-
-# --------------------------------------------------------------------------- protocol
+__all__ = [
+    "SAMPLE_PARAMS_DTYPE",
+    "Backend",
+    "Buffer",
+    "Event",
+    "Graph",
+    "HostBuffer",
+    "KVLayout",
+    "Probe",
+    "RopeParams",
+    "RopeStyle",
+    "Segment",
+    "Stream",
+    "Tensor",
+    "VirtualRange",
+    "Weight",
+    "WeightTensor",
+]
 
 
 def _missing(backend: Backend, what: str) -> KernelNotImplementedError:
     return KernelNotImplementedError(f"backend {backend.name!r} does not implement {what}")
 
 
-class Backend:
-    """Base class of every backend. Override what the hardware does.
+def _host_bytes(src: np.ndarray | HostBuffer, what: str) -> np.ndarray:
+    arr = src.array if isinstance(src, HostBuffer) else np.asarray(src)
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{what}: host array must be C-contiguous")
+    return arr.reshape(-1).view(np.uint8)
 
-    Class attributes a backend sets: ``name`` (unique), ``priority`` (higher wins under
-    ``auto``), ``description``. ``capabilities`` is the backend's declaration; the registry
-    replaces it on the instance with the *effective* capabilities.
+
+def _size(nbytes: object, what: str) -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+        raise ValueError(f"{what}: size must be a non-negative integer, got {nbytes!r}")
+    return int(nbytes)
+
+
+class Backend:
+    """Base class of every backend: the required core. Subclasses implement the hooks.
+
+    Class attributes: ``name`` (unique), ``priority`` (higher wins under ``auto``),
+    ``description``, ``emulated`` (True for a stand-in that runs no real hardware:
+    ``auto`` never picks it). What the hardware is (physical facts) is declared once, in
+    :meth:`probe`; vt derives the rest from the mixins the class implements
+    (:func:`vt.mixins.derive_capabilities`).
     """
 
     name: ClassVar[str] = "base"
     priority: ClassVar[int] = 0
     description: ClassVar[str] = ""
-    capabilities: Capabilities = Capabilities()
+    emulated: ClassVar[bool] = False
 
     @classmethod
     def probe(cls) -> Probe:
         """Is the hardware there, and what does it declare? Must be cheap; may raise."""
-        return Probe(available=True, capabilities=cls.capabilities)
+        return Probe(available=True)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The effective capabilities: set by the registry when it creates the backend;
+        for an instance made directly, derived from :meth:`probe` without overrides."""
+        caps = self.__dict__.get("_vt_capabilities")
+        if caps is None:
+            from .mixins import derive_capabilities
+
+            probe = type(self).probe()
+            caps = derive_capabilities(type(self), probe.capabilities or Capabilities())
+            self.__dict__["_vt_capabilities"] = caps
+        return caps
+
+    @capabilities.setter
+    def capabilities(self, caps: Capabilities) -> None:
+        if not isinstance(caps, Capabilities):
+            raise TypeError(f"capabilities must be vt.Capabilities, got {type(caps).__name__}")
+        self.__dict__["_vt_capabilities"] = caps
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release everything the backend holds."""
 
-    # ---- memory
+    # ------------------------------------------------------------------ checks
+    def _own(self, buf: Buffer, what: str) -> Buffer:
+        if not isinstance(buf, Buffer):
+            raise TypeError(f"{what}: expected a vt.Buffer, got {type(buf).__name__}")
+        if buf.owner and buf.owner != self.name:
+            raise ValueError(f"{what}: buffer of backend {buf.owner!r} passed to {self.name!r}")
+        return buf
+
+    @staticmethod
+    def _fits(buf: Buffer, nbytes: int, what: str) -> None:
+        if nbytes > buf.nbytes:
+            raise ValueError(f"{what}: {nbytes} bytes do not fit the buffer of {buf.nbytes}")
+
+    # ------------------------------------------------------------------ memory
     def alloc(self, nbytes: int) -> Buffer:
-        raise _missing(self, "alloc")
+        """``nbytes`` of device memory (contents unspecified)."""
+        buf = self._alloc(_size(nbytes, "alloc"))
+        buf.owner = buf.owner or self.name
+        return buf
 
     def free(self, buf: Buffer) -> None:
-        raise _missing(self, "free")
+        self._free(self._own(buf, "free"))
 
     def memset(self, buf: Buffer, value: int, stream: Stream | None = None) -> None:
         """Set every byte of ``buf`` to ``value``; synchronous when ``stream`` is None."""
-        raise _missing(self, "memset")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"memset: value {value!r} is not a byte")
+        if not 0 <= value <= 255:
+            raise ValueError(f"memset: value {value} is not a byte")
+        self._memset(self._own(buf, "memset"), int(value), stream)
 
     def copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
         """Synchronous host-to-device copy of ``src``'s bytes to the start of ``dst``."""
-        raise _missing(self, "copy_h2d")
+        data = _host_bytes(src, "copy_h2d")
+        self._fits(self._own(dst, "copy_h2d dst"), data.nbytes, "copy_h2d")
+        self._copy_h2d(dst, data)
 
     def copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
         """Synchronous device-to-host copy of ``dst.nbytes`` bytes from ``src``."""
-        raise _missing(self, "copy_d2h")
+        if not dst.flags.writeable:
+            raise ValueError("copy_d2h: destination array is read-only")
+        data = _host_bytes(dst, "copy_d2h")
+        self._fits(self._own(src, "copy_d2h src"), data.nbytes, "copy_d2h")
+        self._copy_d2h(data, src)
 
     def copy_h2d_async(self, dst: Buffer, src: HostBuffer | np.ndarray, stream: Stream) -> None:
         """Enqueue a host-to-device copy; ``src`` must stay alive until the stream passes it."""
-        raise _missing(self, "copy_h2d_async")
-
-    def copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
-        """Enqueue a copy of ``dst.nbytes`` bytes from ``src`` into pinned host memory."""
-        raise _missing(self, "copy_d2h_async")
+        data = _host_bytes(src, "copy_h2d_async")
+        self._fits(self._own(dst, "copy_h2d_async dst"), data.nbytes, "copy_h2d_async")
+        self._copy_h2d_async(dst, data, stream)
 
     def copy_d2d(self, dst: Buffer, src: Buffer, nbytes: int, stream: Stream) -> None:
-        raise _missing(self, "copy_d2d")
+        n = _size(nbytes, "copy_d2d")
+        self._fits(self._own(dst, "copy_d2d dst"), n, "copy_d2d dst")
+        self._fits(self._own(src, "copy_d2d src"), n, "copy_d2d src")
+        self._copy_d2d(dst, src, n, stream)
 
-    def alloc_pinned(self, nbytes: int) -> HostBuffer:
-        """Page-locked host memory. The base returns ordinary (pageable) memory."""
-        return HostBuffer(np.zeros(nbytes, dtype=np.uint8), pinned=False)
-
-    def free_pinned(self, buf: HostBuffer) -> None:  # noqa: B027 - ordinary memory is GC'd
-        pass
-
+    # ---- optional memory paths (their mixins replace the hooks)
     def host_view(self, buf: Buffer) -> np.ndarray:
         """A uint8 numpy view of device memory; raises unless it is host-addressable."""
-        raise HostAccessError(
-            f"backend {self.name!r}: device memory is not host-addressable; "
-            "copy it to the host with copy_d2h or copy_d2h_async"
-        )
+        if not self.capabilities.device_memory_is_host_addressable:
+            raise HostAccessError(
+                f"backend {self.name!r}: device memory is not host-addressable; "
+                "copy it to the host with copy_d2h or copy_d2h_async"
+            )
+        return self._host_view(self._own(buf, "host_view"))
+
+    def alloc_pinned(self, nbytes: int) -> HostBuffer:
+        """Page-locked host memory where the backend has it (``PinnedHostMemory``);
+        ordinary memory (``pinned=False``) otherwise."""
+        return self._alloc_pinned(_size(nbytes, "alloc_pinned"))
+
+    def free_pinned(self, buf: HostBuffer) -> None:
+        self._free_pinned(buf)
+
+    def copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
+        """Enqueue a copy of ``dst.nbytes`` bytes from ``src`` into (pinned) host memory."""
+        data = _host_bytes(dst, "copy_d2h_async")
+        self._fits(self._own(src, "copy_d2h_async src"), data.nbytes, "copy_d2h_async")
+        self._copy_d2h_async(dst, src, stream)
 
     # ---- streams
     def create_stream(self, name: str = "") -> Stream:
-        raise _missing(self, "create_stream")
+        return self._create_stream(str(name))
 
     def destroy_stream(self, stream: Stream) -> None:
-        raise _missing(self, "destroy_stream")
+        self._destroy_stream(stream)
 
     def synchronize(self, stream: Stream) -> None:
         """Block the host until all work enqueued on ``stream`` has finished."""
-        raise _missing(self, "synchronize")
+        self._synchronize(stream)
 
-    # ---- events (the base is a no-op: a backend without events is synchronous)
+    def enqueue_host(self, stream: Stream, name: str, fn: Callable[[], Any]) -> None:
+        """Run the host callable ``fn`` in order with ``stream``'s work (host ops use it).
+
+        The base synchronizes the stream and runs ``fn`` at once: correct on any backend,
+        but it blocks the host; a backend with host-side streams overrides it to enqueue.
+        """
+        self._synchronize(stream)
+        fn()
+
+    # ---- events: without the ``Events`` mixin they are null, and an event "completes" at
+    # once; the runner never relies on that (it reads ``capabilities.events``).
     def create_event(self) -> Event:
-        return Event(None)
+        return self._create_event()
 
     def destroy_event(self, event: Event) -> None:
-        pass
+        self._destroy_event(event)
 
     def record_event(self, event: Event, stream: Stream) -> None:
-        pass
+        self._record_event(event, stream)
 
     def query_event(self, event: Event) -> bool:
-        return True
+        return self._query_event(event)
 
     def synchronize_event(self, event: Event) -> None:
-        pass
+        self._synchronize_event(event)
 
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
-        pass
+        self._stream_wait_event(stream, event)
 
-    # ---- graphs (optional; declare ``graphs`` only when overridden)
+    # ---- graphs (``Graphs`` mixin)
     def begin_capture(self, stream: Stream) -> None:
         """Record the work enqueued on ``stream`` from now on instead of running it.
 
-        Until :meth:`end_capture`, kernels, ``*_async`` copies, ``copy_d2d`` and stream
-        memsets on ``stream`` are recorded with their arguments (buffer addresses, sizes),
-        not executed. The host must not synchronize ``stream`` or record events on it
-        meanwhile, and must not allocate or free what the captured work touches.
+        Until :meth:`end_capture`, ops, ``*_async`` copies, ``copy_d2d`` and stream memsets
+        on ``stream`` are recorded with their arguments, not executed. The host must not
+        synchronize ``stream`` or record events on it meanwhile.
         """
-        raise _missing(self, "begin_capture")
+        self._begin_capture(stream)
 
     def end_capture(self, stream: Stream) -> Graph:
-        """Stop recording on ``stream``; the captured work as a replayable :class:`Graph`."""
-        raise _missing(self, "end_capture")
+        return self._end_capture(stream)
 
     def launch_graph(self, graph: Graph, stream: Stream) -> None:
-        """Enqueue one replay of ``graph`` on ``stream``, in order with its other work.
-
-        A replay reruns the captured work on the buffers' contents *at the time it runs*
-        (a device-to-device copy copies what the source holds then); it never replays
-        results computed at capture time.
-        """
-        raise _missing(self, "launch_graph")
+        """Enqueue one replay; it computes on the buffers' contents when it runs."""
+        self._launch_graph(graph, stream)
 
     def destroy_graph(self, graph: Graph) -> None:
-        """Release ``graph``; replays already enqueued still run."""
-        raise _missing(self, "destroy_graph")
+        self._destroy_graph(graph)
 
-    # ---- virtual memory (optional; declare ``vmm`` only when overridden)
+    # ---- virtual memory (``VirtualMemory`` mixin)
     def vmm_granularity(self) -> int:
-        raise _missing(self, "vmm_granularity")
+        return self._vmm_granularity()
 
     def vmm_reserve(self, nbytes: int) -> VirtualRange:
-        raise _missing(self, "vmm_reserve")
+        return self._vmm_reserve(_size(nbytes, "vmm_reserve"))
 
     def vmm_map(self, vrange: VirtualRange, offset: int, nbytes: int) -> Segment:
         """Create ``nbytes`` of physical memory and map it at ``offset`` in ``vrange``."""
-        raise _missing(self, "vmm_map")
+        return self._vmm_map(vrange, _size(offset, "vmm_map offset"), _size(nbytes, "vmm_map"))
 
     def vmm_unmap(self, vrange: VirtualRange, segment: Segment) -> None:
-        """Unmap ``segment`` and release its physical memory."""
-        raise _missing(self, "vmm_unmap")
+        self._vmm_unmap(vrange, segment)
 
     def vmm_release(self, vrange: VirtualRange) -> None:
-        """Free the reservation (every segment must be unmapped first)."""
-        raise _missing(self, "vmm_release")
+        self._vmm_release(vrange)
 
     def vmm_buffer(self, vrange: VirtualRange) -> Buffer:
-        """A :class:`Buffer` over the whole reservation; only mapped bytes may be touched."""
-        raise _missing(self, "vmm_buffer")
+        """A buffer over the whole reservation; only mapped bytes may be touched."""
+        buf = self._vmm_buffer(vrange)
+        buf.owner = buf.owner or self.name
+        return buf
 
-    # ---- kernels (all enqueue on ``stream``; shapes in elements)
+    # ------------------------------------------------------------------ weights
     def upload_weight(self, tensor: WeightTensor) -> Weight:
-        """Convert a file tensor into the backend's own format (done once, at load)."""
+        """The file tensor in the backend's own format (once, at load)."""
+        if not isinstance(tensor, WeightTensor):
+            raise TypeError(f"upload_weight: expected a vt.WeightTensor, got {type(tensor)}")
+        weight = self._upload_weight(tensor)
+        if not isinstance(weight, Weight) or tuple(weight.shape) != tuple(tensor.shape):
+            raise TypeError(
+                f"backend {self.name!r}: upload_weight of {tensor.name!r} returned "
+                f"{weight!r}, not a vt.Weight of shape {tuple(tensor.shape)}"
+            )
+        return weight
+
+    def free_weight(self, weight: Weight) -> None:
+        """Let go of the weight's memory (idempotent); the Weight may outlive the call."""
+        if weight.handle is not None:
+            self._free_weight(weight)
+            weight.handle = None
+
+    # ------------------------------------------------------------------ ops
+    @classmethod
+    def op_names(cls) -> tuple[str, ...]:
+        """The ops this class implements natively, in table order."""
+        return tuple(name for name in OPS if callable(getattr(cls, f"op_{name}", None)))
+
+    def supports(self, op: str, dtype: str | None = None) -> bool:
+        """Does this backend run ``op`` natively (for weight type ``dtype`` when given)?
+
+        The default: the class has ``op_<name>``. Override to narrow by device or dtype.
+        """
+        get_op(op)
+        return callable(getattr(self, f"op_{op}", None))
+
+    def launch(self, op: str, stream: Stream, **args: Any) -> None:
+        """Enqueue ``op`` on ``stream`` after checking ``args`` against its signature.
+
+        A fused op the backend lacks runs as its decomposition; a primitive op it lacks
+        raises :class:`vt.KernelNotImplementedError`.
+        """
+        spec = get_op(op)
+        spec.bind(args)
+        for value in args.values():
+            if isinstance(value, Tensor):
+                self._own(value.buffer, f"op {op}")
+        if self.supports(op):
+            getattr(self, f"op_{op}")(stream, **args)
+        elif spec.decompose is not None:
+            spec.decompose(self.launch, stream, args)
+        else:
+            raise _missing(self, f"op {op!r}")
+
+    # ------------------------------------------------------------------ hooks (required)
+    def _alloc(self, nbytes: int) -> Buffer:
+        raise _missing(self, "alloc")
+
+    def _free(self, buf: Buffer) -> None:
+        raise _missing(self, "free")
+
+    def _memset(self, buf: Buffer, value: int, stream: Stream | None) -> None:
+        raise _missing(self, "memset")
+
+    def _copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
+        raise _missing(self, "copy_h2d")
+
+    def _copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
+        raise _missing(self, "copy_d2h")
+
+    def _copy_h2d_async(self, dst: Buffer, src: np.ndarray, stream: Stream) -> None:
+        raise _missing(self, "copy_h2d_async")
+
+    def _copy_d2d(self, dst: Buffer, src: Buffer, nbytes: int, stream: Stream) -> None:
+        raise _missing(self, "copy_d2d")
+
+    def _create_stream(self, name: str) -> Stream:
+        raise _missing(self, "create_stream")
+
+    def _destroy_stream(self, stream: Stream) -> None:
+        raise _missing(self, "destroy_stream")
+
+    def _synchronize(self, stream: Stream) -> None:
+        raise _missing(self, "synchronize")
+
+    def _upload_weight(self, tensor: WeightTensor) -> Weight:
         raise _missing(self, "upload_weight")
 
-    def free_weight(self, weight: Weight) -> None:  # noqa: B027 - optional hook
+    def _free_weight(self, weight: Weight) -> None:  # noqa: B027 - nothing to release
         pass
 
-    def embedding(self, out: Buffer, table: Weight, ids: Buffer, n: int, stream: Stream) -> None:
-        """``out[i, :] = table[ids[i], :]`` for ``i < n`` (dequantized to float32)."""
-        raise _missing(self, "embedding")
+    # ------------------------------------------------------------------ hooks (mixins)
+    def _host_view(self, buf: Buffer) -> np.ndarray:
+        raise HostAccessError(f"backend {self.name!r} does not implement host_view")
 
-    def rms_norm(
-        self, out: Buffer, x: Buffer, weight: Weight, n: int, dim: int, eps: float, stream: Stream
-    ) -> None:
-        """``out[i] = x[i] / sqrt(mean(x[i]**2) + eps) * weight`` over ``n`` rows of ``dim``."""
-        raise _missing(self, "rms_norm")
+    def _alloc_pinned(self, nbytes: int) -> HostBuffer:
+        return HostBuffer(np.zeros(nbytes, dtype=np.uint8), pinned=False)
 
-    def matmul(
-        self,
-        out: Buffer,
-        x: Buffer,
-        weight: Weight,
-        n: int,
-        stream: Stream,
-        bias: Weight | None = None,
-    ) -> None:
-        """``out[n, out_f] = x[n, in_f] @ weight.T (+ bias)``; ``weight.shape == (out_f, in_f)``."""
-        raise _missing(self, "matmul")
+    def _free_pinned(self, buf: HostBuffer) -> None:  # noqa: B027 - ordinary memory is GC'd
+        pass
 
-    def rope(
-        self,
-        x: Buffer,
-        positions: Buffer,
-        n: int,
-        n_heads: int,
-        params: RopeParams,
-        stream: Stream,
-    ) -> None:
-        """Rotate ``x[n, n_heads, head_dim]`` in place by each row's position."""
-        raise _missing(self, "rope")
+    def _copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
+        raise CapabilityError(
+            f"backend {self.name!r} has no async device-to-host copy (vt.AsyncD2HCopy)"
+        )
 
-    def kv_store(
-        self,
-        cache: Buffer,
-        layout: KVLayout,
-        layer: int,
-        k: Buffer,
-        v: Buffer,
-        slots: Buffer,
-        positions: Buffer,
-        n: int,
-        stream: Stream,
-    ) -> None:
-        """Write ``k[i], v[i]`` (``n_kv_heads * head_dim`` floats each) at cache position
-        ``positions[i]`` of slot ``slots[i]``."""
-        raise _missing(self, "kv_store")
+    def _create_event(self) -> Event:
+        return Event(None)
 
-    def attention(
-        self,
-        out: Buffer,
-        q: Buffer,
-        cache: Buffer,
-        layout: KVLayout,
-        layer: int,
-        slots: Buffer,
-        positions: Buffer,
-        n: int,
-        n_heads: int,
-        scale: float,
-        stream: Stream,
-    ) -> None:
-        """Causal attention: row ``i`` attends to positions ``0..positions[i]`` of its slot.
+    def _destroy_event(self, event: Event) -> None:  # noqa: B027
+        pass
 
-        Query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``.
-        """
-        raise _missing(self, "attention")
+    def _record_event(self, event: Event, stream: Stream) -> None:  # noqa: B027
+        pass
 
-    def silu_mul(self, out: Buffer, gate: Buffer, up: Buffer, n: int, stream: Stream) -> None:
-        """``out = silu(gate) * up`` over ``n`` elements."""
-        raise _missing(self, "silu_mul")
+    def _query_event(self, event: Event) -> bool:
+        return True
 
-    def add(self, out: Buffer, a: Buffer, b: Buffer, n: int, stream: Stream) -> None:
-        """``out = a + b`` over ``n`` elements (``out`` may alias ``a``)."""
-        raise _missing(self, "add")
+    def _synchronize_event(self, event: Event) -> None:  # noqa: B027
+        pass
 
-    def gather_rows(
-        self, out: Buffer, x: Buffer, rows: Buffer, n: int, dim: int, stream: Stream
-    ) -> None:
-        """``out[i] = x[rows[i]]`` for ``i < n``; rows are int32."""
-        raise _missing(self, "gather_rows")
+    def _stream_wait_event(self, stream: Stream, event: Event) -> None:  # noqa: B027
+        pass
 
-    def sample(
-        self,
-        out_ids: Buffer,
-        logits: Buffer,
-        params: Buffer,
-        n: int,
-        vocab: int,
-        stream: Stream,
-    ) -> None:
-        """Sample one int32 id per row of ``logits[n, vocab]``.
+    def _no(self, mixin: str) -> CapabilityError:
+        return CapabilityError(f"backend {self.name!r} does not implement vt.{mixin}")
 
-        ``params`` holds ``n`` records of :data:`SAMPLE_PARAMS_DTYPE`; the draw must equal
-        ``vt.reference.sample`` for the same inputs.
-        """
-        raise _missing(self, "sample")
+    def _begin_capture(self, stream: Stream) -> None:
+        raise self._no("Graphs")
 
-    # ---- introspection
+    def _end_capture(self, stream: Stream) -> Graph:
+        raise self._no("Graphs")
+
+    def _launch_graph(self, graph: Graph, stream: Stream) -> None:
+        raise self._no("Graphs")
+
+    def _destroy_graph(self, graph: Graph) -> None:
+        raise self._no("Graphs")
+
+    def _vmm_granularity(self) -> int:
+        raise self._no("VirtualMemory")
+
+    def _vmm_reserve(self, nbytes: int) -> VirtualRange:
+        raise self._no("VirtualMemory")
+
+    def _vmm_map(self, vrange: VirtualRange, offset: int, nbytes: int) -> Segment:
+        raise self._no("VirtualMemory")
+
+    def _vmm_unmap(self, vrange: VirtualRange, segment: Segment) -> None:
+        raise self._no("VirtualMemory")
+
+    def _vmm_release(self, vrange: VirtualRange) -> None:
+        raise self._no("VirtualMemory")
+
+    def _vmm_buffer(self, vrange: VirtualRange) -> Buffer:
+        raise self._no("VirtualMemory")
+
+    # ------------------------------------------------------------------ introspection
     @classmethod
     def overrides(cls, method: str) -> bool:
-        """Whether this backend class overrides ``method`` of the base protocol."""
+        """Whether this class overrides ``method`` of the base protocol."""
         return getattr(cls, method, None) is not getattr(Backend, method, None)
-
-    @classmethod
-    def missing_kernels(cls) -> list[str]:
-        return [k for k in MODEL_KERNELS if not cls.overrides(k)]
 
 
 @dataclass
 class Probe:
-    """What a backend's probe found: availability, why not, and its declaration."""
+    """What a backend's probe found: availability, why not, and its declaration.
+
+    ``capabilities`` declares physical facts (``unified_memory``,
+    ``device_memory_is_host_addressable``, ``host_memory_is_device_addressable``, ``vmm``
+    granularity and aliasing); a capability that needs code is derived from the mixins the
+    class implements, and set here only to turn it off where the device lacks it.
+    """
 
     available: bool
     reason: str = ""

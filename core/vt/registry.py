@@ -30,6 +30,7 @@ from .backend import Backend, Probe
 from .capabilities import BOOL_FIELDS, CAPABILITY_FIELDS, Capabilities, Source, VmmCaps
 from .errors import BackendUnavailableError, CapabilityError
 from .plugins import ENTRY_POINT_GROUP, PROJECT, VtHookSpecs
+from .mixins import derive_capabilities
 from .rules import Violation, check
 
 #: The plugin loaded when VT_PLUGINS is set but empty.
@@ -71,6 +72,7 @@ class Entry(BaseModel):
     capabilities: Capabilities | None = None  # effective
     declared: Capabilities | None = None
     violations: list[Violation] = []
+    ops: list[str] = []  # the ops the class implements natively (vt.ops)
     _cls: type[Backend] | None = PrivateAttr(default=None)
 
     @property
@@ -95,6 +97,7 @@ class Entry(BaseModel):
             if caps is None
             else {k: v.model_dump(mode="json") for k, v in caps.provenance.items()},
             "violations": [v.model_dump() for v in self.violations],
+            "ops": self.ops,
         }
 
 
@@ -343,10 +346,11 @@ class Registry:
         )
         entry._cls = cls
         try:
+            entry.ops = list(cls.op_names())
             probe = cls.probe()
             if not isinstance(probe, Probe):
                 raise TypeError(f"probe() returned {type(probe).__name__}, not vt.Probe")
-            declared = probe.capabilities if probe.capabilities is not None else cls.capabilities
+            declared = probe.capabilities if probe.capabilities is not None else Capabilities()
             if not isinstance(declared, Capabilities):
                 raise TypeError(f"capabilities is {type(declared).__name__}, not vt.Capabilities")
         except Exception as exc:
@@ -356,7 +360,8 @@ class Registry:
         entry.device = probe.device
         entry.declared = declared
         try:
-            entry.capabilities = apply_overrides(name, declared, overrides)
+            derived = derive_capabilities(cls, declared)
+            entry.capabilities = apply_overrides(name, derived, overrides)
             entry.violations = check(cls, entry.capabilities)
         except Exception as exc:  # e.g. an override makes vmm invalid
             entry.status = Status.broken

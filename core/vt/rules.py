@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .backend import Backend
 from .capabilities import Capabilities
+from .mixins import IMPLEMENTATION, unimplemented
 
 
 class Violation(BaseModel):
@@ -92,44 +93,18 @@ def _async_readback_needs_d2h_path(cls: type[Backend], caps: Capabilities) -> li
     return []
 
 
-#: Which overridden protocol methods each capability needs (the base versions are either
-#: missing or a synchronous no-op that would silently make the declaration a lie).
-IMPLEMENTATION: dict[str, tuple[str, ...]] = {
-    "device_memory_is_host_addressable": ("host_view",),
-    "events": (
-        "create_event",
-        "record_event",
-        "query_event",
-        "synchronize_event",
-        "stream_wait_event",
-    ),
-    "pinned_host_memory": ("alloc_pinned",),
-    "async_d2h_copy": ("copy_d2h_async",),
-    "graphs": ("begin_capture", "end_capture", "launch_graph", "destroy_graph"),
-    "vmm": (
-        "vmm_granularity",
-        "vmm_reserve",
-        "vmm_map",
-        "vmm_unmap",
-        "vmm_release",
-        "vmm_buffer",
-    ),
-}
-
-
 def _declared_without_implementation(cls: type[Backend], caps: Capabilities) -> list[Violation]:
     out = []
-    for field, methods in IMPLEMENTATION.items():
-        value = getattr(caps, field)
-        if not value:
+    for field in IMPLEMENTATION:
+        if not getattr(caps, field):
             continue
-        missing = [m for m in methods if not cls.overrides(m)]
+        missing = unimplemented(cls, field)
         if missing:
             shown = field if field == "vmm" else f"{field}=True"
             out.append(
                 Violation(
                     rule="declared-without-implementation",
-                    message=f"{_name(cls)!r} declares {shown} but does not override "
+                    message=f"{_name(cls)!r} declares {shown} but does not implement "
                     f"{', '.join(missing)}",
                 )
             )
@@ -198,7 +173,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "declared-without-implementation",
-        "a declared capability whose methods are the base no-op or missing is a lie",
+        "a declared capability whose mixin or hooks are missing is a lie",
         _declared_without_implementation,
     ),
     Rule(

@@ -27,7 +27,7 @@ import numpy as np
 from .backend import SAMPLE_PARAMS_DTYPE, Backend, Buffer, HostBuffer, KVLayout
 from .errors import VtError
 from .memory.kv import KVCache
-from .model.graph import LlamaGraph, StepInputs, check_backend
+from .model.graph import ARCHITECTURE_OPS, LlamaGraph, StepInputs, check_backend
 from .readback import (
     OutputAlreadyReadError,
     OutputPool,
@@ -153,8 +153,9 @@ class ModelRunner:
         graphs: bool | None = None,
         max_graphs: int = DEFAULT_MAX_GRAPHS,
     ) -> None:
-        check_backend(backend)
         config = model.config
+        if config.architecture in ARCHITECTURE_OPS:  # else LlamaGraph names the problem
+            check_backend(backend, config.architecture)
         for name, value in (
             ("max_slots", max_slots),
             ("max_batch_tokens", max_batch_tokens),

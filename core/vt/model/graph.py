@@ -6,28 +6,34 @@ kernels on a stream and never touches the host. Every step is one flattened batc
 each row carrying its own position and KV slot, so decoding many sequences is one
 matmul per projection. Only the rows that are sampled reach the output projection.
 
-Per layer::
+Per layer, as ops of :data:`vt.ops.OPS`::
 
-    h = rms_norm(x)                       attn_norm
-    q, k, v = h @ Wq, h @ Wk, h @ Wv      (+ bias: qwen2)
-    q, k = rms_norm per head              (qwen3: attn_q_norm, attn_k_norm)
-    q, k = rope(q), rope(k)               style from the model config
-    kv_store(k, v); a = attention(q)      scale 1/sqrt(head_dim)
-    x = x + a @ Wo
-    h = rms_norm(x)                       ffn_norm
-    x = x + (silu(h @ Wg) * (h @ Wu)) @ Wd
+    h = rms_norm(x)                               attn_norm
+    q, k, v = matmul(h, Wq), (h, Wk), (h, Wv)     (+ bias: qwen2)
+    q, k = rms_norm per head                      (qwen3: attn_q_norm, attn_k_norm)
+    rope_kv_store(q, k, v)                        RoPE style from the model config
+    a = attention(q)                              scale 1/sqrt(head_dim)
+    x = matmul_add(a, Wo, residual=x)
+    h = rms_norm(x)                               ffn_norm
+    g = swiglu(h, Wg, Wu)                         silu(h @ Wg) * (h @ Wu)
+    x = matmul_add(g, Wd, residual=x)
 
-then ``logits = rms_norm(x[rows]) @ Wout`` and ``sample``.
+then ``logits = matmul(rms_norm(gather_rows(x)), Wout)`` and ``sample``. The fused ops
+(``rope_kv_store``, ``matmul_add``, ``swiglu``) run as their decompositions on a backend
+that lacks them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..backend import Backend, Buffer, KVLayout, Stream, Weight
-from ..errors import KernelNotImplementedError, ModelError
+from ..backend import Backend, Buffer, KVLayout, Stream, Tensor, Weight
+from ..errors import ModelError
+from ..handles import F32, I32, SAMPLE_PARAMS_DTYPE
+from ..ops import require_ops
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,17 +41,31 @@ if TYPE_CHECKING:
 #: Architectures this graph runs (``general.architecture`` of the GGUF).
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 
-_F32 = 4
+_LLAMA_OPS: tuple[str, ...] = (
+    "embedding",
+    "rms_norm",
+    "matmul",
+    "rope_kv_store",
+    "attention",
+    "matmul_add",
+    "swiglu",
+    "gather_rows",
+    "sample",
+)
+
+#: The ops each architecture's forward pass launches (fused ones included).
+ARCHITECTURE_OPS: dict[str, tuple[str, ...]] = {
+    "llama": _LLAMA_OPS,
+    "qwen2": _LLAMA_OPS,  # matmul with a bias for Q, K and V
+    "qwen3": _LLAMA_OPS,  # rms_norm per head of Q and K
+}
 
 
-def check_backend(backend: Backend) -> None:
-    """Refuse a backend that lacks a kernel the model needs, naming every missing one."""
-    missing = type(backend).missing_kernels()
-    if missing:
-        raise KernelNotImplementedError(
-            f"backend {backend.name!r} does not implement the model kernels "
-            f"{', '.join(missing)}; it cannot run llama-family models"
-        )
+def check_backend(backend: Backend, architecture: str = "llama") -> None:
+    """Refuse a backend that lacks a primitive op the architecture needs, naming them all."""
+    require_ops(
+        backend.name, f"a {architecture} model", ARCHITECTURE_OPS[architecture], backend.supports
+    )
 
 
 @dataclass(eq=False)
@@ -134,7 +154,6 @@ class LlamaGraph:
     """
 
     def __init__(self, backend: Backend, model: Any) -> None:
-        check_backend(backend)
         config = model.config
         arch = _config_value(config, "architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -142,6 +161,7 @@ class LlamaGraph:
                 f"architecture {arch!r} is not supported by the llama-family graph "
                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
+        check_backend(backend, arch)
         if config.n_heads % config.n_kv_heads:
             raise ModelError(
                 f"n_heads={config.n_heads} is not a multiple of n_kv_heads={config.n_kv_heads}"
@@ -254,7 +274,7 @@ class LlamaGraph:
         done: dict[str, Buffer] = {}
         try:
             for name, n in sizes.items():
-                done[name] = self.backend.alloc(n * _F32)
+                done[name] = self.backend.alloc(n * F32.itemsize)
         except BaseException:
             for buf in done.values():
                 self.backend.free(buf)
@@ -280,53 +300,65 @@ class LlamaGraph:
         """Enqueue one step: ``n_tokens`` rows in, ``n_rows`` sampled ids into ``out_ids``.
 
         Leaves the float32 logits of the sampled rows in ``act.logits``. Enqueues only
-        kernels: no allocation, no host synchronisation.
+        ops: no allocation, no host synchronisation.
         """
-        b, c, n = self.backend, self.config, n_tokens
+        c, n = self.config, n_tokens
         if not 0 < n <= act.max_tokens or not 0 <= n_rows <= min(n, act.max_rows):
             raise ValueError(
                 f"step of {n} tokens / {n_rows} sampled rows exceeds the buffers "
                 f"({act.max_tokens} tokens / {act.max_rows} rows)"
             )
-        scale = 1.0 / math.sqrt(c.head_dim)
-        b.embedding(act.x, self.token_embd, inp.ids, n, stream)
+        op = partial(self.backend.launch, stream=stream)
+        q_dim, kv_dim = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        x, h = Tensor(act.x, F32, (n, c.dim)), Tensor(act.h, F32, (n, c.dim))
+        q, k = Tensor(act.q, F32, (n, q_dim)), Tensor(act.k, F32, (n, kv_dim))
+        v, attn = Tensor(act.v, F32, (n, kv_dim)), Tensor(act.attn, F32, (n, q_dim))
+        ffn = (n, c.ffn_dim)
+        gate, up = Tensor(act.gate, F32, ffn), Tensor(act.up, F32, ffn)
+        ffn_act = Tensor(act.act, F32, ffn)
+        ids, pos = Tensor(inp.ids, I32, (n,)), Tensor(inp.positions, I32, (n,))
+        slots = Tensor(inp.slots, I32, (n,))
+        kv = Tensor(cache, F32, layout.shape)
+        eps, scale = c.rms_eps, 1.0 / math.sqrt(c.head_dim)
+        op("embedding", out=x, ids=ids, table=self.token_embd)
         for i, w in enumerate(self.layers):
-            b.rms_norm(act.h, act.x, w.attn_norm, n, c.dim, c.rms_eps, stream)
+            op("rms_norm", out=h, x=x, weight=w.attn_norm, eps=eps)
             if w.q_norm is not None and w.k_norm is not None:
                 # qwen3: project into ``attn`` (free until attention writes it), then
                 # normalise each head into q / k.
-                b.matmul(act.attn, act.h, w.wq, n, stream, bias=w.bq)
-                b.rms_norm(act.q, act.attn, w.q_norm, n * c.n_heads, c.head_dim, c.rms_eps, stream)
-                b.matmul(act.attn, act.h, w.wk, n, stream, bias=w.bk)
-                b.rms_norm(
-                    act.k, act.attn, w.k_norm, n * c.n_kv_heads, c.head_dim, c.rms_eps, stream
-                )
+                heads_q = attn.reshape(n * c.n_heads, c.head_dim)
+                op("matmul", out=attn, x=h, weight=w.wq, bias=w.bq)
+                op("rms_norm", out=q.reshape(n * c.n_heads, c.head_dim), x=heads_q,
+                   weight=w.q_norm, eps=eps)  # fmt: skip
+                k_raw = Tensor(act.attn, F32, (n, kv_dim))
+                op("matmul", out=k_raw, x=h, weight=w.wk, bias=w.bk)
+                op("rms_norm", out=k.reshape(n * c.n_kv_heads, c.head_dim),
+                   x=k_raw.reshape(n * c.n_kv_heads, c.head_dim), weight=w.k_norm, eps=eps)  # fmt: skip
             else:
-                b.matmul(act.q, act.h, w.wq, n, stream, bias=w.bq)
-                b.matmul(act.k, act.h, w.wk, n, stream, bias=w.bk)
-            b.matmul(act.v, act.h, w.wv, n, stream, bias=w.bv)
-            b.rope(act.q, inp.positions, n, c.n_heads, c.rope, stream)
-            b.rope(act.k, inp.positions, n, c.n_kv_heads, c.rope, stream)
-            b.kv_store(cache, layout, i, act.k, act.v, inp.slots, inp.positions, n, stream)
-            b.attention(
-                act.attn, act.q, cache, layout, i, inp.slots, inp.positions, n, c.n_heads,
-                scale, stream,
-            )  # fmt: skip
-            b.matmul(act.h, act.attn, w.wo, n, stream)
-            b.add(act.x, act.x, act.h, n * c.dim, stream)
-            b.rms_norm(act.h, act.x, w.ffn_norm, n, c.dim, c.rms_eps, stream)
-            b.matmul(act.gate, act.h, w.w_gate, n, stream)
-            b.matmul(act.up, act.h, w.w_up, n, stream)
-            b.silu_mul(act.act, act.gate, act.up, n * c.ffn_dim, stream)
-            b.matmul(act.h, act.act, w.w_down, n, stream)
-            b.add(act.x, act.x, act.h, n * c.dim, stream)
+                op("matmul", out=q, x=h, weight=w.wq, bias=w.bq)
+                op("matmul", out=k, x=h, weight=w.wk, bias=w.bk)
+            op("matmul", out=v, x=h, weight=w.wv, bias=w.bv)
+            op("rope_kv_store", q=q, k=k, v=v, positions=pos, slots=slots, cache=kv,
+               layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
+            op("attention", out=attn, q=q, cache=kv, slots=slots, positions=pos,
+               layout=layout, layer=i, n_heads=c.n_heads, scale=scale)  # fmt: skip
+            # h is free again: the projections above consumed it.
+            op("matmul_add", out=x, x=attn, weight=w.wo, residual=x, scratch=h)
+            op("rms_norm", out=h, x=x, weight=w.ffn_norm, eps=eps)
+            op("swiglu", out=ffn_act, x=h, gate=w.w_gate, up=w.w_up, scratch_gate=gate,
+               scratch_up=up)  # fmt: skip
+            op("matmul_add", out=x, x=ffn_act, weight=w.w_down, residual=x, scratch=h)
         if n_rows == 0:
             return
         # RMS norm is per row, so gathering first normalises only the rows that are sampled.
-        b.gather_rows(act.sel, act.x, inp.rows, n_rows, c.dim, stream)
-        b.rms_norm(act.sel_norm, act.sel, self.output_norm, n_rows, c.dim, c.rms_eps, stream)
-        b.matmul(act.logits, act.sel_norm, self.output, n_rows, stream)
-        b.sample(out_ids, act.logits, inp.params, n_rows, c.vocab_size, stream)
+        r = n_rows
+        sel, sel_norm = Tensor(act.sel, F32, (r, c.dim)), Tensor(act.sel_norm, F32, (r, c.dim))
+        logits = Tensor(act.logits, F32, (r, c.vocab_size))
+        op("gather_rows", out=sel, x=x, rows=Tensor(inp.rows, I32, (r,)))
+        op("rms_norm", out=sel_norm, x=sel, weight=self.output_norm, eps=eps)
+        op("matmul", out=logits, x=sel_norm, weight=self.output)
+        op("sample", out=Tensor(out_ids, I32, (r,)), logits=logits,
+           params=Tensor(inp.params, SAMPLE_PARAMS_DTYPE, (r,)))  # fmt: skip
 
     # ---- teardown
     def close(self) -> None:

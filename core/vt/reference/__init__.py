@@ -1,12 +1,14 @@
 """numpy reference kernels: the oracle every backend is compared against.
 
-Pure functions over float32 activations and int32 ids. :class:`HostKernels` runs them
-behind the :class:`vt.Backend` protocol for backends whose memory is host numpy arrays.
+Pure functions over float32 activations and int32 ids. The mixins :class:`ReferenceOps`
+(every op of :data:`vt.ops.OPS` from these functions) and :class:`HostMemory` (copies over
+numpy memory) run them behind the :class:`vt.Backend` protocol.
 """
 
 from __future__ import annotations
 
-from .host import HostKernels
+from typing import Any
+
 from .kernels import (
     add,
     attention,
@@ -24,7 +26,8 @@ from .sampling import sample, splitmix64, uniform
 
 __all__ = [
     "SUPPORTED_TYPES",
-    "HostKernels",
+    "HostMemory",
+    "ReferenceOps",
     "add",
     "attention",
     "dequantize",
@@ -41,3 +44,13 @@ __all__ = [
     "splitmix64",
     "uniform",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # vt.ops imports these kernels while vt.backend is still loading; the mixins, which
+    # subclass vt.Backend, load on first use.
+    if name in ("HostMemory", "ReferenceOps"):
+        from . import host
+
+        return getattr(host, name)
+    raise AttributeError(f"module 'vt.reference' has no attribute {name!r}")

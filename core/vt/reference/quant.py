@@ -7,7 +7,7 @@ import math
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from ..backend import WeightTensor
+from ..handles import WeightTensor
 from ..errors import ModelError
 
 #: The GGML tensor types vt runs; anything else is refused by name.

@@ -1,4 +1,4 @@
-"""The CPU backend: vt.reference kernels on numpy memory, worker-thread streams, real VMM."""
+"""The CPU backend: vt.reference ops on numpy memory, worker-thread streams, real VMM."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import vt
-from vt.reference import HostKernels
+from vt.reference import HostMemory, ReferenceOps
 
 from . import vmm
 from .streams import CpuEvent, StreamError, WorkerStream
@@ -43,16 +43,14 @@ def granularity_from_env(env: Mapping[str, str] | None = None) -> int:
 
 
 def cpu_capabilities(granularity: int = DEFAULT_VMM_GRANULARITY) -> vt.Capabilities:
-    """What the CPU backend declares; no VMM where the OS lacks memfd_create."""
+    """The physical facts the CPU backend declares; no VMM where the OS lacks memfd_create.
+
+    Events, pinned memory, async copies and graphs are derived from the mixins it implements.
+    """
     return vt.Capabilities(
         unified_memory=True,
         device_memory_is_host_addressable=True,
         host_memory_is_device_addressable=True,
-        supports_async_sampled_token_readback=True,
-        async_d2h_copy=True,
-        events=True,
-        pinned_host_memory=True,
-        graphs=True,
         vmm=vt.VmmCaps(granularity=granularity, segments_may_alias=False)
         if vmm.SUPPORTED
         else None,
@@ -92,7 +90,16 @@ class _Pinned:
     locked: bool
 
 
-class CpuBackend(HostKernels):
+class CpuBackend(
+    HostMemory,
+    ReferenceOps,
+    vt.HostAddressable,
+    vt.Events,
+    vt.PinnedHostMemory,
+    vt.AsyncD2HCopy,
+    vt.Graphs,
+    vt.VirtualMemory,
+):
     """numpy on the host.
 
     Memory is unified and host-addressable (a buffer's handle is its uint8 numpy array).
@@ -107,13 +114,10 @@ class CpuBackend(HostKernels):
     name = "cpu"
     priority = 10
     description = "numpy on the host: unified memory, worker-thread streams, real virtual memory"
-    capabilities = cpu_capabilities()
 
-    def __init__(self, vmm_granularity: int | None = None) -> None:
-        if vmm_granularity is None:
-            vmm_granularity = granularity_from_env()
-        self._granularity = _checked_granularity(vmm_granularity, "CpuBackend(vmm_granularity)")
-        self.capabilities = cpu_capabilities(self._granularity)
+    def __init__(self) -> None:
+        # The same source as probe(), so the instance and its declaration agree.
+        self._granularity = granularity_from_env()
         self._streams: set[WorkerStream] = set()
         self._lock = threading.Lock()
         # Stop the worker threads even when close() is forgotten.
@@ -133,12 +137,10 @@ class CpuBackend(HostKernels):
         _close_streams(self._streams, self._lock)
 
     # ---- memory
-    def alloc(self, nbytes: int) -> vt.Buffer:
-        if nbytes < 0:
-            raise ValueError(f"alloc: size must be non-negative, got {nbytes}")
+    def _alloc(self, nbytes: int) -> vt.Buffer:
         return vt.Buffer(np.zeros(nbytes, dtype=np.uint8), nbytes, 0, self.name)
 
-    def free(self, buf: vt.Buffer) -> None:
+    def _free(self, buf: vt.Buffer) -> None:
         self._mem(buf)  # memory returns to the allocator when the last view is dropped
 
     def _mem(self, buf: vt.Buffer) -> np.ndarray:
@@ -146,18 +148,19 @@ class CpuBackend(HostKernels):
             raise ValueError(f"buffer of backend {buf.owner!r} is not a cpu buffer")
         return buf.handle
 
-    def host_view(self, buf: vt.Buffer) -> np.ndarray:
+    def _host_view(self, buf: vt.Buffer) -> np.ndarray:
         return self._mem(buf)[buf.offset : buf.offset + buf.nbytes]
 
-    def alloc_pinned(self, nbytes: int) -> vt.HostBuffer:
-        if nbytes < 0:
-            raise ValueError(f"alloc_pinned: size must be non-negative, got {nbytes}")
+    def _bytes(self, buf: vt.Buffer) -> np.ndarray:
+        return self._mem(buf)[buf.offset : buf.offset + buf.nbytes]
+
+    def _alloc_pinned(self, nbytes: int) -> vt.HostBuffer:
         mapping = mmap.mmap(-1, max(nbytes, 1))
         array = np.frombuffer(mapping, dtype=np.uint8)[:nbytes]
         locked = vmm.lock(array.ctypes.data, nbytes)
         return vt.HostBuffer(array, handle=_Pinned(mapping, locked), pinned=True)
 
-    def free_pinned(self, buf: vt.HostBuffer) -> None:
+    def _free_pinned(self, buf: vt.HostBuffer) -> None:
         if isinstance(buf.handle, _Pinned) and buf.handle.locked:
             vmm.unlock(buf.array.ctypes.data, buf.nbytes)
             buf.handle.locked = False
@@ -175,20 +178,17 @@ class CpuBackend(HostKernels):
             raise ValueError(f"stream {stream.name!r} is not a cpu stream")
         return stream.handle
 
-    def _launch(self, stream: vt.Stream, op: str, fn: Callable[[], Any]) -> None:
-        self._worker(stream).enqueue(op, fn)
+    def enqueue_host(self, stream: vt.Stream, name: str, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on ``stream``'s worker thread, in order (like ``cudaLaunchHostFunc``)."""
+        self._worker(stream).enqueue(name, fn)
 
-    def host_fn(self, stream: vt.Stream, fn: Callable[[], Any], name: str = "host_fn") -> None:
-        """Run a Python callable on ``stream`` in order (like ``cudaLaunchHostFunc``)."""
-        self._launch(stream, name, fn)
-
-    def create_stream(self, name: str = "") -> vt.Stream:
+    def _create_stream(self, name: str) -> vt.Stream:
         worker = WorkerStream(name or f"stream-{id(self):x}-{len(self._streams)}")
         with self._lock:
             self._streams.add(worker)
         return vt.Stream(worker, name)
 
-    def destroy_stream(self, stream: vt.Stream) -> None:
+    def _destroy_stream(self, stream: vt.Stream) -> None:
         worker = self._worker(stream)
         try:
             worker.synchronize()
@@ -197,7 +197,7 @@ class CpuBackend(HostKernels):
             with self._lock:
                 self._streams.discard(worker)
 
-    def synchronize(self, stream: vt.Stream) -> None:
+    def _synchronize(self, stream: vt.Stream) -> None:
         self._worker(stream).synchronize()
 
     def _event(self, event: vt.Event) -> CpuEvent:
@@ -205,10 +205,10 @@ class CpuBackend(HostKernels):
             raise ValueError("event is not a cpu event")
         return event.handle
 
-    def create_event(self) -> vt.Event:
+    def _create_event(self) -> vt.Event:
         return vt.Event(CpuEvent())
 
-    def destroy_event(self, event: vt.Event) -> None:
+    def _destroy_event(self, event: vt.Event) -> None:
         self._event(event)
 
     def _not_capturing(self, worker: WorkerStream, op: str) -> WorkerStream:
@@ -216,26 +216,26 @@ class CpuBackend(HostKernels):
             raise StreamError(f"cpu stream {worker.name!r} is capturing a graph; {op} is refused")
         return worker
 
-    def record_event(self, event: vt.Event, stream: vt.Stream) -> None:
+    def _record_event(self, event: vt.Event, stream: vt.Stream) -> None:
         self._event(event).record(self._not_capturing(self._worker(stream), "record_event"))
 
-    def query_event(self, event: vt.Event) -> bool:
+    def _query_event(self, event: vt.Event) -> bool:
         return self._event(event).query()
 
-    def synchronize_event(self, event: vt.Event) -> None:
+    def _synchronize_event(self, event: vt.Event) -> None:
         self._event(event).synchronize()
 
-    def stream_wait_event(self, stream: vt.Stream, event: vt.Event) -> None:
+    def _stream_wait_event(self, stream: vt.Stream, event: vt.Event) -> None:
         worker = self._not_capturing(self._worker(stream), "stream_wait_event")
         self._event(event).wait_on(worker)
 
     # ---- graphs: a capture records the stream's closures; a launch enqueues them again.
     # The closures hold views of the buffers, not their contents, so a replay computes on
     # what the buffers hold when it runs, as a device graph does.
-    def begin_capture(self, stream: vt.Stream) -> None:
+    def _begin_capture(self, stream: vt.Stream) -> None:
         self._worker(stream).begin_capture()
 
-    def end_capture(self, stream: vt.Stream) -> vt.Graph:
+    def _end_capture(self, stream: vt.Stream) -> vt.Graph:
         ops = self._worker(stream).end_capture()
         return vt.Graph(_Graph(tuple(ops)), stream.name)
 
@@ -247,17 +247,17 @@ class CpuBackend(HostKernels):
             raise ValueError(f"graph captured on {graph.name!r} was destroyed")
         return g
 
-    def launch_graph(self, graph: vt.Graph, stream: vt.Stream) -> None:
+    def _launch_graph(self, graph: vt.Graph, stream: vt.Stream) -> None:
         worker = self._worker(stream)
         for op, fn, always in self._graph(graph).ops:
             worker.enqueue(op, fn, always)
 
-    def destroy_graph(self, graph: vt.Graph) -> None:
+    def _destroy_graph(self, graph: vt.Graph) -> None:
         g = self._graph(graph)
         g.ops, g.destroyed = (), True
 
     # ---- virtual memory
-    def vmm_granularity(self) -> int:
+    def _vmm_granularity(self) -> int:
         if not vmm.SUPPORTED:
             raise vt.VmmError("cpu: virtual memory needs Linux memfd_create")
         return self._granularity
@@ -276,7 +276,7 @@ class CpuBackend(HostKernels):
             raise vt.VmmError(f"{op}: the reservation of {r.nbytes} bytes was already released")
         return r
 
-    def vmm_reserve(self, nbytes: int) -> vt.VirtualRange:
+    def _vmm_reserve(self, nbytes: int) -> vt.VirtualRange:
         self._check_multiple("vmm_reserve: size", nbytes, positive=True)
         try:
             base = vmm.reserve(nbytes)
@@ -305,7 +305,7 @@ class CpuBackend(HostKernels):
     def _release_physical(self, fd: int) -> None:
         os.close(fd)
 
-    def vmm_map(self, vrange: vt.VirtualRange, offset: int, nbytes: int) -> vt.Segment:
+    def _vmm_map(self, vrange: vt.VirtualRange, offset: int, nbytes: int) -> vt.Segment:
         r = self._reservation(vrange, "vmm_map")
         self._check_multiple("vmm_map: offset", offset, positive=False)
         self._check_multiple("vmm_map: size", nbytes, positive=True)
@@ -333,7 +333,7 @@ class CpuBackend(HostKernels):
         r.segments[offset] = segment
         return segment
 
-    def vmm_unmap(self, vrange: vt.VirtualRange, segment: vt.Segment) -> None:
+    def _vmm_unmap(self, vrange: vt.VirtualRange, segment: vt.Segment) -> None:
         r = self._reservation(vrange, "vmm_unmap")
         if r.segments.get(segment.offset) is not segment:
             raise vt.VmmError(
@@ -345,7 +345,7 @@ class CpuBackend(HostKernels):
         del r.segments[segment.offset]
         self._release_physical(segment.handle)
 
-    def vmm_release(self, vrange: vt.VirtualRange) -> None:
+    def _vmm_release(self, vrange: vt.VirtualRange) -> None:
         r = self._reservation(vrange, "vmm_release")
         if r.segments:
             raise vt.VmmError(
@@ -355,7 +355,7 @@ class CpuBackend(HostKernels):
         vmm.release(r.base, r.nbytes)
         r.released, r.array = True, None
 
-    def vmm_buffer(self, vrange: vt.VirtualRange) -> vt.Buffer:
+    def _vmm_buffer(self, vrange: vt.VirtualRange) -> vt.Buffer:
         """A buffer over the whole reservation; touching an unmapped byte is a SIGSEGV."""
         r = self._reservation(vrange, "vmm_buffer")
         if r.array is None:
