@@ -39,7 +39,7 @@ tb = _load_backends()
 
 def started(cls, **changes):
     backend = cls()
-    caps = cls.capabilities
+    caps = backend.capabilities
     for field, value in changes.items():
         caps = caps.model_copy(update={field: value})
     backend.capabilities = caps

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import vt
-from vt import Capabilities, VmmCaps, rules
+from vt import Capabilities, VmmCaps
+from vt.mixins import IMPLEMENTATION, derive_capabilities
 from vt.rules import RULES, RULES_BY_ID, check
 
 HA = dict(unified_memory=True, device_memory_is_host_addressable=True)
@@ -15,22 +16,24 @@ class Bare(vt.Backend):
     name = "bare"
 
 
-class WithHostView(vt.Backend):
+class WithHostView(vt.Backend, vt.HostAddressable):
     name = "hv"
 
-    def host_view(self, buf: vt.Buffer) -> np.ndarray:
+    def _host_view(self, buf: vt.Buffer) -> np.ndarray:
         return buf.handle
 
 
-class Complete(WithHostView):
-    """Overrides every method a capability can require."""
+class Complete(
+    WithHostView, vt.Events, vt.PinnedHostMemory, vt.AsyncD2HCopy, vt.Graphs, vt.VirtualMemory
+):
+    """Implements every hook of every capability mixin."""
 
     name = "complete"
 
 
-for _methods in rules.IMPLEMENTATION.values():
-    for _m in _methods:
-        if not Complete.overrides(_m):
+for _mixin, _hooks in IMPLEMENTATION.values():
+    for _m in _hooks:
+        if _m not in Complete.__dict__ and _m != "_host_view":
             setattr(Complete, _m, lambda self, *a, **k: None)
 
 
@@ -101,12 +104,12 @@ def test_async_readback_on_discrete_memory_needs_pinned() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "missing"),
     [
-        ("device_memory_is_host_addressable", True, "host_view"),
-        ("events", True, "record_event"),
-        ("pinned_host_memory", True, "alloc_pinned"),
-        ("async_d2h_copy", True, "copy_d2h_async"),
-        ("vmm", VmmCaps(granularity=4096), "vmm_reserve"),
-        ("graphs", True, "begin_capture, end_capture, launch_graph, destroy_graph"),
+        ("device_memory_is_host_addressable", True, "vt.HostAddressable"),
+        ("events", True, "vt.Events"),
+        ("pinned_host_memory", True, "vt.PinnedHostMemory"),
+        ("async_d2h_copy", True, "vt.AsyncD2HCopy"),
+        ("vmm", VmmCaps(granularity=4096), "vt.VirtualMemory"),
+        ("graphs", True, "vt.Graphs"),
     ],
 )
 def test_declared_without_implementation(field: str, value: object, missing: str) -> None:
@@ -118,16 +121,18 @@ def test_declared_without_implementation(field: str, value: object, missing: str
     assert field in violations[0].message and missing in violations[0].message
 
 
-def test_events_partially_overridden_names_the_base_no_ops() -> None:
-    class HalfEvents(vt.Backend):
+def test_events_partially_implemented_names_the_missing_hooks() -> None:
+    class HalfEvents(vt.Backend, vt.Events):
         name = "half"
 
-        def record_event(self, event: vt.Event, stream: vt.Stream) -> None:
+        def _record_event(self, event: vt.Event, stream: vt.Stream) -> None:
             pass
 
     (violation,) = check(HalfEvents, Capabilities(events=True))
-    assert "record_event" not in violation.message
-    assert "query_event" in violation.message and "synchronize_event" in violation.message
+    assert "_record_event" not in violation.message
+    assert "_query_event" in violation.message and "_synchronize_event" in violation.message
+    # Derived, not declared: half an implementation is simply no events.
+    assert derive_capabilities(HalfEvents, Capabilities()).events is False
 
 
 @pytest.mark.parametrize("granularity", [0, -4096, 3000, (2 << 20) + 1])
@@ -178,19 +183,58 @@ def test_rules_are_pure_and_return_all_violations() -> None:
 
 
 def test_graphs_half_implemented_names_what_is_missing() -> None:
-    class CaptureOnly(vt.Backend):
+    class CaptureOnly(vt.Backend, vt.Graphs):
         name = "capture-only"
 
-        def begin_capture(self, stream: vt.Stream) -> None:
+        def _begin_capture(self, stream: vt.Stream) -> None:
             pass
 
-        def end_capture(self, stream: vt.Stream) -> vt.Graph:
+        def _end_capture(self, stream: vt.Stream) -> vt.Graph:
             return vt.Graph(None)
 
     (violation,) = check(CaptureOnly, Capabilities(graphs=True))
     assert violation.rule == "declared-without-implementation"
     assert violation.message == (
-        "'capture-only' declares graphs=True but does not override launch_graph, destroy_graph"
+        "'capture-only' declares graphs=True but does not implement _launch_graph, _destroy_graph"
     )
     # Not declaring graphs is always fine: the runner then launches every kernel.
     assert check(CaptureOnly, Capabilities()) == []
+
+
+# --------------------------------------------------------------------------- derivation
+
+
+def test_code_capabilities_are_derived_from_the_mixins_with_provenance() -> None:
+    caps = derive_capabilities(Complete, Capabilities(**HA))
+    assert caps.events and caps.pinned_host_memory and caps.async_d2h_copy and caps.graphs
+    assert caps.supports_async_sampled_token_readback
+    assert caps.source_of("events").source is vt.Source.derived
+    assert caps.source_of("events").detail == "implements vt.Events"
+    bare = derive_capabilities(Bare, Capabilities())
+    assert not (bare.events or bare.graphs or bare.supports_async_sampled_token_readback)
+    assert bare.source_of("graphs").detail == "does not implement vt.Graphs"
+    assert check(Complete, caps) == [] and check(Bare, bare) == []
+
+
+def test_a_declared_false_turns_implemented_code_off() -> None:
+    """A device that lacks a feature the backend's code has (no copy engine, old driver)."""
+    caps = derive_capabilities(Complete, Capabilities(async_d2h_copy=False, graphs=False))
+    assert not caps.async_d2h_copy and not caps.graphs and caps.events
+    assert caps.source_of("async_d2h_copy").source is vt.Source.declared
+    # Discrete memory without an async copy: no async readback, derived (the '!!!!' bug).
+    assert caps.supports_async_sampled_token_readback is False
+    assert check(Complete, caps) == []
+
+
+def test_async_readback_follows_from_events_pinned_and_a_d2h_path() -> None:
+    discrete = derive_capabilities(Complete, Capabilities())
+    assert discrete.supports_async_sampled_token_readback  # pinned + async D2H copy
+    assert "async D2H copy" in discrete.source_of("supports_async_sampled_token_readback").detail
+    no_pinned = derive_capabilities(Complete, Capabilities(pinned_host_memory=False))
+    assert not no_pinned.supports_async_sampled_token_readback
+
+
+def test_vmm_is_a_physical_fact_and_needs_the_mixin() -> None:
+    assert derive_capabilities(Complete, Capabilities()).vmm is None  # nothing declared
+    caps = derive_capabilities(Bare, Capabilities(vmm=VmmCaps(granularity=4096)))
+    assert [v.rule for v in check(Bare, caps)] == ["declared-without-implementation"]

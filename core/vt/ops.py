@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .errors import KernelNotImplementedError
-from .handles import SAMPLE_PARAMS_DTYPE, F32, I32, KVLayout, RopeParams, Tensor, Weight
+from .handles import F32, I32, SAMPLE_PARAMS_DTYPE, KVLayout, RopeParams, Tensor, Weight
 from .reference import kernels as K
 from .reference.sampling import sample as _sample
 
@@ -124,7 +124,7 @@ class OpDef:
                     f"op {self.name}: {what} has shape {shape}, expected {len(a.shape)} "
                     f"dimensions {a.shape}"
                 )
-            for sym, size in zip(a.shape, shape):
+            for sym, size in zip(a.shape, shape):  # noqa: B905 - lengths checked above
                 if dims.setdefault(sym, size) != size:
                     raise ValueError(
                         f"op {self.name}: {what} has {sym}={size}, but another argument "

@@ -54,22 +54,31 @@ class _Worker:
         done.wait()
 
 
-class ThreadBackend(vt.Backend):
+class ThreadBackend(
+    vt.Backend,
+    vt.HostAddressable,
+    vt.Events,
+    vt.PinnedHostMemory,
+    vt.AsyncD2HCopy,
+    vt.Graphs,
+    vt.VirtualMemory,
+):
     """Unified, host-addressable memory; worker-thread streams; real events; vmm."""
 
     name = "threads"
     priority = 5
     description = "numpy with worker-thread streams (vt test backend)"
-    capabilities = Capabilities(
-        unified_memory=True,
-        device_memory_is_host_addressable=True,
-        supports_async_sampled_token_readback=True,
-        async_d2h_copy=True,
-        events=True,
-        pinned_host_memory=True,
-        graphs=True,
-        vmm=VmmCaps(granularity=64 << 10),
-    )
+
+    @classmethod
+    def probe(cls) -> vt.Probe:
+        return vt.Probe(
+            available=True,
+            capabilities=Capabilities(
+                unified_memory=True,
+                device_memory_is_host_addressable=True,
+                vmm=VmmCaps(granularity=64 << 10),
+            ),
+        )
 
     def _submit(self, stream: Stream | None, job: Callable[[], None]) -> None:
         if stream is None:
@@ -77,101 +86,110 @@ class ThreadBackend(vt.Backend):
         else:
             stream.handle.put(job)
 
-    def alloc(self, nbytes: int) -> Buffer:
+    def _alloc(self, nbytes: int) -> Buffer:
         return Buffer(np.zeros(nbytes, np.uint8), nbytes, owner=self.name)
 
-    def free(self, buf: Buffer) -> None:
+    def _free(self, buf: Buffer) -> None:
         pass
 
-    def memset(self, buf: Buffer, value: int, stream: Stream | None = None) -> None:
+    def _memset(self, buf: Buffer, value: int, stream: Stream | None = None) -> None:
         self._submit(stream, lambda: _bytes(buf).fill(value))
 
-    def copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
+    def _copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
         raw = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
         _bytes(dst)[: raw.size] = raw
 
-    def copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
+    def _copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
         dst.reshape(-1).view(np.uint8)[:] = _bytes(src)[: dst.nbytes]
 
-    def copy_h2d_async(self, dst: Buffer, src: HostBuffer | np.ndarray, stream: Stream) -> None:
+    def _copy_h2d_async(self, dst: Buffer, src: np.ndarray, stream: Stream) -> None:
         arr = src.array if isinstance(src, HostBuffer) else src
-        self._submit(stream, lambda: self.copy_h2d(dst, arr))
+        self._submit(
+            stream,
+            lambda: self._copy_h2d(dst, np.ascontiguousarray(arr).reshape(-1).view(np.uint8)),
+        )
 
-    def copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
-        self._submit(stream, lambda: self.copy_d2h(dst.array, src))
+    def _copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
+        self._submit(stream, lambda: self._copy_d2h(dst.array, src))
 
-    def alloc_pinned(self, nbytes: int) -> HostBuffer:
+    def _alloc_pinned(self, nbytes: int) -> HostBuffer:
         return HostBuffer(np.zeros(nbytes, np.uint8), pinned=True)
 
-    def host_view(self, buf: Buffer) -> np.ndarray:
+    def _host_view(self, buf: Buffer) -> np.ndarray:
         return _bytes(buf)
 
-    def begin_capture(self, stream: Stream) -> None:
+    def _begin_capture(self, stream: Stream) -> None:
         stream.handle.capture = []
 
-    def end_capture(self, stream: Stream) -> Graph:
+    def _end_capture(self, stream: Stream) -> Graph:
         jobs, stream.handle.capture = stream.handle.capture, None
         return Graph(jobs, stream.name)
 
-    def launch_graph(self, graph: Graph, stream: Stream) -> None:
+    def _launch_graph(self, graph: Graph, stream: Stream) -> None:
         for job in graph.handle:
             stream.handle.put(job)
 
-    def destroy_graph(self, graph: Graph) -> None:
+    def _destroy_graph(self, graph: Graph) -> None:
         graph.handle = []
 
-    def create_stream(self, name: str = "") -> Stream:
+    def _destroy_event(self, event: Event) -> None:
+        pass
+
+    def _free_pinned(self, buf: HostBuffer) -> None:
+        pass
+
+    def _create_stream(self, name: str = "") -> Stream:
         return Stream(_Worker(), name)
 
-    def destroy_stream(self, stream: Stream) -> None:
+    def _destroy_stream(self, stream: Stream) -> None:
         stream.handle.put(None)
         stream.handle.thread.join()
 
-    def synchronize(self, stream: Stream) -> None:
+    def _synchronize(self, stream: Stream) -> None:
         stream.handle.drain()
 
-    def create_event(self) -> Event:
+    def _create_event(self) -> Event:
         done = threading.Event()
         done.set()  # a never-recorded event is complete
         return Event({"done": done})
 
-    def record_event(self, event: Event, stream: Stream) -> None:
+    def _record_event(self, event: Event, stream: Stream) -> None:
         done = threading.Event()  # a new object per record: earlier waits keep theirs
         event.handle["done"] = done
         stream.handle.put(done.set)
 
-    def query_event(self, event: Event) -> bool:
+    def _query_event(self, event: Event) -> bool:
         return event.handle["done"].is_set()
 
-    def synchronize_event(self, event: Event) -> None:
+    def _synchronize_event(self, event: Event) -> None:
         event.handle["done"].wait()
 
-    def stream_wait_event(self, stream: Stream, event: Event) -> None:
+    def _stream_wait_event(self, stream: Stream, event: Event) -> None:
         done = event.handle["done"]
         stream.handle.put(done.wait)
 
-    def vmm_granularity(self) -> int:
+    def _vmm_granularity(self) -> int:
         return 64 << 10
 
-    def vmm_reserve(self, nbytes: int) -> VirtualRange:
+    def _vmm_reserve(self, nbytes: int) -> VirtualRange:
         return VirtualRange({"array": np.zeros(nbytes, np.uint8), "segments": []}, nbytes)
 
-    def vmm_map(self, vrange: VirtualRange, offset: int, nbytes: int) -> Segment:
-        g = self.vmm_granularity()
+    def _vmm_map(self, vrange: VirtualRange, offset: int, nbytes: int) -> Segment:
+        g = self._vmm_granularity()
         if offset % g or nbytes % g or nbytes <= 0 or offset + nbytes > vrange.nbytes:
             raise vt.VmmError(f"bad mapping [{offset}, {offset + nbytes}) of {vrange.nbytes}")
         seg = Segment(None, offset, nbytes)
         vrange.handle["segments"].append(seg)
         return seg
 
-    def vmm_unmap(self, vrange: VirtualRange, segment: Segment) -> None:
+    def _vmm_unmap(self, vrange: VirtualRange, segment: Segment) -> None:
         vrange.handle["segments"].remove(segment)
 
-    def vmm_release(self, vrange: VirtualRange) -> None:
+    def _vmm_release(self, vrange: VirtualRange) -> None:
         if vrange.handle["segments"]:
             raise vt.VmmError("release with segments still mapped")
 
-    def vmm_buffer(self, vrange: VirtualRange) -> Buffer:
+    def _vmm_buffer(self, vrange: VirtualRange) -> Buffer:
         return Buffer(vrange.handle["array"], vrange.nbytes, owner=self.name)
 
 
@@ -181,70 +199,69 @@ class DiscreteBackend(vt.Backend):
     name = "discrete"
     priority = 1
     description = "synchronous discrete-device stand-in (vt test backend)"
-    capabilities = Capabilities()
 
-    def alloc(self, nbytes: int) -> Buffer:
+    def _alloc(self, nbytes: int) -> Buffer:
         return Buffer(bytearray(nbytes), nbytes, owner=self.name)
 
-    def free(self, buf: Buffer) -> None:
+    def _free(self, buf: Buffer) -> None:
         pass
 
     def _view(self, buf: Buffer) -> np.ndarray:
         return np.frombuffer(buf.handle, np.uint8)[buf.offset : buf.offset + buf.nbytes]
 
-    def memset(self, buf: Buffer, value: int, stream: Stream | None = None) -> None:
+    def _memset(self, buf: Buffer, value: int, stream: Stream | None = None) -> None:
         self._view(buf).fill(value)
 
-    def copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
+    def _copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
         raw = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
         self._view(dst)[: raw.size] = raw
 
-    def copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
+    def _copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
         dst.reshape(-1).view(np.uint8)[:] = self._view(src)[: dst.nbytes]
 
-    def copy_h2d_async(self, dst: Buffer, src: HostBuffer | np.ndarray, stream: Stream) -> None:
-        self.copy_h2d(dst, src.array if isinstance(src, HostBuffer) else src)
+    def _copy_h2d_async(self, dst: Buffer, src: np.ndarray, stream: Stream) -> None:
+        self._copy_h2d(dst, src)
 
-    def create_stream(self, name: str = "") -> Stream:
+    def _create_stream(self, name: str = "") -> Stream:
         return Stream(None, name)
 
-    def destroy_stream(self, stream: Stream) -> None:
+    def _destroy_stream(self, stream: Stream) -> None:
         pass
 
-    def synchronize(self, stream: Stream) -> None:
+    def _synchronize(self, stream: Stream) -> None:
         pass
 
 
-class SyncEventsBackend(DiscreteBackend):
+class SyncEventsBackend(DiscreteBackend, vt.Events, vt.PinnedHostMemory, vt.AsyncD2HCopy):
     """Synchronous, yet honest about events and async copies: everything is done at once."""
 
     name = "sync-events"
-    capabilities = Capabilities(
-        supports_async_sampled_token_readback=True,
-        async_d2h_copy=True,
-        events=True,
-        pinned_host_memory=True,
-    )
 
-    def copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
-        self.copy_d2h(dst.array, src)
+    def _copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
+        self._copy_d2h(dst.array, src)
 
-    def alloc_pinned(self, nbytes: int) -> HostBuffer:
+    def _alloc_pinned(self, nbytes: int) -> HostBuffer:
         return HostBuffer(np.zeros(nbytes, np.uint8), pinned=True)
 
-    def create_event(self) -> Event:
+    def _create_event(self) -> Event:
         return Event("sync")
 
-    def record_event(self, event: Event, stream: Stream) -> None:
+    def _record_event(self, event: Event, stream: Stream) -> None:
         pass  # the work before it has already run
 
-    def query_event(self, event: Event) -> bool:
+    def _query_event(self, event: Event) -> bool:
         return True
 
-    def synchronize_event(self, event: Event) -> None:
+    def _synchronize_event(self, event: Event) -> None:
         pass
 
-    def stream_wait_event(self, stream: Stream, event: Event) -> None:
+    def _stream_wait_event(self, stream: Stream, event: Event) -> None:
+        pass
+
+    def _destroy_event(self, event: Event) -> None:
+        pass
+
+    def _free_pinned(self, buf: HostBuffer) -> None:
         pass
 
 
@@ -253,13 +270,13 @@ class FakeEventsBackend(ThreadBackend):
 
     name = "fake-events"
 
-    def record_event(self, event: Event, stream: Stream) -> None:
+    def _record_event(self, event: Event, stream: Stream) -> None:
         pass
 
-    def synchronize_event(self, event: Event) -> None:
+    def _synchronize_event(self, event: Event) -> None:
         pass
 
-    def stream_wait_event(self, stream: Stream, event: Event) -> None:
+    def _stream_wait_event(self, stream: Stream, event: Event) -> None:
         pass
 
 
@@ -277,7 +294,7 @@ class FakePinnedBackend(ThreadBackend):
 
     name = "fake-pinned"
 
-    def alloc_pinned(self, nbytes: int) -> HostBuffer:
+    def _alloc_pinned(self, nbytes: int) -> HostBuffer:
         return HostBuffer(np.zeros(nbytes, np.uint8), pinned=False)
 
 
@@ -286,13 +303,13 @@ class EagerGraphBackend(ThreadBackend):
 
     name = "eager-graphs"
 
-    def begin_capture(self, stream: Stream) -> None:
+    def _begin_capture(self, stream: Stream) -> None:
         pass
 
-    def end_capture(self, stream: Stream) -> Graph:
+    def _end_capture(self, stream: Stream) -> Graph:
         return Graph(None, stream.name)
 
-    def launch_graph(self, graph: Graph, stream: Stream) -> None:
+    def _launch_graph(self, graph: Graph, stream: Stream) -> None:
         pass
 
 
@@ -301,12 +318,12 @@ class StaleGraphBackend(ThreadBackend):
 
     name = "stale-graphs"
 
-    def copy_h2d_async(self, dst: Buffer, src: HostBuffer | np.ndarray, stream: Stream) -> None:
+    def _copy_h2d_async(self, dst: Buffer, src: np.ndarray, stream: Stream) -> None:
         if stream.handle.capture is None:
-            super().copy_h2d_async(dst, src, stream)
+            super()._copy_h2d_async(dst, src, stream)
             return
         snapshot = (src.array if isinstance(src, HostBuffer) else src).copy()
-        self._submit(stream, lambda: self.copy_h2d(dst, snapshot))
+        self._submit(stream, lambda: self._copy_h2d(dst, snapshot))
 
 
 @vt.hookimpl

@@ -7,8 +7,8 @@ import math
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from ..handles import WeightTensor
 from ..errors import ModelError
+from ..handles import WeightTensor
 
 #: The GGML tensor types vt runs; anything else is refused by name.
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(
