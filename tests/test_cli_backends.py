@@ -11,9 +11,11 @@ from pathlib import Path
 
 import click
 import pytest
+import vt
 from click.testing import CliRunner
 from vt.cli import main
 from vt.cli.options import backend_option, open_backend
+from vt.testing.tiny import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "vt-example-backend"
@@ -248,18 +250,31 @@ def test_subprocess_selection_by_env_and_unknown_name(site) -> None:
     assert "unknown backend 'nope'; installed backends: absent, cpu" in proc.stdout
 
 
-def test_pip_install_example_into_a_venv(tmp_path: Path) -> None:
-    """A real ``pip install`` of the example distribution, seen by vt in that environment.
+def _venv_seeing_this_environment(root: Path) -> Path:
+    """A fresh venv whose Python also sees every site directory of the running one.
 
-    The venv borrows vt from the system site-packages; pip builds the example in an
-    isolated environment (setuptools from the package index or pip's cache).
+    ``--system-site-packages`` would borrow the *base* interpreter's packages, which lack vt
+    when the suite itself runs in a venv; a ``.pth`` that calls ``site.addsitedir`` on ours
+    works in both cases and keeps editable installs (their own ``.pth`` hooks) working.
     """
-    venv = tmp_path / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True,
-    )
-    python = venv / "bin" / "python"
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    lines = [f"import site; site.addsitedir({p!r})" for p in ours]
+    (Path(purelib) / "_outer_site.pth").write_text("\n".join(lines) + "\n")
+    return python
+
+
+def test_pip_install_example_into_a_venv_and_run_a_model(tmp_path: Path) -> None:
+    """A real ``pip install`` of the example distribution into a fresh venv: vt finds it,
+    its audit passes, and ``vt run --backend example`` produces text from a model."""
+    python = _venv_seeing_this_environment(tmp_path / "venv")
     source = shutil.copytree(EXAMPLE, tmp_path / "src")  # setuptools writes build/ in place
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", str(source)],
@@ -268,6 +283,7 @@ def test_pip_install_example_into_a_venv(tmp_path: Path) -> None:
     )
     run = [str(python), "-c", "from vt.cli import main; main()"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VT_")}
+    env["VT_HOME"] = str(tmp_path / "home")
     proc = subprocess.run(
         [*run, "backends", "--json"], capture_output=True, text=True, env=env, timeout=120
     )
@@ -276,6 +292,7 @@ def test_pip_install_example_into_a_venv(tmp_path: Path) -> None:
     assert items["example"]["status"] == "available"
     assert items["example"]["distribution"] == "vt-example-backend"
     assert items["example"]["version"] == "0.1.0"
+    assert set(items["example"]["ops"]) == set(vt.OPS)  # every op, from the reference
     proc = subprocess.run(
         [*run, "audit", "--backend", "example"],
         capture_output=True,
@@ -284,3 +301,12 @@ def test_pip_install_example_into_a_venv(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    proc = subprocess.run(
+        [*run, "run", "--backend", "example", "--model", str(model), "--json", "--raw",
+         "--temperature", "0", "--max-tokens", "4", "hello"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(out["ids"]) == 4 and out["backend"] == "example"
