@@ -2,7 +2,9 @@
 
 Each row is what ``hipDeviceGetAttribute`` reports for that device (values as the HIP
 runtime of the stated platform reports them; one row is marked as built to reach a branch),
-with the capabilities the rules of issue 2 give and why.
+with the capabilities the rules of issue 2 give and why. The function declares physical
+facts; the effective capabilities are what vt derives from them and the mixins RocmBackend
+implements (:func:`vt.mixins.derive_capabilities`), as the registry does.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 from pydantic import ValidationError
-from vt import Source, VmmCaps, rules
+from vt import Capabilities, Source, VmmCaps, rules
+from vt.mixins import derive_capabilities
 from vt_rocm.backend import RocmBackend
 from vt_rocm.caps import DeviceProfile, capabilities_from_device, use_managed_alloc
 
@@ -193,10 +196,20 @@ ROWS: dict[str, Row] = {
 }
 
 
+#: Capabilities that need code: derived from the mixins, never declared for a HIP device.
+CODE = ("events", "pinned_host_memory", "async_d2h_copy", "graphs")
+
+
+def effective(profile: DeviceProfile) -> Capabilities:
+    """What the registry makes of the declaration (without overrides)."""
+    return derive_capabilities(RocmBackend, capabilities_from_device(profile))
+
+
 @pytest.mark.parametrize("row_id", list(ROWS))
 def test_capabilities_from_device_profile(row_id: str) -> None:
     row = ROWS[row_id]
-    caps = capabilities_from_device(row.profile)
+    declared = capabilities_from_device(row.profile)
+    caps = effective(row.profile)
 
     assert use_managed_alloc(row.profile) is row.managed
     assert caps.unified_memory is row.unified
@@ -204,23 +217,26 @@ def test_capabilities_from_device_profile(row_id: str) -> None:
     assert caps.device_memory_is_host_addressable is row.unified
     assert caps.host_memory_is_device_addressable is row.host_memory_device_addressable
     assert caps.vmm == row.vmm
+    # The function declares the physical facts only; what needs code is left to vt.
+    assert declared.model_fields_set & {*CODE, "supports_async_sampled_token_readback"} == set()
     # HIP always has real events, hipHostMalloc and hipMemcpyAsync D2H: async readback is
     # safe on every row, through host access or through the copy.
-    assert caps.events and caps.pinned_host_memory and caps.async_d2h_copy
+    assert caps.events and caps.pinned_host_memory and caps.async_d2h_copy and caps.graphs
     assert caps.supports_async_sampled_token_readback
     assert row.why in caps.source_of("unified_memory").detail
 
 
 @pytest.mark.parametrize("row_id", list(ROWS))
 def test_every_profile_passes_the_registry_rules(row_id: str) -> None:
-    caps = capabilities_from_device(ROWS[row_id].profile)
-    assert rules.check(RocmBackend, caps) == []
+    assert rules.check(RocmBackend, effective(ROWS[row_id].profile)) == []
 
 
 def test_provenance_is_derived_and_names_the_attributes() -> None:
-    caps = capabilities_from_device(ROWS["gfx1151-windows"].profile)
-    for field in ("unified_memory", "device_memory_is_host_addressable", "vmm", "events"):
+    caps = effective(ROWS["gfx1151-windows"].profile)
+    for field in ("unified_memory", "device_memory_is_host_addressable", "vmm", *CODE):
         assert caps.source_of(field).source is Source.derived
+    assert caps.source_of("events").detail == "implements vt.Events"
+    assert caps.source_of("graphs").detail == "implements vt.Graphs"
     unified = caps.source_of("unified_memory").detail
     for attr in ("Integrated=1", "ManagedMemory=0", "ConcurrentManagedAccess=0"):
         assert f"hipDeviceAttribute{attr}" in unified
@@ -231,11 +247,14 @@ def test_provenance_is_derived_and_names_the_attributes() -> None:
     assert "hipMalloc memory" in caps.source_of("device_memory_is_host_addressable").detail
 
 
-def test_readback_detail_says_which_d2h_path() -> None:
-    discrete = capabilities_from_device(ROWS["gfx1100-windows"].profile)
-    apu = capabilities_from_device(ROWS["mi300a-linux"].profile)
-    assert "async D2H copy" in discrete.source_of("supports_async_sampled_token_readback").detail
-    assert "host-addressable" in apu.source_of("supports_async_sampled_token_readback").detail
+def test_async_readback_is_derived_on_discrete_devices_and_apus() -> None:
+    # The discrete device reads the ids back by an async D2H copy, the APU through host
+    # access: the derivation needs one of the two, and events and pinned memory.
+    for row_id in ("gfx1100-windows", "mi300a-linux"):
+        caps = effective(ROWS[row_id].profile)
+        readback = caps.source_of("supports_async_sampled_token_readback")
+        assert caps.supports_async_sampled_token_readback
+        assert readback.source is Source.derived and readback.detail.startswith("has events")
 
 
 def test_vmm_supported_without_granularity_gives_no_vmm() -> None:

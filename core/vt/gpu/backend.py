@@ -1,13 +1,16 @@
-"""GpuBackend: the whole vt.Backend protocol over a :class:`GpuRuntime` and kernels.cu.
+"""GpuBackend: the vt.Backend protocol over a :class:`GpuRuntime` and kernels.cu.
 
-Written once for every GPU vendor: a plugin subclasses it with a name, a probe and its
-capability function, and hands it its runtime adapter. Device pointers are plain ints
-(``Buffer.handle``), so ``Buffer.offset`` is pointer arithmetic.
+Written once for every GPU vendor: a plugin subclasses it with a name and a probe (whose
+capability function declares the device's physical facts), and hands it its runtime
+adapter. Device pointers are plain ints (``Buffer.handle``), so ``Buffer.offset`` is
+pointer arithmetic.
 
-Kernel methods check their arguments on the host (sizes against buffers, shapes against
-weights) and enqueue one launch: no allocation, no host synchronisation, so a decode step
-can later be captured in a graph. The kernel source is compiled on first use (at weight
-upload, before any step) and cached per process and device.
+The core :class:`vt.Backend` checks every argument once (sizes against buffers, tensors
+against each op's signature, shapes against weights); the hooks here trust them and keep
+only what the GPU itself needs (kernel limits such as :data:`MAX_HEAD_DIM`, handles of
+this backend). An op enqueues one launch: no allocation, no host synchronisation, so a
+decode step can be captured in a graph. The kernel source is compiled on first use (at
+weight upload, before any step) and cached per process and device.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..backend import (
-    SAMPLE_PARAMS_DTYPE,
     Backend,
     Buffer,
     Event,
@@ -34,12 +36,20 @@ from ..backend import (
     RopeStyle,
     Segment,
     Stream,
+    Tensor,
     VirtualRange,
     Weight,
     WeightTensor,
 )
-from ..capabilities import Capabilities
 from ..errors import VmmError
+from ..mixins import (
+    AsyncD2HCopy,
+    Events,
+    Graphs,
+    HostAddressable,
+    PinnedHostMemory,
+    VirtualMemory,
+)
 from . import weights as W
 from .runtime import GpuCallError, GpuRuntime, host_array
 
@@ -133,34 +143,26 @@ class _Reservation:
         return end
 
 
-def _host_ptr(array: np.ndarray, writable: bool = False) -> int:
-    if not array.flags.c_contiguous:
-        raise ValueError("host array must be C-contiguous (use np.ascontiguousarray)")
-    if writable and not array.flags.writeable:
-        raise ValueError("destination host array is read-only")
-    return int(array.ctypes.data)
-
-
-def _check_fits(what: str, nbytes: int, capacity: int) -> None:
-    if nbytes > capacity:
-        raise ValueError(f"{what}: {nbytes} bytes do not fit in a buffer of {capacity} bytes")
-
-
 def _blocks(n: int, per: int = _THREADS) -> int:
     return max(1, min(_MAX_BLOCKS, -(-n // per)))
 
 
-class GpuBackend(Backend):
-    """A GPU through a vendor runtime adapter; the plugin supplies name, probe and caps."""
+class GpuBackend(
+    HostAddressable, Events, PinnedHostMemory, AsyncD2HCopy, Graphs, VirtualMemory, Backend
+):
+    """A GPU through a vendor runtime adapter; the plugin supplies the name and the probe.
+
+    It implements every capability mixin: whether device memory is host-addressable and
+    whether there is VMM are the device's facts, which the plugin's probe declares.
+    """
 
     name: ClassVar[str] = "gpu"
     description: ClassVar[str] = "a GPU through a runtime adapter (vt.gpu)"
     #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one.
     tiled_min_rows: int = 16
 
-    def __init__(self, runtime: GpuRuntime, capabilities: Capabilities) -> None:
+    def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
-        self.capabilities = capabilities
         self._kernels: Any = None
         self._functions: dict[str, Any] = {}
         self._granularity: int | None = None
@@ -199,13 +201,8 @@ class GpuBackend(Backend):
         """Compile the kernels now (upload_weight does it too, before any step runs)."""
         self._module()
 
-    def _launch(
-        self,
-        name: str,
-        grid: tuple[int, int, int],
-        block: int,
-        stream: Stream,
-        *args: Any,
+    def _kernel(
+        self, name: str, grid: tuple[int, int, int], block: int, stream: Stream, *args: Any
     ) -> None:
         self._rt.launch(self._fn(name), grid, (block, 1, 1), 0, stream.handle, args)
 
@@ -214,97 +211,81 @@ class GpuBackend(Backend):
     def _addr(buf: Buffer) -> int:
         return int(buf.handle) + buf.offset
 
-    def alloc(self, nbytes: int) -> Buffer:
-        if nbytes < 0:
-            raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
+    def _alloc(self, nbytes: int) -> Buffer:
         return Buffer(int(self._rt.malloc(nbytes)), nbytes, owner=self.name)
 
-    def free(self, buf: Buffer) -> None:
-        if buf.offset:
+    def _free(self, buf: Buffer) -> None:
+        if buf.offset:  # the runtime frees allocations, not addresses inside them
             raise ValueError("free() takes the buffer alloc() returned, not a view of it")
         self._rt.free(int(buf.handle))
 
-    def memset(self, buf: Buffer, value: int, stream: Stream | None = None) -> None:
-        if not 0 <= value <= 255:
-            raise ValueError(f"memset value must be a byte (0..255), got {value}")
+    def _memset(self, buf: Buffer, value: int, stream: Stream | None) -> None:
         handle = None if stream is None else stream.handle
         self._rt.memset(self._addr(buf), value, buf.nbytes, handle)
 
-    def copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
-        src = np.ascontiguousarray(src)
-        _check_fits("copy_h2d", src.nbytes, dst.nbytes)
-        self._rt.memcpy_h2d(self._addr(dst), _host_ptr(src), src.nbytes)
+    def _copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
+        self._rt.memcpy_h2d(self._addr(dst), int(src.ctypes.data), src.nbytes)
 
-    def copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
-        _check_fits("copy_d2h", dst.nbytes, src.nbytes)
-        self._rt.memcpy_d2h(_host_ptr(dst, writable=True), self._addr(src), dst.nbytes)
+    def _copy_d2h(self, dst: np.ndarray, src: Buffer) -> None:
+        self._rt.memcpy_d2h(int(dst.ctypes.data), self._addr(src), dst.nbytes)
 
-    def copy_h2d_async(self, dst: Buffer, src: HostBuffer | np.ndarray, stream: Stream) -> None:
-        # No ascontiguousarray here: a temporary copy could die before the stream reads it.
-        array = src.array if isinstance(src, HostBuffer) else src
-        _check_fits("copy_h2d_async", array.nbytes, dst.nbytes)
-        self._rt.memcpy_h2d(self._addr(dst), _host_ptr(array), array.nbytes, stream.handle)
+    def _copy_h2d_async(self, dst: Buffer, src: np.ndarray, stream: Stream) -> None:
+        # ``src`` views the caller's memory, which must live until the stream reads it.
+        self._rt.memcpy_h2d(self._addr(dst), int(src.ctypes.data), src.nbytes, stream.handle)
 
-    def copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
-        _check_fits("copy_d2h_async", dst.nbytes, src.nbytes)
-        ptr = _host_ptr(dst.array, writable=True)
+    def _copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
+        ptr = int(dst.array.ctypes.data)
         self._rt.memcpy_d2h(ptr, self._addr(src), dst.nbytes, stream.handle)
 
-    def copy_d2d(self, dst: Buffer, src: Buffer, nbytes: int, stream: Stream) -> None:
-        _check_fits("copy_d2d source", nbytes, src.nbytes)
-        _check_fits("copy_d2d destination", nbytes, dst.nbytes)
+    def _copy_d2d(self, dst: Buffer, src: Buffer, nbytes: int, stream: Stream) -> None:
         self._rt.memcpy_d2d(self._addr(dst), self._addr(src), nbytes, stream.handle)
 
-    def alloc_pinned(self, nbytes: int) -> HostBuffer:
-        if nbytes < 0:
-            raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
+    def _alloc_pinned(self, nbytes: int) -> HostBuffer:
         ptr, array = self._rt.host_alloc(nbytes)
         return HostBuffer(array, handle=int(ptr), pinned=True)
 
-    def free_pinned(self, buf: HostBuffer) -> None:
+    def _free_pinned(self, buf: HostBuffer) -> None:
         if buf.pinned and buf.handle is not None:
             self._rt.host_free(buf.handle)
             buf.handle = None  # a second free is a no-op, not a double free
 
-    def host_view(self, buf: Buffer) -> np.ndarray:
-        # The effective capability decides: an override that turns it off is honoured.
-        if not self.capabilities.device_memory_is_host_addressable:
-            return super().host_view(buf)
+    def _host_view(self, buf: Buffer) -> np.ndarray:
+        # Reached only where the effective capability says the host may dereference it.
         return host_array(self._addr(buf), buf.nbytes)
 
     # ---- streams and events
-    def create_stream(self, name: str = "") -> Stream:
+    def _create_stream(self, name: str) -> Stream:
         return Stream(self._rt.stream_create(), name)
 
-    def destroy_stream(self, stream: Stream) -> None:
+    def _destroy_stream(self, stream: Stream) -> None:
         self._rt.stream_destroy(stream.handle)
 
-    def synchronize(self, stream: Stream) -> None:
+    def _synchronize(self, stream: Stream) -> None:
         self._rt.stream_synchronize(stream.handle)
 
-    def create_event(self) -> Event:
+    def _create_event(self) -> Event:
         return Event(self._rt.event_create())
 
-    def destroy_event(self, event: Event) -> None:
+    def _destroy_event(self, event: Event) -> None:
         self._rt.event_destroy(event.handle)
 
-    def record_event(self, event: Event, stream: Stream) -> None:
+    def _record_event(self, event: Event, stream: Stream) -> None:
         self._rt.event_record(event.handle, stream.handle)
 
-    def query_event(self, event: Event) -> bool:
+    def _query_event(self, event: Event) -> bool:
         return self._rt.event_query(event.handle)
 
-    def synchronize_event(self, event: Event) -> None:
+    def _synchronize_event(self, event: Event) -> None:
         self._rt.event_synchronize(event.handle)
 
-    def stream_wait_event(self, stream: Stream, event: Event) -> None:
+    def _stream_wait_event(self, stream: Stream, event: Event) -> None:
         self._rt.stream_wait_event(stream.handle, event.handle)
 
     # ---- graphs: stream capture, instantiated at once; the source graph is not kept
-    def begin_capture(self, stream: Stream) -> None:
+    def _begin_capture(self, stream: Stream) -> None:
         self._rt.graph_begin_capture(stream.handle)
 
-    def end_capture(self, stream: Stream) -> Graph:
+    def _end_capture(self, stream: Stream) -> Graph:
         graph = self._rt.graph_end_capture(stream.handle)
         try:
             graph_exec = self._rt.graph_instantiate(graph)
@@ -320,28 +301,28 @@ class GpuBackend(Backend):
             raise ValueError(f"graph captured on {graph.name!r} was destroyed")
         return g
 
-    def launch_graph(self, graph: Graph, stream: Stream) -> None:
+    def _launch_graph(self, graph: Graph, stream: Stream) -> None:
         self._rt.graph_launch(self._gpu_graph(graph).exec, stream.handle)
 
-    def destroy_graph(self, graph: Graph) -> None:
+    def _destroy_graph(self, graph: Graph) -> None:
         g = self._gpu_graph(graph)
         g.destroyed = True  # in-flight replays finish; the runtime frees it after them
         self._rt.graph_exec_destroy(g.exec)
 
     # ---- virtual memory
-    def vmm_granularity(self) -> int:
+    def _vmm_granularity(self) -> int:
         if self._granularity is None:
             self._granularity = int(self._rt.vmm_granularity())
         return self._granularity
 
     def _check_multiple(self, what: str, nbytes: int, allow_zero: bool = False) -> int:
-        g = self.vmm_granularity()
-        if nbytes < 0 or nbytes % g or (nbytes == 0 and not allow_zero):
+        g = self._vmm_granularity()
+        if nbytes % g or (nbytes == 0 and not allow_zero):
             kind = "a multiple" if allow_zero else "a non-zero multiple"
             raise VmmError(f"{what} of {nbytes} bytes must be {kind} of granularity {g}")
         return g
 
-    def vmm_reserve(self, nbytes: int) -> VirtualRange:
+    def _vmm_reserve(self, nbytes: int) -> VirtualRange:
         self._check_multiple("reservation", nbytes)
         return VirtualRange(_Reservation(int(self._rt.vmm_reserve(nbytes))), nbytes)
 
@@ -353,7 +334,7 @@ class GpuBackend(Backend):
             raise VmmError("the reservation was already released")
         return res
 
-    def vmm_map(self, vrange: VirtualRange, offset: int, nbytes: int) -> Segment:
+    def _vmm_map(self, vrange: VirtualRange, offset: int, nbytes: int) -> Segment:
         res = self._reservation(vrange)
         self._check_multiple("segment", nbytes)
         self._check_multiple("segment offset", offset, allow_zero=True)
@@ -384,7 +365,7 @@ class GpuBackend(Backend):
             self._rt.vmm_set_access(res.base + start, size)
         except GpuCallError:
             with contextlib.suppress(GpuCallError):
-                self.vmm_unmap(vrange, segment)
+                self._vmm_unmap(vrange, segment)
             if segment in res.unmapped:
                 # Its release failed, and the caller never sees this segment to retry it:
                 # forget it (leaking the physical memory) so the reservation can be freed.
@@ -393,7 +374,7 @@ class GpuBackend(Backend):
             raise
         return segment
 
-    def vmm_unmap(self, vrange: VirtualRange, segment: Segment) -> None:
+    def _vmm_unmap(self, vrange: VirtualRange, segment: Segment) -> None:
         res = self._reservation(vrange)
         if segment not in res.segments:
             raise VmmError(
@@ -408,7 +389,7 @@ class GpuBackend(Backend):
         res.unmapped.remove(segment)
         res.segments.remove(segment)
 
-    def vmm_release(self, vrange: VirtualRange) -> None:
+    def _vmm_release(self, vrange: VirtualRange) -> None:
         res = vrange.handle
         if isinstance(res, _Reservation) and res.released:
             return
@@ -420,38 +401,11 @@ class GpuBackend(Backend):
         self._rt.vmm_address_free(res.base, vrange.nbytes)
         res.released = True
 
-    def vmm_buffer(self, vrange: VirtualRange) -> Buffer:
+    def _vmm_buffer(self, vrange: VirtualRange) -> Buffer:
         return Buffer(self._reservation(vrange).base, vrange.nbytes, owner=self.name)
 
-    # ---- argument checks (host side, before anything is enqueued)
-    def _need(self, buf: Buffer, nbytes: int, what: str) -> int:
-        if nbytes > buf.nbytes:
-            raise ValueError(
-                f"{self.name} {what}: needs {nbytes} bytes, the buffer has {buf.nbytes}"
-            )
-        return self._addr(buf)
-
-    @staticmethod
-    def _count(n: int, what: str) -> None:
-        if not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"{what} must be a non-negative integer, got {n!r}")
-
-    def _gpu_weight(self, weight: Weight, what: str) -> GpuWeight:
-        handle = weight.handle
-        if not isinstance(handle, GpuWeight):
-            raise ValueError(f"{what}: weight {weight.name!r} was not uploaded by {self.name}")
-        return handle
-
-    def _vector(self, weight: Weight, length: int, what: str) -> int:
-        w = self._gpu_weight(weight, what)
-        if w.kind != W.WT_F32 or w.rows * w.cols != length or len(weight.shape) != 1:
-            raise ValueError(
-                f"{what}: weight {weight.name!r} has shape {tuple(weight.shape)}, not ({length},)"
-            )
-        return w.data
-
-    # ---- kernels
-    def upload_weight(self, tensor: WeightTensor) -> Weight:
+    # ---- weights
+    def _upload_weight(self, tensor: WeightTensor) -> Weight:
         packed = W.pack(tensor)
         self.prepare()  # compile before the first step, never during one
         data = np.ascontiguousarray(packed.data).reshape(-1).view(np.uint8)
@@ -477,208 +431,144 @@ class GpuBackend(Backend):
         )
         return Weight(tensor.name, tuple(int(d) for d in tensor.shape), handle, tensor.ggml_type)
 
-    def free_weight(self, weight: Weight) -> None:
+    def _free_weight(self, weight: Weight) -> None:
+        self.free(self._gpu_weight(weight, "free_weight").buffer)
+
+    def _gpu_weight(self, weight: Weight, what: str) -> GpuWeight:
         handle = weight.handle
-        if isinstance(handle, GpuWeight) and handle.buffer is not None:
-            buf, handle.buffer = handle.buffer, None  # type: ignore[assignment]
-            self.free(buf)
+        if not isinstance(handle, GpuWeight):
+            raise ValueError(f"{what}: weight {weight.name!r} was not uploaded by {self.name}")
+        return handle
 
-    def embedding(self, out: Buffer, table: Weight, ids: Buffer, n: int, stream: Stream) -> None:
-        self._count(n, "embedding n")
+    # ---- ops: the core has checked every tensor and weight against the op's signature
+    @staticmethod
+    def _ptr(t: Tensor) -> P:
+        return P(int(t.buffer.handle) + t.buffer.offset)
+
+    def op_embedding(self, stream: Stream, out: Tensor, ids: Tensor, table: Weight) -> None:
         w = self._gpu_weight(table, "embedding")
-        if len(table.shape) != 2:
-            raise ValueError(f"embedding: table {table.name!r} must be a matrix")
-        o = self._need(out, n * w.cols * 4, "embedding out")
-        i = self._need(ids, n * 4, "embedding ids")
-        if n == 0:
-            return
-        self._launch(
-            f"embedding_{w.suffix}", (n, 1, 1), _THREADS, stream,
-            P(o), P(w.data), P(w.scales), I32(w.lg_block), P(i), I32(n), I32(w.rows),
-            I32(w.cols),
-        )  # fmt: skip
+        n = ids.shape[0]
+        if n:
+            self._kernel(
+                f"embedding_{w.suffix}", (n, 1, 1), _THREADS, stream,
+                self._ptr(out), P(w.data), P(w.scales), I32(w.lg_block), self._ptr(ids), I32(n),
+                I32(w.rows), I32(w.cols),
+            )  # fmt: skip
 
-    def rms_norm(
-        self, out: Buffer, x: Buffer, weight: Weight, n: int, dim: int, eps: float, stream: Stream
+    def op_rms_norm(
+        self, stream: Stream, out: Tensor, x: Tensor, weight: Weight, eps: float
     ) -> None:
-        self._count(n, "rms_norm n")
-        w = self._vector(weight, dim, "rms_norm")
-        xa = self._need(x, n * dim * 4, "rms_norm x")
-        o = self._need(out, n * dim * 4, "rms_norm out")
-        if n == 0:
-            return
-        self._launch("rms_norm", (n, 1, 1), _THREADS, stream, P(o), P(xa), P(w), I32(n),
-                     I32(dim), F32(eps))  # fmt: skip
+        w = self._gpu_weight(weight, "rms_norm")
+        n, dim = x.shape
+        if n:
+            self._kernel("rms_norm", (n, 1, 1), _THREADS, stream, self._ptr(out), self._ptr(x),
+                         P(w.data), I32(n), I32(dim), F32(eps))  # fmt: skip
 
-    def matmul(
-        self,
-        out: Buffer,
-        x: Buffer,
-        weight: Weight,
-        n: int,
-        stream: Stream,
-        bias: Weight | None = None,
+    def op_matmul(
+        self, stream: Stream, out: Tensor, x: Tensor, weight: Weight, bias: Weight | None = None
     ) -> None:
-        self._count(n, "matmul n")
         w = self._gpu_weight(weight, "matmul")
-        if len(weight.shape) != 2:
-            raise ValueError(f"matmul: weight {weight.name!r} must be a matrix")
-        out_f, in_f = w.rows, w.cols
-        b = 0
-        if bias is not None:
-            bw = self._gpu_weight(bias, "matmul")
-            if bw.kind != W.WT_F32 or bw.rows * bw.cols != out_f or len(bias.shape) != 1:
-                raise ValueError(
-                    f"matmul: bias {bias.name!r} has shape {tuple(bias.shape)}, not ({out_f},)"
-                )
-            b = bw.data
-        xa = self._need(x, n * in_f * 4, "matmul x")
-        o = self._need(out, n * out_f * 4, "matmul out")
+        b = 0 if bias is None else self._gpu_weight(bias, "matmul").data
+        n = x.shape[0]
         if n == 0:
             return
-        args = (P(o), P(xa), P(w.data), P(w.scales), I32(w.lg_block), P(b), I32(n),
-                I32(out_f), I32(in_f))  # fmt: skip
+        out_f, in_f = w.rows, w.cols
+        args = (self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.lg_block), P(b),
+                I32(n), I32(out_f), I32(in_f))  # fmt: skip
         if n >= self.tiled_min_rows:
             grid = (-(-out_f // 64), -(-n // 64), 1)
-            self._launch(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
+            self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
         else:
             warps = _THREADS // self._rt.warp_size()
             grid = (-(-out_f // warps), -(-n // 4), 1)
-            self._launch(f"matmul_small_{w.suffix}", grid, _THREADS, stream, *args)
+            self._kernel(f"matmul_small_{w.suffix}", grid, _THREADS, stream, *args)
 
-    def rope(
-        self,
-        x: Buffer,
-        positions: Buffer,
-        n: int,
-        n_heads: int,
-        params: RopeParams,
-        stream: Stream,
+    def op_rope(
+        self, stream: Stream, x: Tensor, positions: Tensor, n_heads: int, params: RopeParams
     ) -> None:
-        self._count(n, "rope n")
-        table = rope_table(params)
-        d = params.head_dim
-        xa = self._need(x, n * n_heads * d * 4, "rope x")
-        pos = self._need(positions, n * 4, "rope positions")
+        table = rope_table(params)  # refuses a head_dim the kernel cannot take
+        n, d = x.shape[0], params.head_dim
         if n == 0 or n_heads == 0:
             return
         neox = 1 if params.style == RopeStyle.neox else 0
-        self._launch(
+        self._kernel(
             "rope", (_blocks(n * n_heads * d // 2), 1, 1), _THREADS, stream,
-            P(xa), P(pos), I32(n), I32(n_heads), I32(d), I32(neox), table,
+            self._ptr(x), self._ptr(positions), I32(n), I32(n_heads), I32(d), I32(neox), table,
         )  # fmt: skip
 
-    def _check_layout(self, cache: Buffer, layout: KVLayout, layer: int, what: str) -> int:
-        if not 0 <= layer < layout.n_layers:
-            raise ValueError(f"{what}: layer {layer} is out of range [0, {layout.n_layers})")
+    @staticmethod
+    def _head_dim(layout: KVLayout, what: str) -> None:
         if layout.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"{what}: head_dim {layout.head_dim} exceeds {MAX_HEAD_DIM}")
-        return self._need(cache, layout.nbytes, f"{what} cache")
 
-    def kv_store(
+    def op_kv_store(
         self,
-        cache: Buffer,
-        layout: KVLayout,
-        layer: int,
-        k: Buffer,
-        v: Buffer,
-        slots: Buffer,
-        positions: Buffer,
-        n: int,
         stream: Stream,
-    ) -> None:
-        self._count(n, "kv_store n")
-        c = self._check_layout(cache, layout, layer, "kv_store")
-        row = layout.n_kv_heads * layout.head_dim
-        ka = self._need(k, n * row * 4, "kv_store k")
-        va = self._need(v, n * row * 4, "kv_store v")
-        s = self._need(slots, n * 4, "kv_store slots")
-        p = self._need(positions, n * 4, "kv_store positions")
-        if n == 0:
-            return
-        self._launch(
-            "kv_store", (_blocks(n * row), 1, 1), _THREADS, stream,
-            P(c), P(ka), P(va), P(s), P(p), I32(n), I32(row), I32(layout.n_slots),
-            I32(layout.n_layers), I32(layout.max_len), I32(layer),
-        )  # fmt: skip
-
-    def attention(
-        self,
-        out: Buffer,
-        q: Buffer,
-        cache: Buffer,
+        cache: Tensor,
+        k: Tensor,
+        v: Tensor,
+        slots: Tensor,
+        positions: Tensor,
         layout: KVLayout,
         layer: int,
-        slots: Buffer,
-        positions: Buffer,
-        n: int,
+    ) -> None:
+        self._head_dim(layout, "kv_store")
+        n, row = k.shape
+        if n:
+            self._kernel(
+                "kv_store", (_blocks(n * row), 1, 1), _THREADS, stream,
+                self._ptr(cache), self._ptr(k), self._ptr(v), self._ptr(slots),
+                self._ptr(positions), I32(n), I32(row), I32(layout.n_slots),
+                I32(layout.n_layers), I32(layout.max_len), I32(layer),
+            )  # fmt: skip
+
+    def op_attention(
+        self,
+        stream: Stream,
+        out: Tensor,
+        q: Tensor,
+        cache: Tensor,
+        slots: Tensor,
+        positions: Tensor,
+        layout: KVLayout,
+        layer: int,
         n_heads: int,
         scale: float,
-        stream: Stream,
     ) -> None:
-        self._count(n, "attention n")
-        n_kv, hd = layout.n_kv_heads, layout.head_dim
-        if n_heads <= 0 or n_heads % n_kv:
-            raise ValueError(f"attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
-        c = self._check_layout(cache, layout, layer, "attention")
-        qa = self._need(q, n * n_heads * hd * 4, "attention q")
-        o = self._need(out, n * n_heads * hd * 4, "attention out")
-        s = self._need(slots, n * 4, "attention slots")
-        p = self._need(positions, n * 4, "attention positions")
-        if n == 0:
-            return
-        self._launch(
-            "attention", (n, n_heads, 1), _THREADS, stream,
-            P(o), P(qa), P(c), P(s), P(p), I32(n), I32(n_heads), I32(n_kv), I32(hd),
-            I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
-            F32(scale),
-        )  # fmt: skip
-
-    def silu_mul(self, out: Buffer, gate: Buffer, up: Buffer, n: int, stream: Stream) -> None:
-        self._count(n, "silu_mul n")
-        g = self._need(gate, n * 4, "silu_mul gate")
-        u = self._need(up, n * 4, "silu_mul up")
-        o = self._need(out, n * 4, "silu_mul out")
+        self._head_dim(layout, "attention")
+        n = q.shape[0]
         if n:
-            self._launch("silu_mul", (_blocks(n), 1, 1), _THREADS, stream, P(o), P(g), P(u), I32(n))
+            self._kernel(
+                "attention", (n, n_heads, 1), _THREADS, stream,
+                self._ptr(out), self._ptr(q), self._ptr(cache), self._ptr(slots),
+                self._ptr(positions), I32(n), I32(n_heads), I32(layout.n_kv_heads),
+                I32(layout.head_dim), I32(layout.n_slots), I32(layout.n_layers),
+                I32(layout.max_len), I32(layer), F32(scale),
+            )  # fmt: skip
 
-    def add(self, out: Buffer, a: Buffer, b: Buffer, n: int, stream: Stream) -> None:
-        self._count(n, "add n")
-        aa = self._need(a, n * 4, "add a")
-        ba = self._need(b, n * 4, "add b")
-        o = self._need(out, n * 4, "add out")
+    def op_silu_mul(self, stream: Stream, out: Tensor, gate: Tensor, up: Tensor) -> None:
+        n = out.size
         if n:
-            self._launch("add", (_blocks(n), 1, 1), _THREADS, stream, P(o), P(aa), P(ba), I32(n))
+            self._kernel("silu_mul", (_blocks(n), 1, 1), _THREADS, stream, self._ptr(out),
+                         self._ptr(gate), self._ptr(up), I32(n))  # fmt: skip
 
-    def gather_rows(
-        self, out: Buffer, x: Buffer, rows: Buffer, n: int, dim: int, stream: Stream
-    ) -> None:
-        self._count(n, "gather_rows n")
-        if dim <= 0:
-            raise ValueError(f"gather_rows: dim must be positive, got {dim}")
-        m = x.nbytes // (4 * dim)
-        xa = self._need(x, m * dim * 4, "gather_rows x")
-        r = self._need(rows, n * 4, "gather_rows rows")
-        o = self._need(out, n * dim * 4, "gather_rows out")
+    def op_add(self, stream: Stream, out: Tensor, a: Tensor, b: Tensor) -> None:
+        n = out.size
         if n:
-            self._launch("gather_rows", (n, 1, 1), _THREADS, stream, P(o), P(xa), P(r), I32(n),
-                         I32(dim), I32(m))  # fmt: skip
+            self._kernel("add", (_blocks(n), 1, 1), _THREADS, stream, self._ptr(out),
+                         self._ptr(a), self._ptr(b), I32(n))  # fmt: skip
 
-    def sample(
-        self,
-        out_ids: Buffer,
-        logits: Buffer,
-        params: Buffer,
-        n: int,
-        vocab: int,
-        stream: Stream,
-    ) -> None:
-        self._count(n, "sample n")
-        if vocab <= 0 or vocab >= 1 << 24:
+    def op_gather_rows(self, stream: Stream, out: Tensor, x: Tensor, rows: Tensor) -> None:
+        m, dim = x.shape
+        n = rows.shape[0]
+        if n:
+            self._kernel("gather_rows", (n, 1, 1), _THREADS, stream, self._ptr(out),
+                         self._ptr(x), self._ptr(rows), I32(n), I32(dim), I32(m))  # fmt: skip
+
+    def op_sample(self, stream: Stream, out: Tensor, logits: Tensor, params: Tensor) -> None:
+        n, vocab = logits.shape
+        if not 1 <= vocab < 1 << 24:  # the kernel reduces ids as floats: exact below 2**24
             raise ValueError(f"sample: vocab must be in [1, 2**24), got {vocab}")
-        lg = self._need(logits, n * vocab * 4, "sample logits")
-        pa = self._need(params, n * SAMPLE_PARAMS_DTYPE.itemsize, "sample params")
-        o = self._need(out_ids, n * 4, "sample out_ids")
         if n:
-            self._launch("sample", (n, 1, 1), _SAMPLE_THREADS, stream, P(o), P(lg), P(pa), I32(n),
-                         I32(vocab))  # fmt: skip
+            self._kernel("sample", (n, 1, 1), _SAMPLE_THREADS, stream, self._ptr(out),
+                         self._ptr(logits), self._ptr(params), I32(n), I32(vocab))  # fmt: skip

@@ -174,8 +174,9 @@ class GpuRuntime(abc.ABC):
     ) -> None:
         """Enqueue ``fn`` on ``stream``; ``args`` are ctypes values in parameter order."""
 
-    # ---- graphs (optional: not abstract, so adapters written before them still load; a
-    # capability function declares ``graphs`` only for an adapter that overrides them)
+    # ---- graphs (optional: not abstract, so adapters written before them still load;
+    # GpuBackend implements vt.Graphs over them, so the capability function of a plugin
+    # whose adapter lacks them declares ``graphs=False``)
     def graph_begin_capture(self, stream: Any) -> None:
         """Start capturing the work enqueued on ``stream`` (this thread's capture mode)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture graphs")

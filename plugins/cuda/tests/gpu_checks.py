@@ -45,6 +45,14 @@ def cuda() -> Any:
     backend.close()
 
 
+def f32(buf: vt.Buffer, *shape: int) -> vt.Tensor:
+    return vt.Tensor.of(buf, np.float32, *shape)
+
+
+def i32(buf: vt.Buffer, *shape: int) -> vt.Tensor:
+    return vt.Tensor.of(buf, np.int32, *shape)
+
+
 class IO:
     """Buffers for one check, freed at the end."""
 
@@ -101,7 +109,8 @@ def test_tiled_matmul_path(cuda: Any, wtype: str, n: int) -> None:
     try:
         out = io.empty(n * 131 * 4)
         stream = cuda.create_stream()
-        cuda.matmul(out, io.put(x), w, n, stream, bias=b)
+        cuda.launch("matmul", stream, out=f32(out, n, 131), x=f32(io.put(x), n, in_f), weight=w,
+                    bias=b)  # fmt: skip
         cuda.synchronize(stream)
         got = io.get(out, np.float32, (n, 131))
         assert nmse(got, R.matmul(x, ref, b_ref)) <= kernel_tolerance("matmul", wtype)
@@ -124,8 +133,11 @@ def test_attention_past_one_chunk(cuda: Any, length: int) -> None:
     try:
         out = io.empty(q.nbytes)
         stream = cuda.create_stream()
-        cuda.attention(out, io.put(q), io.put(cache), layout, 1, io.put(slots), io.put(pos), 2,
-                       9, 0.125, stream)  # fmt: skip
+        cuda.launch(
+            "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
+            cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), 2),
+            positions=i32(io.put(pos), 2), layout=layout, layer=1, n_heads=9, scale=0.125,
+        )  # fmt: skip
         cuda.synchronize(stream)
         got = io.get(out, np.float32, q.shape)
         assert nmse(got, want) <= kernel_tolerance("attention", "F32")
@@ -170,7 +182,10 @@ def test_sampling_equals_the_reference_on_real_vocabularies(cuda: Any, vocab: in
     try:
         out = io.empty(len(rows) * 4)
         stream = cuda.create_stream()
-        cuda.sample(out, io.put(logits), io.put(params), len(rows), vocab, stream)
+        cuda.launch(
+            "sample", stream, out=i32(out, len(rows)), logits=f32(io.put(logits), *logits.shape),
+            params=vt.Tensor.of(io.put(params), vt.SAMPLE_PARAMS_DTYPE, len(rows)),
+        )  # fmt: skip
         cuda.synchronize(stream)
         assert io.get(out, np.int32, (len(rows),)).tolist() == want.tolist()
     finally:

@@ -3,7 +3,9 @@
 Each row is what ``cuDeviceGetAttribute`` reports for that device and why the capabilities
 follow. The H200 row was read on this workplace's H200 (plugins/cuda/tests/gpu_checks.py
 writes it); the others are as NVIDIA documents those parts, and one row is built to reach
-a branch (marked).
+a branch (marked). The function declares physical facts; the effective capabilities are what
+vt derives from them and the mixins CudaBackend implements
+(:func:`vt.mixins.derive_capabilities`), as the registry does.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 from pydantic import ValidationError
-from vt import Source, VmmCaps, rules
+from vt import Capabilities, Source, VmmCaps, rules
+from vt.mixins import derive_capabilities
 from vt_cuda.backend import CudaBackend
 from vt_cuda.caps import DeviceProfile, capabilities_from_device, use_managed_alloc
 
@@ -155,21 +158,33 @@ ROWS: dict[str, Row] = {
 }
 
 
+#: Capabilities that need code: derived from the mixins, never declared for a CUDA device.
+CODE = ("events", "pinned_host_memory", "async_d2h_copy", "graphs")
+
+
+def effective(profile: DeviceProfile) -> Capabilities:
+    """What the registry makes of the declaration (without overrides)."""
+    return derive_capabilities(CudaBackend, capabilities_from_device(profile))
+
+
 @pytest.mark.parametrize("key", list(ROWS))
 def test_capability_table(key: str) -> None:
     row = ROWS[key]
-    caps = capabilities_from_device(row.profile)
+    declared = capabilities_from_device(row.profile)
+    caps = effective(row.profile)
     assert use_managed_alloc(row.profile) is row.managed
     assert caps.unified_memory is row.unified
     assert caps.device_memory_is_host_addressable is row.host_addressable
     assert caps.host_memory_is_device_addressable is row.host_memory_device_addressable
     assert caps.vmm == row.vmm
+    # The function declares the physical facts only; what needs code is left to vt.
+    assert declared.model_fields_set & {*CODE, "supports_async_sampled_token_readback"} == set()
     # Every CUDA device has real events, pinned memory and async copies: async readback on,
     # through host_view where the memory is host-addressable, else an async D2H copy.
-    assert caps.events and caps.pinned_host_memory and caps.async_d2h_copy
+    assert caps.events and caps.pinned_host_memory and caps.async_d2h_copy and caps.graphs
     assert caps.supports_async_sampled_token_readback
     assert rules.check(CudaBackend, caps) == []
-    for field in ("unified_memory", "device_memory_is_host_addressable", "vmm"):
+    for field in ("unified_memory", "device_memory_is_host_addressable", "vmm", *CODE):
         assert caps.source_of(field).source is Source.derived
 
 
@@ -192,7 +207,10 @@ def test_provenance_names_the_attributes() -> None:
         "which the host may not dereference"
         in orin.source_of("device_memory_is_host_addressable").detail
     )
-    assert "async D2H copy" in orin.source_of("supports_async_sampled_token_readback").detail
+    readback = effective(ROWS["jetson-orin"].profile).source_of(
+        "supports_async_sampled_token_readback"
+    )
+    assert readback.source is Source.derived and readback.detail.startswith("has events")
     assert "2097152" in caps.source_of("vmm").detail
 
 

@@ -24,10 +24,10 @@ import pytest
 import vt
 import vt_cuda
 import vt_cuda.adapter as adapter
-from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc
+from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc, weight_tensor
 from vt import rules
-from vt.gpu import GpuBackend, kernel_source
-from vt.testing.kernels_suite import weight_tensor
+from vt.gpu import MAX_HEAD_DIM, GpuBackend, kernel_source
+from vt.mixins import derive_capabilities
 from vt_cuda.adapter import CudaError, CudaRuntime
 from vt_cuda.backend import CudaBackend
 from vt_cuda.caps import ATTRIBUTES, DeviceProfile, capabilities_from_device
@@ -48,6 +48,9 @@ SPARK = JETSON.model_copy(update={"concurrent_managed_access": True})
 def make(profile: DeviceProfile = H200) -> tuple[CudaBackend, FakeDriver, FakeNvrtc]:
     driver, nvrtc = FakeDriver(profile), FakeNvrtc()
     backend = CudaBackend(CudaRuntime(driver, nvrtc, platform=profile.platform))
+    # What the registry does with the probe's declaration (the fake device's, not this
+    # machine's: CudaBackend.probe() would look for a real one).
+    backend.capabilities = derive_capabilities(CudaBackend, capabilities_from_device(profile))
     driver.calls.clear()
     return backend, driver, nvrtc
 
@@ -171,7 +174,7 @@ def test_probe_reads_the_profile_without_creating_a_context() -> None:
         == H200
     )
     assert "cuDevicePrimaryCtxRetain" not in driver.names()
-    assert rules.check(CudaBackend, probe.capabilities) == []
+    assert rules.check(CudaBackend, derive_capabilities(CudaBackend, probe.capabilities)) == []
 
 
 def test_device_profile_reads_each_attribute_and_the_granularity() -> None:
@@ -200,9 +203,9 @@ def test_a_missing_device_ordinal_is_named() -> None:
         CudaRuntime(FakeDriver(), FakeNvrtc(), device=1)
 
 
-def test_it_is_the_shared_gpu_backend_with_every_model_kernel() -> None:
+def test_it_is_the_shared_gpu_backend_with_every_primitive_op() -> None:
     assert issubclass(CudaBackend, GpuBackend)
-    assert CudaBackend.missing_kernels() == []
+    assert CudaBackend.op_names() == vt.PRIMITIVE_OPS  # fused ops run as decompositions
 
 
 # --------------------------------------------------------------------------- memory
@@ -289,8 +292,8 @@ def test_async_copies_and_memset_run_on_the_stream() -> None:
         (lambda be, buf: be.copy_h2d(buf, np.zeros(65, np.uint8)), "65 bytes do not fit"),
         (lambda be, buf: be.copy_d2h(np.zeros(65, np.uint8), buf), "65 bytes do not fit"),
         (lambda be, buf: be.copy_d2h(np.zeros((8, 8), np.uint8)[:, ::2], buf), "C-contiguous"),
-        (lambda be, buf: be.memset(buf, 256), "must be a byte"),
-        (lambda be, buf: be.alloc(-1), "negative size"),
+        (lambda be, buf: be.memset(buf, 256), "is not a byte"),
+        (lambda be, buf: be.alloc(-1), "non-negative integer"),
         (lambda be, buf: be.free(buf.view(8, 8)), "not a view"),
         (lambda be, buf: be.copy_d2d(buf, buf.view(0, 8), 16, be.create_stream()), "16 bytes"),
     ],
@@ -510,18 +513,18 @@ def test_launch_passes_a_pointer_array_to_each_argument() -> None:
 
 def test_matmul_launch_translation() -> None:
     backend, driver, _ = make()
-    tensor, _ = weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1")
-    weight = backend.upload_weight(tensor)
+    weight = backend.upload_weight(weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1"))
     stream = backend.create_stream()
     x, out = backend.alloc(5 * 96 * 4), backend.alloc(5 * 37 * 4)
+    x_t, out_t = vt.Tensor.of(x, np.float32, 5, 96), vt.Tensor.of(out, np.float32, 5, 37)
     captured: list[tuple[str, Any, Any, list]] = []
     backend.runtime.launch = lambda fn, grid, block, smem, s, args: captured.append(  # type: ignore[method-assign]
         (fn, grid, block, [getattr(a, "value", a) for a in args])
     )
-    backend.matmul(out, x, weight, 5, stream)
-    backend.matmul(out, x, weight, 1, stream)
+    backend.launch("matmul", stream, out=out_t, x=x_t, weight=weight)
+    backend.launch("matmul", stream, out=out_t.rows(1), x=x_t.rows(1), weight=weight)
     backend.tiled_min_rows = 4
-    backend.matmul(out, x, weight, 5, stream)
+    backend.launch("matmul", stream, out=out_t, x=x_t, weight=weight)
     h = weight.handle
     small = [out.handle, x.handle, h.data, h.scales, 5, None, 5, 37, 96]
     assert captured[0] == (captured[0][0], (5, 2, 1), (256, 1, 1), small)
@@ -535,47 +538,70 @@ def test_matmul_launch_translation() -> None:
     assert driver.args("cuMemFree") == [(h.data,)]
 
 
+def _f32(buf: vt.Buffer, *shape: int) -> vt.Tensor:
+    return vt.Tensor(buf, np.dtype(np.float32), shape)  # unchecked: launch checks it
+
+
+def _i32(buf: vt.Buffer, *shape: int) -> vt.Tensor:
+    return vt.Tensor(buf, np.dtype(np.int32), shape)
+
+
+def _kv(b: vt.Buffer, layout: vt.KVLayout, layer: int, heads: int) -> dict[str, Any]:
+    """kv_store's arguments for one row of ``heads`` heads."""
+    row = heads * layout.head_dim
+    one = _i32(b, 1)
+    k = _f32(b, 1, row)
+    cache = _f32(b, *layout.shape)
+    return dict(cache=cache, k=k, v=k, slots=one, positions=one, layout=layout, layer=layer)
+
+
+def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any]:
+    kv = _kv(b, layout, 0, n_heads)
+    q = kv.pop("k")
+    del kv["v"]
+    return {**kv, "out": q, "q": q, "n_heads": n_heads, "scale": 1.0}
+
+
 @pytest.mark.parametrize(
-    ("call", "message"),
+    ("op", "args", "message"),
     [
-        (lambda be, w, b, s: be.matmul(b, b, w, 3, s), "matmul x: needs 1152 bytes"),
-        (lambda be, w, b, s: be.rms_norm(b, b, w, 1, 96, 1e-5, s), r"has shape \(4, 96\)"),
-        (lambda be, w, b, s: be.embedding(b, w, b, -1, s), "non-negative integer"),
-        (
-            lambda be, w, b, s: be.attention(
-                b, b, b, vt.KVLayout(1, 1, 4, 3, 8), 0, b, b, 1, 4, 1.0, s
-            ),  # fmt: skip
-            "n_heads 4 is not a multiple of n_kv_heads 3",
-        ),
-        (
-            lambda be, w, b, s: be.kv_store(b, vt.KVLayout(1, 1, 4, 1, 8), 1, b, b, b, b, 1, s),
-            r"layer 1 is out of range \[0, 1\)",
-        ),
-        (
-            lambda be, w, b, s: be.rope(b, b, 1, 1, vt.RopeParams(7), s),
-            "head_dim must be a positive even number",
-        ),
-        (lambda be, w, b, s: be.sample(b, b, b, 1, 0, s), r"vocab must be in \[1, 2\*\*24\)"),
-        (lambda be, w, b, s: be.gather_rows(b, b, b, 1, 0, s), "dim must be positive"),
+        # the core's checks, before the backend is called
+        ("matmul", lambda w, b: {"out": _f32(b, 3, 4), "x": _f32(b.view(0, 64), 3, 96),
+                                 "weight": w},
+         "x of shape .* needs 1152 bytes, its buffer has 64"),
+        ("attention", lambda w, b: _attention(b, vt.KVLayout(1, 1, 4, 3, 8), 4),
+         "n_heads 4 is not a multiple of n_kv_heads 3"),
+        ("kv_store", lambda w, b: _kv(b, vt.KVLayout(1, 1, 4, 1, 8), 1, 1),
+         r"layer 1 is out of range \[0, 1\)"),
+        # the GPU's own limits
+        ("rope", lambda w, b: {"x": _f32(b, 1, 7), "positions": _i32(b, 1), "n_heads": 1,
+                               "params": vt.RopeParams(7)},
+         "head_dim must be a positive even number"),
+        ("kv_store", lambda w, b: _kv(b, vt.KVLayout(1, 1, 1, 1, 2 * MAX_HEAD_DIM), 0, 1),
+         f"head_dim {2 * MAX_HEAD_DIM} exceeds {MAX_HEAD_DIM}"),
+        ("attention", lambda w, b: _attention(b, vt.KVLayout(1, 1, 1, 1, 2 * MAX_HEAD_DIM), 1),
+         f"head_dim {2 * MAX_HEAD_DIM} exceeds {MAX_HEAD_DIM}"),
+        ("sample", lambda w, b: {"out": _i32(b, 1), "logits": _f32(b, 1, 0),
+                                 "params": vt.Tensor(b, vt.SAMPLE_PARAMS_DTYPE, (1,))},
+         r"vocab must be in \[1, 2\*\*24\)"),
     ],
-    ids=["matmul-x", "rms-weight", "negative-n", "gqa", "layer", "rope", "vocab", "dim"],
-)
-def test_bad_kernel_arguments_fail_before_launching(call: Callable, message: str) -> None:
+    ids=["matmul-x", "gqa", "layer", "rope", "kv-head-dim", "attention-head-dim", "vocab"],
+)  # fmt: skip
+def test_bad_op_arguments_fail_before_launching(op: str, args: Callable, message: str) -> None:
     backend, driver, _ = make()
-    tensor, _ = weight_tensor("w", np.ones((4, 96), np.float32), "F32")
-    weight = backend.upload_weight(tensor)
-    buf = backend.alloc(64)
-    stream = backend.create_stream()
+    weight = backend.upload_weight(weight_tensor("w", np.ones((4, 96), np.float32), "F32"))
+    buf = backend.alloc(8192)
     with pytest.raises(ValueError, match=message):
-        call(backend, weight, buf, stream)
+        backend.launch(op, backend.create_stream(), **args(weight, buf))
     assert driver.launches == []
 
 
 def test_a_weight_of_another_backend_is_refused() -> None:
     backend, _, _ = make()
     foreign = vt.Weight("w", (4, 4), np.zeros((4, 4), np.float32))
+    x, out = (vt.Tensor.of(backend.alloc(64), np.float32, 1, 4) for _ in range(2))
     with pytest.raises(ValueError, match="was not uploaded by cuda"):
-        backend.matmul(backend.alloc(64), backend.alloc(64), foreign, 1, backend.create_stream())
+        backend.launch("matmul", backend.create_stream(), out=out, x=x, weight=foreign)
 
 
 def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:

@@ -39,7 +39,8 @@ def load_runtime(device: int = 0, platform: str | None = None) -> CudaRuntime:
 
 
 class CudaBackend(GpuBackend):
-    """NVIDIA GPUs through the CUDA driver. Capabilities from :func:`capabilities_from_device`."""
+    """NVIDIA GPUs through the CUDA driver. The probe declares the device's physical facts
+    (:func:`capabilities_from_device`); vt derives the rest from GpuBackend's mixins."""
 
     name = "cuda"
     priority = 100
@@ -48,7 +49,7 @@ class CudaBackend(GpuBackend):
     def __init__(self, runtime: CudaRuntime | None = None, platform: str | None = None) -> None:
         rt = runtime if runtime is not None else load_runtime(platform=platform)
         self.profile: DeviceProfile = rt.profile
-        super().__init__(rt, capabilities_from_device(rt.profile))
+        super().__init__(rt)
 
     @classmethod
     def probe(cls) -> Probe:

@@ -80,7 +80,15 @@ def use_managed_alloc(profile: DeviceProfile) -> bool:
 
 
 def capabilities_from_device(profile: DeviceProfile) -> Capabilities:
-    """The capabilities of the CUDA backend on the device ``profile`` describes."""
+    """The physical facts of the CUDA backend on the device ``profile`` describes.
+
+    The memory facts (unified, addressable either way) and VMM are declared here. Events,
+    pinned host memory, async D2H copies and graphs need code: vt derives them from the mixins
+    :class:`vt.gpu.GpuBackend` implements over the driver (``cuEventCreate``,
+    ``cuMemHostAlloc``, ``cuMemcpyDtoHAsync``, ``cuStreamBeginCapture``), and so async
+    sampled-token readback. A device that lacks one would set it False here; every CUDA
+    device has them.
+    """
     managed = use_managed_alloc(profile)
     # One physical memory only on an integrated part. GH200's Grace and Hopper memories are
     # coherent over NVLink-C2C but two memories: not unified.
@@ -89,8 +97,6 @@ def capabilities_from_device(profile: DeviceProfile) -> Capabilities:
     # even where memory is unified (Jetson) or coherent (GH200: ATS lets the GPU read host
     # memory, not the CPU read cudaMalloc memory).
     host_addressable = managed
-    events, pinned, async_d2h = True, True, True  # the CUDA driver always has these
-    async_readback = events and pinned and (host_addressable or async_d2h)
 
     attrs = ", ".join(
         _flag(f, getattr(profile, f))
@@ -132,19 +138,6 @@ def capabilities_from_device(profile: DeviceProfile) -> Capabilities:
         ),
         "device_memory_is_host_addressable": (host_addressable, why),
         "host_memory_is_device_addressable": (profile.pageable_memory_access, host_mem),
-        "events": (events, "cuEventCreate(CU_EVENT_DISABLE_TIMING)"),
-        "pinned_host_memory": (pinned, "cuMemHostAlloc"),
-        "async_d2h_copy": (async_d2h, "cuMemcpyDtoHAsync on a stream"),
-        "supports_async_sampled_token_readback": (
-            async_readback,
-            "real events, cuMemHostAlloc pinned memory and "
-            + ("host-addressable device memory" if host_addressable else "an async D2H copy"),
-        ),
-        "graphs": (
-            True,
-            "cuStreamBeginCapture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "
-            "cuGraphInstantiate, cuGraphLaunch",
-        ),
         "vmm": (vmm, vmm_detail),
     }
     return Capabilities.model_validate(

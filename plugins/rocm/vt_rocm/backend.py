@@ -41,7 +41,8 @@ def load_runtime(device: int = 0) -> HipRuntime:
 
 
 class RocmBackend(GpuBackend):
-    """AMD GPUs through HIP. Capabilities come from :func:`capabilities_from_device`."""
+    """AMD GPUs through HIP. The probe declares the device's physical facts
+    (:func:`capabilities_from_device`); vt derives the rest from GpuBackend's mixins."""
 
     name = "rocm"
     priority = 100
@@ -51,7 +52,7 @@ class RocmBackend(GpuBackend):
         rt = runtime if runtime is not None else load_runtime()
         rt.call("hipSetDevice", rt.device)
         self.profile: DeviceProfile = rt.device_profile(platform)
-        super().__init__(rt, capabilities_from_device(self.profile))
+        super().__init__(rt)
 
     @classmethod
     def probe(cls) -> Probe:

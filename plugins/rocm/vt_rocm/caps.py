@@ -51,13 +51,18 @@ def use_managed_alloc(profile: DeviceProfile) -> bool:
 
 
 def capabilities_from_device(profile: DeviceProfile) -> Capabilities:
-    """The capabilities of the ROCm backend on the device ``profile`` describes."""
+    """The physical facts of the ROCm backend on the device ``profile`` describes.
+
+    The memory facts (unified, addressable either way) and VMM are declared here. Events,
+    pinned host memory, async D2H copies and graphs need code: vt derives them from the mixins
+    :class:`vt.gpu.GpuBackend` implements over HIP (``hipEventCreateWithFlags``,
+    ``hipHostMalloc``, ``hipMemcpyAsync``, ``hipStreamBeginCapture``), and so async
+    sampled-token readback. A device that lacks one would set it False here; every HIP
+    device has them.
+    """
     managed = use_managed_alloc(profile)
     unified = managed or (profile.integrated and profile.pageable_memory_access)
     host_addressable = unified
-    # HIP always has these three; written out so the readback rule reads as the issue states it.
-    events, pinned, async_d2h = True, True, True
-    async_readback = events and pinned and (host_addressable or async_d2h)
 
     attrs = ", ".join(
         [
@@ -102,19 +107,6 @@ def capabilities_from_device(profile: DeviceProfile) -> Capabilities:
         "host_memory_is_device_addressable": (
             profile.pageable_memory_access,
             _flag("PageableMemoryAccess", profile.pageable_memory_access),
-        ),
-        "events": (events, "hipEventCreateWithFlags(hipEventDisableTiming)"),
-        "pinned_host_memory": (pinned, "hipHostMalloc"),
-        "async_d2h_copy": (async_d2h, "hipMemcpyAsync(hipMemcpyDeviceToHost) on a stream"),
-        "supports_async_sampled_token_readback": (
-            async_readback,
-            "real events, hipHostMalloc pinned memory and "
-            + ("host-addressable device memory" if host_addressable else "an async D2H copy"),
-        ),
-        "graphs": (
-            True,
-            "hipStreamBeginCapture(hipStreamCaptureModeThreadLocal), "
-            "hipGraphInstantiateWithFlags, hipGraphLaunch",
         ),
         "vmm": (vmm, vmm_detail),
     }
