@@ -45,6 +45,7 @@ class TtStubBackend(HostKernels):
 
     name = "tt_stub"
     priority = 0
+    emulated = True  # auto never picks it: only `--backend tt_stub`
     description = "emulated Tenstorrent stub on the host: discrete memory, no host access"
     capabilities = vt.Capabilities()  # nothing: discrete memory, no events, no async, no vmm
 
