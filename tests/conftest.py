@@ -10,19 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vt import envs
 
 #: Plugin modules vt's own tests install as fake distributions.
 TEST_PLUGINS = Path(__file__).parent / "plugins"
 
-VT_ENV = (
-    "VT_PLUGINS",
-    "VT_CAPS",
-    "VT_BACKEND",
-    "VT_GRAPHS",
-    "VT_ASYNC_RUNNER",
-    "VT_CPU_VMM_GRANULARITY",
-    "VT_MODEL_WHEEL",
-)
+#: Every VT_* variable vt declares (vt.envs), except VT_HOME: where the model cache lives.
+VT_ENV = tuple(name for name in envs.VARIABLES if name != "VT_HOME")
 # The caller's VT_* settings must not leak into any test, including module- and
 # session-scoped fixtures that are set up before the function-scoped one below.
 for _name in VT_ENV:

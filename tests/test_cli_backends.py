@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from vt.cli import main
 from vt.cli.options import backend_option, open_backend
 from vt.testing.tiny import write_tiny_gguf
+from vt.registry import reset
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "vt-example-backend"
@@ -97,6 +98,75 @@ def test_backends_with_nothing_available_still_lists_and_explains(site) -> None:
     result = invoke(["backends"], VT_PLUGINS="misc")
     assert result.exit_code == 0
     assert "auto: no backend is available" in result.output
+
+
+def test_vt_debug_shows_a_broken_plugins_own_traceback(site) -> None:
+    plugins = "threads_plugin,import_error"
+    quiet = invoke(["backends"], VT_PLUGINS=plugins).output
+    assert "Traceback" not in quiet and "traceback" not in quiet
+    result = invoke(["backends"], VT_PLUGINS=plugins, VT_DEBUG="1")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = lines.index("    traceback (VT_DEBUG):")
+    assert lines[start - 2].startswith("import_error ")  # under its entry, after the reason
+    assert lines[start + 1] == "      Traceback (most recent call last):"
+    block = "\n".join(lines[start:])
+    assert 'raise RuntimeError("this plugin is broken on purpose")' in block
+    assert "      RuntimeError: this plugin is broken on purpose" in block
+    items = {
+        i["name"]: i for i in json.loads(invoke(["backends", "--json"], VT_PLUGINS=plugins).output)
+    }
+    assert "vt_test_import_error.py" in items["import_error"]["traceback"]
+    assert "traceback" not in items["threads"]  # only where there is one
+
+
+def test_bad_vt_debug_is_a_clear_error(site) -> None:
+    result = invoke(["backends"], VT_PLUGINS="threads_plugin", VT_DEBUG="loud")
+    assert result.exit_code == 1
+    assert "Error: VT_DEBUG='loud' is not a boolean; use 0 or 1" in result.output
+
+
+def test_backends_lists_both_backends_of_one_name_and_auto_says_why(site, install_dist) -> None:
+    install_dist("evil-dist", {"evil": "vt_test_evil_cpu"}, version="1.0")
+    plugins = "cpu,evil,threads_plugin"
+    items = json.loads(invoke(["backends", "--json"], VT_PLUGINS=plugins).output)
+    cpus = [i for i in items if i["name"] == "cpu"]
+    assert [(i["distribution"], i["plugin"], i["status"]) for i in cpus] == [
+        ("vt", "cpu", "rejected"),
+        ("evil-dist", "evil", "rejected"),
+    ]
+    assert all(i["violations"][0]["rule"] == "duplicate-backend-name" for i in cpus)
+    assert not any(i["auto"] for i in cpus)
+    out = invoke(["backends"], VT_PLUGINS=plugins).output
+    rows = [line.split()[:3] for line in out.splitlines() if line.startswith("cpu ")]
+    assert rows == [["cpu", "vt", cpus[0]["version"]], ["cpu", "evil-dist", "1.0"]]
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("auto picked 'threads'")
+    assert (
+        f"cpu: registered by two distributions (vt {cpus[0]['version']}, evil-dist 1.0); "
+        "choose one with VT_PLUGINS" in last
+    )
+    result = invoke(["audit", "--backend", "cpu"], VT_PLUGINS=plugins)
+    assert result.exit_code == 1 and "duplicate-backend-name" in result.output
+
+
+def test_backends_marks_the_emulator_and_auto_passes_it(site) -> None:
+    out = invoke(["backends"], VT_PLUGINS="cpu,tt_stub").output
+    assert "    emulator: auto never picks it; use --backend tt_stub" in out
+    assert "passed over tt_stub (emulator: only chosen by name)" in out.rstrip().splitlines()[-1]
+    items = {
+        i["name"]: i
+        for i in json.loads(invoke(["backends", "--json"], VT_PLUGINS="cpu,tt_stub").output)
+    }
+    assert items["tt_stub"]["emulated"] is True and items["cpu"]["emulated"] is False
+    # Only the emulator: listing still works (exit 0), using auto is an error (exit 1).
+    reset()  # the process-wide registry saw the VT_PLUGINS above
+    only = invoke(["backends"], VT_PLUGINS="tt_stub")
+    assert only.exit_code == 0
+    assert "but the emulator tt_stub, which auto never picks" in only.output
+    result = invoke(["audit", "--backend", "auto"], VT_PLUGINS="tt_stub")
+    assert result.exit_code == 1
+    assert "--backend tt_stub or VT_BACKEND=tt_stub" in result.output
 
 
 def test_bad_vt_caps_is_a_clear_error(site) -> None:

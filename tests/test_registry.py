@@ -109,14 +109,139 @@ def test_probe_that_raises_is_broken_and_unavailable_keeps_its_reason(dists) -> 
 def test_duplicate_names_are_both_listed_and_rejected_naming_both_distributions(dists) -> None:
     reg = registry("threads_plugin,duplicate")
     dupes = [e for e in reg.entries() if e.name == "threads"]
-    assert len(dupes) == 2
+    assert [(e.distribution, e.plugin) for e in dupes] == [
+        ("vt-duplicate", "duplicate"),
+        ("vt-test-backends", "threads_plugin"),
+    ]
     for entry in dupes:
         assert entry.status is Status.rejected
         assert [v.rule for v in entry.violations] == ["duplicate-backend-name"]
         assert "vt-test-backends 1.2.3" in entry.reason and "vt-duplicate 0.9" in entry.reason
+        assert "VT_PLUGINS" in entry.reason
     with pytest.raises(BackendUnavailableError, match="duplicate-backend-name"):
         reg.select("threads")
-    assert reg.select("auto")[0].name == "discrete"
+    entry, why = reg.select("auto")
+    assert entry.name == "discrete"
+    assert (
+        "passed over threads: registered by two distributions (vt-duplicate 0.9, "
+        "vt-test-backends 1.2.3); choose one with VT_PLUGINS" in why
+    )
+    assert "not available" not in why  # the duplicates are explained once, not as "rejected"
+
+
+@pytest.fixture
+def evil_cpu(install_dist) -> None:
+    install_dist("vt-test-backends", {"threads_plugin": "vt_test_backends"}, version="1.2.3")
+    install_dist("evil-dist", {"evil": "vt_test_evil_cpu"}, version="1.0")
+
+
+def test_a_third_party_cpu_does_not_knock_out_auto_and_auto_says_why(evil_cpu) -> None:
+    reg = registry("cpu,evil,threads_plugin")
+    cpus = [e for e in reg.entries() if e.name == "cpu"]
+    vt_version = cpus[0].version
+    assert [(e.distribution, e.version) for e in cpus] == [("vt", vt_version), ("evil-dist", "1.0")]
+    entry, why = reg.select("auto")  # evil's priority 10000 wins nothing
+    assert entry.name == "threads"
+    assert (
+        f"cpu: registered by two distributions (vt {vt_version}, evil-dist 1.0); "
+        "choose one with VT_PLUGINS" in why
+    )
+    with pytest.raises(BackendUnavailableError) as err:
+        reg.select("cpu")
+    message = str(err.value)
+    assert f"(vt {vt_version}, evil-dist 1.0)" in message
+    assert "VT_PLUGINS" in message and "'cpu' or 'evil'" in message
+    # The workaround the message names: load only one of the two plugins.
+    assert registry("cpu,threads_plugin").select("auto")[0].distribution == "vt"
+    assert registry("cpu,threads_plugin").select("cpu")[0].distribution == "vt"
+
+
+def test_auto_with_only_a_duplicated_name_says_why(evil_cpu) -> None:
+    with pytest.raises(BackendUnavailableError) as err:
+        registry("cpu,evil").select("auto")
+    message = str(err.value)
+    assert message.startswith("auto: no backend is available")
+    assert "cpu: registered by two distributions (vt " in message
+    assert "choose one with VT_PLUGINS" in message
+
+
+def test_one_plugin_registering_a_name_twice_is_not_told_to_use_vt_plugins(
+    install_dist, tmp_path
+) -> None:
+    source = tmp_path / "vt_test_twice.py"
+    source.write_text(
+        "import vt\n"
+        "class A(vt.Backend):\n    name = 'twin'\n"
+        "class B(vt.Backend):\n    name = 'twin'\n"
+        "@vt.hookimpl\ndef vt_register_backends(register):\n    register(A)\n    register(B)\n"
+    )
+    install_dist("vt-twice", {"twice": "vt_test_twice"}, modules={"vt_test_twice": source})
+    with pytest.raises(BackendUnavailableError) as err:
+        registry("twice").select("twin")
+    message = str(err.value)
+    assert "registered 2 times by plugin 'twice' (vt-twice 1.0)" in message
+    assert "VT_PLUGINS" not in message and "must register it once" in message
+
+
+def test_auto_never_picks_an_emulator_and_says_so(install_dist, dists) -> None:
+    install_dist("vt-emulator", {"emulator": "vt_test_emulator"})
+    reg = registry("threads_plugin,emulator")
+    chip = reg.get("fakechip")
+    assert chip.status is Status.available and chip.emulated  # priority 500
+    assert chip.to_json()["emulated"] is True and reg.get("threads").to_json()["emulated"] is False
+    entry, why = reg.select("auto")
+    assert entry.name == "threads"
+    assert "passed over fakechip (emulator: only chosen by name)" in why
+    assert reg.select("fakechip")[0] is chip  # by name it is fine
+    assert registry("emulator", VT_BACKEND="fakechip").select(None)[0] is not None
+
+
+def test_auto_with_only_emulators_says_how_to_pick_one(install_dist, dists) -> None:
+    install_dist("vt-emulator", {"emulator": "vt_test_emulator"})
+    with pytest.raises(BackendUnavailableError) as err:
+        registry("emulator,misc").select("auto")
+    message = str(err.value)
+    assert message.startswith(
+        "auto: no backend is available but the emulator fakechip, which auto never picks; "
+        "choose it by name (--backend fakechip or VT_BACKEND=fakechip)"
+    )
+    assert "absent is unavailable: no absent device found" in message
+
+
+def test_tt_stub_is_an_emulator() -> None:
+    reg = Registry(env={"VT_PLUGINS": "cpu,tt_stub"})
+    assert reg.get("tt_stub").emulated and not reg.get("cpu").emulated
+    entry, why = reg.select("auto")
+    assert entry.name == "cpu" and "tt_stub (emulator: only chosen by name)" in why
+    with pytest.raises(BackendUnavailableError, match="but the emulator tt_stub"):
+        Registry(env={"VT_PLUGINS": "tt_stub"}).select("auto")
+    assert Registry(env={"VT_PLUGINS": "tt_stub"}).select("tt_stub")[0].name == "tt_stub"
+
+
+@pytest.mark.parametrize(
+    ("plugins", "name", "lines"),
+    [
+        ("import_error", "import_error", ['raise RuntimeError("this plugin is broken on']),
+        ("raises_in_hook", "raises_in_hook", ["vt_test_hook_errors.py", "ValueError"]),
+        ("misc", "flaky", ['raise OSError("device node /dev/flaky0 vanished")']),
+    ],
+)
+def test_a_broken_plugin_keeps_its_own_traceback(dists, plugins, name, lines) -> None:
+    reg = registry(f"threads_plugin,{plugins}")
+    entry = reg.get(name)
+    assert entry.status is Status.broken
+    assert entry.traceback.startswith("Traceback (most recent call last):")
+    for line in lines:
+        assert line in entry.traceback
+    # The plugin's frames, not vt's and pluggy's machinery between them.
+    assert "registry.py" not in entry.traceback and "pluggy" not in entry.traceback
+    assert entry.to_json()["traceback"] == entry.traceback
+    assert "traceback" not in reg.get("threads").to_json()  # only when there is one
+
+
+def test_a_broken_plugin_without_an_exception_has_no_traceback(dists) -> None:
+    entry = registry("registers_nothing").get("registers_nothing")
+    assert entry.status is Status.broken and entry.traceback == ""
 
 
 def test_vt_plugins_limits_loading_and_reports_unknown_names(dists) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 import vt
+import vt.probes.vmm
 from vmm_support import AliasingCpu, InjectingCpu
 from vt.memory import TENSOR_ALIGNMENT, VmmArena, arena_tensor
-from vt.memory.smoke import SMOKE_IDS, arena_smoke
+from vt.probes.vmm import SMOKE_IDS, arena_smoke
 
 KiB, MiB = 1 << 10, 1 << 20
 GRANULARITIES = [4 * KiB, 64 * KiB, 2 * MiB]
@@ -343,3 +347,33 @@ def test_smoke_fails_on_granularity_mismatch() -> None:
     assert checks["vmm-granularity"].result == "fail"
     assert "not a positive multiple" in checks["vmm-granularity"].detail
     assert checks["vmm-segments-distinct"].result == "skip"
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The modules (and ``from`` names) a source file imports, relative imports resolved."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_memory_never_imports_the_probes_or_the_audit() -> None:
+    """Execution sits below backend management: the VMM probe uses the arena, and the
+    dependency points that way only (vt.memory and vt.probes used to import each other)."""
+    memory = Path(vt.memory.__file__).parent
+    for path in sorted(memory.glob("*.py")):
+        bad = {
+            m
+            for m in _imports(path, "vt.memory")
+            if m.startswith(("vt.probes", "vt.audit", "vt.testing"))
+        }
+        assert not bad, f"{path.name} imports {sorted(bad)}"
+    assert "vt.memory.arena" in _imports(Path(vt.probes.vmm.__file__), "vt.probes")

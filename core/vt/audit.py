@@ -8,6 +8,7 @@ and friends keep working); this module runs them with the rule checks, per backe
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from pydantic import BaseModel, computed_field
 
@@ -25,8 +26,10 @@ from .probes import (
     probe_pinned,
     probe_readback,
     probe_vmm,
+    run_checks,
     run_probe,
 )
+from .probes.base import check
 from .registry import Entry, Registry, Status, default_registry
 from .rules import RULES
 
@@ -50,6 +53,7 @@ __all__ = [
     "probe_readback",
     "probe_vmm",
     "rule_checks",
+    "run_checks",
     "run_probe",
 ]
 
@@ -89,13 +93,8 @@ def probe_backend(backend: Backend) -> list[Check]:
     """Run every probe on a started backend; a probe that raises is one failed check."""
     checks: list[Check] = []
     for probe in PROBES:
-        try:
-            checks.extend(probe(backend))
-        except Exception as exc:
-            name = probe.__name__.removeprefix("probe_").replace("_", "-")
-            checks.append(
-                Check(id=name, kind="probe", result="fail", detail=f"{type(exc).__name__}: {exc}")
-            )
+        name = probe.__name__.removeprefix("probe_").replace("_", "-")
+        checks.extend(run_checks(name, partial(probe, backend)))
     return checks
 
 
@@ -105,19 +104,15 @@ def probe_backend(backend: Backend) -> list[Check]:
 def rule_checks(entry: Entry) -> list[Check]:
     """One check per rule, from the violations the registry recorded."""
     if entry.capabilities is None:  # broken before declaring anything
-        return [Check(id="rules", kind="rule", result="skip", detail="no capabilities to check")]
+        return [check("rules", "skip", "no capabilities to check", kind="rule")]
     checks = []
     for rule in RULES:
         hits = [v.message for v in entry.violations if v.rule == rule.id]
         if hits:
-            checks.append(Check(id=rule.id, kind="rule", result="fail", detail="; ".join(hits)))
+            checks.append(check(rule.id, "fail", "; ".join(hits), kind="rule"))
         else:
-            checks.append(Check(id=rule.id, kind="rule", result="pass", detail=rule.why))
+            checks.append(check(rule.id, "pass", rule.why, kind="rule"))
     return checks
-
-
-def _probe_check(check_id: str, result: Result, detail: str) -> Check:
-    return Check(id=check_id, kind="probe", result=result, detail=detail)
 
 
 def audit_entry(registry: Registry, entry: Entry, *, named: bool = False) -> BackendAudit:
@@ -125,41 +120,26 @@ def audit_entry(registry: Registry, entry: Entry, *, named: bool = False) -> Bac
     checks = rule_checks(entry)
     status = entry.status
     if status is Status.available:
-        checks.append(
-            _probe_check("available", "pass", entry.reason or entry.device or "probe found it")
-        )
+        checks.append(check("available", "pass", entry.reason or entry.device or "probe found it"))
     elif status is Status.unavailable and not named:
-        checks.append(_probe_check("available", "skip", f"unavailable: {entry.reason}"))
+        checks.append(check("available", "skip", f"unavailable: {entry.reason}"))
     else:
-        checks.append(
-            Check(
-                id="available",
-                kind="probe",
-                result="fail",
-                detail=f"{status.value}: {entry.reason}",
-            )
-        )
+        checks.append(check("available", "fail", f"{status.value}: {entry.reason}"))
     if status is Status.available:
         try:
             backend, _ = registry.create_backend(entry.name)
         except Exception as exc:
-            checks.append(
-                Check(
-                    id="start", kind="probe", result="fail", detail=f"{type(exc).__name__}: {exc}"
-                )
-            )
+            checks.append(check("start", "fail", f"{type(exc).__name__}: {exc}"))
         else:
             try:
                 checks.extend(probe_backend(backend))
             finally:
                 backend.close()
     else:
-        checks.append(_probe_check("probes", "skip", f"not run: the backend is {status.value}"))
+        checks.append(check("probes", "skip", f"not run: the backend is {status.value}"))
     audit = BackendAudit(name=entry.name, status=status.value, checks=checks)
     if not any(c.result != "skip" for c in checks):
-        audit.checks.append(
-            Check(id="executed-checks", kind="probe", result="fail", detail="no check could run")
-        )
+        audit.checks.append(check("executed-checks", "fail", "no check could run"))
     return audit
 
 
@@ -178,9 +158,7 @@ def audit(name: str | None = None, registry: Registry | None = None) -> AuditRep
                     BackendAudit(
                         name="auto",
                         status="unavailable",
-                        checks=[
-                            Check(id="available", kind="probe", result="fail", detail=str(exc))
-                        ],
+                        checks=[check("available", "fail", str(exc))],
                     )
                 ]
                 return AuditReport(backends=audits, ok=False)
@@ -192,7 +170,7 @@ def audit(name: str | None = None, registry: Registry | None = None) -> AuditRep
                 BackendAudit(
                     name=name,
                     status="unknown",
-                    checks=[Check(id="available", kind="probe", result="fail", detail=detail)],
+                    checks=[check("available", "fail", detail)],
                 )
             ]
         else:

@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import envs
 from .backend import Backend, Buffer, Event, HostBuffer, Stream
 from .capabilities import Capabilities
 from .errors import VtError
-
-_FALSE = ("0", "false", "no", "off")
-_TRUE = ("1", "true", "yes", "on")
 
 
 class ReadbackPath(str, enum.Enum):
@@ -52,15 +49,7 @@ def async_scheduling_enabled(async_scheduling: bool | None = None) -> tuple[bool
     """Whether the async runner is on, and why: the argument wins, then ``VT_ASYNC_RUNNER``."""
     if async_scheduling is not None:
         return bool(async_scheduling), f"async_scheduling={bool(async_scheduling)}"
-    raw = os.environ.get("VT_ASYNC_RUNNER")
-    if raw is None or raw.strip() == "":
-        return True, "default"
-    value = raw.strip().lower()
-    if value in _FALSE:
-        return False, f"VT_ASYNC_RUNNER={raw}"
-    if value in _TRUE:
-        return True, f"VT_ASYNC_RUNNER={raw}"
-    raise ValueError(f"VT_ASYNC_RUNNER={raw!r} is not a boolean; use 0 or 1")
+    return envs.bool_with_reason("VT_ASYNC_RUNNER")
 
 
 def choose_readback(caps: Capabilities, async_enabled: bool) -> tuple[ReadbackPath, str]:

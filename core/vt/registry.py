@@ -7,25 +7,33 @@ its declared capabilities turned into *effective* ones (``VT_CAPS`` overrides, w
 provenance) and checked against :mod:`vt.rules`.
 
 Isolation: whatever one plugin does wrong (fails to import, raises in its hook or probe)
-is recorded on that plugin's entries as ``broken`` and every other plugin keeps working.
-Errors are raised only when a broken, rejected or unavailable backend is asked for by name.
+is recorded on that plugin's entries as ``broken``, with its own traceback, and every other
+plugin keeps working. Errors are raised only when a broken, rejected or unavailable backend
+is asked for by name.
 
 Two backends with one name are both listed and both ``rejected`` with rule
-``duplicate-backend-name``, naming both distributions: it is a declaration conflict, not a
-crash, and neither may be selected because which one wins would depend on load order.
+``duplicate-backend-name``, naming both distributions: neither may be selected, because
+which one wins would depend on load order. ``auto`` passes them (saying why) and picks the
+next best, so a third-party ``cpu`` cannot silently replace vt's own.
+
+An emulator (``emulated = True`` on the class, e.g. tt_stub) is never picked by ``auto``:
+it would be a silent, slow stand-in for hardware. It runs only when asked for by name.
 """
 
 from __future__ import annotations
 
 import enum
+import importlib
 import importlib.metadata as metadata
 import os
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
 import pluggy
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
+from . import envs
 from .backend import Backend, Probe
 from .capabilities import BOOL_FIELDS, CAPABILITY_FIELDS, Capabilities, Source, VmmCaps
 from .errors import BackendUnavailableError, CapabilityError
@@ -44,8 +52,6 @@ CAPS_ALIASES: dict[str, str] = {
     "async_readback": "supports_async_sampled_token_readback",
     "pinned": "pinned_host_memory",
 }
-_TRUE = {"1", "true", "on", "yes"}
-_FALSE = {"0", "false", "off", "no"}
 
 
 class Status(str, enum.Enum):
@@ -73,6 +79,8 @@ class Entry(BaseModel):
     declared: Capabilities | None = None
     violations: list[Violation] = []
     ops: list[str] = []  # the ops the class implements natively (vt.ops)
+    emulated: bool = False  # never picked by auto, only by name
+    traceback: str = ""  # a broken plugin's own traceback (shown with VT_DEBUG=1)
     _cls: type[Backend] | None = PrivateAttr(default=None)
 
     @property
@@ -98,6 +106,8 @@ class Entry(BaseModel):
             else {k: v.model_dump(mode="json") for k, v in caps.provenance.items()},
             "violations": [v.model_dump() for v in self.violations],
             "ops": self.ops,
+            "emulated": self.emulated,
+            **({"traceback": self.traceback} if self.traceback else {}),
         }
 
 
@@ -116,11 +126,9 @@ class CapsOverride(BaseModel):
 
 
 def _parse_bool(text: str, item: str) -> bool:
-    low = text.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
+    value = envs.parse_bool(text)
+    if value is not None:
+        return value
     raise CapabilityError(f"VT_CAPS item {item!r}: {text!r} is not a boolean (use 1/0, on/off)")
 
 
@@ -140,7 +148,7 @@ def parse_caps_overrides(spec: str) -> list[CapsOverride]:
         if field in BOOL_FIELDS or field == "vmm.segments_may_alias":
             value = _parse_bool(text, item)
         elif field == "vmm":
-            if text.strip().lower() not in _FALSE | {"none"}:
+            if envs.parse_bool(text) is not False and text.strip().lower() != "none":
                 raise CapabilityError(
                     f"VT_CAPS item {item!r}: vmm can only be turned off (vmm=off); "
                     "use vmm.granularity=N or vmm.segments_may_alias=1 to adjust it"
@@ -186,6 +194,22 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+# Frames of the machinery between vt and a plugin's code: left out of its traceback.
+_MACHINERY = (__file__, os.path.dirname(importlib.__file__), os.path.dirname(pluggy.__file__))
+
+
+def _plugin_traceback(exc: BaseException) -> str:
+    """``exc``'s formatted traceback without the registry's, importlib's and pluggy's frames."""
+    te: traceback.TracebackException | None = traceback.TracebackException.from_exception(exc)
+    top = te
+    while te is not None:  # a chained cause has its own stack
+        frames = [f for f in te.stack if not f.filename.startswith(_MACHINERY + ("<frozen ",))]
+        te.stack = traceback.StackSummary.from_list(frames)
+        te = te.__cause__ or te.__context__
+    assert top is not None
+    return "".join(top.format())
+
+
 def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
     dist = getattr(ep, "dist", None)
     if dist is None:
@@ -193,19 +217,51 @@ def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
     return str(dist.metadata["Name"] or ""), str(dist.version or "")
 
 
-def _wanted_plugins(env: Mapping[str, str]) -> list[str] | None:
+def _wanted_plugins(env: Mapping[str, str] | None) -> list[str] | None:
     """Entry-point names VT_PLUGINS allows, or None for all."""
-    if "VT_PLUGINS" not in env:
-        return None
-    names = [n.strip() for n in env["VT_PLUGINS"].split(",") if n.strip()]
-    return names or [DEFAULT_PLUGIN]
+    names: list[str] | None = envs.get("VT_PLUGINS", env)
+    return names if names is None else names or [DEFAULT_PLUGIN]
+
+
+def _dist_text(entry: Entry) -> str:
+    return f"{entry.distribution or '?'} {entry.version}".strip()
+
+
+def _duplicate_groups(entries: list[Entry]) -> dict[str, list[Entry]]:
+    by_name: dict[str, list[Entry]] = {}
+    for entry in entries:
+        if entry.backend_class is not None:  # a plugin that broke registered no name
+            by_name.setdefault(entry.name, []).append(entry)
+    return {name: group for name, group in by_name.items() if len(group) > 1}
+
+
+def _registered_by(group: list[Entry]) -> str:
+    first = group[0]
+    if len({e.plugin for e in group}) == 1:  # one plugin registered the name twice
+        return f"registered {len(group)} times by plugin {first.plugin!r} ({_dist_text(first)})"
+    count = {2: "two", 3: "three"}.get(len(group), str(len(group)))
+    return f"registered by {count} distributions ({', '.join(_dist_text(e) for e in group)})"
+
+
+def _duplicate_fix(group: list[Entry]) -> str:
+    plugins = list(dict.fromkeys(e.plugin for e in group))
+    if len(plugins) == 1:  # VT_PLUGINS cannot tell them apart
+        return f"plugin {plugins[0]!r} must register it once"
+    leave_out = " or ".join(repr(p) for p in plugins)
+    return f"set VT_PLUGINS to the plugins to load, leaving out {leave_out}, or uninstall one"
+
+
+def _duplicate_why(group: list[Entry]) -> str:
+    """Why ``auto`` passed a backend name registered more than once (``group``)."""
+    hint = "; choose one with VT_PLUGINS" if len({e.plugin for e in group}) > 1 else ""
+    return _registered_by(group) + hint
 
 
 class Registry:
     """Discovered backends. Discovery runs once, on first use; use a fresh instance to redo it.
 
-    ``env`` defaults to ``os.environ`` read at discovery time (VT_PLUGINS, VT_CAPS,
-    VT_BACKEND).
+    ``env`` stands in for the process environment (VT_PLUGINS and VT_CAPS, read through
+    :mod:`vt.envs` at discovery; VT_BACKEND at each ``select(None)``).
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
@@ -214,15 +270,11 @@ class Registry:
         self.plugin_manager = pluggy.PluginManager(PROJECT)
         self.plugin_manager.add_hookspecs(VtHookSpecs)
 
-    @property
-    def env(self) -> Mapping[str, str]:
-        return os.environ if self._env is None else self._env
-
     # ---- discovery
     def entries(self) -> list[Entry]:
         """Every backend (and every plugin that broke before registering one)."""
         if self._entries is None:
-            overrides = parse_caps_overrides(self.env.get("VT_CAPS", ""))
+            overrides = parse_caps_overrides(envs.get("VT_CAPS", self._env))
             self._entries = self._discover(overrides)
         return list(self._entries)
 
@@ -234,7 +286,7 @@ class Registry:
 
     def _discover(self, overrides: list[CapsOverride]) -> list[Entry]:
         eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-        wanted = _wanted_plugins(self.env)
+        wanted = _wanted_plugins(self._env)
         entries: list[Entry] = []
         if wanted is not None:
             present = {ep.name for ep in eps}
@@ -266,24 +318,28 @@ class Registry:
                 module = ep.load()
                 self.plugin_manager.register(module, name=ep.name)
             except (Exception, SystemExit) as exc:  # isolate every plugin failure
-                entries.append(self._broken(ep, f"failed to load: {_error(exc)}"))
+                entries.append(self._broken(ep, f"failed to load: {_error(exc)}", exc))
                 continue
             loaded.append((ep, module))
         loaded = self._check_pending(loaded, entries)
         for ep, module in loaded:
             entries.extend(self._load_plugin(ep, module, overrides))
-        self._mark_duplicates(entries)
-        return sorted(entries, key=lambda e: (e.name, e.plugin))
+        entries.sort(key=lambda e: (e.name, e.plugin))
+        self._mark_duplicates(entries)  # after sorting: messages list them in table order
+        return entries
 
-    def _broken(self, ep: metadata.EntryPoint, reason: str, name: str | None = None) -> Entry:
+    def _broken(
+        self, ep: metadata.EntryPoint, reason: str, exc: BaseException | None = None
+    ) -> Entry:
         dist, version = _dist_of(ep)
         return Entry(
-            name=name or ep.name,
+            name=ep.name,
             plugin=ep.name,
             status=Status.broken,
             reason=reason,
             distribution=dist,
             version=version,
+            traceback="" if exc is None else _plugin_traceback(exc),
         )
 
     def _check_pending(
@@ -323,7 +379,7 @@ class Registry:
         try:
             pm.subset_hook_caller("vt_register_backends", remove_plugins=others)(register=register)
         except Exception as exc:
-            return [self._broken(ep, f"vt_register_backends raised {_error(exc)}")]
+            return [self._broken(ep, f"vt_register_backends raised {_error(exc)}", exc)]
         if errors:
             return [self._broken(ep, "; ".join(errors))]
         if not classes:
@@ -343,6 +399,7 @@ class Registry:
             version=version,
             priority=int(cls.priority) if isinstance(cls.priority, int) else 0,
             description=str(cls.description or ""),
+            emulated=bool(getattr(cls, "emulated", False)),  # vt.Backend grows it in v2
         )
         entry._cls = cls
         try:
@@ -356,6 +413,7 @@ class Registry:
         except Exception as exc:
             entry.status = Status.broken
             entry.reason = f"probe raised {_error(exc)}"
+            entry.traceback = _plugin_traceback(exc)
             return entry
         entry.device = probe.device
         entry.declared = declared
@@ -366,6 +424,7 @@ class Registry:
         except Exception as exc:  # e.g. an override makes vmm invalid
             entry.status = Status.broken
             entry.reason = f"checking capabilities raised {_error(exc)}"
+            entry.traceback = _plugin_traceback(exc)
             return entry
         if not probe.available:
             entry.status = Status.unavailable
@@ -377,23 +436,17 @@ class Registry:
             entry.reason = probe.reason  # e.g. "emulated stub": informative, not a failure
         return entry
 
+    def duplicates(self) -> dict[str, list[Entry]]:
+        """Backend names registered more than once, with their entries (none is chosen)."""
+        return _duplicate_groups(self.entries())
+
     @staticmethod
     def _mark_duplicates(entries: list[Entry]) -> None:
-        by_name: dict[str, list[Entry]] = {}
-        for entry in entries:
-            if entry.backend_class is not None:
-                by_name.setdefault(entry.name, []).append(entry)
-        for name, group in by_name.items():
-            if len(group) < 2:
-                continue
-            who = " and ".join(
-                f"{e.distribution or '?'} {e.version} (plugin {e.plugin!r})".replace("  ", " ")
-                for e in group
-            )
+        for name, group in _duplicate_groups(entries).items():
             violation = Violation(
                 rule="duplicate-backend-name",
-                message=f"backend name {name!r} is registered by {who}; uninstall one of "
-                "them or choose one with VT_PLUGINS",
+                message=f"backend name {name!r} is {_registered_by(group)}; neither is chosen: "
+                f"{_duplicate_fix(group)}",
             )
             for entry in group:
                 entry.violations = [*entry.violations, violation]
@@ -406,12 +459,13 @@ class Registry:
         """The entry to use and a sentence saying why.
 
         ``None`` reads VT_BACKEND (unset means ``auto``); ``"auto"`` picks the
-        highest-priority available backend. A named backend that is not available raises
+        highest-priority available backend that is not an emulator and whose name is not
+        registered twice. A named backend that is not available raises
         :class:`vt.BackendUnavailableError` with its recorded reason: never a fallback.
         """
         how = "--backend"
         if name is None:
-            name = self.env.get("VT_BACKEND", "").strip() or "auto"
+            name = envs.get("VT_BACKEND", self._env).strip() or "auto"
             how = "VT_BACKEND"
         if name == "auto":
             return self._auto()
@@ -419,10 +473,17 @@ class Registry:
         if entry is None:
             known = ", ".join(sorted({e.name for e in self.entries()})) or "none"
             hint = ""
-            if "VT_PLUGINS" in self.env:
-                hint = f" (VT_PLUGINS={self.env['VT_PLUGINS']!r} limits which plugins load)"
+            if envs.is_set("VT_PLUGINS", self._env):
+                plugins = envs.raw("VT_PLUGINS", self._env)
+                hint = f" (VT_PLUGINS={plugins!r} limits which plugins load)"
             raise BackendUnavailableError(
                 f"unknown backend {name!r}; installed backends: {known}{hint}"
+            )
+        group = self.duplicates().get(name)
+        if group is not None:
+            raise BackendUnavailableError(
+                f"backend {name!r} is {_registered_by(group)}, and vt does not pick one: "
+                f"{_duplicate_fix(group)} [duplicate-backend-name]"
             )
         dupes = [e for e in self.entries() if e.name == name]
         bad = next((e for e in dupes if e.status is not Status.available), None)
@@ -432,16 +493,25 @@ class Registry:
 
     def _auto(self) -> tuple[Entry, str]:
         entries = self.entries()
-        ok = sorted(
-            (e for e in entries if e.status is Status.available),
-            key=lambda e: (-e.priority, e.name),
-        )
-        skipped = [f"{e.name} ({e.status.value})" for e in entries if e.status != Status.available]
+        dupes = self.duplicates()
+        usable = [e for e in entries if e.status is Status.available and e.name not in dupes]
+        emulators = [e for e in usable if e.emulated]
+        ok = sorted((e for e in usable if not e.emulated), key=lambda e: (-e.priority, e.name))
+        # Why auto passed over what it could otherwise have picked.
+        passed = [f"{e.name} (emulator: only chosen by name)" for e in emulators]
+        passed += [f"{name}: {_duplicate_why(group)}" for name, group in dupes.items()]
+        down = [e for e in entries if e.status is not Status.available and e.name not in dupes]
         if not ok:
-            detail = "; ".join(f"{e.name} is {e.status.value}: {e.reason}" for e in entries)
-            raise BackendUnavailableError(
-                "auto: no backend is available" + (f" ({detail})" if detail else "")
-            )
+            detail = [f"{e.name} is {e.status.value}: {e.reason}" for e in down]
+            message = "auto: no backend is available"
+            if emulators:
+                names = ", ".join(e.name for e in emulators)
+                message += (
+                    f" but the emulator {names}, which auto never picks; choose it by name "
+                    f"(--backend {emulators[0].name} or VT_BACKEND={emulators[0].name})"
+                )
+            detail[:0] = passed[len(emulators) :]  # the duplicates' why, first
+            raise BackendUnavailableError(message + (f" ({'; '.join(detail)})" if detail else ""))
         best = ok[0]
         why = (
             f"auto picked {best.name!r} (priority {best.priority}), the highest-priority "
@@ -449,8 +519,10 @@ class Registry:
         )
         if len(ok) > 1:
             why += "; also available: " + ", ".join(f"{e.name} ({e.priority})" for e in ok[1:])
-        if skipped:
-            why += "; not available: " + ", ".join(skipped)
+        for text in passed:
+            why += f"; passed over {text}"
+        if down:
+            why += "; not available: " + ", ".join(f"{e.name} ({e.status.value})" for e in down)
         return best, why
 
     def create_backend(self, name: str | None = None) -> tuple[Backend, str]:

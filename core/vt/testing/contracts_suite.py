@@ -4,28 +4,39 @@ A contract runs whenever its capability is declared (effective capabilities, so 
 overrides count) and is never skipped then: a probe that cannot run fails. An undeclared
 capability's contract raises :class:`NotDeclared`, reported as "not declared", never as a
 pass. Contracts without a capability (memory, host_view, sync readback, staging reuse)
-hold for every backend. The audit's probes (:mod:`vt.probes`) are reused; the kit adds
-stricter ones for pinned memory, async readback and staging reuse.
+hold for every backend.
+
+There is one implementation of each check: most contracts judge an audit probe's checks
+(:mod:`vt.probes`, run once per backend); the stricter ones (pinned memory, async readback,
+staging reuse, graph replay) add their checks on top, with the probes' helpers
+(:mod:`vt.probes.base`) and, for async readback, the audit's own copy
+(:func:`vt.probes.copy_behind_work`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 
-from .. import audit
-from ..audit import Check
-from ..backend import Backend, Buffer, HostBuffer, Stream
+from .. import probes
+from ..backend import Backend, Buffer, HostBuffer
+from ..probes import Check
+from ..probes.base import (
+    POISON,
+    WORK_BYTES,
+    WORK_ROUNDS,
+    busy,
+    device_buffer,
+    first_index,
+    new_stream,
+    pattern,
+    pinned_buffer,
+    read,
+)
 from .kit import KitCase, KitContext, KitFailure, NotDeclared
 
-POISON = 0xCD
-# Work queued ahead of a copy so that a host check lands while the copy is still pending,
-# even when the host thread is preempted for a few milliseconds on a busy machine.
-WORK_BYTES = 32 << 20
-WORK_ROUNDS = (8, 32, 128)
 STAGING_ROUNDS = 4
 
 
@@ -34,52 +45,9 @@ def _declared(backend: Backend, capability: str) -> bool:
     return value is not None and value is not False
 
 
-def _pattern(n: int, seed: int) -> np.ndarray:
+def _data(n: int, seed: int) -> np.ndarray:
     """Random bytes below the poison value, so no byte of data looks poisoned."""
-    return np.random.default_rng(seed).integers(0, POISON, n, dtype=np.uint8)
-
-
-def _first(mask: np.ndarray) -> int:
-    return int(np.flatnonzero(mask)[0])
-
-
-@contextmanager
-def _device(b: Backend, nbytes: int) -> Iterator[Buffer]:
-    buf = b.alloc(nbytes)
-    try:
-        yield buf
-    finally:
-        b.free(buf)
-
-
-@contextmanager
-def _pinned(b: Backend, nbytes: int) -> Iterator[HostBuffer]:
-    buf = b.alloc_pinned(nbytes)
-    try:
-        yield buf
-    finally:
-        b.free_pinned(buf)
-
-
-@contextmanager
-def _stream(b: Backend, name: str) -> Iterator[Stream]:
-    s = b.create_stream(name)
-    try:
-        yield s
-    finally:
-        b.synchronize(s)
-        b.destroy_stream(s)
-
-
-def _busy(b: Backend, work: Buffer, stream: Stream, rounds: int) -> None:
-    for i in range(rounds):
-        b.memset(work, i & 0xFF, stream)
-
-
-def _read(b: Backend, buf: Buffer) -> np.ndarray:
-    out = np.empty(buf.nbytes, dtype=np.uint8)
-    b.copy_d2h(out, buf)
-    return out
+    return pattern(n, seed, below=POISON)
 
 
 # --------------------------------------------------------------------------- from the audit
@@ -111,7 +79,7 @@ def _host_view(ctx: KitContext) -> str:
         if ctx.backend.capabilities.device_memory_is_host_addressable
         else "host-view-refused"
     )
-    return _from_probe(ctx, "host-view", audit.probe_host_view, (which,))
+    return _from_probe(ctx, "host-view", probes.probe_host_view, (which,))
 
 
 # --------------------------------------------------------------------------- pinned memory
@@ -120,27 +88,27 @@ def _host_view(ctx: KitContext) -> str:
 def _pinned_memory(ctx: KitContext) -> str:
     """The audit's pinned probe, plus: pinned memory is not (and does not alias) device
     memory, whichever of the two is allocated first."""
-    detail = _from_probe(ctx, "pinned-host-memory", audit.probe_pinned, ("pinned-host-memory",))
+    detail = _from_probe(ctx, "pinned-host-memory", probes.probe_pinned, ("pinned-host-memory",))
     b, n = ctx.backend, 64 << 10
     c = "contract pinned-host-memory failed"
-    with _device(b, n) as before, _pinned(b, n) as pinned, _device(b, n) as after:
+    with device_buffer(b, n) as before, pinned_buffer(b, n) as pinned, device_buffer(b, n) as after:
         pinned.array[:] = POISON
         for name, dev, seed in (("earlier", before, 1), ("later", after, 2)):
-            data = _pattern(n, seed)
+            data = _data(n, seed)
             b.copy_h2d(dev, data)
             if (pinned.array != POISON).any():
                 raise KitFailure(
                     f"{c}: writing the device allocation made {name} changed the pinned buffer "
-                    f"(first changed byte {_first(pinned.array != POISON)}): alloc_pinned "
+                    f"(first changed byte {first_index(pinned.array != POISON)}): alloc_pinned "
                     "returned memory that is (or aliases) a device allocation"
                 )
-            pinned.array[:] = _pattern(n, seed + 10)
-            got = _read(b, dev)
+            pinned.array[:] = _data(n, seed + 10)
+            got = read(b, dev)
             if not np.array_equal(got, data):
                 raise KitFailure(
                     f"{c}: writing the pinned buffer changed the device allocation made {name} "
-                    f"(first changed byte {_first(got != data)}): alloc_pinned returned memory "
-                    "that is (or aliases) a device allocation"
+                    f"(first changed byte {first_index(got != data)}): alloc_pinned returned "
+                    "memory that is (or aliases) a device allocation"
                 )
             if b.capabilities.device_memory_is_host_addressable and np.shares_memory(
                 pinned.array, b.host_view(dev)
@@ -157,63 +125,46 @@ def _pinned_memory(ctx: KitContext) -> str:
 def _async_round(
     ctx: KitContext, src: Buffer, dst: HostBuffer, want: np.ndarray, rounds: int
 ) -> bool:
-    """One readback behind ``rounds`` of work; True when the poison was seen before ready."""
-    b, caps = ctx.backend, ctx.backend.capabilities
+    """The audit's copy behind ``rounds`` of work, the ids written on the stream just before
+    it, and stricter judging; True when the poison was seen before ready."""
+    b = ctx.backend
     c = "contract async-d2h-readback failed"
     array = dst.array
-    array[:] = POISON
-    stale = _pattern(src.nbytes, rounds)
+    stale = _data(src.nbytes, rounds)
     b.copy_h2d(src, stale)
-    with _device(b, WORK_BYTES) as work, _stream(b, "vt-kit-d2h") as s:
-        ready = b.create_event() if caps.events else None
-        try:
-            _busy(b, work, s, rounds)
-            b.copy_h2d_async(src, want, s)  # stands in for the kernel that writes the ids
-            b.copy_d2h_async(dst, src, s)
-            if ready is not None:
-                b.record_event(ready, s)
-            early = dst.array.copy()
-            if ready is not None:
-                b.synchronize_event(ready)
-            else:
-                b.synchronize(s)
-        finally:
-            if ready is not None:
-                b.destroy_event(ready)
-        fence = "the ready event" if ready is not None else "synchronize"
-        if dst.array is not array:
-            raise KitFailure(
-                f"{c}: copy_d2h_async replaced HostBuffer.array with other memory; the pinned "
-                "buffer must stay the caller's (this makes it the device allocation)"
-            )
-        if not np.array_equal(dst.array, want):
-            bad = dst.array != want
-            hint = (
-                "still poisoned: the copy had not run when the event said it had"
-                if (dst.array[bad] == POISON).all()
-                else "wrong bytes"
-            )
-            raise KitFailure(
-                f"{c}: after {fence} the pinned buffer is wrong ({hint}; first wrong byte "
-                f"{_first(bad)})"
-            )
-        odd = (early != POISON) & (early != want)
-        if odd.any():
-            i = _first(odd)
-            what = "the device buffer's earlier contents" if early[i] == stale[i] else "garbage"
-            raise KitFailure(
-                f"{c}: before {fence} the pinned buffer held bytes that are neither the poison "
-                f"nor the copied data (byte {i} is {int(early[i]):#04x}, {what}): the pinned "
-                "buffer is (or aliases) the device allocation"
-            )
-        b.memset(src, 0, s)
-        b.synchronize(s)
-        if not np.array_equal(dst.array, want):
-            raise KitFailure(
-                f"{c}: overwriting the device buffer after the copy finished changed the pinned "
-                f"buffer (first changed byte {_first(dst.array != want)}): it is (or aliases) "
-                "the device allocation"
-            )
+    early, after, fence = probes.copy_behind_work(b, src, dst, rounds, produce=want)
+    if dst.array is not array:
+        raise KitFailure(
+            f"{c}: copy_d2h_async replaced HostBuffer.array with other memory; the pinned "
+            "buffer must stay the caller's (this makes it the device allocation)"
+        )
+    if not np.array_equal(after, want):
+        bad = after != want
+        hint = (
+            "still poisoned: the copy had not run when the event said it had"
+            if (after[bad] == POISON).all()
+            else "wrong bytes"
+        )
+        raise KitFailure(
+            f"{c}: after {fence} the pinned buffer is wrong ({hint}; first wrong byte "
+            f"{first_index(bad)})"
+        )
+    odd = (early != POISON) & (early != want)
+    if odd.any():
+        i = first_index(odd)
+        what = "the device buffer's earlier contents" if early[i] == stale[i] else "garbage"
+        raise KitFailure(
+            f"{c}: before {fence} the pinned buffer held bytes that are neither the poison "
+            f"nor the copied data (byte {i} is {int(early[i]):#04x}, {what}): the pinned "
+            "buffer is (or aliases) the device allocation"
+        )
+    b.memset(src, 0)
+    if not np.array_equal(dst.array, want):
+        raise KitFailure(
+            f"{c}: overwriting the device buffer after the copy finished changed the pinned "
+            f"buffer (first changed byte {first_index(dst.array != want)}): it is (or aliases) "
+            "the device allocation"
+        )
     ctx.count(4)
     return bool((early == POISON).all())
 
@@ -222,8 +173,8 @@ def _async_d2h(ctx: KitContext) -> str:
     """A poisoned pinned buffer is wrong before the ready event and right after, and stays
     right when the device memory changes later."""
     b, n, off = ctx.backend, 64 << 10, 1024
-    want = _pattern(n, 7)
-    with _device(b, off + n) as whole, _pinned(b, n) as dst:
+    want = _data(n, 7)
+    with device_buffer(b, off + n) as whole, pinned_buffer(b, n) as dst:
         src = whole.view(off, n)  # copies must honour the source offset
         for rounds in WORK_ROUNDS:
             if _async_round(ctx, src, dst, want, rounds):
@@ -248,11 +199,11 @@ def _staging_reuse(ctx: KitContext) -> str:
     n, ring, steps = 16 << 10, 2, 6
     fence = "its event" if caps.events else "synchronize"
     with (
-        _pinned(b, n) as s0,
-        _pinned(b, n) as s1,
-        _device(b, steps * n) as dst,
-        _device(b, WORK_BYTES) as work,
-        _stream(b, "vt-kit-staging") as s,
+        pinned_buffer(b, n) as s0,
+        pinned_buffer(b, n) as s1,
+        device_buffer(b, steps * n) as dst,
+        device_buffer(b, WORK_BYTES) as work,
+        new_stream(b, "vt-kit-staging") as s,
     ):
         staging = [s0, s1]
         events = [b.create_event() for _ in range(ring)] if caps.events else []
@@ -264,8 +215,8 @@ def _staging_reuse(ctx: KitContext) -> str:
                         b.synchronize_event(events[k])
                     else:
                         b.synchronize(s)
-                staging[k].array[:] = _pattern(n, 100 + step)
-                _busy(b, work, s, STAGING_ROUNDS)
+                staging[k].array[:] = _data(n, 100 + step)
+                busy(b, work, s, STAGING_ROUNDS)
                 b.copy_h2d_async(dst.view(step * n, n), staging[k], s)
                 if events:
                     b.record_event(events[k], s)
@@ -273,18 +224,18 @@ def _staging_reuse(ctx: KitContext) -> str:
         finally:
             for e in events:
                 b.destroy_event(e)
-        got = _read(b, dst).reshape(steps, n)
+        got = read(b, dst).reshape(steps, n)
     for step in range(steps):
-        want = _pattern(n, 100 + step)
+        want = _data(n, 100 + step)
         if not np.array_equal(got[step], want):
             later = [
-                q for q in range(step + 1, steps) if np.array_equal(got[step], _pattern(n, 100 + q))
+                q for q in range(step + 1, steps) if np.array_equal(got[step], _data(n, 100 + q))
             ]
             what = (
                 f"the bytes staged for step {later[0]}, written after {fence} said step "
                 f"{step}'s copy was done"
                 if later
-                else f"torn bytes (first wrong byte {_first(got[step] != want)})"
+                else f"torn bytes (first wrong byte {first_index(got[step] != want)})"
             )
             raise KitFailure(
                 f"contract staging-reuse failed: step {step}'s device input holds {what}: the "
@@ -301,7 +252,7 @@ def _staging_reuse(ctx: KitContext) -> str:
 def _graph_replay(ctx: KitContext) -> str:
     """The audit's graph probe, plus a captured kernel: ``x += y`` twice per replay, so
     each replay must start from what the previous one left (a rerun, not a recording)."""
-    detail = _from_probe(ctx, "graph-replay", audit.probe_graphs, ("graph-replay",))
+    detail = _from_probe(ctx, "graph-replay", probes.probe_graphs, ("graph-replay",))
     b = ctx.backend
     if not type(b).overrides("add"):
         return detail + " (no add kernel to capture)"
@@ -309,7 +260,11 @@ def _graph_replay(ctx: KitContext) -> str:
     n = 1024
     # x has slack past its n floats: this contract proves replays, not add's bounds (the
     # kernel cases catch an add that writes past its output)
-    with _device(b, 4 * n + 256) as x, _device(b, 4 * n) as y, _stream(b, "vt-kit-graph") as s:
+    with (
+        device_buffer(b, 4 * n + 256) as x,
+        device_buffer(b, 4 * n) as y,
+        new_stream(b, "vt-kit-graph") as s,
+    ):
         b.copy_h2d(x, np.ones(n, np.float32))
         b.copy_h2d(y, np.full(n, 0.5, np.float32))
         b.begin_capture(s)
@@ -346,35 +301,35 @@ CONTRACTS: tuple[tuple[str, str | None, Callable[[KitContext], str]], ...] = (
     (
         "memory-roundtrip",
         None,
-        lambda ctx: _from_probe(ctx, "memory-roundtrip", audit.probe_memory, ()),
+        lambda ctx: _from_probe(ctx, "memory-roundtrip", probes.probe_memory, ()),
     ),
     ("host-view", None, _host_view),
     ("pinned-host-memory", "pinned_host_memory", _pinned_memory),
     (
         "event-ordering",
         "events",
-        lambda ctx: _from_probe(ctx, "event-ordering", audit.probe_events, ("event-ordering",)),
+        lambda ctx: _from_probe(ctx, "event-ordering", probes.probe_events, ("event-ordering",)),
     ),
     (
         "stream-wait-event",
         "events",
         lambda ctx: _from_probe(
-            ctx, "stream-wait-event", audit.probe_events, ("stream-wait-event",)
+            ctx, "stream-wait-event", probes.probe_events, ("stream-wait-event",)
         ),
     ),
     ("async-d2h-readback", "async_d2h_copy", _async_d2h),
     (
         "async-readback",
         "supports_async_sampled_token_readback",
-        lambda ctx: _from_probe(ctx, "async-readback", audit.probe_readback, ("async-readback",)),
+        lambda ctx: _from_probe(ctx, "async-readback", probes.probe_readback, ("async-readback",)),
     ),
     (
         "sync-readback",
         None,
-        lambda ctx: _from_probe(ctx, "sync-readback", audit.probe_readback, ("sync-readback",)),
+        lambda ctx: _from_probe(ctx, "sync-readback", probes.probe_readback, ("sync-readback",)),
     ),
     ("staging-reuse", None, _staging_reuse),
-    ("vmm-arena", "vmm", lambda ctx: _from_probe(ctx, "vmm-arena", audit.probe_vmm, ())),
+    ("vmm-arena", "vmm", lambda ctx: _from_probe(ctx, "vmm-arena", probes.probe_vmm, ())),
     ("graph-replay", "graphs", _graph_replay),
 )
 

@@ -46,7 +46,7 @@ class TtStubBackend(HostMemory, ReferenceOps):
 
     name = "tt_stub"
     priority = 0
-    emulated = True
+    emulated = True  # auto never picks it: only `--backend tt_stub`
     description = "emulated Tenstorrent stub on the host: discrete memory, no host access"
     reference_ops = vt.PRIMITIVE_OPS
 

@@ -1,20 +1,30 @@
-"""The arena smoke that ``vt audit`` runs on every backend declaring ``vmm``.
+"""The VMM probe: the arena smoke, run on every backend that declares ``vmm``.
 
-Each check uses its own small arena, so one failure does not hide the others. The
-aliasing check is the one that would have caught the Windows ROCm bug: two segments,
-distinct patterns, and the whole prefix read back through an explicit copy.
+Each check uses its own small arena (:class:`vt.memory.VmmArena`), so one failure does not
+hide the others. The aliasing check is the one that would have caught the Windows ROCm bug:
+two segments, distinct patterns, and the whole prefix read back through an explicit copy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from ..backend import Backend
 from ..errors import VmmError
-from ..probes import Check
-from .arena import VmmArena, arena_tensor, vmm_granularity
+from ..memory.arena import VmmArena, arena_tensor, vmm_granularity
+from .base import (
+    Check,
+    ProbeFailed,
+    check,
+    first_diff,
+    first_index,
+    pattern,
+    run_checks,
+    run_probe,
+)
 
 SMOKE_IDS: tuple[str, ...] = (
     "vmm-granularity",
@@ -31,16 +41,8 @@ _FIX = (
 )
 
 
-class _Failed(Exception):
-    """A smoke step saw wrong behaviour; the message is the check's detail."""
-
-
-def _check(check_id: str, result: str, detail: str) -> Check:
-    return Check(id=check_id, kind="probe", result=result, detail=detail)
-
-
-def _pattern(n: int, which: int) -> np.ndarray:
-    # A[i] + B[i] == 255 (odd) so the two patterns differ at every byte.
+def _halves(n: int, which: int) -> np.ndarray:
+    """Pattern A (``which`` 0) or B: A[i] + B[i] == 255 (odd), so they differ at every byte."""
     base = (np.arange(n, dtype=np.int64) % 251).astype(np.uint8)
     return base if which == 0 else (255 - base).astype(np.uint8)
 
@@ -55,37 +57,18 @@ def _read(arena: VmmArena, offset: int, nbytes: int) -> np.ndarray:
     return out
 
 
-def _first_diff(got: np.ndarray, want: np.ndarray) -> int:
-    return int(np.flatnonzero(got != want)[0])
-
-
 def _expect_intact(arena: VmmArena, want: np.ndarray, after: str) -> None:
     got = _read(arena, 0, want.nbytes)
     if not np.array_equal(got, want):
-        raise _Failed(f"data changed after {after}: first wrong byte at {_first_diff(got, want)}")
-
-
-def _expect_vmm_error(arena: VmmArena, nbytes: int, fragment: str) -> str:
-    before = (arena.mapped_bytes, arena.segments)
-    try:
-        arena.map_next(nbytes)
-    except VmmError as exc:
-        message = str(exc)
-    else:
-        raise _Failed(f"map_next({nbytes}) succeeded; expected an error containing {fragment!r}")
-    if fragment not in message:
-        raise _Failed(f"map_next({nbytes}) raised {message!r}; expected {fragment!r} in it")
-    if (arena.mapped_bytes, arena.segments) != before:
-        raise _Failed(f"map_next({nbytes}) failed but changed the arena to {arena!r}")
-    return message
+        raise ProbeFailed(f"data changed after {after}: {first_diff(got, want)}")
 
 
 def _segments_distinct(backend: Backend, g: int) -> str:
     with VmmArena.reserve(backend, 2 * g) as arena:
-        a, b = _pattern(g, 0), _pattern(g, 1)
+        a, b = _halves(g, 0), _halves(g, 1)
         if arena.full_map:
             if arena.segments != 1 or arena.mapped_bytes != arena.reserved_bytes:
-                raise _Failed(
+                raise ProbeFailed(
                     "segments_may_alias is declared but the arena did not map its full "
                     f"reservation in one segment: {arena!r}"
                 )
@@ -99,49 +82,56 @@ def _segments_distinct(backend: Backend, g: int) -> str:
         _write(arena, g, b)
         got = _read(arena, 0, 2 * g)
         if np.array_equal(got[:g], b):
-            raise _Failed(
+            raise ProbeFailed(
                 f"segment 2 aliases segment 1: writing pattern B at offset {g} overwrote "
                 f"pattern A at offset 0; {_FIX}"
             )
         if not np.array_equal(got, np.concatenate([a, b])):
-            where = _first_diff(got, np.concatenate([a, b]))
-            raise _Failed(
-                f"prefix read back is not A then B (first wrong byte at {where}); the "
-                f"segments may alias; {_FIX}"
+            raise ProbeFailed(
+                f"prefix read back is not A then B ({first_diff(got, np.concatenate([a, b]))}); "
+                f"the segments may alias; {_FIX}"
             )
         return f"two segments of {g} bytes hold A then B"
 
 
-def _over_reserve(backend: Backend, g: int) -> str:
+def _rejected_map(backend: Backend, g: int, past_reserve: bool) -> str:
+    """A map the arena must refuse (past the reservation, or not a multiple of the
+    granularity) fails with its message, changes nothing, and leaves the data intact."""
     with VmmArena.reserve(backend, 2 * g) as arena:
         arena.ensure(g)
-        a = _pattern(g, 0)
+        a = _halves(g, 0)
         _write(arena, 0, a)
-        over = arena.reserved_bytes - arena.mapped_bytes + g
-        _expect_vmm_error(arena, over, "would exceed reserve")
+        if past_reserve:
+            nbytes, fragment = arena.reserved_bytes - arena.mapped_bytes + g, "would exceed reserve"
+        else:
+            nbytes, fragment = g + 1, "must be a non-zero multiple of granularity"
+        before = (arena.mapped_bytes, arena.segments)
+        try:
+            arena.map_next(nbytes)
+        except VmmError as exc:
+            message = str(exc)
+        else:
+            raise ProbeFailed(
+                f"map_next({nbytes}) succeeded; expected an error containing {fragment!r}"
+            )
+        if fragment not in message:
+            raise ProbeFailed(f"map_next({nbytes}) raised {message!r}; expected {fragment!r} in it")
+        if (arena.mapped_bytes, arena.segments) != before:
+            raise ProbeFailed(f"map_next({nbytes}) failed but changed the arena to {arena!r}")
         _expect_intact(arena, a, "the rejected map")
-        return f"map_next({over}) past the reservation failed; data intact"
-
-
-def _non_multiple(backend: Backend, g: int) -> str:
-    with VmmArena.reserve(backend, 2 * g) as arena:
-        arena.ensure(g)
-        a = _pattern(g, 0)
-        _write(arena, 0, a)
-        _expect_vmm_error(arena, g + 1, "must be a non-zero multiple of granularity")
-        _expect_intact(arena, a, "the rejected map")
-        return f"map_next({g + 1}) failed; data intact"
+        where = " past the reservation" if past_reserve else ""
+        return f"map_next({nbytes}){where} failed; data intact"
 
 
 def _release_reserve(backend: Backend, g: int) -> str:
     arena = VmmArena.reserve(backend, g)
     arena.ensure(g)
-    _write(arena, 0, _pattern(g, 0))
+    _write(arena, 0, _halves(g, 0))
     arena.release()
     arena.release()
     with VmmArena.reserve(backend, g) as fresh:
         fresh.ensure(g)
-        b = _pattern(g, 1)
+        b = _halves(g, 1)
         _write(fresh, 0, b)
         _expect_intact(fresh, b, "a write to a fresh reservation")
     return "release (twice) then a fresh reserve round-trips"
@@ -151,19 +141,19 @@ def _tensor_4097(backend: Backend, g: int) -> str:
     tensor = arena_tensor(backend, 4097)
     try:
         if tensor.nbytes != 4097:
-            raise _Failed(f"the tensor exposes {tensor.nbytes} bytes, expected 4097")
+            raise ProbeFailed(f"the tensor exposes {tensor.nbytes} bytes, expected 4097")
         want = -(-4097 // g) * g
         if tensor.arena.mapped_bytes != want or tensor.arena.segments != 1:
-            raise _Failed(
+            raise ProbeFailed(
                 f"expected one segment of {want} bytes, got {tensor.arena.segments} "
                 f"segment(s) of {tensor.arena.mapped_bytes} bytes"
             )
-        data = np.random.default_rng(4097).integers(0, 256, 4097, dtype=np.uint8)
+        data = pattern(4097, 4097)
         backend.copy_h2d(tensor.buffer, data)
         got = np.empty(4097, np.uint8)
         backend.copy_d2h(got, tensor.buffer)
         if not np.array_equal(got, data):
-            raise _Failed(f"read back differs at byte {_first_diff(got, data)}")
+            raise ProbeFailed(f"read back differs at byte {first_index(got != data)}")
     finally:
         tensor.release()
     return f"4097 bytes round-trip in one {want}-byte segment"
@@ -171,33 +161,31 @@ def _tensor_4097(backend: Backend, g: int) -> str:
 
 _STEPS: tuple[tuple[str, Callable[[Backend, int], str]], ...] = (
     ("vmm-segments-distinct", _segments_distinct),
-    ("vmm-over-reserve", _over_reserve),
-    ("vmm-non-multiple", _non_multiple),
+    ("vmm-over-reserve", partial(_rejected_map, past_reserve=True)),
+    ("vmm-non-multiple", partial(_rejected_map, past_reserve=False)),
     ("vmm-release-reserve", _release_reserve),
     ("vmm-tensor-4097", _tensor_4097),
 )
 
 
 def arena_smoke(backend: Backend) -> list[Check]:
-    """Prove the backend's VMM path on small arenas; one :class:`vt.audit.Check` per step."""
+    """Prove the backend's VMM path on small arenas; one :class:`vt.probes.Check` per step."""
     if backend.capabilities.vmm is None:
-        return [
-            _check(i, "skip", f"backend {backend.name!r} does not declare vmm") for i in SMOKE_IDS
-        ]
+        why = f"backend {backend.name!r} does not declare vmm"
+        return [check(i, "skip", why) for i in SMOKE_IDS]
     try:
         g = vmm_granularity(backend)
     except Exception as exc:
-        detail = f"{type(exc).__name__}: {exc}"
-        return [_check("vmm-granularity", "fail", detail)] + [
-            _check(i, "skip", "skipped: no usable granularity") for i in SMOKE_IDS[1:]
+        return [check("vmm-granularity", "fail", f"{type(exc).__name__}: {exc}")] + [
+            check(i, "skip", "skipped: no usable granularity") for i in SMOKE_IDS[1:]
         ]
     policy = "full-map" if backend.capabilities.vmm.segments_may_alias else "grow"
-    checks = [_check("vmm-granularity", "pass", f"granularity {g} bytes, {policy} policy")]
-    for check_id, step in _STEPS:
-        try:
-            checks.append(_check(check_id, "pass", step(backend, g)))
-        except _Failed as exc:
-            checks.append(_check(check_id, "fail", str(exc)))
-        except Exception as exc:
-            checks.append(_check(check_id, "fail", f"{type(exc).__name__}: {exc}"))
-    return checks
+    checks = [check("vmm-granularity", "pass", f"granularity {g} bytes, {policy} policy")]
+    return checks + [run_probe(i, partial(step, backend, g)) for i, step in _STEPS]
+
+
+def probe_vmm(backend: Backend) -> list[Check]:
+    """The arena smoke when vmm is declared."""
+    if backend.capabilities.vmm is None:
+        return [check("vmm", "skip", "vmm not declared")]
+    return run_checks("vmm", partial(arena_smoke, backend))
