@@ -37,7 +37,7 @@ from .errors import (
     VmmError,
     VtError,
 )
-from .plugins import hookimpl, hookspec
+from .hookspecs import hookimpl, hookspec
 
 __version__ = "0.1.0"
 
