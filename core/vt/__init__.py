@@ -39,7 +39,7 @@ from .errors import (
 )
 from .mixins import AsyncD2HCopy, Events, Graphs, HostAddressable, PinnedHostMemory, VirtualMemory
 from .ops import FUSED_OPS, OPS, PRIMITIVE_OPS, Arg, OpDef
-from .plugins import hookimpl, hookspec
+from .hookspecs import hookimpl, hookspec
 
 __version__ = "0.1.0"
 

@@ -1,31 +1,9 @@
-"""Plugin hooks. A backend distribution exposes a module in entry-point group ``vt``.
-
-The module implements :func:`vt_register_backends` (simonw/llm's register-callback
-pattern)::
-
-    from vt import hookimpl
-
-    @hookimpl
-    def vt_register_backends(register):
-        register(MyBackend)
-"""
+"""Transition shim: the hookspecs moved to :mod:`vt.hookspecs`. Delete this module once
+``vt.registry`` reads ``from . import hookspecs`` and ``add_hookspecs(hookspecs)``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from . import hookspecs as VtHookSpecs  # noqa: N812 - pluggy takes the module as the spec
+from .hookspecs import ENTRY_POINT_GROUP, PROJECT, hookimpl, hookspec
 
-import pluggy
-
-PROJECT = "vt"
-ENTRY_POINT_GROUP = "vt"
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
-
-
-class VtHookSpecs:
-    """The hooks a vt plugin may implement."""
-
-    @hookspec
-    def vt_register_backends(self, register: Callable[[type], None]) -> None:
-        """Call ``register(BackendClass)`` once for each backend this plugin provides."""
+__all__ = ["ENTRY_POINT_GROUP", "PROJECT", "VtHookSpecs", "hookimpl", "hookspec"]
