@@ -15,8 +15,8 @@ import vt
 from click.testing import CliRunner
 from vt.cli import main
 from vt.cli.options import backend_option, open_backend
-from vt.testing.tiny import write_tiny_gguf
 from vt.registry import reset
+from vt.testing.tiny import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "vt-example-backend"

@@ -16,12 +16,20 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from vt import MODEL_KERNELS
+from vt import OPS
 from vt.cli import main
 from vt.model.graph import SUPPORTED_ARCHITECTURES
 from vt.registry import Registry
 from vt.testing.contracts_suite import CONTRACTS
-from vt.testing.kit import KitCase, KitContext, KitFailure, Shared, all_cases, run_case
+from vt.testing.kit import (
+    CORE_METHODS,
+    KitCase,
+    KitContext,
+    KitFailure,
+    Shared,
+    all_cases,
+    run_case,
+)
 from vt.testing.matrix import CaseResult, SupportMatrix, matrix_from_results, run_matrix
 from vt.testing.tolerances import WEIGHT_TYPES
 
@@ -52,8 +60,8 @@ def run_kit(
         (where / "conftest.py").write_text(conftest)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VT_")}
     env["OPENBLAS_NUM_THREADS"] = "1"  # the machine is shared: no BLAS thread pools
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+    if pythonpath is not None:  # in front of any PYTHONPATH this session runs with
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", *args],
         cwd=where,
@@ -68,10 +76,10 @@ def run_kit(
     return proc.returncode, out, counts
 
 
-def summary(name: str, kernels: int, contracts: int, models: int, failed: int) -> str:
+def summary(name: str, ops: int, core: int, contracts: int, models: int, failed: int) -> str:
     return (
-        f"vt conformance [{name}]: {kernels} kernels, {contracts} contracts, {models} models "
-        f"passed ({failed} failed)"
+        f"vt conformance [{name}]: {ops} ops, {core} core methods, {contracts} contracts, "
+        f"{models} models passed ({failed} failed)"
     )
 
 
@@ -79,7 +87,7 @@ def failure_lines(out: str, backend: str) -> list[str]:
     """The one-line failure messages the kit printed for ``backend``."""
     prefix = f"vt conformance [{backend}]: "
     lines = [ln[len(prefix) :] for ln in out.splitlines() if ln.startswith(prefix)]
-    return [ln for ln in lines if not re.match(r"\d+ kernels, ", ln)]  # not the summary
+    return [ln for ln in lines if not re.match(r"\d+ ops, ", ln)]  # not the summary
 
 
 def sections(markdown: str) -> str:
@@ -96,16 +104,22 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
         tmp_path / "run", "--vt-backend", "cpu", "--vt-backend", "tt_stub", f"--vt-matrix={matrix}"
     )
     assert rc == 0, out
-    assert len(MODEL_KERNELS) == 12 and N_MODELS == 27 and len(CONTRACTS) == 11
-    assert summary("cpu", 12, 11, 27, 0) in out
-    assert summary("tt_stub", 12, 4, 27, 0) in out
+    assert len(OPS) == 13 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
+    assert summary("cpu", 13, 2, 11, 27, 0) in out
+    assert summary("tt_stub", 13, 2, 4, 27, 0) in out
     # tt_stub declares nothing: those contracts are "not declared", never passes
-    assert "  not declared: " + ", ".join(TT_UNDECLARED) in out
+    assert "  not declared: " + ", ".join(f"contract {c}" for c in TT_UNDECLARED) in out
     assert counts == {"passed": 2 * N_CASES - len(TT_UNDECLARED), "skipped": len(TT_UNDECLARED)}
     for cid in TT_UNDECLARED:
         assert f"vt conformance [tt_stub] contract {cid}: not declared:" in out
+    # tt_stub implements only the primitive ops: its fused cases pass through the
+    # decomposition, and say so; cpu runs them natively
+    text = matrix.read_text()
+    tt = text[text.index("\n## tt_stub") :]
+    for op in ("matmul_add", "swiglu", "rope_kv_store"):
+        assert f"| `{op}` | decomposed |" in tt and f"| `{op}` | native |" in text
     # docs/support-matrix.md holds exactly what the kit finds today
-    assert sections(matrix.read_text()) == sections(DOC.read_text())
+    assert sections(text) == sections(DOC.read_text())
 
 
 def test_the_plugin_adds_nothing_without_the_option(tmp_path: Path, request) -> None:
@@ -155,24 +169,38 @@ def test_unavailable_or_unknown_backend_fails_every_test_at_setup(
     assert "During handling" not in out  # the reason alone, no exception chain
 
 
-def test_honest_backends_without_kernels_pass_contracts_and_fail_every_kernel(
+def test_honest_backends_without_ops_pass_contracts_and_declare_no_op(
     tmp_path: Path, install_dist
 ) -> None:
     site = install_dist("vt-test-backends", {"threads_plugin": "vt_test_backends"})
-    rc, out, _ = run_kit(tmp_path / "run", "--vt-backend", "threads,discrete", pythonpath=site)
+    rc, out, counts = run_kit(tmp_path / "run", "--vt-backend", "threads,discrete", pythonpath=site)
     assert rc == 1
-    units = len(MODEL_KERNELS) + N_MODELS
-    assert summary("threads", 0, len(CONTRACTS), 0, units) in out  # declares everything
-    assert summary("discrete", 0, 4, 0, units) in out  # declares nothing
+    # no op is declared: every op case is skipped "not declared", never passed or failed;
+    # upload_weight has no op to read a weight back with; copy_d2d and every model fail
+    assert summary("threads", 0, 0, len(CONTRACTS), 0, 1 + N_MODELS) in out  # declares all
+    assert summary("discrete", 0, 0, 4, 0, 1 + N_MODELS) in out  # declares nothing
+    undeclared = ", ".join(f"op {op}" for op in OPS) + ", core upload_weight"
+    assert f"  not declared: {undeclared}\n" in out
+    n_op_cases = sum(c.category == "op" or c.unit == "upload_weight" for c in all_cases())
+    assert counts["skipped"] == 2 * n_op_cases + len(TT_UNDECLARED), out
+    assert (
+        "vt conformance [threads] op matmul[Q4_K,n=1,37x256]: not declared: backend 'threads' "
+        "does not support op matmul for Q4_K weights (supports('matmul', 'Q4_K') is False)"
+    ) in out
+    assert (
+        "vt conformance [threads] op swiglu[F32,n=1,37x67]: not declared: backend 'threads' "
+        "does not support the fused op swiglu for F32 weights, and its decomposition needs the "
+        "op(s) matmul, silu_mul, which it does not support either"
+    ) in out
     threads = failure_lines(out, "threads")
     assert (
-        "kernel copy_d2d[1001-bytes,offsets]: KernelNotImplementedError: backend 'threads' "
+        "core copy_d2d[1001-bytes,offsets]: KernelNotImplementedError: backend 'threads' "
         "does not implement copy_d2d"
     ) in threads
     assert (
         "model qwen2-Q4_K: KernelNotImplementedError: backend 'threads' does not implement the "
-        "model kernels upload_weight, embedding, rms_norm, matmul, rope, kv_store, attention, "
-        "silu_mul, add, gather_rows, sample, copy_d2d; it cannot run llama-family models"
+        "op(s) add, attention, embedding, gather_rows, kv_store, matmul, rms_norm, rope, "
+        "sample, silu_mul that a qwen2 model needs (see `vt backends --json` for its ops)"
     ) in threads
     assert "_pytest" not in out  # the traceback starts at the kit, not in pytest
 
@@ -187,41 +215,43 @@ def test_a_run_that_executes_nothing_fails(tmp_path: Path) -> None:
         "vt conformance [tt_stub]: no kit test executed for the backend (all deselected or "
         "skipped); a run that proves nothing fails"
     ) in out
-    assert summary("tt_stub", 0, 0, 0, 1) in out
+    assert summary("tt_stub", 0, 0, 0, 0, 1) in out
 
 
-def test_zero_kernels_collected_fails(tmp_path: Path) -> None:
+def test_zero_ops_collected_fails(tmp_path: Path) -> None:
     conftest = (
         "import vt.testing.kit as kit\n"
         "_all = kit.all_cases\n"
-        "kit.all_cases = lambda: [c for c in _all() if c.category != 'kernel']\n"
+        "kit.all_cases = lambda: [c for c in _all() if c.category != 'op']\n"
     )
     rc, out, counts = run_kit(
         tmp_path / "run", "--vt-backend", "tt_stub", "-k", "executed", conftest=conftest
     )
     assert rc == 1 and counts["failed"] == 1, out
-    assert "vt conformance [tt_stub]: zero kernels collected for the backend" in out
+    assert "vt conformance [tt_stub]: zero ops collected for the backend" in out
 
 
-def test_a_kernel_without_cases_fails_by_name(tmp_path: Path) -> None:
-    conftest = "import vt.testing.kernels_suite as ks\nks.kernel_cases = lambda: []\n"
+def test_an_op_without_cases_fails_by_name(tmp_path: Path) -> None:
+    conftest = "import vt.testing.kernels_suite as ks\nks.op_cases = lambda: []\n"
     rc, out, counts = run_kit(
-        tmp_path / "run", "--vt-backend", "tt_stub", "-k", "kernels", conftest=conftest
+        tmp_path / "run", "--vt-backend", "tt_stub", "-k", "ops or core", conftest=conftest
     )
-    assert rc == 1 and counts["failed"] == len(MODEL_KERNELS), out
-    for kernel in MODEL_KERNELS:
+    assert rc == 1 and counts["failed"] == len(OPS) + len(CORE_METHODS), out
+    for op in OPS:
         assert (
-            f"kernel {kernel}: vt.MODEL_KERNELS lists it but the conformance kit has no case "
-            "for it, so nothing would prove it"
+            f"op {op}: vt.OPS lists it but the conformance kit has no case for it, so nothing "
+            "would prove it"
         ) in out
+    for method in CORE_METHODS:
+        assert f"core {method}: vt.testing.kit.CORE_METHODS lists it but" in out
 
 
 def test_a_case_that_checks_nothing_fails() -> None:
     shared = Shared()
     ctx = KitContext.start("tt_stub", shared, Registry(env={}))
     try:
-        idle = KitCase("kernel", "add", "idle", "F32", lambda ctx: "looked fine")
-        with pytest.raises(KitFailure, match=r"kernel add\[idle\]: executed no check"):
+        idle = KitCase("op", "add", "idle", "F32", lambda ctx: "looked fine")
+        with pytest.raises(KitFailure, match=r"op add\[idle\]: executed no check"):
             run_case(idle, ctx)
     finally:
         ctx.close()
@@ -235,27 +265,27 @@ def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
     site = install_dist("vt-kit-faults", {"kit_faults": "vt_kit_faults"}, {"vt_kit_faults": FAULTS})
     names = "offbyone-norm,offbyone-attention,noop-events,alias-pinned,oob-add"
     rc, out, _ = run_kit(
-        tmp_path / "run", "--vt-backend", names, "-k", "kernels or contracts", pythonpath=site
+        tmp_path / "run", "--vt-backend", names, "-k", "not models", pythonpath=site
     )
     assert rc == 1
-    kernels, contracts = len(MODEL_KERNELS), len(CONTRACTS)
+    ops, core, contracts = len(OPS), len(CORE_METHODS), len(CONTRACTS)
 
-    # an off-by-one rms_norm: every rms_norm case fails, naming the kernel; nothing else does
+    # an off-by-one rms_norm: every rms_norm case fails, naming the op; nothing else does
     norm = failure_lines(out, "offbyone-norm")
     assert len(norm) == 4 and all(
-        re.match(r"kernel rms_norm\[.*\]: normalized MSE \S+ exceeds the F32 tolerance 1e-09", m)
+        re.match(r"op rms_norm\[.*\]: normalized MSE \S+ exceeds the F32 tolerance 1e-09", m)
         for m in norm
     ), norm
-    assert summary("offbyone-norm", kernels - 1, contracts, 0, 1) in out
-    assert "  failed: kernel rms_norm\n" in out
+    assert summary("offbyone-norm", ops - 1, core, contracts, 0, 1) in out
+    assert "  failed: op rms_norm\n" in out
 
     # attention that drops its last position: all but the position-0 case fail
     attn = failure_lines(out, "offbyone-attention")
     assert sorted(m.split(":")[0] for m in attn) == sorted(
-        f"kernel attention[{label}]"
+        f"op attention[{label}]"
         for label in ("n=1,last-pos", "n=7,3-slots,prefill+decode", "n=2,no-gqa", "n=3,gqa-4,hd=64")
     )
-    assert summary("offbyone-attention", kernels - 1, contracts, 0, 1) in out
+    assert summary("offbyone-attention", ops - 1, core, contracts, 0, 1) in out
 
     # no-op events while declaring them: every contract that relies on events fails
     events = failure_lines(out, "noop-events")
@@ -269,7 +299,7 @@ def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
     assert any(
         m.startswith("contract async-d2h-readback failed: after the ready event") for m in events
     )
-    assert summary("noop-events", kernels, contracts - 5, 0, 5) in out
+    assert summary("noop-events", ops, core, contracts - 5, 0, 5) in out
     assert (
         "  failed: contract event-ordering, contract stream-wait-event, contract "
         "async-d2h-readback, contract async-readback, contract staging-reuse"
@@ -281,16 +311,16 @@ def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
         "the pinned buffer (first changed byte 0): alloc_pinned returned memory that is (or "
         "aliases) a device allocation"
     ]
-    assert summary("alias-pinned", kernels, contracts - 1, 0, 1) in out
+    assert summary("alias-pinned", ops, core, contracts - 1, 0, 1) in out
 
     # add writing one float past its output: the guard region after it catches every case
     assert failure_lines(out, "oob-add") == [
-        f"kernel add[{label}]: wrote 4 byte(s) past the end of {role} (the nearest is byte 1 "
+        f"op add[{label}]: wrote 4 byte(s) past the end of {role} (the nearest is byte 1 "
         "past it): an out-of-bounds write"
-        for label, role in (("n=1", "output 'out'"), ("n=1001", "output 'out'"),
-                            ("n=1001,in-place", "inout 'a'"))
+        for label, role in (("1x1", "output 'out'"), ("7x143", "output 'out'"),
+                            ("7x143,in-place", "inout 'a'"))
     ]  # fmt: skip
-    assert summary("oob-add", kernels - 1, contracts, 0, 1) in out
+    assert summary("oob-add", ops - 1, core, contracts, 0, 1) in out
 
 
 # --------------------------------------------------------------------------- vt audit --matrix
@@ -303,6 +333,7 @@ def test_vt_audit_matrix_json_matches_the_published_matrix() -> None:
     assert matrix.ok and matrix.command == "vt audit --matrix --backend tt_stub"
     (tt,) = matrix.backends
     assert tt.tested and tt.capabilities["events"] is False
+    assert tt.ops == {op: "decomposed" if OPS[op].fused else "native" for op in OPS}
     by_unit = {(r.category, r.unit, r.label): r for r in tt.results}
     assert len(by_unit) == N_CASES - 1
     assert by_unit[("contract", "event-ordering", "")].result == "not declared"
@@ -345,16 +376,16 @@ def test_matrix_marks_failed_cells_and_lists_failures() -> None:
     ]
     bad = cases["rms_norm[n=24,dim=16,eps=1e-06]"]
     results = [r for r in results if r.label != bad.label or r.unit != bad.unit]
-    results.append(CaseResult.of("mine", bad, "fail", "kernel rms_norm[n=24,dim=16,eps=1e-06]: X"))
+    results.append(CaseResult.of("mine", bad, "fail", "op rms_norm[n=24,dim=16,eps=1e-06]: X"))
     undeclared = [c for c in cases.values() if c.category == "contract" and c.capability]
     results += [CaseResult.of("mine", c, "not declared", "") for c in undeclared]
     caps = {"events": False, "vmm": None, "device_memory_is_host_addressable": False}
     matrix = matrix_from_results(["mine", "gone"], results, "test", {"mine": caps}, {"gone": "why"})
     assert not matrix.ok
     text = matrix.render(markdown=True)
-    assert summary("mine", 11, 4, 27, 1) in text
-    assert "| `rms_norm` | **FAIL** (1/4) |" in text
+    assert summary("mine", 12, 2, 4, 27, 1) in text
+    assert "| `rms_norm` | - | **FAIL** (1/4) |" in text  # how it runs: not recorded here
     assert "| `events` | no | `event-ordering` | not declared |" in text
     assert "| `device_memory_is_host_addressable` | no | `host-view` (must refuse) | pass |" in text
-    assert "### Failures\n\n- kernel rms_norm[n=24,dim=16,eps=1e-06]: X\n" in text
+    assert "### Failures\n\n- op rms_norm[n=24,dim=16,eps=1e-06]: X\n" in text
     assert text.endswith("## gone\n\nNot tested: why\n")

@@ -18,6 +18,7 @@ from vt_cpu import CpuBackend, StreamError, cpu_capabilities, granularity_from_e
 from vt_cpu.plugin import vt_register_backends
 
 MiB = 1 << 20
+F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
 
 
 @pytest.fixture
@@ -44,8 +45,13 @@ def read(cpu: CpuBackend, buf: vt.Buffer, dtype=np.float32) -> np.ndarray:
     return cpu.host_view(buf).view(dtype).copy()
 
 
+def t(buf: vt.Buffer, *shape: int, dtype=F32) -> vt.Tensor:
+    """A typed tensor over ``buf`` (raises if it does not fit)."""
+    return vt.Tensor.of(buf, dtype, *shape)
+
+
 class Gate:
-    """Blocks a stream (via host_fn) until the test opens it."""
+    """Blocks a stream (via enqueue_host) until the test opens it."""
 
     def __init__(self) -> None:
         self.open_ = threading.Event()
@@ -67,30 +73,48 @@ def test_plugin_registers_the_cpu_backend_with_its_declaration() -> None:
     vt_register_backends(seen.append)
     assert seen == [CpuBackend]
     assert CpuBackend.name == "cpu" and CpuBackend.priority == 10
-    caps = CpuBackend.probe().capabilities
-    assert caps is not None
-    assert caps.unified_memory and caps.device_memory_is_host_addressable
-    assert caps.events and caps.pinned_host_memory and caps.async_d2h_copy
+    assert not CpuBackend.emulated
+    # The probe declares physical facts only ...
+    declared = CpuBackend.probe().capabilities
+    assert declared is not None and declared == cpu_capabilities()
+    assert declared.unified_memory and declared.device_memory_is_host_addressable
+    assert declared.host_memory_is_device_addressable
+    assert declared.vmm == vt.VmmCaps(granularity=2 * MiB, segments_may_alias=False)
+    # ... and what needs code is derived from the mixins the class implements.
+    backend = CpuBackend()
+    caps = backend.capabilities
+    assert caps.events and caps.pinned_host_memory and caps.async_d2h_copy and caps.graphs
     assert caps.supports_async_sampled_token_readback
-    assert caps.vmm == vt.VmmCaps(granularity=2 * MiB, segments_may_alias=False)
+    for field in ("events", "pinned_host_memory", "async_d2h_copy", "graphs"):
+        assert caps.source_of(field).source is vt.Source.derived
+    assert caps.vmm == declared.vmm
+    # every op of the table runs natively (the reference), fused ones included
+    assert CpuBackend.op_names() == tuple(vt.OPS)
+    assert all(backend.supports(op) for op in vt.OPS)
+    backend.close()
 
 
-def test_vmm_granularity_from_env_and_constructor(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vmm_granularity_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VT_CPU_VMM_GRANULARITY", "65536")
     assert granularity_from_env() == 65536
     assert CpuBackend.probe().capabilities.vmm.granularity == 65536
     backend = CpuBackend()
     assert backend.vmm_granularity() == 65536
-    assert backend.capabilities == cpu_capabilities(65536)
-    assert CpuBackend(vmm_granularity=4096).vmm_granularity() == 4096
+    assert backend.capabilities.vmm == cpu_capabilities(65536).vmm
+    backend.close()
+    monkeypatch.setenv("VT_CPU_VMM_GRANULARITY", "4096")
+    assert CpuBackend().vmm_granularity() == 4096
     monkeypatch.setenv("VT_CPU_VMM_GRANULARITY", "3000")
     with pytest.raises(vt.VmmError, match="VT_CPU_VMM_GRANULARITY=3000.*power of two"):
         CpuBackend()
+    with pytest.raises(vt.VmmError, match="VT_CPU_VMM_GRANULARITY=3000.*power of two"):
+        CpuBackend.probe()
     monkeypatch.setenv("VT_CPU_VMM_GRANULARITY", "lots")
     with pytest.raises(vt.VmmError, match="'lots' is not a number of bytes"):
         granularity_from_env()
+    monkeypatch.setenv("VT_CPU_VMM_GRANULARITY", "2048")
     with pytest.raises(vt.VmmError, match="granularity 2048 must be .* page size"):
-        CpuBackend(vmm_granularity=2048)
+        CpuBackend()
 
 
 # --------------------------------------------------------------------------- memory
@@ -116,12 +140,17 @@ def test_copies_memset_and_host_view_honour_offsets(cpu: CpuBackend, stream: vt.
 
 
 def test_bad_sizes_raise_at_the_call_site(cpu: CpuBackend, stream: vt.Stream) -> None:
+    """The core checks sizes once, for every backend (see test_backend_core.py)."""
     small = cpu.alloc(8)
-    with pytest.raises(ValueError, match="copy_h2d dst: needs 16 bytes .* buffer has 8"):
+    with pytest.raises(ValueError, match="copy_h2d: 16 bytes do not fit the buffer of 8"):
         cpu.copy_h2d(small, np.zeros(16, np.uint8))
-    w = cpu.upload_weight(vt.WeightTensor("w", 0, (4, 2), np.zeros((4, 2), np.float32)))
-    with pytest.raises(ValueError, match="cpu matmul out: needs 48 bytes"):
-        cpu.matmul(small, cpu.alloc(64), w, 3, stream)
+    w = cpu.upload_weight(vt.WeightTensor("w", 0, (3, 2), np.zeros((3, 2), np.float32)))
+    with pytest.raises(
+        ValueError, match=r"op matmul: out of shape \(4, 3\) needs 48 bytes, its buffer has 8"
+    ):
+        cpu.launch(
+            "matmul", stream, out=vt.Tensor(small, F32, (4, 3)), x=t(cpu.alloc(64), 4, 2), weight=w
+        )
     with pytest.raises(ValueError, match="memset: value 300 is not a byte"):
         cpu.memset(small, 300)
     with pytest.raises(ValueError, match="not a cpu stream"):
@@ -137,8 +166,8 @@ def test_free_weight_lets_go_of_the_weight_memory(cpu: CpuBackend, stream: vt.St
     cpu.free_weight(w)  # idempotent
     gc.collect()
     assert memory() is None
-    with pytest.raises(ValueError, match="weight 'w' was freed"):
-        cpu.matmul(cpu.alloc(32), cpu.alloc(64), w, 4, stream)
+    with pytest.raises(ValueError, match="op matmul: weight 'w' was freed"):
+        cpu.launch("matmul", stream, out=t(cpu.alloc(32), 2, 4), x=t(cpu.alloc(64), 2, 2), weight=w)
 
 
 def test_pinned_memory_is_a_dedicated_mapping(cpu: CpuBackend, stream: vt.Stream) -> None:
@@ -162,9 +191,9 @@ def test_stream_work_runs_while_the_host_continues(cpu: CpuBackend, stream: vt.S
     a = f32(cpu, np.ones(1024, np.float32))
     out = f32(cpu, np.zeros(1024, np.float32))
     gate, done = Gate(), cpu.create_event()
-    cpu.host_fn(stream, gate)
+    cpu.enqueue_host(stream, "gate", gate)
     start = time.perf_counter()
-    cpu.add(out, a, a, 1024, stream)
+    cpu.launch("add", stream, out=t(out, 1, 1024), a=t(a, 1, 1024), b=t(a, 1, 1024))
     cpu.record_event(done, stream)
     assert time.perf_counter() - start < 1.0  # enqueueing does not wait for the stream
     assert gate.entered.wait(5)  # the worker thread is running, blocked in the gate
@@ -180,7 +209,7 @@ def test_streams_are_independent_until_one_waits_on_an_event(cpu: CpuBackend) ->
     first, second = cpu.create_stream("first"), cpu.create_stream("second")
     cell = cpu.alloc(4)
     gate, event = Gate(), cpu.create_event()
-    cpu.host_fn(first, gate)
+    cpu.enqueue_host(first, "gate", gate)
     cpu.memset(cell, 0x11, first)
     cpu.record_event(event, first)
     # Work on another stream does not wait for the blocked one ...
@@ -212,7 +241,7 @@ def test_event_semantics(cpu: CpuBackend, stream: vt.Stream) -> None:
     gate = Gate()
     cpu.record_event(fresh, stream)
     cpu.synchronize_event(fresh)
-    cpu.host_fn(stream, gate)
+    cpu.enqueue_host(stream, "gate", gate)
     cpu.record_event(fresh, stream)  # re-recording refers to the new position
     assert not cpu.query_event(fresh)
     gate.open()
@@ -228,7 +257,8 @@ def test_a_failed_op_is_raised_by_synchronize_and_names_the_op(
     ids = f32(cpu, np.array([9], np.int32))  # out of range: only the kernel can tell
     out, cell = cpu.alloc(8), cpu.alloc(4)
     after = cpu.create_event()
-    cpu.embedding(out, table, ids, 1, stream)  # enqueued fine: the ids live on the device
+    # enqueued fine: the ids live on the device
+    cpu.launch("embedding", stream, out=t(out, 1, 2), ids=t(ids, 1, dtype=I32), table=table)
     cpu.memset(cell, 0x44, stream)  # skipped: the stream has failed
     cpu.record_event(after, stream)
     with pytest.raises(StreamError, match=r"'test': embedding failed: ValueError: .*token id 9"):
@@ -249,7 +279,7 @@ def test_a_stream_waiting_on_a_failed_stream_fails_too(cpu: CpuBackend) -> None:
     def boom() -> None:
         raise RuntimeError("device fault")
 
-    cpu.host_fn(bad, boom, "boom")
+    cpu.enqueue_host(bad, "boom", boom)
     cpu.record_event(event, bad)
     cpu.stream_wait_event(good, event)
     with pytest.raises(StreamError, match=r"'good': stream_wait_event failed.*'bad'.*device fault"):
@@ -300,18 +330,26 @@ def test_kernels_equal_the_reference_through_buffer_views(
     wt = cpu.upload_weight(vt.WeightTensor("w", 0, (8, 16), w))
     nw = cpu.upload_weight(vt.WeightTensor("n", 0, (16,), np.full(16, 0.5, np.float32)))
     xb, out = put(x), put(np.zeros((3, 8), np.float32))
-    cpu.matmul(out, xb, wt, 3, stream)
+    cpu.launch("matmul", stream, out=t(out, 3, 8), x=t(xb, 3, 16), weight=wt)
     normed = put(np.zeros((3, 16), np.float32))
-    cpu.rms_norm(normed, xb, nw, 3, 16, 1e-5, stream)
+    cpu.launch("rms_norm", stream, out=t(normed, 3, 16), x=t(xb, 3, 16), weight=nw, eps=1e-5)
     pos = put(np.array([0, 1, 7], np.int32))
     roped = put(x.copy())
     params = vt.RopeParams(head_dim=8, base=100.0)
-    cpu.rope(roped, pos, 3, 2, params, stream)
+    cpu.launch(
+        "rope", stream, x=t(roped, 3, 16), positions=t(pos, 3, dtype=I32), n_heads=2, params=params
+    )
     logits = rng.standard_normal((2, 50)).astype(np.float32)
     sp = np.zeros(2, vt.SAMPLE_PARAMS_DTYPE)
     sp["temperature"], sp["top_p"], sp["seed"] = [0.0, 0.9], 1.0, 3
     ids = put(np.zeros(2, np.int32))
-    cpu.sample(ids, put(logits), put(sp), 2, 50, stream)
+    cpu.launch(
+        "sample",
+        stream,
+        out=t(ids, 2, dtype=I32),
+        logits=t(put(logits), 2, 50),
+        params=t(put(sp), 2, dtype=vt.SAMPLE_PARAMS_DTYPE),
+    )
     cpu.synchronize(stream)
     assert np.allclose(read(cpu, out).reshape(3, 8), ref.matmul(x, w), atol=1e-5)
     assert np.allclose(read(cpu, normed).reshape(3, 16), ref.rms_norm(x, nw.handle, 1e-5))
@@ -327,10 +365,33 @@ def test_kv_store_and_attention_on_the_device_cache(cpu: CpuBackend, stream: vt.
     k, v = (rng.standard_normal((n, 8)).astype(np.float32) for _ in range(2))
     q = rng.standard_normal((n, n_heads * 4)).astype(np.float32)
     slots, pos = np.array([1, 1, 0, 1, 0], np.int32), np.array([0, 1, 0, 2, 1], np.int32)
-    sb, pb = f32(cpu, slots), f32(cpu, pos)
-    cpu.kv_store(cache, layout, 1, f32(cpu, k), f32(cpu, v), sb, pb, n, stream)
+    sb, pb = t(f32(cpu, slots), n, dtype=I32), t(f32(cpu, pos), n, dtype=I32)
+    kv = t(cache, *layout.shape)
+    cpu.launch(
+        "kv_store",
+        stream,
+        cache=kv,
+        k=t(f32(cpu, k), n, 8),
+        v=t(f32(cpu, v), n, 8),
+        slots=sb,
+        positions=pb,
+        layout=layout,
+        layer=1,
+    )
     out = cpu.alloc(q.nbytes)
-    cpu.attention(out, f32(cpu, q), cache, layout, 1, sb, pb, n, n_heads, 0.5, stream)
+    cpu.launch(
+        "attention",
+        stream,
+        out=t(out, n, 16),
+        q=t(f32(cpu, q), n, 16),
+        cache=kv,
+        slots=sb,
+        positions=pb,
+        layout=layout,
+        layer=1,
+        n_heads=n_heads,
+        scale=0.5,
+    )
     cpu.synchronize(stream)
     want_cache = np.zeros(layout.shape, np.float32)
     ref.kv_store(want_cache, 1, k, v, slots, pos)
@@ -347,8 +408,11 @@ def rss() -> int:
 
 
 @pytest.mark.parametrize("granularity", [4096, 64 << 10, 2 * MiB])
-def test_vmm_reserve_map_write_unmap_release(granularity: int) -> None:
-    cpu = CpuBackend(vmm_granularity=granularity)
+def test_vmm_reserve_map_write_unmap_release(
+    granularity: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VT_CPU_VMM_GRANULARITY", str(granularity))
+    cpu = CpuBackend()
     g = cpu.vmm_granularity()
     vr = cpu.vmm_reserve(8 * g)
     buf = cpu.vmm_buffer(vr)
@@ -372,7 +436,8 @@ def test_vmm_reserve_map_write_unmap_release(granularity: int) -> None:
 
 
 def test_vmm_commits_memory_only_for_what_is_mapped() -> None:
-    cpu = CpuBackend(vmm_granularity=2 * MiB)
+    cpu = CpuBackend()  # the default granularity, 2 MiB
+    assert cpu.vmm_granularity() == 2 * MiB
     before = rss()
     vr = cpu.vmm_reserve(4096 * MiB)  # 4 GiB of address space, nothing committed
     buf = cpu.vmm_buffer(vr)
@@ -387,9 +452,10 @@ def test_vmm_commits_memory_only_for_what_is_mapped() -> None:
     cpu.close()
 
 
-def test_vmm_rejects_bad_arguments() -> None:
-    cpu = CpuBackend(vmm_granularity=64 << 10)
+def test_vmm_rejects_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     g = 64 << 10
+    monkeypatch.setenv("VT_CPU_VMM_GRANULARITY", str(g))
+    cpu = CpuBackend()
     with pytest.raises(
         vt.VmmError,
         match=f"vmm_reserve: size 1000 is not a positive multiple of the granularity {g}",
@@ -423,6 +489,12 @@ def test_vmm_rejects_bad_arguments() -> None:
         cpu.vmm_map(vr, 0, g)
     with pytest.raises(vt.VmmError, match="not a cpu virtual range"):
         cpu.vmm_buffer(vt.VirtualRange(object(), g))
+    # sizes that are not byte counts at all are the core's to refuse
+    with pytest.raises(ValueError, match="vmm_reserve: size must be a non-negative integer"):
+        cpu.vmm_reserve(-g)
+    with pytest.raises(ValueError, match="vmm_map offset: size must be a non-negative integer"):
+        cpu.vmm_map(cpu.vmm_reserve(g), -g, g)
+    cpu.close()
 
 
 class AliasingCpuBackend(CpuBackend):
@@ -431,7 +503,7 @@ class AliasingCpuBackend(CpuBackend):
     name = "cpu-aliasing"
 
     def __init__(self) -> None:
-        super().__init__(vmm_granularity=4096)
+        super().__init__()
         self.first_fd: int | None = None
 
     def _create_physical(self, nbytes: int) -> int:
@@ -441,8 +513,12 @@ class AliasingCpuBackend(CpuBackend):
         return os.dup(self.first_fd)
 
 
-def test_physical_segment_creation_is_overridable_to_emulate_aliasing() -> None:
+def test_physical_segment_creation_is_overridable_to_emulate_aliasing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VT_CPU_VMM_GRANULARITY", "4096")
     cpu = AliasingCpuBackend()
+    assert cpu.vmm_granularity() == 4096
     vr = cpu.vmm_reserve(2 * 4096)
     buf = cpu.vmm_buffer(vr)
     segs = [cpu.vmm_map(vr, 0, 4096), cpu.vmm_map(vr, 4096, 4096)]

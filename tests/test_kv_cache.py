@@ -9,6 +9,7 @@ from vmm_support import AliasingCpu, InjectingCpu
 from vt.memory import KVCache, KVCacheStats, KVCapacityError
 
 KiB, MiB = 1 << 10, 1 << 20
+F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
 
 
 def host_backend(granularity: int | None = 4 * KiB) -> InjectingCpu:
@@ -240,9 +241,12 @@ def test_kv_store_writes_identically_to_both_kinds() -> None:
             for name in ("k", "v"):
                 backend.copy_h2d(bufs[name], rng.standard_normal((n, row)).astype(np.float32))
             for cache in caches:
-                backend.kv_store(
-                    cache.buffer, layout, layer, bufs["k"], bufs["v"], slots, positions, n, stream
-                )
+                backend.launch(
+                    "kv_store", stream, cache=vt.Tensor(cache.buffer, F32, layout.shape),
+                    k=vt.Tensor(bufs["k"], F32, (n, row)), v=vt.Tensor(bufs["v"], F32, (n, row)),
+                    slots=vt.Tensor(slots, I32, (n,)), positions=vt.Tensor(positions, I32, (n,)),
+                    layout=layout, layer=layer,
+                )  # fmt: skip
         backend.synchronize(stream)
     vmm = caches[1]
     assert vmm.capacity_positions == 320  # grown in 32-position chunks (4 KiB granules)

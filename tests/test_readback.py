@@ -27,7 +27,11 @@ ASYNC_CAPS = vt.Capabilities(
 
 
 class Spy:
-    """Records the protocol calls made on a backend instance (and passes them through)."""
+    """Records the protocol calls made on a backend instance (and passes them through).
+
+    Ops arrive through ``launch(op, stream, **args)``; a launch of one of ``OPS`` is
+    recorded under the op's name, with ``(stream, args)``.
+    """
 
     WATCH = (
         "alloc",
@@ -43,13 +47,21 @@ class Spy:
         "stream_wait_event",
         "synchronize",
         "synchronize_event",
-        "sample",
     )
+    OPS = ("sample",)
 
     def __init__(self, backend: vt.Backend) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         for name in self.WATCH:
             setattr(backend, name, self._wrap(name, getattr(backend, name)))
+        launch = backend.launch
+
+        def launch_op(op: str, stream: vt.Stream, **args: Any) -> None:
+            if op in self.OPS:
+                self.calls.append((op, (stream, args)))
+            launch(op, stream, **args)
+
+        backend.launch = launch_op  # type: ignore[method-assign]
 
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -228,7 +228,8 @@ def test_graphs_follow_the_argument_the_environment_and_the_capability(
 def test_a_failed_capture_ends_the_capture_and_raises(llama: Any) -> None:
     backend = make_backend("cpu")
     capturing = {"on": False}
-    plain_begin, plain_end, plain_add = backend.begin_capture, backend.end_capture, backend.add
+    plain_begin, plain_end = backend.begin_capture, backend.end_capture
+    plain_op = backend.op_matmul_add  # the residual add every layer launches
 
     def begin(stream: vt.Stream) -> None:
         capturing["on"] = True
@@ -238,17 +239,17 @@ def test_a_failed_capture_ends_the_capture_and_raises(llama: Any) -> None:
         capturing["on"] = False
         return plain_end(stream)
 
-    def add(*args: Any) -> None:
+    def matmul_add(stream: vt.Stream, **args: Any) -> None:
         if capturing["on"]:
-            raise ValueError("add refused during capture")
-        plain_add(*args)
+            raise ValueError("matmul_add refused during capture")
+        plain_op(stream, **args)
 
     backend.begin_capture, backend.end_capture = begin, end  # type: ignore[method-assign]
-    backend.add = add  # type: ignore[method-assign]
+    backend.op_matmul_add = matmul_add  # type: ignore[attr-defined]
     with ModelRunner(backend, llama, max_slots=1) as r:
         r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
         r.execute([SeqChunk(slot=0, start_pos=9, token_ids=None, from_previous=True)])
-        with pytest.raises(ValueError, match="add refused during capture"):
+        with pytest.raises(ValueError, match="matmul_add refused during capture"):
             r.execute([SeqChunk(slot=0, start_pos=10, token_ids=None, from_previous=True)])
         assert not capturing["on"]
         r.synchronize()  # the stream is not left capturing

@@ -14,6 +14,8 @@ from vt.registry import Registry
 from vt_tt_stub import TtStubBackend
 from vt_tt_stub.plugin import vt_register_backends
 
+F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
+
 
 @pytest.fixture
 def tt() -> TtStubBackend:
@@ -30,6 +32,11 @@ def download(tt: TtStubBackend, buf: vt.Buffer, dtype=np.float32) -> np.ndarray:
     out = np.empty(buf.nbytes, np.uint8)
     tt.copy_d2h(out, buf)
     return out.view(dtype)
+
+
+def t(buf: vt.Buffer, *shape: int, dtype=F32) -> vt.Tensor:
+    """A typed tensor over ``buf`` (raises if it does not fit)."""
+    return vt.Tensor.of(buf, dtype, *shape)
 
 
 def test_declares_a_discrete_device_and_says_it_is_emulated() -> None:
@@ -51,6 +58,22 @@ def test_declares_a_discrete_device_and_says_it_is_emulated() -> None:
             "supports_async_sampled_token_readback",
         )
     )
+    assert TtStubBackend.emulated  # never chosen by `auto`, only by name
+    # nothing that needs code is derived either: no capability mixin is implemented
+    derived = TtStubBackend().capabilities
+    assert not any(
+        getattr(derived, f)
+        for f in (
+            "events",
+            "pinned_host_memory",
+            "async_d2h_copy",
+            "graphs",
+            "supports_async_sampled_token_readback",
+        )
+    )
+    # only the primitive ops: a fused op runs as its decomposition
+    assert TtStubBackend.op_names() == vt.PRIMITIVE_OPS
+    assert not any(TtStubBackend().supports(op) for op in vt.FUSED_OPS)
     entry = Registry(env={}).get("tt_stub")
     assert entry is not None and entry.status.value == "available" and not entry.violations
     assert "emulated stub" in entry.reason
@@ -70,7 +93,7 @@ def test_host_view_raises_and_handles_are_opaque(tt: TtStubBackend) -> None:
     assert np.asarray(buf.handle).dtype == object  # numpy cannot see through it either
     w = tt.upload_weight(vt.WeightTensor("w", 0, (2, 2), np.eye(2, dtype=np.float32)))
     assert not isinstance(w.handle, np.ndarray) and "tt_stub" in repr(w.handle)
-    with pytest.raises(vt.KernelNotImplementedError, match="vmm_reserve"):
+    with pytest.raises(vt.CapabilityError, match="'tt_stub' does not implement vt.VirtualMemory"):
         tt.vmm_reserve(1 << 20)
 
 
@@ -96,11 +119,18 @@ def test_copies_round_trip_with_offsets(tt: TtStubBackend) -> None:
 
 def test_foreign_buffers_and_weights_are_refused(tt: TtStubBackend) -> None:
     cpu_like = vt.Buffer(np.zeros(8, np.uint8), 8, 0, "cpu")
-    with pytest.raises(ValueError, match="backend 'cpu' is not tt_stub device memory"):
+    with pytest.raises(
+        ValueError, match="copy_d2h src: buffer of backend 'cpu' passed to 'tt_stub'"
+    ):
         tt.copy_d2h(np.empty(8, np.uint8), cpu_like)
+    # a buffer that names no backend still is not tt_stub memory: the backend refuses it
+    anonymous = vt.Buffer(np.zeros(8, np.uint8), 8)
+    with pytest.raises(ValueError, match="is not tt_stub device memory"):
+        tt.copy_d2h(np.empty(8, np.uint8), anonymous)
     w = vt.Weight("w", (2, 2), np.eye(2, dtype=np.float32))
+    s = tt.create_stream()
     with pytest.raises(ValueError, match="weight 'w' was not uploaded to tt_stub"):
-        tt.matmul(tt.alloc(16), tt.alloc(16), w, 2, tt.create_stream())
+        tt.launch("matmul", s, out=t(tt.alloc(16), 2, 2), x=t(tt.alloc(16), 2, 2), weight=w)
 
 
 def test_free_weight_lets_go_of_the_weight_memory(tt: TtStubBackend) -> None:
@@ -110,8 +140,14 @@ def test_free_weight_lets_go_of_the_weight_memory(tt: TtStubBackend) -> None:
     tt.free_weight(w)  # idempotent
     gc.collect()
     assert memory() is None
-    with pytest.raises(ValueError, match="weight 'w' was freed"):
-        tt.matmul(tt.alloc(16), tt.alloc(16), w, 2, tt.create_stream())
+    with pytest.raises(ValueError, match="op matmul: weight 'w' was freed"):
+        tt.launch(
+            "matmul",
+            tt.create_stream(),
+            out=t(tt.alloc(16), 2, 2),
+            x=t(tt.alloc(16), 2, 2),
+            weight=w,
+        )
     with pytest.raises(ValueError, match="weight 'x' was not uploaded to tt_stub"):
         tt.free_weight(vt.Weight("x", (2, 2), np.eye(2, dtype=np.float32)))
 
@@ -125,18 +161,30 @@ def test_kernels_equal_the_reference(tt: TtStubBackend) -> None:
     wt = tt.upload_weight(vt.WeightTensor("w", 0, (4, 8), w))
     bt = tt.upload_weight(vt.WeightTensor("b", 0, (4,), b))
     out = tt.alloc(2 * 4 * 4)
-    tt.matmul(out, upload(tt, x), wt, 2, s, bias=bt)
+    tt.launch("matmul", s, out=t(out, 2, 4), x=t(upload(tt, x), 2, 8), weight=wt, bias=bt)
     gate, up = upload(tt, x.reshape(-1)), upload(tt, x.reshape(-1)[::-1].copy())
     act = tt.alloc(64)
-    tt.silu_mul(act, gate, up, 16, s)
+    tt.launch("silu_mul", s, out=t(act, 1, 16), gate=t(gate, 1, 16), up=t(up, 1, 16))
     rows = tt.alloc(2 * 8 * 4)
-    tt.gather_rows(rows, upload(tt, x), upload(tt, np.array([1, 0], np.int32)), 2, 8, s)
+    tt.launch(
+        "gather_rows",
+        s,
+        out=t(rows, 2, 8),
+        x=t(upload(tt, x), 2, 8),
+        rows=t(upload(tt, np.array([1, 0], np.int32)), 2, dtype=I32),
+    )
     logits = rng.standard_normal((3, 40)).astype(np.float32)
     sp = np.zeros(3, vt.SAMPLE_PARAMS_DTYPE)
     sp["temperature"], sp["top_p"], sp["top_k"] = [0.0, 1.0, 0.8], [1.0, 0.9, 1.0], [0, 0, 5]
     sp["seed"], sp["counter"] = 11, [0, 1, 2]
     ids = tt.alloc(12)
-    tt.sample(ids, upload(tt, logits), upload(tt, sp), 3, 40, s)
+    tt.launch(
+        "sample",
+        s,
+        out=t(ids, 3, dtype=I32),
+        logits=t(upload(tt, logits), 3, 40),
+        params=t(upload(tt, sp), 3, dtype=vt.SAMPLE_PARAMS_DTYPE),
+    )
     tt.synchronize(s)
     assert np.allclose(download(tt, out).reshape(2, 4), ref.matmul(x, w, b), atol=1e-5)
     assert np.allclose(download(tt, act), ref.silu_mul(x.reshape(-1), x.reshape(-1)[::-1]))
@@ -147,5 +195,92 @@ def test_kernels_equal_the_reference(tt: TtStubBackend) -> None:
 def test_kernel_errors_raise_at_the_call(tt: TtStubBackend) -> None:
     s = tt.create_stream()
     table = tt.upload_weight(vt.WeightTensor("emb", 0, (4, 2), np.ones((4, 2), np.float32)))
+    ids = t(upload(tt, np.array([7], np.int32)), 1, dtype=I32)
     with pytest.raises(ValueError, match="embedding: token id 7 is out of range"):
-        tt.embedding(tt.alloc(8), table, upload(tt, np.array([7], np.int32)), 1, s)
+        tt.launch("embedding", s, out=t(tt.alloc(8), 1, 2), ids=ids, table=table)
+
+
+def test_fused_ops_run_as_their_decomposition_and_equal_the_reference(
+    tt: TtStubBackend,
+) -> None:
+    rng = np.random.default_rng(4)
+    s = tt.create_stream("fused")
+    launched: list[str] = []
+    plain_launch = tt.launch
+
+    def launch(op: str, stream: vt.Stream, **args: object) -> None:
+        launched.append(op)
+        plain_launch(op, stream, **args)
+
+    tt.launch = launch  # type: ignore[method-assign]  # the decomposition launches through it
+    n, dim, ffn = 3, 8, 12
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    res = rng.standard_normal((n, dim)).astype(np.float32)
+    wo = rng.standard_normal((dim, dim)).astype(np.float32)
+    wg, wu = (rng.standard_normal((ffn, dim)).astype(np.float32) for _ in range(2))
+    w = {
+        k: tt.upload_weight(vt.WeightTensor(k, 0, a.shape, a))
+        for k, a in (("wo", wo), ("wg", wg), ("wu", wu))
+    }
+    out = tt.alloc(x.nbytes)
+    tt.launch(
+        "matmul_add",
+        s,
+        out=t(out, n, dim),
+        x=t(upload(tt, x), n, dim),
+        weight=w["wo"],
+        residual=t(upload(tt, res), n, dim),
+        scratch=t(tt.alloc(x.nbytes), n, dim),
+    )
+    assert launched == ["matmul_add", "matmul", "add"]
+    launched.clear()
+    act = tt.alloc(n * ffn * 4)
+    tt.launch(
+        "swiglu",
+        s,
+        out=t(act, n, ffn),
+        x=t(upload(tt, x), n, dim),
+        gate=w["wg"],
+        up=w["wu"],
+        scratch_gate=t(tt.alloc(n * ffn * 4), n, ffn),
+        scratch_up=t(tt.alloc(n * ffn * 4), n, ffn),
+    )
+    assert launched == ["swiglu", "matmul", "matmul", "silu_mul"]
+    tt.synchronize(s)
+    assert np.allclose(download(tt, out).reshape(n, dim), res + ref.matmul(x, wo), atol=1e-5)
+    want = ref.silu_mul(ref.matmul(x, wg), ref.matmul(x, wu))
+    assert np.allclose(download(tt, act).reshape(n, ffn), want, atol=1e-5)
+
+
+def test_rope_kv_store_decomposes_into_rope_and_kv_store(tt: TtStubBackend) -> None:
+    rng = np.random.default_rng(5)
+    s = tt.create_stream("rope")
+    layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=4, n_kv_heads=1, head_dim=4)
+    params = vt.RopeParams(head_dim=4, base=50.0)
+    n, n_heads = 3, 2
+    q = rng.standard_normal((n, n_heads * 4)).astype(np.float32)
+    k, v = (rng.standard_normal((n, 4)).astype(np.float32) for _ in range(2))
+    slots, pos = np.array([0, 1, 0], np.int32), np.array([0, 0, 1], np.int32)
+    qb, kb, cache = upload(tt, q), upload(tt, k), tt.alloc(layout.nbytes)
+    tt.memset(cache, 0)
+    tt.launch(
+        "rope_kv_store",
+        s,
+        q=t(qb, n, 8),
+        k=t(kb, n, 4),
+        v=t(upload(tt, v), n, 4),
+        positions=t(upload(tt, pos), n, dtype=I32),
+        slots=t(upload(tt, slots), n, dtype=I32),
+        cache=t(cache, *layout.shape),
+        layout=layout,
+        layer=0,
+        n_heads=n_heads,
+        params=params,
+    )
+    tt.synchronize(s)
+    want_q, want_k = ref.rope(q, pos, n_heads, params), ref.rope(k, pos, 1, params)
+    want_cache = np.zeros(layout.shape, np.float32)
+    ref.kv_store(want_cache, 0, want_k, v, slots, pos)
+    assert np.allclose(download(tt, qb).reshape(n, 8), want_q, atol=1e-6)
+    assert np.allclose(download(tt, kb).reshape(n, 4), want_k, atol=1e-6)
+    assert np.allclose(download(tt, cache).reshape(layout.shape), want_cache, atol=1e-6)

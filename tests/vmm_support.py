@@ -1,4 +1,8 @@
-"""CPU backends for the VMM arena and KV cache tests: failure injection and aliasing."""
+"""CPU backends for the VMM arena and KV cache tests: failure injection and aliasing.
+
+They override the protocol's hooks (``_map_physical``, ``_vmm_unmap``, ...), never the
+public methods, so the core's argument checks still run first.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +16,28 @@ KiB = 1 << 10
 
 
 class InjectingCpu(CpuBackend):
-    """The real CPU backend (memfd segments) with failure injection and bookkeeping."""
+    """The real CPU backend (memfd segments) with failure injection and bookkeeping.
+
+    ``granularity`` is this instance's VMM granularity, declared and used (the plain
+    backend reads ``VT_CPU_VMM_GRANULARITY``; these helpers need one per instance).
+    """
 
     def __init__(self, granularity: int = 4 * KiB, *, declare_alias: bool = False) -> None:
-        super().__init__(vmm_granularity=granularity)
-        if declare_alias:
-            caps = vt.VmmCaps(granularity=granularity, segments_may_alias=True)
-            self.capabilities = self.capabilities.model_copy(update={"vmm": caps})
+        super().__init__()
+        self.granularity = granularity
+        caps = vt.VmmCaps(granularity=granularity, segments_may_alias=declare_alias)
+        self.capabilities = self.capabilities.with_value(
+            "vmm", caps, vt.Source.declared, f"test backend: granularity {granularity}"
+        )
         self.unmapped: list[int] = []  # segment offsets, in unmap order
         self.released_ranges = 0
         self.freed = 0
         self.fail_maps = 0
         self.fail_releases = 0
+
+    def _vmm_granularity(self) -> int:
+        super()._vmm_granularity()  # refuses where the OS has no memfd_create
+        return self.granularity
 
     def _map_physical(self, addr: int, nbytes: int, fd: int) -> None:
         if self.fail_maps:
@@ -31,19 +45,19 @@ class InjectingCpu(CpuBackend):
             raise OSError(errno.ENOMEM, "injected: out of physical memory")
         super()._map_physical(addr, nbytes, fd)
 
-    def vmm_unmap(self, vrange: vt.VirtualRange, segment: vt.Segment) -> None:
-        super().vmm_unmap(vrange, segment)
+    def _vmm_unmap(self, vrange: vt.VirtualRange, segment: vt.Segment) -> None:
+        super()._vmm_unmap(vrange, segment)
         self.unmapped.append(segment.offset)
 
-    def vmm_release(self, vrange: vt.VirtualRange) -> None:
+    def _vmm_release(self, vrange: vt.VirtualRange) -> None:
         if self.fail_releases:
             self.fail_releases -= 1
             raise OSError(errno.EBUSY, "injected: address free failed")
-        super().vmm_release(vrange)
+        super()._vmm_release(vrange)
         self.released_ranges += 1
 
-    def free(self, buf: vt.Buffer) -> None:
-        super().free(buf)
+    def _free(self, buf: vt.Buffer) -> None:
+        super()._free(buf)
         self.freed += 1
 
 

@@ -1,8 +1,8 @@
 """vt: a Python inference runtime for GGUF models with pluggable, capability-checked backends.
 
 This module is vt's public API: a plugin imports only what is exported here, including the
-subpackages ``vt.reference`` (numpy reference kernels, the ``ReferenceOps`` and ``HostMemory`` mixins) and ``vt.gpu`` (the
-shared GPU backend over a runtime adapter).
+subpackages ``vt.reference`` (numpy reference kernels, the ``ReferenceOps`` and
+``HostMemory`` mixins) and ``vt.gpu`` (the shared GPU backend over a runtime adapter).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from .errors import (
     VmmError,
     VtError,
 )
+from .hookspecs import hookimpl, hookspec
 from .mixins import AsyncD2HCopy, Events, Graphs, HostAddressable, PinnedHostMemory, VirtualMemory
 from .ops import FUSED_OPS, OPS, PRIMITIVE_OPS, Arg, OpDef
-from .hookspecs import hookimpl, hookspec
 
 __version__ = "0.1.0"
 

@@ -132,6 +132,14 @@ class Backend:
             raise ValueError(f"{what}: buffer of backend {buf.owner!r} passed to {self.name!r}")
         return buf
 
+    def _own_weight(self, weight: Weight, what: str) -> Weight:
+        if weight.owner and weight.owner != self.name:
+            raise ValueError(
+                f"{what}: weight {weight.name!r} of backend {weight.owner!r} "
+                f"passed to {self.name!r}"
+            )
+        return weight
+
     @staticmethod
     def _fits(buf: Buffer, nbytes: int, what: str) -> None:
         if nbytes > buf.nbytes:
@@ -201,6 +209,11 @@ class Backend:
 
     def copy_d2h_async(self, dst: HostBuffer, src: Buffer, stream: Stream) -> None:
         """Enqueue a copy of ``dst.nbytes`` bytes from ``src`` into (pinned) host memory."""
+        if not isinstance(dst, HostBuffer):
+            raise TypeError(
+                "copy_d2h_async: dst must be a vt.HostBuffer from alloc_pinned, "
+                f"got {type(dst).__name__}"
+            )
         data = _host_bytes(dst, "copy_d2h_async")
         self._fits(self._own(src, "copy_d2h_async src"), data.nbytes, "copy_d2h_async")
         self._copy_d2h_async(dst, src, stream)
@@ -299,10 +312,12 @@ class Backend:
                 f"backend {self.name!r}: upload_weight of {tensor.name!r} returned "
                 f"{weight!r}, not a vt.Weight of shape {tuple(tensor.shape)}"
             )
+        weight.owner = self.name
         return weight
 
     def free_weight(self, weight: Weight) -> None:
         """Let go of the weight's memory (idempotent); the Weight may outlive the call."""
+        self._own_weight(weight, "free_weight")
         if weight.handle is not None:
             self._free_weight(weight)
             weight.handle = None
@@ -332,6 +347,8 @@ class Backend:
         for value in args.values():
             if isinstance(value, Tensor):
                 self._own(value.buffer, f"op {op}")
+            elif isinstance(value, Weight):
+                self._own_weight(value, f"op {op}")
         if self.supports(op):
             getattr(self, f"op_{op}")(stream, **args)
         elif spec.decompose is not None:

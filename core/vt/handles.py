@@ -101,6 +101,14 @@ class Tensor:
     dtype: np.dtype
     shape: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        shape = tuple(self.shape)
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+                raise ValueError(f"tensor shape {shape}: dimension {d!r} is not a size")
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+
     @property
     def nbytes(self) -> int:
         return self.dtype.itemsize * math.prod(self.shape)
@@ -122,7 +130,7 @@ class Tensor:
     @classmethod
     def of(cls, buffer: Buffer, dtype: Any, *shape: int) -> Tensor:
         """A tensor over ``buffer``; raises if ``shape`` of ``dtype`` does not fit."""
-        t = cls(buffer, np.dtype(dtype), tuple(int(d) for d in shape))
+        t = cls(buffer, np.dtype(dtype), shape)
         if t.nbytes > buffer.nbytes:
             raise ValueError(
                 f"tensor {t.shape} of {t.dtype} needs {t.nbytes} bytes, the buffer has "
@@ -157,6 +165,7 @@ class Weight:
     shape: tuple[int, ...]
     handle: Any
     ggml_type: int = 0
+    owner: str = ""  # backend name, set by upload_weight
 
 
 class RopeStyle(str, enum.Enum):

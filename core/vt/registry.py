@@ -37,8 +37,8 @@ from . import envs
 from .backend import Backend, Probe
 from .capabilities import BOOL_FIELDS, CAPABILITY_FIELDS, Capabilities, Source, VmmCaps
 from .errors import BackendUnavailableError, CapabilityError
-from .plugins import ENTRY_POINT_GROUP, PROJECT, VtHookSpecs
 from .mixins import derive_capabilities
+from .plugins import ENTRY_POINT_GROUP, PROJECT, VtHookSpecs
 from .rules import Violation, check
 
 #: The plugin loaded when VT_PLUGINS is set but empty.

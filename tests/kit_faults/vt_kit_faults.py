@@ -13,7 +13,7 @@ import vt
 from vt.reference import kernels as K
 from vt_cpu.backend import CpuBackend
 
-F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
+F32 = np.dtype(np.float32)
 
 
 class OffByOneNormBackend(CpuBackend):
@@ -23,13 +23,11 @@ class OffByOneNormBackend(CpuBackend):
     priority = -100
     description = "cpu with an off-by-one rms_norm (kit fault)"
 
-    def rms_norm(
-        self, out: vt.Buffer, x: vt.Buffer, weight: vt.Weight, n: int, dim: int, eps: float,
-        stream: vt.Stream,
-    ) -> None:  # fmt: skip
-        w = self._weight(weight)
-        xv = self._array(x, F32, (n, dim), "rms_norm x")
-        o = self._array(out, F32, (n, dim), "rms_norm out")
+    def op_rms_norm(
+        self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor, weight: vt.Weight, eps: float
+    ) -> None:
+        w, xv, o = self._weight_array(weight), self._array(x), self._array(out)
+        dim = xv.shape[1]
 
         def run() -> None:
             head = xv[:, : dim - 1]  # the bug: range(dim - 1)
@@ -38,7 +36,7 @@ class OffByOneNormBackend(CpuBackend):
             np.multiply(xv, scale[:, None], out=o)
             np.multiply(o, w, out=o)
 
-        self._launch(stream, "rms_norm", run)
+        self.enqueue_host(stream, "rms_norm", run)
 
 
 class OffByOneAttentionBackend(CpuBackend):
@@ -48,48 +46,45 @@ class OffByOneAttentionBackend(CpuBackend):
     priority = -100
     description = "cpu whose attention drops the last position (kit fault)"
 
-    def attention(
-        self, out: vt.Buffer, q: vt.Buffer, cache: vt.Buffer, layout: vt.KVLayout, layer: int,
-        slots: vt.Buffer, positions: vt.Buffer, n: int, n_heads: int, scale: float,
-        stream: vt.Stream,
+    def op_attention(
+        self, stream: vt.Stream, out: vt.Tensor, q: vt.Tensor, cache: vt.Tensor,
+        slots: vt.Tensor, positions: vt.Tensor, layout: vt.KVLayout, layer: int, n_heads: int,
+        scale: float,
     ) -> None:  # fmt: skip
-        row = (n, n_heads * layout.head_dim)
-        qv = self._array(q, F32, row, "attention q")
-        o = self._array(out, F32, row, "attention out")
-        c = self._array(cache, F32, layout.shape, "attention cache")
-        s = self._array(slots, I32, (n,), "attention slots")
-        p = self._array(positions, I32, (n,), "attention positions")
+        qv, o, c = self._array(q), self._array(out), self._array(cache)
+        s, p = self._array(slots), self._array(positions)
 
         def run() -> None:
             short = np.maximum(p - 1, 0)  # the bug: attends to 0..pos-1
             K.attention(qv, c, layout, layer, s, short, n_heads, scale, out=o)
 
-        self._launch(stream, "attention", run)
+        self.enqueue_host(stream, "attention", run)
 
 
 class NoopEventsBackend(CpuBackend):
-    """Declares events (inherited), but every event is complete the moment it exists."""
+    """Implements the events hooks (so it has events), but every event is complete the
+    moment it exists."""
 
     name = "noop-events"
     priority = -100
     description = "cpu whose events are no-ops while it declares them (kit fault)"
 
-    def create_event(self) -> vt.Event:
+    def _create_event(self) -> vt.Event:
         return vt.Event("noop")
 
-    def destroy_event(self, event: vt.Event) -> None:
+    def _destroy_event(self, event: vt.Event) -> None:
         pass
 
-    def record_event(self, event: vt.Event, stream: vt.Stream) -> None:
+    def _record_event(self, event: vt.Event, stream: vt.Stream) -> None:
         pass
 
-    def query_event(self, event: vt.Event) -> bool:
+    def _query_event(self, event: vt.Event) -> bool:
         return True
 
-    def synchronize_event(self, event: vt.Event) -> None:
+    def _synchronize_event(self, event: vt.Event) -> None:
         pass
 
-    def stream_wait_event(self, stream: vt.Stream, event: vt.Event) -> None:
+    def _stream_wait_event(self, stream: vt.Stream, event: vt.Event) -> None:
         pass
 
 
@@ -101,23 +96,23 @@ class AliasPinnedBackend(CpuBackend):
     priority = -100
     description = "cpu whose pinned memory is (and aliases) device memory (kit fault)"
 
-    def __init__(self, vmm_granularity: int | None = None) -> None:
-        super().__init__(vmm_granularity)
+    def __init__(self) -> None:
+        super().__init__()
         self._pool: list[vt.Buffer] = []
 
-    def alloc(self, nbytes: int) -> vt.Buffer:
+    def _alloc(self, nbytes: int) -> vt.Buffer:
         for i, buf in enumerate(self._pool):
             if buf.nbytes >= nbytes:
                 del self._pool[i]
                 return vt.Buffer(buf.handle, nbytes, buf.offset, self.name)
-        return super().alloc(nbytes)
+        return super()._alloc(nbytes)
 
-    def alloc_pinned(self, nbytes: int) -> vt.HostBuffer:
-        buf = super().alloc(nbytes)
+    def _alloc_pinned(self, nbytes: int) -> vt.HostBuffer:
+        buf = super()._alloc(nbytes)
         self._pool.append(buf)  # the bug: released while still in use as pinned memory
-        return vt.HostBuffer(self.host_view(buf), handle=buf, pinned=True)
+        return vt.HostBuffer(self._host_view(buf), handle=buf, pinned=True)
 
-    def free_pinned(self, buf: vt.HostBuffer) -> None:
+    def _free_pinned(self, buf: vt.HostBuffer) -> None:
         pass
 
 
@@ -128,17 +123,18 @@ class OutOfBoundsAddBackend(CpuBackend):
     priority = -100
     description = "cpu whose add writes past its output (kit fault)"
 
-    def add(self, out: vt.Buffer, a: vt.Buffer, b: vt.Buffer, n: int, stream: vt.Stream) -> None:
-        av = self._array(a, F32, (n,), "add a")
-        bv = self._array(b, F32, (n,), "add b")
-        # the bug: the raw allocation, n + 1 elements, bypassing the size check
-        o = self._mem(out)[out.offset : out.offset + 4 * (n + 1)].view(F32)
+    def op_add(self, stream: vt.Stream, out: vt.Tensor, a: vt.Tensor, b: vt.Tensor) -> None:
+        av, bv = self._array(a), self._array(b)
+        n = out.size
+        # the bug: the raw allocation, n + 1 elements, past the tensor's own bytes
+        buf = out.buffer
+        o = self._mem(buf)[buf.offset : buf.offset + 4 * (n + 1)].view(F32)
 
         def run() -> None:
-            np.add(av, bv, out=o[:n])
+            np.add(av, bv, out=o[:n].reshape(out.shape))
             o[n] = o[n - 1]
 
-        self._launch(stream, "add", run)
+        self.enqueue_host(stream, "add", run)
 
 
 FAULTS: tuple[type[vt.Backend], ...] = (

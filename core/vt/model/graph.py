@@ -332,8 +332,9 @@ class LlamaGraph:
                    weight=w.q_norm, eps=eps)  # fmt: skip
                 k_raw = Tensor(act.attn, F32, (n, kv_dim))
                 op("matmul", out=k_raw, x=h, weight=w.wk, bias=w.bk)
-                op("rms_norm", out=k.reshape(n * c.n_kv_heads, c.head_dim),
-                   x=k_raw.reshape(n * c.n_kv_heads, c.head_dim), weight=w.k_norm, eps=eps)  # fmt: skip
+                heads_k = k_raw.reshape(n * c.n_kv_heads, c.head_dim)
+                op("rms_norm", out=k.reshape(n * c.n_kv_heads, c.head_dim), x=heads_k,
+                   weight=w.k_norm, eps=eps)  # fmt: skip
             else:
                 op("matmul", out=q, x=h, weight=w.wq, bias=w.bq)
                 op("matmul", out=k, x=h, weight=w.wk, bias=w.bk)

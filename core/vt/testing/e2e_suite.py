@@ -5,7 +5,10 @@ Each model is written by the kit (:func:`vt.testing.tiny.write_tiny_gguf`), run 
 prefill, decode steps that take their input id device-side) and compared with
 :class:`~vt.testing.numpy_model.NumpyModel`: logits within the weight type's tolerance,
 greedy ids equal. A greedy id may differ only at a near-tie, where the backend's pick is
-within its allowed logit error of the reference maximum.
+within its allowed logit error of the reference maximum. The model needs the ops its
+architecture declares (``vt.model.graph.ARCHITECTURE_OPS``); a fused one the backend lacks
+runs as its decomposition (the case's detail names them), a primitive one it lacks fails
+the case with the runner's refusal naming the ops.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..model import load_gguf
-from ..model.graph import SUPPORTED_ARCHITECTURES
+from ..model.graph import ARCHITECTURE_OPS, SUPPORTED_ARCHITECTURES
+from ..ops import closure
 from ..runner import ModelRunner, SeqChunk
 from .kit import KitCase, KitContext, KitFailure
 from .numpy_model import NumpyModel
@@ -132,9 +136,12 @@ def _run_model(ctx: KitContext, title: str, arch: str, wtype: str) -> str:
             check.logits(logits[row], seqs[slot], f"decode logits of slot {slot}")
         readback = runner.readback
     n = sum(len(s) for s in seqs.values())
+    native, _ = closure(ARCHITECTURE_OPS[arch], ctx.backend.supports)
+    decomposed = [op for op in ARCHITECTURE_OPS[arch] if op not in native]
     return (
         f"logits within nmse {check.tol:g} and greedy ids equal over {n} positions in 2 slots "
-        f"(readback path {readback})"
+        f"(readback path {readback}"
+        + (f"; decomposed: {', '.join(decomposed)})" if decomposed else ")")
     )
 
 

@@ -1,19 +1,20 @@
 """Device buffers with guard regions, and comparison against the reference.
 
-Every buffer a kernel case hands to the backend is a view into a larger allocation: a
+Every tensor an op case hands to the backend is a view into a larger allocation: a
 canary of :data:`GUARD` bytes before and after it, outputs poisoned with NaN bytes. After
-the kernel, the whole allocation is copied back (``copy_d2h`` works on every backend) and
+the op, the whole allocation is copied back (``copy_d2h`` works on every backend) and
 the canaries, the untouched inputs and the outputs are checked, so an out-of-bounds write,
 a write into an input or an unwritten output element fails with its location.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import Buffer
+from ..backend import Buffer, Tensor
 from .kit import KitContext, KitFailure
 from .tolerances import kernel_tolerance, nmse
 
@@ -32,11 +33,11 @@ class _Guarded:
     raw: Buffer
     buf: Buffer
     written: np.ndarray  # the payload as written
-    role: str  # "input", "output" or "inout"
+    role: str  # "input", "output", "inout" or "scratch"
 
 
 class CaseBuffers:
-    """The guarded buffers of one kernel case; use as a context manager."""
+    """The guarded buffers of one op case; use as a context manager."""
 
     def __init__(self, ctx: KitContext, title: str) -> None:
         self.ctx, self.title = ctx, title
@@ -66,17 +67,28 @@ class CaseBuffers:
         b.copy_h2d(raw, np.concatenate([_CANARY[:GUARD], payload, _CANARY[GUARD:]]))
         return item.buf
 
-    def input(self, name: str, array: np.ndarray) -> Buffer:
-        """A buffer holding ``array``; the kernel must not change it."""
-        return self._add(name, _as_bytes(array).copy(), "input")
+    def input(self, name: str, array: np.ndarray) -> Tensor:
+        """A tensor holding ``array`` (its dtype and shape); the op must not change it."""
+        buf = self._add(name, _as_bytes(array).copy(), "input")
+        return Tensor(buf, array.dtype, tuple(array.shape))
 
-    def inout(self, name: str, array: np.ndarray) -> Buffer:
-        """A buffer holding ``array`` that the kernel updates in place."""
-        return self._add(name, _as_bytes(array).copy(), "inout")
+    def inout(self, name: str, array: np.ndarray) -> Tensor:
+        """A tensor holding ``array`` that the op updates in place."""
+        buf = self._add(name, _as_bytes(array).copy(), "inout")
+        return Tensor(buf, array.dtype, tuple(array.shape))
 
-    def output(self, name: str, nbytes: int) -> Buffer:
-        """A buffer of ``nbytes`` poisoned bytes (NaN as float32) for the kernel to fill."""
-        return self._add(name, np.full(nbytes, POISON, dtype=np.uint8), "output")
+    def output(self, name: str, dtype: np.dtype | type, shape: tuple[int, ...]) -> Tensor:
+        """A tensor of poisoned bytes (NaN as float32, -1 as int32) for the op to fill."""
+        dt, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        nbytes = dt.itemsize * math.prod(shape)
+        return Tensor(self._add(name, np.full(nbytes, POISON, dtype=np.uint8), "output"), dt, shape)
+
+    def scratch(self, name: str, dtype: np.dtype | type, shape: tuple[int, ...]) -> Tensor:
+        """A poisoned tensor the op may use as it likes (a fused op's scratch): its
+        contents are not checked, its guard regions are."""
+        t = self.output(name, dtype, shape)
+        self._items[name].role = "scratch"
+        return t
 
     def _collect(self) -> dict[str, np.ndarray]:
         """Synchronize, copy every allocation back and check canaries and inputs."""
@@ -114,7 +126,7 @@ class CaseBuffers:
         return payloads
 
     def result(self, name: str, dtype: np.dtype | type, shape: tuple[int, ...]) -> np.ndarray:
-        """The payload of buffer ``name`` after the kernel, as ``dtype[shape]``."""
+        """The payload of buffer ``name`` after the op, as ``dtype[shape]``."""
         return self._collect()[name].view(dtype).reshape(shape)
 
 
@@ -125,15 +137,19 @@ def _at(index: int, shape: tuple[int, ...]) -> str:
 def compare(
     ctx: KitContext,
     title: str,
-    kernel: str,
+    op: str,
     dtype: str,
     got: np.ndarray,
     want: np.ndarray,
+    what: str = "",
 ) -> str:
-    """Check ``got`` against the reference ``want`` within the kernel's tolerance."""
+    """Check ``got`` against the reference ``want`` within ``op``'s tolerance for ``dtype``;
+    ``what`` names the output when an op has several."""
+    if what:
+        title = f"{title}: {what}"
     if got.shape != want.shape:
         raise KitFailure(f"{title}: result shape {got.shape} != reference {want.shape}")
-    tol = kernel_tolerance(kernel, dtype)
+    tol = kernel_tolerance(op, dtype)
     if np.issubdtype(want.dtype, np.floating):
         broken = ~np.isfinite(got) & np.isfinite(want)
         if broken.any():

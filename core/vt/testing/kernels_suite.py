@@ -1,9 +1,15 @@
-"""Kernel cases: every kernel of ``vt.MODEL_KERNELS`` against ``vt.reference``.
+"""Op cases: every op of :data:`vt.ops.OPS` against its reference, through ``launch``.
+
+Each case launches one op with :meth:`vt.Backend.launch` on guarded tensors and compares the
+result with the op's reference (``vt.ops.OPS[op].reference`` on numpy arrays), for each
+weight type where the op takes a weight matrix. A primitive op the backend does not support
+is reported as not declared, never as a pass; a fused op it does not support still runs, as
+its decomposition (the case's detail says "decomposed"). The core methods that compute on
+data (``upload_weight``, ``copy_d2d``) have cases too.
 
 Shapes follow what the llama-family model does, plus the edges where off-by-one bugs
 live: odd sizes, a single row, batches of several rows over several KV slots, the first
-and the last cache position, every weight type for ``upload_weight``/``embedding``/
-``matmul``. Inputs are seeded, so a failure reproduces.
+and the last cache position, every weight type. Inputs are seeded, so a failure reproduces.
 """
 
 from __future__ import annotations
@@ -17,9 +23,18 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .. import reference as R
-from ..backend import SAMPLE_PARAMS_DTYPE, KVLayout, RopeParams, RopeStyle, Weight, WeightTensor
+from ..backend import (
+    SAMPLE_PARAMS_DTYPE,
+    Backend,
+    KVLayout,
+    RopeParams,
+    RopeStyle,
+    Weight,
+    WeightTensor,
+)
+from ..ops import OPS, missing_ops
 from .guarded import POISON, CaseBuffers, compare
-from .kit import KitCase, KitContext, KitFailure
+from .kit import CORE_METHODS, KitCase, KitContext, KitFailure, NotDeclared
 from .tiny import quantize_matrix
 from .tolerances import WEIGHT_TYPES
 
@@ -58,6 +73,69 @@ def weight_tensor(name: str, values: np.ndarray, wtype: str) -> tuple[WeightTens
     return tensor, R.dequantize(tensor)
 
 
+def reference(op: str, **args: Any) -> dict[str, np.ndarray]:
+    """Run ``vt.ops.OPS[op].reference`` on copies of ``args`` (numpy arrays for tensors,
+    dequantized float32 arrays for weights; every output passed as an array of its shape);
+    returns every array argument after the call."""
+    arrays = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in args.items()}
+    OPS[op].reference(arrays)
+    return {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)}
+
+
+# --------------------------------------------------------------------------- declared?
+
+
+def _weighted(op: str) -> bool:
+    return bool(OPS[op].weights)
+
+
+def how_it_runs(backend: Backend, op: str, wtype: str = "") -> str:
+    """``"native"``, or ``"decomposed into …"`` for a fused op the backend lacks; raises
+    :class:`NotDeclared` for an op the backend cannot run (for weight type ``wtype``)."""
+    spec = OPS[op]
+
+    def supports(name: str) -> bool:
+        if wtype and _weighted(name):
+            return backend.supports(name, wtype)
+        return backend.supports(name)
+
+    typed = bool(wtype and _weighted(op))
+    for_type = f" for {wtype} weights" if typed else ""
+    if not spec.fused:
+        if supports(op):
+            return "native"
+        call = f"supports({op!r}, {wtype!r})" if typed else f"supports({op!r})"
+        raise NotDeclared(
+            f"not declared: backend {backend.name!r} does not support op {op}{for_type} "
+            f"({call} is False)"
+        )
+    if backend.supports(op):  # what launch() asks
+        return "native"
+    missing = missing_ops([op], supports)
+    if missing:
+        raise NotDeclared(
+            f"not declared: backend {backend.name!r} does not support the fused op {op}"
+            f"{for_type}, and its decomposition needs the op(s) {', '.join(missing)}, which it "
+            "does not support either"
+        )
+    return f"decomposed into {', '.join(spec.parts)}"
+
+
+def op_support(backend: Backend) -> dict[str, str]:
+    """How ``backend`` runs each op of the table: native, decomposed or not declared."""
+    out = {}
+    for op in OPS:
+        try:
+            out[op] = how_it_runs(backend, op).split(" into ")[0]
+        except NotDeclared:
+            out[op] = "not declared"
+    return out
+
+
+def _launch(ctx: KitContext, op: str, **args: Any) -> None:
+    ctx.backend.launch(op, ctx.stream, **args)
+
+
 class _Uploaded:
     """Weights uploaded for one case, freed at the end."""
 
@@ -87,44 +165,71 @@ class _Uploaded:
         return w
 
 
-# --------------------------------------------------------------------------- weights
+# --------------------------------------------------------------------------- core methods
+
+
+def _reads_back(ctx: KitContext, title: str, op: str, wtype: str) -> None:
+    """upload_weight is read back through an op; without it there is nothing to prove."""
+    try:
+        how_it_runs(ctx.backend, op, wtype)
+    except NotDeclared as exc:
+        raise NotDeclared(f"{exc}; {title} reads the uploaded weight back with it") from None
 
 
 def _upload_matrix(ctx: KitContext, title: str, wtype: str, rows: int, cols: int) -> str:
+    _reads_back(ctx, title, "embedding", wtype)
     tensor, ref = weight_tensor("kit.matrix", _normal((rows, cols), "up", wtype), wtype)
     ids = np.arange(rows, dtype=I32)[::-1].copy()
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
         w = up(tensor)
-        out = io.output("out", rows * cols * 4)
-        ctx.backend.embedding(out, w, io.input("ids", ids), rows, ctx.stream)
+        out = io.output("out", F32, (rows, cols))
+        _launch(ctx, "embedding", out=out, ids=io.input("ids", ids), table=w)
         got = io.result("out", F32, (rows, cols))
-        return compare(ctx, title, "upload_weight", wtype, got, ref[ids])
+        detail = compare(ctx, title, "upload_weight", wtype, got, ref[ids])
+        return f"{detail}; read back with embedding"
 
 
 def _upload_vector(ctx: KitContext, title: str, n: int) -> str:
     """A 1-D weight, read back as the bias of a matmul by a zero matrix (exact: out = b)."""
+    _reads_back(ctx, title, "matmul", "F32")
     values = 1.0 + _normal((n,), "vec", scale=0.1)
     tensor, ref = weight_tensor("kit.vector", values, "F32")
     zeros, _ = weight_tensor("kit.zeros", np.zeros((n, 32), dtype=F32), "F32")
     x = _normal((2, 32), "vec-x")
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
         w, b = up(zeros), up(tensor)
-        out = io.output("out", 2 * n * 4)
-        ctx.backend.matmul(out, io.input("x", x), w, 2, ctx.stream, bias=b)
+        out = io.output("out", F32, (2, n))
+        _launch(ctx, "matmul", out=out, x=io.input("x", x), weight=w, bias=b)
         got = io.result("out", F32, (2, n))
-        return compare(ctx, title, "upload_weight", "F32", got, np.stack([ref, ref]))
+        detail = compare(ctx, title, "upload_weight", "F32", got, np.stack([ref, ref]))
+        return f"{detail}; read back as a matmul bias"
+
+
+def _copy_d2d(ctx: KitContext, title: str, size: int, nbytes: int, src_at: int, dst_at: int) -> str:
+    src = _rng("d2d", size).integers(0, 256, size, dtype=np.uint8)
+    want = np.full(size, POISON, dtype=np.uint8)
+    want[dst_at : dst_at + nbytes] = src[src_at : src_at + nbytes]
+    with CaseBuffers(ctx, title) as io:
+        sb, db = io.input("src", src).buffer, io.output("dst", np.uint8, (size,)).buffer
+        ctx.backend.copy_d2d(db.view(dst_at, nbytes), sb.view(src_at, nbytes), nbytes, ctx.stream)
+        got = io.result("dst", np.uint8, (size,))
+        return compare(ctx, title, "copy_d2d", "bytes", got, want)
+
+
+# --------------------------------------------------------------------------- weighted ops
 
 
 def _embedding(ctx: KitContext, title: str, wtype: str, vocab: int, ids: list[int]) -> str:
     dim = in_features(wtype)
     tensor, ref = weight_tensor("kit.embd", _normal((vocab, dim), "embd", wtype), wtype)
     idx = np.asarray(ids, dtype=I32)
+    want = reference("embedding", out=np.zeros((len(ids), dim), F32), ids=idx, table=ref)
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
         w = up(tensor)
-        out = io.output("out", len(ids) * dim * 4)
-        ctx.backend.embedding(out, w, io.input("ids", idx), len(ids), ctx.stream)
+        out = io.output("out", F32, (len(ids), dim))
+        _launch(ctx, "embedding", out=out, ids=io.input("ids", idx), table=w)
         got = io.result("out", F32, (len(ids), dim))
-        return compare(ctx, title, "embedding", wtype, got, R.embedding(ref, idx))
+        return compare(ctx, title, "embedding", wtype, got, want["out"])
 
 
 def _matmul(ctx: KitContext, title: str, wtype: str, n: int, out_f: int, bias: bool) -> str:
@@ -132,14 +237,62 @@ def _matmul(ctx: KitContext, title: str, wtype: str, n: int, out_f: int, bias: b
     tensor, ref = weight_tensor("kit.w", _normal((out_f, in_f), "mm", wtype, out_f), wtype)
     x = _normal((n, in_f), "mm-x", wtype, n)
     b_tensor, b_ref = weight_tensor("kit.b", _normal((out_f,), "mm-b", out_f), "F32")
-    want = R.matmul(x, ref, b_ref if bias else None)
+    args: dict[str, Any] = {"bias": b_ref} if bias else {}
+    want = reference("matmul", out=np.zeros((n, out_f), F32), x=x, weight=ref, **args)
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
         w = up(tensor)
-        bw = up(b_tensor) if bias else None
-        out = io.output("out", n * out_f * 4)
-        ctx.backend.matmul(out, io.input("x", x), w, n, ctx.stream, bias=bw)
+        if bias:
+            args = {"bias": up(b_tensor)}
+        out = io.output("out", F32, (n, out_f))
+        _launch(ctx, "matmul", out=out, x=io.input("x", x), weight=w, **args)
         got = io.result("out", F32, (n, out_f))
-        return compare(ctx, title, "matmul", wtype, got, want)
+        return compare(ctx, title, "matmul", wtype, got, want["out"])
+
+
+def _matmul_add(ctx: KitContext, title: str, wtype: str, n: int, out_f: int, in_place: bool) -> str:
+    in_f = in_features(wtype)
+    tensor, ref = weight_tensor("kit.wo", _normal((out_f, in_f), "mma", wtype, out_f), wtype)
+    x = _normal((n, in_f), "mma-x", wtype, n)
+    residual = _normal((n, out_f), "mma-r", wtype, n)
+    want = reference(
+        "matmul_add", out=np.zeros((n, out_f), F32), x=x, weight=ref, residual=residual,
+        scratch=np.zeros((n, out_f), F32),
+    )  # fmt: skip
+    with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
+        w = up(tensor)
+        scratch = io.scratch("scratch", F32, (n, out_f))
+        if in_place:  # the graph's residual update: out aliases residual
+            r = io.inout("residual", residual)
+            _launch(ctx, "matmul_add", out=r, x=io.input("x", x), weight=w, residual=r,
+                    scratch=scratch)  # fmt: skip
+            got = io.result("residual", F32, (n, out_f))
+        else:
+            out = io.output("out", F32, (n, out_f))
+            _launch(ctx, "matmul_add", out=out, x=io.input("x", x), weight=w,
+                    residual=io.input("residual", residual), scratch=scratch)  # fmt: skip
+            got = io.result("out", F32, (n, out_f))
+        return compare(ctx, title, "matmul_add", wtype, got, want["out"])
+
+
+def _swiglu(ctx: KitContext, title: str, wtype: str, n: int, ffn: int) -> str:
+    dim = in_features(wtype)
+    g_tensor, g_ref = weight_tensor("kit.gate", _normal((ffn, dim), "sw-g", wtype, ffn), wtype)
+    u_tensor, u_ref = weight_tensor("kit.up", _normal((ffn, dim), "sw-u", wtype, ffn), wtype)
+    x = _normal((n, dim), "sw-x", wtype, n)
+    want = reference(
+        "swiglu", out=np.zeros((n, ffn), F32), x=x, gate=g_ref, up=u_ref,
+        scratch_gate=np.zeros((n, ffn), F32), scratch_up=np.zeros((n, ffn), F32),
+    )  # fmt: skip
+    with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
+        gate, upw = up(g_tensor), up(u_tensor)
+        out = io.output("out", F32, (n, ffn))
+        _launch(
+            ctx, "swiglu", out=out, x=io.input("x", x), gate=gate, up=upw,
+            scratch_gate=io.scratch("scratch_gate", F32, (n, ffn)),
+            scratch_up=io.scratch("scratch_up", F32, (n, ffn)),
+        )  # fmt: skip
+        got = io.result("out", F32, (n, ffn))
+        return compare(ctx, title, "swiglu", wtype, got, want["out"])
 
 
 # --------------------------------------------------------------------------- activations
@@ -149,12 +302,13 @@ def _rms_norm(ctx: KitContext, title: str, n: int, dim: int, eps: float) -> str:
     scales = 10.0 ** _rng("rms-s", n, dim).uniform(-2, 2, (n, 1))
     x = (_normal((n, dim), "rms", n, dim) * scales).astype(F32)
     tensor, w_ref = weight_tensor("kit.norm", 1.0 + _normal((dim,), "rms-w", dim, scale=0.1), "F32")
+    want = reference("rms_norm", out=np.zeros_like(x), x=x, weight=w_ref, eps=eps)
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
         w = up(tensor)
-        out = io.output("out", x.nbytes)
-        ctx.backend.rms_norm(out, io.input("x", x), w, n, dim, eps, ctx.stream)
+        out = io.output("out", F32, x.shape)
+        _launch(ctx, "rms_norm", out=out, x=io.input("x", x), weight=w, eps=eps)
         got = io.result("out", F32, x.shape)
-        return compare(ctx, title, "rms_norm", "F32", got, R.rms_norm(x, w_ref, eps))
+        return compare(ctx, title, "rms_norm", "F32", got, want["out"])
 
 
 def _rope(
@@ -163,12 +317,12 @@ def _rope(
     n = len(positions)
     x = _normal((n, n_heads * params.head_dim), "rope", n, n_heads, params.head_dim)
     pos = np.asarray(positions, dtype=I32)
-    want = R.rope(x, pos, n_heads, params)
+    want = reference("rope", x=x, positions=pos, n_heads=n_heads, params=params)
     with CaseBuffers(ctx, title) as io:
-        xb = io.inout("x", x)
-        ctx.backend.rope(xb, io.input("positions", pos), n, n_heads, params, ctx.stream)
+        _launch(ctx, "rope", x=io.inout("x", x), positions=io.input("positions", pos),
+                n_heads=n_heads, params=params)  # fmt: skip
         got = io.result("x", F32, x.shape)
-        return compare(ctx, title, "rope", "F32", got, want)
+        return compare(ctx, title, "rope", "F32", got, want["x"])
 
 
 def _kv_store(
@@ -178,16 +332,28 @@ def _kv_store(
     cache = _normal(layout.shape, "kv-cache", layout)
     k, v = _normal((n, row), "kv-k", n), _normal((n, row), "kv-v", n)
     s, p = np.asarray(slots, dtype=I32), np.asarray(pos, dtype=I32)
-    want = cache.copy()
-    R.kv_store(want, layer, k, v, s, p)
+    want = reference("kv_store", cache=cache, k=k, v=v, slots=s, positions=p, layout=layout,
+                     layer=layer)  # fmt: skip
     with CaseBuffers(ctx, title) as io:
-        cb = io.inout("cache", cache)
-        ctx.backend.kv_store(
-            cb, layout, layer, io.input("k", k), io.input("v", v), io.input("slots", s),
-            io.input("positions", p), n, ctx.stream,
+        _launch(
+            ctx, "kv_store", cache=io.inout("cache", cache), k=io.input("k", k),
+            v=io.input("v", v), slots=io.input("slots", s), positions=io.input("positions", p),
+            layout=layout, layer=layer,
         )  # fmt: skip
         got = io.result("cache", F32, layout.shape)
-        return compare(ctx, title, "kv_store", "F32", got, want)
+        return compare(ctx, title, "kv_store", "F32", got, want["cache"])
+
+
+def _loud_cache(layout: KVLayout, s: np.ndarray, p: np.ndarray, *key: Any) -> np.ndarray:
+    """A random cache whose positions past what any row of a slot may see hold loud values,
+    so reading them shows."""
+    cache = _normal(layout.shape, *key, layout)
+    for slot in range(layout.n_slots):
+        seen = p[s == slot]
+        end = int(seen.max()) + 1 if seen.size else 0
+        cache[end:, slot, :, 0] *= 8.0
+        cache[end:, slot, :, 1] += 50.0
+    return cache
 
 
 def _attention(
@@ -200,73 +366,102 @@ def _attention(
     pos: list[int],
 ) -> str:
     n, hd = len(pos), layout.head_dim
-    cache = _normal(layout.shape, "attn-cache", layout)
     s, p = np.asarray(slots, dtype=I32), np.asarray(pos, dtype=I32)
-    # Positions past what any row of a slot may see get loud values, so reading them shows.
-    for slot in range(layout.n_slots):
-        seen = p[s == slot]
-        end = int(seen.max()) + 1 if seen.size else 0
-        cache[end:, slot, :, 0] *= 8.0
-        cache[end:, slot, :, 1] += 50.0
+    cache = _loud_cache(layout, s, p, "attn-cache")
     q = _normal((n, n_heads * hd), "attn-q", n, n_heads)
     scale = 1.0 / float(np.sqrt(hd))
-    want = R.attention(q, cache, layout, layer, s, p, n_heads, scale)
+    attrs = {"layout": layout, "layer": layer, "n_heads": n_heads, "scale": scale}
+    want = reference("attention", out=np.zeros_like(q), q=q, cache=cache, slots=s, positions=p,
+                     **attrs)  # fmt: skip
     with CaseBuffers(ctx, title) as io:
-        out = io.output("out", q.nbytes)
-        ctx.backend.attention(
-            out, io.input("q", q), io.input("cache", cache), layout, layer, io.input("slots", s),
-            io.input("positions", p), n, n_heads, scale, ctx.stream,
+        out = io.output("out", F32, q.shape)
+        _launch(
+            ctx, "attention", out=out, q=io.input("q", q), cache=io.input("cache", cache),
+            slots=io.input("slots", s), positions=io.input("positions", p), **attrs,
         )  # fmt: skip
         got = io.result("out", F32, q.shape)
-        return compare(ctx, title, "attention", "F32", got, want)
+        return compare(ctx, title, "attention", "F32", got, want["out"])
 
 
-def _silu_mul(ctx: KitContext, title: str, n: int) -> str:
-    gate = _normal((n,), "gate", n, scale=4.0)
-    gate[::97] = -100.0  # exp(-gate) overflows: silu -> -0
-    gate[50::97] = 100.0
-    up = _normal((n,), "up", n)
+def _rope_kv_store(
+    ctx: KitContext,
+    title: str,
+    layout: KVLayout,
+    layer: int,
+    n_heads: int,
+    params: RopeParams,
+    slots: list[int],
+    pos: list[int],
+) -> str:
+    n, hd = len(pos), layout.head_dim
+    s, p = np.asarray(slots, dtype=I32), np.asarray(pos, dtype=I32)
+    cache = _normal(layout.shape, "rkv-cache", layout)
+    q = _normal((n, n_heads * hd), "rkv-q", n, n_heads)
+    k = _normal((n, layout.n_kv_heads * hd), "rkv-k", n)
+    v = _normal((n, layout.n_kv_heads * hd), "rkv-v", n)
+    attrs = {"layout": layout, "layer": layer, "n_heads": n_heads, "params": params}
+    want = reference("rope_kv_store", q=q, k=k, v=v, positions=p, slots=s, cache=cache, **attrs)
     with CaseBuffers(ctx, title) as io:
-        out = io.output("out", gate.nbytes)
-        ctx.backend.silu_mul(out, io.input("gate", gate), io.input("up", up), n, ctx.stream)
-        got = io.result("out", F32, (n,))
-        return compare(ctx, title, "silu_mul", "F32", got, R.silu_mul(gate, up))
+        _launch(
+            ctx, "rope_kv_store", q=io.inout("q", q), k=io.inout("k", k), v=io.input("v", v),
+            positions=io.input("positions", p), slots=io.input("slots", s),
+            cache=io.inout("cache", cache), **attrs,
+        )  # fmt: skip
+        got_cache = io.result("cache", F32, layout.shape)
+        details = [
+            compare(ctx, title, "rope_kv_store", "F32", io.result("q", F32, q.shape), want["q"],
+                    "q"),
+            compare(ctx, title, "rope_kv_store", "F32", io.result("k", F32, k.shape), want["k"],
+                    "k"),
+            # the roped K plane within rope's tolerance; the V plane is a plain copy: exact
+            compare(ctx, title, "rope_kv_store", "F32", got_cache[:, :, :, 0],
+                    want["cache"][:, :, :, 0], "cache K"),
+            compare(ctx, title, "kv_store", "F32", got_cache[:, :, :, 1],
+                    want["cache"][:, :, :, 1], "cache V"),
+        ]  # fmt: skip
+        return "; ".join(
+            f"{w} {d}" for w, d in zip(("q", "k", "cache K", "cache V"), details, strict=True)
+        )
 
 
-def _add(ctx: KitContext, title: str, n: int, in_place: bool) -> str:
-    a, b = _normal((n,), "add-a", n), _normal((n,), "add-b", n)
+def _silu_mul(ctx: KitContext, title: str, n: int, dim: int) -> str:
+    gate = _normal((n, dim), "gate", n, dim, scale=4.0)
+    flat = gate.reshape(-1)
+    flat[::97] = -100.0  # exp(-gate) overflows: silu -> -0
+    flat[50::97] = 100.0
+    up = _normal((n, dim), "up", n, dim)
+    want = reference("silu_mul", out=np.zeros_like(gate), gate=gate, up=up)
     with CaseBuffers(ctx, title) as io:
-        if in_place:  # the runner's residual update: out aliases a
+        out = io.output("out", F32, gate.shape)
+        _launch(ctx, "silu_mul", out=out, gate=io.input("gate", gate), up=io.input("up", up))
+        got = io.result("out", F32, gate.shape)
+        return compare(ctx, title, "silu_mul", "F32", got, want["out"])
+
+
+def _add(ctx: KitContext, title: str, n: int, dim: int, in_place: bool) -> str:
+    a, b = _normal((n, dim), "add-a", n, dim), _normal((n, dim), "add-b", n, dim)
+    want = reference("add", out=np.zeros_like(a), a=a, b=b)
+    with CaseBuffers(ctx, title) as io:
+        if in_place:  # a residual update: out aliases a
             ab = io.inout("a", a)
-            ctx.backend.add(ab, ab, io.input("b", b), n, ctx.stream)
-            got = io.result("a", F32, (n,))
+            _launch(ctx, "add", out=ab, a=ab, b=io.input("b", b))
+            got = io.result("a", F32, a.shape)
         else:
-            out = io.output("out", a.nbytes)
-            ctx.backend.add(out, io.input("a", a), io.input("b", b), n, ctx.stream)
-            got = io.result("out", F32, (n,))
-        return compare(ctx, title, "add", "F32", got, R.add(a, b))
+            out = io.output("out", F32, a.shape)
+            _launch(ctx, "add", out=out, a=io.input("a", a), b=io.input("b", b))
+            got = io.result("out", F32, a.shape)
+        return compare(ctx, title, "add", "F32", got, want["out"])
 
 
 def _gather_rows(ctx: KitContext, title: str, m: int, dim: int, rows: list[int]) -> str:
     x = _normal((m, dim), "gather", m, dim)
     r = np.asarray(rows, dtype=I32)
+    want = reference("gather_rows", out=np.zeros((len(rows), dim), F32), x=x, rows=r)
     with CaseBuffers(ctx, title) as io:
-        out = io.output("out", len(rows) * dim * 4)
-        ctx.backend.gather_rows(out, io.input("x", x), io.input("rows", r), len(rows), dim,
-                                ctx.stream)  # fmt: skip
+        out = io.output("out", F32, (len(rows), dim))
+        _launch(ctx, "gather_rows", out=out, x=io.input("x", x), rows=io.input("rows", r))
         got = io.result("out", F32, (len(rows), dim))
-        return compare(ctx, title, "gather_rows", "F32", got, R.gather_rows(x, r))
-
-
-def _copy_d2d(ctx: KitContext, title: str, size: int, nbytes: int, src_at: int, dst_at: int) -> str:
-    src = _rng("d2d", size).integers(0, 256, size, dtype=np.uint8)
-    want = np.full(size, POISON, dtype=np.uint8)
-    want[dst_at : dst_at + nbytes] = src[src_at : src_at + nbytes]
-    with CaseBuffers(ctx, title) as io:
-        sb, db = io.input("src", src), io.output("dst", size)
-        ctx.backend.copy_d2d(db.view(dst_at, nbytes), sb.view(src_at, nbytes), nbytes, ctx.stream)
-        got = io.result("dst", np.uint8, (size,))
-        return compare(ctx, title, "copy_d2d", "bytes", got, want)
+        return compare(ctx, title, "gather_rows", "F32", got, want["out"])
 
 
 # --------------------------------------------------------------------------- sampling
@@ -305,33 +500,41 @@ def sample_params(logits: np.ndarray, rows: list[tuple[float, float, int, int]])
     return params
 
 
-def _sample(ctx: KitContext, title: str, rows: list[tuple[float, float, int, int]]) -> str:
+def _sample(
+    ctx: KitContext, title: str, seed: str, rows: list[tuple[float, float, int, int]]
+) -> str:
     n, vocab = len(rows), 301
-    logits = _normal((n, vocab), "sample", title, scale=2.0)
-    if "ties" in title:
+    logits = _normal((n, vocab), "sample", seed, scale=2.0)
+    if "ties" in seed:
         logits[0, [17, 200]] = logits[0].max() + 1.0  # equal maxima: the lowest id wins
         logits[1, ::3] = -np.inf
         logits[2] = 0.5
     params = sample_params(logits, rows)
-    want = R.sample(logits, params)
+    want = reference("sample", out=np.zeros(n, I32), logits=logits, params=params)
     with CaseBuffers(ctx, title) as io:
-        out = io.output("ids", n * 4)
-        ctx.backend.sample(out, io.input("logits", logits), io.input("params", params), n, vocab,
-                           ctx.stream)  # fmt: skip
+        out = io.output("ids", I32, (n,))
+        _launch(ctx, "sample", out=out, logits=io.input("logits", logits),
+                params=io.input("params", params))  # fmt: skip
         got = io.result("ids", I32, (n,))
-        return compare(ctx, title, "sample", "F32", got, want)
+        return compare(ctx, title, "sample", "F32", got, want["out"])
 
 
 # --------------------------------------------------------------------------- the cases
 
 
-def _case(kernel: str, label: str, dtype: str, fn: Callable[..., str], **kw: Any) -> KitCase:
-    title = f"kernel {kernel}[{label}]"
-    return KitCase("kernel", kernel, label, dtype, partial(_bound, fn, title, kw))
+def _case(unit: str, label: str, dtype: str, fn: Callable[..., str], **kw: Any) -> KitCase:
+    category = "core" if unit in CORE_METHODS else "op"
+    title = f"{category} {unit}[{label}]"
+    return KitCase(category, unit, label, dtype, partial(_bound, unit, fn, title, kw))
 
 
-def _bound(fn: Callable[..., str], title: str, kw: dict[str, Any], ctx: KitContext) -> str:
-    return fn(ctx, title, **kw)
+def _bound(
+    unit: str, fn: Callable[..., str], title: str, kw: dict[str, Any], ctx: KitContext
+) -> str:
+    if unit not in OPS:
+        return fn(ctx, title, **kw)
+    how = how_it_runs(ctx.backend, unit, kw.get("wtype", ""))
+    return f"{fn(ctx, title, **kw)}; {how}"
 
 
 def _rope_cases() -> list[KitCase]:
@@ -372,6 +575,16 @@ def _cache_cases() -> list[KitCase]:
             _case("attention", label, "F32", _attention, layout=layout, layer=layer,
                   n_heads=heads, slots=slots, pos=pos)
         )  # fmt: skip
+    neox = RopeParams(16, 1e6, RopeStyle.neox)
+    for label, layout, layer, heads, params, slots, pos in (
+        ("normal,n=1,last-pos", kv, 1, 4, RopeParams(16), [2], [10]),
+        ("neox,n=5,3-slots", kv, 0, 4, neox, [0, 0, 0, 1, 2], [0, 1, 2, 5, 10]),
+        ("normal,n=3,no-gqa,hd=64", wide, 0, 2, RopeParams(64, 500000.0), [1, 1, 0], [6, 7, 8]),
+    ):
+        cases.append(
+            _case("rope_kv_store", label, "F32", _rope_kv_store, layout=layout, layer=layer,
+                  n_heads=heads, params=params, slots=slots, pos=pos)
+        )  # fmt: skip
     return cases
 
 
@@ -387,17 +600,12 @@ def _sample_cases() -> list[KitCase]:
         ("mixed,n=5", [(0.0, 1.0, 0, 0), (0.9, 0.95, 50, 41), (1.0, 1.0, -1, 42),
                        (0.6, 0.5, 10, 43), (2.0, 1.0, 3, 2**32 - 1)]),
     ]  # fmt: skip
-    return [_case("sample", label, "F32", _sample, rows=rows) for label, rows in specs]
+    return [_case("sample", label, "F32", _sample, seed=label, rows=rows) for label, rows in specs]
 
 
-def kernel_cases() -> list[KitCase]:
-    """Every kernel case, grouped by kernel in ``vt.MODEL_KERNELS`` order."""
-    cases = [
-        _case("upload_weight", f"{wt},37x{in_features(wt)}", wt, _upload_matrix, wtype=wt,
-              rows=37, cols=in_features(wt))
-        for wt in WEIGHT_TYPES
-    ]  # fmt: skip
-    cases.append(_case("upload_weight", "F32,vector-67", "F32", _upload_vector, n=67))
+def op_cases() -> list[KitCase]:
+    """Every op case in :data:`vt.ops.OPS` order, then the core methods' cases."""
+    cases: list[KitCase] = []
     ids = [36, 0, 5, 5, 17, 36, 1]
     cases += [
         _case("embedding", f"{wt},n=7", wt, _embedding, wtype=wt, vocab=37, ids=ids)
@@ -423,14 +631,39 @@ def kernel_cases() -> list[KitCase]:
     )  # fmt: skip
     cases += _rope_cases()
     cases += _cache_cases()
-    cases += [_case("silu_mul", f"n={n}", "F32", _silu_mul, n=n) for n in (1, 1001)]
-    adds = (("n=1", 1, False), ("n=1001", 1001, False), ("n=1001,in-place", 1001, True))
-    cases += [_case("add", label, "F32", _add, n=n, in_place=ip) for label, n, ip in adds]
+    cases += [
+        _case("silu_mul", f"{n}x{d}", "F32", _silu_mul, n=n, dim=d) for n, d in ((1, 1), (7, 143))
+    ]
+    adds = (("1x1", 1, 1, False), ("7x143", 7, 143, False), ("7x143,in-place", 7, 143, True))
+    cases += [_case("add", lb, "F32", _add, n=n, dim=d, in_place=ip) for lb, n, d, ip in adds]
     cases += [
         _case("gather_rows", f"n={len(r)},dim=67", "F32", _gather_rows, m=5, dim=67, rows=r)
         for r in ([3], [4, 0, 4, 2])
     ]
     cases += _sample_cases()
+    # fused ops: run natively, or as their decomposition where the backend lacks them
+    cases += [
+        _case("matmul_add", f"{wt},n=5,37x{in_features(wt)},in-place", wt, _matmul_add,
+              wtype=wt, n=5, out_f=37, in_place=True)
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(
+        _case("matmul_add", "F32,n=1,37x67", "F32", _matmul_add, wtype="F32", n=1, out_f=37,
+              in_place=False)
+    )  # fmt: skip
+    cases += [
+        _case("swiglu", f"{wt},n=5,37x{in_features(wt)}", wt, _swiglu, wtype=wt, n=5, ffn=37)
+        for wt in WEIGHT_TYPES
+    ]
+    cases.append(_case("swiglu", "F32,n=1,37x67", "F32", _swiglu, wtype="F32", n=1, ffn=37))
+    cases.sort(key=lambda c: list(OPS).index(c.unit))  # table order (stable)
+    # core methods
+    cases += [
+        _case("upload_weight", f"{wt},37x{in_features(wt)}", wt, _upload_matrix, wtype=wt,
+              rows=37, cols=in_features(wt))
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(_case("upload_weight", "F32,vector-67", "F32", _upload_vector, n=67))
     cases += [
         _case("copy_d2d", "1001-bytes,offsets", "bytes", _copy_d2d, size=4096, nbytes=1001,
               src_at=3, dst_at=5),

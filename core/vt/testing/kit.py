@@ -1,6 +1,7 @@
 """The conformance kit's cases and the context they run in, independent of pytest.
 
-A :class:`KitCase` is one check of one backend: a kernel on one shape and dtype, one
+A :class:`KitCase` is one check of one backend: an op of :data:`vt.ops.OPS` (or a core
+method that computes on data: ``upload_weight``, ``copy_d2d``) on one shape and dtype, one
 capability contract, or one tiny model end to end. The pytest plugin
 (:mod:`vt.testing.pytest_plugin`) turns each case into a test item; ``vt audit --matrix``
 (:mod:`vt.testing.matrix`) runs them directly. A case that executes no check fails.
@@ -15,19 +16,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..backend import MODEL_KERNELS, Backend, Stream
+from ..backend import Backend, Stream
+from ..ops import OPS
 from ..registry import Registry, default_registry
 
-Category = Literal["kernel", "contract", "model"]
-CATEGORIES: tuple[Category, ...] = ("kernel", "contract", "model")
+Category = Literal["op", "core", "contract", "model"]
+CATEGORIES: tuple[Category, ...] = ("op", "core", "contract", "model")
+
+#: Core methods (not ops) that the kit checks against the reference like ops.
+CORE_METHODS: tuple[str, ...] = ("upload_weight", "copy_d2d")
 
 
 class KitFailure(AssertionError):
-    """A backend broke a kernel's or a contract's expectation; the message names which."""
+    """A backend broke an op's or a contract's expectation; the message names which."""
 
 
 class NotDeclared(Exception):  # noqa: N818 - an outcome, like pytest's Skipped
-    """The backend does not declare the capability a contract proves."""
+    """The backend does not declare what a case proves: a capability, or an op."""
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,9 @@ class KitCase:
     """One conformance check. ``run`` returns a one-line detail, or raises KitFailure."""
 
     category: Category
-    unit: str  # the kernel name, contract id or model id the case belongs to
+    unit: str  # the op or core method, contract id or model id the case belongs to
     label: str  # the case's parameters ("" when the unit has one case)
-    dtype: str  # weight type (or "F32" for activation kernels; "" for contracts)
+    dtype: str  # weight type ("F32" for ops on activations only; "" for contracts)
     run: Callable[[KitContext], str] = field(repr=False, compare=False)
     capability: str | None = None  # contracts: the capability that must be declared
 
@@ -123,23 +128,31 @@ def run_case(case: KitCase, ctx: KitContext) -> str:
     return detail
 
 
-def _no_cases(kernel: str) -> KitCase:
+def _no_cases(category: Category, unit: str, where: str) -> KitCase:
     def run(ctx: KitContext) -> str:
         raise KitFailure(
-            f"kernel {kernel}: vt.MODEL_KERNELS lists it but the conformance kit has no case "
-            "for it, so nothing would prove it"
+            f"{category} {unit}: {where} lists it but the conformance kit has no case for it, "
+            "so nothing would prove it"
         )
 
-    return KitCase("kernel", kernel, "no-cases", "", run)
+    return KitCase(category, unit, "no-cases", "", run)
 
 
 def all_cases() -> list[KitCase]:
-    """Every case, in run order: kernels, contracts, models. Each model kernel has cases."""
+    """Every case, in run order: ops, core methods, contracts, models. Every op of
+    :data:`vt.ops.OPS` and every core method has cases; one without fails by name."""
     from .contracts_suite import contract_cases
     from .e2e_suite import model_cases
-    from .kernels_suite import kernel_cases
+    from .kernels_suite import op_cases
 
-    kernels = kernel_cases()
-    covered = {c.unit for c in kernels}
-    kernels += [_no_cases(k) for k in MODEL_KERNELS if k not in covered]
-    return kernels + contract_cases() + model_cases()
+    cases = op_cases()
+    covered = {(c.category, c.unit) for c in cases}
+    ops = [c for c in cases if c.category == "op"]
+    ops += [_no_cases("op", op, "vt.OPS") for op in OPS if ("op", op) not in covered]
+    core = [c for c in cases if c.category == "core"]
+    core += [
+        _no_cases("core", m, "vt.testing.kit.CORE_METHODS")
+        for m in CORE_METHODS
+        if ("core", m) not in covered
+    ]
+    return ops + core + contract_cases() + model_cases()

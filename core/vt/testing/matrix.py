@@ -1,4 +1,4 @@
-"""The kit's results as a support matrix per backend: kernel x dtype, capability, model.
+"""The kit's results as a support matrix per backend: op x dtype, capability, model.
 
 ``vt audit --matrix`` runs the kit in-process (:func:`run_matrix`); ``pytest --vt-backend
 NAME --vt-matrix PATH`` builds the same matrix from the pytest run
@@ -77,10 +77,10 @@ class Summary:
         return sum(self.count(c, "fail") for c in CATEGORIES) + self.extra_failed
 
     def line(self, name: str) -> str:
-        k, c, m = (self.count(cat, "pass") for cat in CATEGORIES)
+        o, k, c, m = (self.count(cat, "pass") for cat in CATEGORIES)
         return (
-            f"vt conformance [{name}]: {k} kernels, {c} contracts, {m} models passed "
-            f"({self.failed} failed)"
+            f"vt conformance [{name}]: {o} ops, {k} core methods, {c} contracts, {m} models "
+            f"passed ({self.failed} failed)"
         )
 
     def details(self) -> list[str]:
@@ -93,7 +93,12 @@ class Summary:
         ]
         if failed:
             lines.append("failed: " + ", ".join(failed))
-        undeclared = [u for u, r in self.units.get("contract", {}).items() if r == "not declared"]
+        undeclared = [
+            f"{cat} {unit}"
+            for cat in CATEGORIES
+            for unit, r in self.units.get(cat, {}).items()
+            if r == "not declared"
+        ]
         if undeclared:
             lines.append("not declared: " + ", ".join(undeclared))
         return lines
@@ -112,6 +117,7 @@ class BackendMatrix(BaseModel):
     tested: bool
     reason: str = ""  # why it was not tested
     capabilities: dict[str, object] = {}
+    ops: dict[str, str] = {}  # op -> native, decomposed or not declared
     results: list[CaseResult] = []
 
     @property
@@ -138,6 +144,7 @@ def matrix_from_results(
     command: str,
     capabilities: dict[str, dict[str, object]],
     not_started: dict[str, str],
+    ops: dict[str, dict[str, str]] | None = None,
 ) -> SupportMatrix:
     """A matrix from cases already run (the pytest plugin's results)."""
     backends = [
@@ -147,6 +154,7 @@ def matrix_from_results(
             name=n,
             tested=True,
             capabilities=capabilities.get(n, {}),
+            ops=(ops or {}).get(n, {}),
             results=[r for r in results if r.backend == n],
         )
         for n in names
@@ -157,6 +165,7 @@ def matrix_from_results(
 def run_backend(name: str, registry: Registry) -> BackendMatrix:
     """Run every kit case on backend ``name`` in this process."""
     from ..errors import VtError
+    from .kernels_suite import op_support
     from .kit import KitContext, KitFailure, NotDeclared, Shared, all_cases, run_case
 
     shared = Shared()
@@ -168,6 +177,7 @@ def run_backend(name: str, registry: Registry) -> BackendMatrix:
         results = []
         try:
             caps = ctx.backend.capabilities.summary()
+            ops = op_support(ctx.backend)
             for case in all_cases():
                 try:
                     results.append(CaseResult.of(name, case, "pass", run_case(case, ctx)))
@@ -180,7 +190,7 @@ def run_backend(name: str, registry: Registry) -> BackendMatrix:
                     results.append(CaseResult.of(name, case, "fail", detail))
         finally:
             ctx.close()
-        return BackendMatrix(name=name, tested=True, capabilities=caps, results=results)
+        return BackendMatrix(name=name, tested=True, capabilities=caps, ops=ops, results=results)
     finally:
         shared.close()
 

@@ -2,7 +2,7 @@
 
 Whole-sequence attention with an explicit causal mask and grouped-query heads: no KV
 cache, no batching, no backend. Only dequantization and RoPE come from ``vt.reference``
-(they are checked kernel by kernel on their own).
+(the kit checks them op by op on their own).
 """
 
 from __future__ import annotations

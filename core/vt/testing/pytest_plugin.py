@@ -3,13 +3,16 @@
 Installed with vt (entry point ``pytest11``), so a backend's own CI runs the kit with
 nothing copied. Without ``--vt-backend`` the plugin adds nothing to a test run.
 
-For each named backend the kit adds one test per kernel case, capability contract and
-tiny model, under ``vt-conformance[NAME]::kernels|contracts|models::...``, plus a final
-``executed`` test that fails when nothing was proven. A backend that cannot be started
-(unknown, unavailable, rejected, broken) fails every one of its tests at setup with the
-registry's recorded reason; a contract whose capability is not declared is reported as
-skipped "not declared", never as a pass. The terminal summary says, per backend,
-``vt conformance [NAME]: K kernels, C contracts, M models passed (F failed)``.
+For each named backend the kit adds one test per op case (every op of ``vt.OPS`` on its
+shapes and weight types), core-method case (``upload_weight``, ``copy_d2d``), capability
+contract and tiny model, under ``vt-conformance[NAME]::ops|core|contracts|models::...``,
+plus a final ``executed`` test that fails when nothing was proven. A backend that cannot be
+started (unknown, unavailable, rejected, broken) fails every one of its tests at setup with
+the registry's recorded reason; a contract whose capability is not declared, or a primitive
+op the backend does not support, is reported as skipped "not declared", never as a pass (a
+fused op it does not support runs as its decomposition). The terminal summary says, per
+backend, ``vt conformance [NAME]: O ops, K core methods, C contracts, M models passed (F
+failed)``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
     from .kit import KitCase, KitContext, Shared
     from .matrix import CaseResult
 
-_CATEGORY_NODES = {"kernel": "kernels", "contract": "contracts", "model": "models"}
+_CATEGORY_NODES = {"op": "ops", "core": "core", "contract": "contracts", "model": "models"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -83,6 +86,7 @@ class KitPlugin:
         self.message: dict[str, str] = {}
         self.not_started: dict[str, str] = {}  # backend -> the registry's reason
         self.capabilities: dict[str, dict[str, object]] = {}  # effective, per started backend
+        self.ops: dict[str, dict[str, str]] = {}  # how each started backend runs each op
 
     # ---- collection
     @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they apply to the kit
@@ -160,7 +164,7 @@ class KitPlugin:
 
             command = f"pytest --vt-backend {','.join(self.names)}"
             matrix = matrix_from_results(
-                self.names, self.results(), command, self.capabilities, self.not_started
+                self.names, self.results(), command, self.capabilities, self.not_started, self.ops
             )
             Path(path).write_text(matrix.render(Path(path).suffix == ".md"))
 
@@ -210,12 +214,14 @@ class BackendNode(pytest.Collector):
 
     def setup(self) -> None:
         from ..errors import VtError
+        from .kernels_suite import op_support
         from .kit import KitContext
 
         try:
             plugin = _plugin(self.config)
             self.ctx = KitContext.start(self.backend, plugin.shared)
             plugin.capabilities[self.backend] = self.ctx.backend.capabilities.summary()
+            plugin.ops[self.backend] = op_support(self.ctx.backend)
             return
         except VtError as exc:
             reason = str(exc)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Weight types the model kernels take (``upload_weight``, ``embedding``, ``matmul``).
+#: Weight types the ops with weight matrices take (``embedding``, ``matmul``, ``matmul_add``,
+#: ``swiglu``) and ``upload_weight`` stores.
 WEIGHT_TYPES: tuple[str, ...] = (
     "F32",
     "F16",
@@ -25,7 +26,7 @@ WEIGHT_TYPES: tuple[str, ...] = (
 )
 FLOAT_TYPES: tuple[str, ...] = ("F32", "F16", "BF16")
 
-#: ``kernel -> {dtype or "*": bound}``. Activation kernels use dtype ``"F32"``.
+#: ``op (or core method) -> {dtype or "*": bound}``. Ops on activations only use ``"F32"``.
 KERNEL_NMSE: dict[str, dict[str, float]] = {
     # Dequantizing a float type is exact; a quantized block is scale * q (+ min), where an
     # FMA or another operation order may differ by an ulp.
@@ -34,6 +35,12 @@ KERNEL_NMSE: dict[str, dict[str, float]] = {
     # F32 allows TF32-class accumulation; F16/BF16 allow activations in that type; quantized
     # types allow 8-bit activation quantization.
     "matmul": {"F32": 1e-6, "F16": 1e-5, "BF16": 1e-5, "*": 1e-3},
+    # A projection with the residual add in its epilogue: the matmul's error, relative to a
+    # result that the residual only makes larger.
+    "matmul_add": {"F32": 1e-6, "F16": 1e-5, "BF16": 1e-5, "*": 1e-3},
+    # silu(x @ gate.T) * (x @ up.T): the product of two projections, each with matmul's
+    # error, so their relative errors add.
+    "swiglu": {"F32": 2e-6, "F16": 2e-5, "BF16": 2e-5, "*": 2e-3},
     "rms_norm": {"*": 1e-9},
     # theta = position * inv_freq in float32 loses ~position * 2**-24 radians.
     "rope": {"*": 1e-6},
@@ -42,6 +49,8 @@ KERNEL_NMSE: dict[str, dict[str, float]] = {
     "add": {"*": 0.0},
     "gather_rows": {"*": 0.0},
     "kv_store": {"*": 0.0},
+    # rope's bound for q, k and the K plane of the cache (the V plane is checked as kv_store)
+    "rope_kv_store": {"*": 1e-6},
     "copy_d2d": {"*": 0.0},
     "sample": {"*": 0.0},  # ids: greedy exact, seeded draws equal to vt.reference.sample
 }
@@ -50,9 +59,9 @@ KERNEL_NMSE: dict[str, dict[str, float]] = {
 MODEL_NMSE: dict[str, float] = {"F32": 1e-5, "F16": 1e-5, "BF16": 1e-5, "*": 2e-3}
 
 
-def kernel_tolerance(kernel: str, dtype: str) -> float:
-    """The normalized-MSE bound for ``kernel`` on ``dtype``."""
-    table = KERNEL_NMSE[kernel]
+def kernel_tolerance(op: str, dtype: str) -> float:
+    """The normalized-MSE bound for ``op`` (or a core method) on ``dtype``."""
+    table = KERNEL_NMSE[op]
     return table.get(dtype, table.get("*", 0.0))
 
 
