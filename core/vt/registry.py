@@ -33,11 +33,11 @@ from typing import Any
 import pluggy
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from . import envs
+from . import envs, hookspecs
 from .backend import Backend, Probe
 from .capabilities import BOOL_FIELDS, CAPABILITY_FIELDS, Capabilities, Source, VmmCaps
 from .errors import BackendUnavailableError, CapabilityError
-from .plugins import ENTRY_POINT_GROUP, PROJECT, VtHookSpecs
+from .hookspecs import ENTRY_POINT_GROUP, PROJECT
 from .rules import Violation, check
 
 #: The plugin loaded when VT_PLUGINS is set but empty.
@@ -265,7 +265,7 @@ class Registry:
         self._env = env
         self._entries: list[Entry] | None = None
         self.plugin_manager = pluggy.PluginManager(PROJECT)
-        self.plugin_manager.add_hookspecs(VtHookSpecs)
+        self.plugin_manager.add_hookspecs(hookspecs)
 
     # ---- discovery
     def entries(self) -> list[Entry]:
