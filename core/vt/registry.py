@@ -33,12 +33,12 @@ from typing import Any
 import pluggy
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from . import envs
+from . import envs, hookspecs
 from .backend import Backend, Probe
 from .capabilities import BOOL_FIELDS, CAPABILITY_FIELDS, Capabilities, Source, VmmCaps
 from .errors import BackendUnavailableError, CapabilityError
+from .hookspecs import ENTRY_POINT_GROUP, PROJECT
 from .mixins import derive_capabilities
-from .plugins import ENTRY_POINT_GROUP, PROJECT, VtHookSpecs
 from .rules import Violation, check
 
 #: The plugin loaded when VT_PLUGINS is set but empty.
@@ -268,7 +268,7 @@ class Registry:
         self._env = env
         self._entries: list[Entry] | None = None
         self.plugin_manager = pluggy.PluginManager(PROJECT)
-        self.plugin_manager.add_hookspecs(VtHookSpecs)
+        self.plugin_manager.add_hookspecs(hookspecs)
 
     # ---- discovery
     def entries(self) -> list[Entry]:
