@@ -13,9 +13,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import vt
-from gguf import GGMLQuantizationType
-from vt.testing.tiny import quantize_matrix
 from vt_cuda.caps import ATTRIBUTES, DeviceProfile
 
 
@@ -254,14 +251,6 @@ class FakeDriver:
             return (CUresult.CUDA_SUCCESS, *impl(*args))
 
         return call
-
-
-def weight_tensor(name: str, values: np.ndarray, wtype: str) -> vt.WeightTensor:
-    """``values`` stored as GGML type ``wtype``, as the GGUF loader hands a tensor over."""
-    qtype = GGMLQuantizationType[wtype]
-    data = values.astype(np.float32) if wtype == "F32" else quantize_matrix(values, qtype)
-    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    return vt.WeightTensor(name, int(qtype), tuple(values.shape), raw)
 
 
 class nvrtcResult(enum.IntEnum):  # noqa: N801

@@ -1,22 +1,17 @@
 """CUDA graphs through the adapter, on the fake driver (which records work on a capturing
-stream and runs it on cuGraphLaunch), and the runner's decode step as one graph launch.
+stream and runs it on cuGraphLaunch): which driver calls a capture and a replay make.
 
-That replays compute the same ids as eager steps is proven on the GPU (gpu_checks.py) and
-on the cpu backend (tests/test_step_graphs.py); here, which driver calls make it.
+The runner's decode step as one graph launch is tested once for vt.gpu, on the fake GPU
+runtime (tests/test_gpu_backend.py); that replays compute the same ids as eager steps is
+proven on the GPU (gpu_checks.py) and on the cpu backend (tests/test_step_graphs.py).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from fake_cuda import H200, CUresult, CUstreamCaptureMode, FakeDriver, FakeNvrtc
-from vt.audit import probe_graphs
 from vt.mixins import derive_capabilities
-from vt.model import load_gguf
-from vt.runner import ModelRunner, SeqChunk
-from vt.testing.tiny import write_tiny_gguf
 from vt_cuda.adapter import CudaError, CudaRuntime
 from vt_cuda.backend import CudaBackend
 from vt_cuda.caps import capabilities_from_device
@@ -34,14 +29,6 @@ def make() -> tuple[CudaBackend, FakeDriver]:
     backend.capabilities = derive_capabilities(CudaBackend, capabilities_from_device(H200))
     driver.calls.clear()
     return backend, driver
-
-
-def test_graphs_are_derived_from_the_graphs_mixin() -> None:
-    backend, _ = make()
-    caps = backend.capabilities
-    assert caps.graphs is True
-    prov = caps.source_of("graphs")
-    assert (prov.source.value, prov.detail) == ("derived", "implements vt.Graphs")
 
 
 def test_capture_instantiate_launch_destroy_call_sequence() -> None:
@@ -98,44 +85,3 @@ def test_synchronizing_a_capturing_stream_fails_with_the_drivers_error() -> None
     with pytest.raises(CudaError, match="CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"):
         backend.synchronize(s)
     backend.destroy_graph(backend.end_capture(s))
-
-
-def test_the_audit_graph_probe_passes_on_the_fake_driver() -> None:
-    backend, driver = make()
-    (check,) = probe_graphs(backend)
-    assert (check.id, check.result) == ("graph-replay", "pass"), check.detail
-    assert driver.names().count("cuGraphLaunch") == 2
-    assert driver.execs == {} and driver.graphs == {}  # everything destroyed
-
-
-def test_a_decode_step_is_one_graph_launch_after_warm_up_and_capture(tmp_path: Path) -> None:
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, arch="llama")
-    backend, driver = make()
-    with load_gguf(path) as model, ModelRunner(backend, model, max_slots=2) as r:
-        assert r.graphs
-        r.execute([SeqChunk(slot=0, start_pos=0, token_ids=[1, 2, 3])]).get_output()
-
-        def step(pos: int) -> list[str]:
-            driver.calls.clear()
-            r.execute([SeqChunk(slot=0, start_pos=pos, token_ids=None, from_previous=True)])
-            r.synchronize()
-            return driver.names()
-
-        eager, captured, replayed = step(3), step(4), step(5)
-        per_step = eager.count("cuLaunchKernel")
-        assert per_step == 1 + 16 * model.config.n_layers + 4  # embedding, layers, head
-        assert "cuStreamBeginCapture" not in eager and "cuGraphLaunch" not in eager
-        begin, end = captured.index("cuStreamBeginCapture"), captured.index("cuStreamEndCapture")
-        assert captured[begin:end].count("cuLaunchKernel") == per_step
-        assert captured.count("cuLaunchKernel") == per_step and captured.count("cuGraphLaunch") == 1
-        assert "cuLaunchKernel" not in replayed and replayed.count("cuGraphLaunch") == 1
-        # around the launch: the inputs' copy, the previous ids' copy, the ids into the
-        # output slot, and the readback
-        assert replayed.index("cuMemcpyHtoDAsync") < replayed.index("cuGraphLaunch")
-        assert replayed.index("cuMemcpyDtoDAsync") < replayed.index("cuGraphLaunch")
-        assert replayed[replayed.index("cuGraphLaunch") + 1] == "cuMemcpyDtoDAsync"
-        assert len(replayed) < 15
-        stats = r.graph_stats
-    assert stats["captures"] == 1 and stats["replays"] == 2
-    assert driver.execs == {}  # the runner destroyed its graph on close

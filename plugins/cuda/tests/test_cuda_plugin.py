@@ -1,10 +1,13 @@
-"""The CUDA plugin without an NVIDIA GPU.
+"""The CUDA plugin without an NVIDIA GPU: availability, and how the adapter translates.
 
 Availability is tested for real (cuda-python absent, or present without a driver). The
-adapter and the backend are tested against fake ``driver``/``nvrtc`` modules
+adapter is driven through :class:`CudaBackend` against fake ``driver``/``nvrtc`` modules
 (``fake_cuda.py``): they record every call, return cuda-python's ``(CUresult, *outputs)``
 tuples, back "device" memory with host memory so copies really move bytes, and fail on
-request. The kernels themselves run only on a GPU (``gpu_checks.py``, the conformance kit).
+request; these tests check which CUDA calls each operation makes, with which arguments.
+What vt.gpu.GpuBackend does with them (VMM bookkeeping, graphs, op launches) is tested once,
+on a fake GPU runtime, in tests/test_gpu_backend.py. The kernels themselves run only on a
+GPU (``gpu_checks.py``, the conformance kit).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +26,9 @@ import pytest
 import vt
 import vt_cuda
 import vt_cuda.adapter as adapter
-from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc, weight_tensor
+from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc
 from vt import rules
-from vt.gpu import MAX_HEAD_DIM, GpuBackend, kernel_source
+from vt.gpu import GpuBackend
 from vt.mixins import derive_capabilities
 from vt_cuda.adapter import CudaError, CudaRuntime
 from vt_cuda.backend import CudaBackend
@@ -286,28 +288,6 @@ def test_async_copies_and_memset_run_on_the_stream() -> None:
     assert driver.args("cuStreamCreate") == [(1,)]  # CU_STREAM_NON_BLOCKING
 
 
-@pytest.mark.parametrize(
-    ("op", "message"),
-    [
-        (lambda be, buf: be.copy_h2d(buf, np.zeros(65, np.uint8)), "65 bytes do not fit"),
-        (lambda be, buf: be.copy_d2h(np.zeros(65, np.uint8), buf), "65 bytes do not fit"),
-        (lambda be, buf: be.copy_d2h(np.zeros((8, 8), np.uint8)[:, ::2], buf), "C-contiguous"),
-        (lambda be, buf: be.memset(buf, 256), "is not a byte"),
-        (lambda be, buf: be.alloc(-1), "non-negative integer"),
-        (lambda be, buf: be.free(buf.view(8, 8)), "not a view"),
-        (lambda be, buf: be.copy_d2d(buf, buf.view(0, 8), 16, be.create_stream()), "16 bytes"),
-    ],
-    ids=["h2d-too-big", "d2h-too-big", "d2h-strided", "memset-value", "alloc", "free", "d2d"],
-)
-def test_bad_copy_arguments_fail_before_calling_cuda(op: Callable, message: str) -> None:
-    backend, driver, _ = make()
-    buf = backend.alloc(64)
-    driver.calls.clear()
-    with pytest.raises(ValueError, match=message):
-        op(backend, buf)
-    assert not [n for n in driver.names() if n.startswith(("cuMemcpy", "cuMemset", "cuMemFree"))]
-
-
 def test_pinned_memory_is_a_view_of_cumemhostalloc() -> None:
     backend, driver, _ = make()
     host = backend.alloc_pinned(16)
@@ -448,18 +428,6 @@ def test_vmm_on_a_device_without_it_names_the_attribute() -> None:
     assert driver.calls == []
 
 
-def test_failed_map_releases_the_physical_memory() -> None:
-    backend, driver, _ = make()
-    g = backend.vmm_granularity()
-    vrange = backend.vmm_reserve(2 * g)
-    driver.fail["cuMemMap"] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
-    with pytest.raises(CudaError, match="cuMemMap.*CUDA_ERROR_OUT_OF_MEMORY"):
-        backend.vmm_map(vrange, 0, g)
-    ((handle,),) = driver.args("cuMemRelease")
-    assert handle.startswith("mem#") and vrange.handle.segments == []
-    backend.vmm_map(vrange, 0, g)  # the arena can try again
-
-
 # --------------------------------------------------------------------------- kernels
 
 
@@ -509,113 +477,3 @@ def test_launch_passes_a_pointer_array_to_each_argument() -> None:
     args = [ctypes.c_int32(7), ctypes.c_float(2.5), ctypes.c_void_p(0xABC0)]
     runtime.launch("fn", (3, 2, 1), (256, 1, 1), 0, "s", args)
     assert seen == [(7, 2.5, 0xABC0)]
-
-
-def test_matmul_launch_translation() -> None:
-    backend, driver, _ = make()
-    weight = backend.upload_weight(weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1"))
-    stream = backend.create_stream()
-    x, out = backend.alloc(5 * 96 * 4), backend.alloc(5 * 37 * 4)
-    x_t, out_t = vt.Tensor.of(x, np.float32, 5, 96), vt.Tensor.of(out, np.float32, 5, 37)
-    captured: list[tuple[str, Any, Any, list]] = []
-    backend.runtime.launch = lambda fn, grid, block, smem, s, args: captured.append(  # type: ignore[method-assign]
-        (fn, grid, block, [getattr(a, "value", a) for a in args])
-    )
-    backend.launch("matmul", stream, out=out_t, x=x_t, weight=weight)
-    backend.launch("matmul", stream, out=out_t.rows(1), x=x_t.rows(1), weight=weight)
-    backend.tiled_min_rows = 4
-    backend.launch("matmul", stream, out=out_t, x=x_t, weight=weight)
-    h = weight.handle
-    small = [out.handle, x.handle, h.data, h.scales, 5, None, 5, 37, 96]
-    assert captured[0] == (captured[0][0], (5, 2, 1), (256, 1, 1), small)
-    assert captured[0][0].endswith(":matmul_small_q")
-    assert captured[1][1] == (5, 1, 1)  # 8 warps per block: ceil(37 / 8) outputs, 1 row group
-    assert captured[2][0].endswith(":matmul_tiled_q") and captured[2][1] == (1, 1, 1)
-    # int8 codes, then (scale, offset) pairs 256-byte aligned: one allocation per weight
-    assert h.scales == h.data + 3584 and weight.handle.buffer.nbytes == 3584 + 37 * 3 * 8
-    backend.free_weight(weight)
-    backend.free_weight(weight)  # idempotent
-    assert driver.args("cuMemFree") == [(h.data,)]
-
-
-def _f32(buf: vt.Buffer, *shape: int) -> vt.Tensor:
-    return vt.Tensor(buf, np.dtype(np.float32), shape)  # unchecked: launch checks it
-
-
-def _i32(buf: vt.Buffer, *shape: int) -> vt.Tensor:
-    return vt.Tensor(buf, np.dtype(np.int32), shape)
-
-
-def _kv(b: vt.Buffer, layout: vt.KVLayout, layer: int, heads: int) -> dict[str, Any]:
-    """kv_store's arguments for one row of ``heads`` heads."""
-    row = heads * layout.head_dim
-    one = _i32(b, 1)
-    k = _f32(b, 1, row)
-    cache = _f32(b, *layout.shape)
-    return dict(cache=cache, k=k, v=k, slots=one, positions=one, layout=layout, layer=layer)
-
-
-def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any]:
-    kv = _kv(b, layout, 0, n_heads)
-    q = kv.pop("k")
-    del kv["v"]
-    return {**kv, "out": q, "q": q, "n_heads": n_heads, "scale": 1.0}
-
-
-@pytest.mark.parametrize(
-    ("op", "args", "message"),
-    [
-        # the core's checks, before the backend is called
-        ("matmul", lambda w, b: {"out": _f32(b, 3, 4), "x": _f32(b.view(0, 64), 3, 96),
-                                 "weight": w},
-         "x of shape .* needs 1152 bytes, its buffer has 64"),
-        ("attention", lambda w, b: _attention(b, vt.KVLayout(1, 1, 4, 3, 8), 4),
-         "n_heads 4 is not a multiple of n_kv_heads 3"),
-        ("kv_store", lambda w, b: _kv(b, vt.KVLayout(1, 1, 4, 1, 8), 1, 1),
-         r"layer 1 is out of range \[0, 1\)"),
-        # the GPU's own limits
-        ("rope", lambda w, b: {"x": _f32(b, 1, 7), "positions": _i32(b, 1), "n_heads": 1,
-                               "params": vt.RopeParams(7)},
-         "head_dim must be a positive even number"),
-        ("kv_store", lambda w, b: _kv(b, vt.KVLayout(1, 1, 1, 1, 2 * MAX_HEAD_DIM), 0, 1),
-         f"head_dim {2 * MAX_HEAD_DIM} exceeds {MAX_HEAD_DIM}"),
-        ("attention", lambda w, b: _attention(b, vt.KVLayout(1, 1, 1, 1, 2 * MAX_HEAD_DIM), 1),
-         f"head_dim {2 * MAX_HEAD_DIM} exceeds {MAX_HEAD_DIM}"),
-        ("sample", lambda w, b: {"out": _i32(b, 1), "logits": _f32(b, 1, 0),
-                                 "params": vt.Tensor(b, vt.SAMPLE_PARAMS_DTYPE, (1,))},
-         r"vocab must be in \[1, 2\*\*24\)"),
-    ],
-    ids=["matmul-x", "gqa", "layer", "rope", "kv-head-dim", "attention-head-dim", "vocab"],
-)  # fmt: skip
-def test_bad_op_arguments_fail_before_launching(op: str, args: Callable, message: str) -> None:
-    backend, driver, _ = make()
-    weight = backend.upload_weight(weight_tensor("w", np.ones((4, 96), np.float32), "F32"))
-    buf = backend.alloc(8192)
-    with pytest.raises(ValueError, match=message):
-        backend.launch(op, backend.create_stream(), **args(weight, buf))
-    assert driver.launches == []
-
-
-def test_a_weight_of_another_backend_is_refused() -> None:
-    backend, _, _ = make()
-    foreign = vt.Weight("w", (4, 4), np.zeros((4, 4), np.float32))
-    x, out = (vt.Tensor.of(backend.alloc(64), np.float32, 1, 4) for _ in range(2))
-    with pytest.raises(ValueError, match="was not uploaded by cuda"):
-        backend.launch("matmul", backend.create_stream(), out=out, x=x, weight=foreign)
-
-
-def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
-    source = kernel_source()
-    includes = [line for line in source.splitlines() if line.lstrip().startswith("#include")]
-    assert includes == []  # nvrtc and hiprtc find no system headers
-    names = {
-        "rms_norm", "rope", "kv_store", "attention", "silu_mul", "add", "gather_rows", "sample",
-        *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
-        *(f"matmul_{k}_{s}" for k in ("small", "tiled") for s in ("f32", "f16", "bf16", "q")),
-    }  # fmt: skip
-    for name in names:
-        defined = f'extern "C" __global__ void {name}(' in source or (
-            name.split("_")[0] in ("embedding", "matmul")
-            and f"{name.rsplit('_', 1)[0]}_##SUFFIX" in source
-        )
-        assert defined, name

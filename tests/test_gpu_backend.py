@@ -1,0 +1,748 @@
+"""vt.gpu.GpuBackend, once, on one fake GPU runtime (``fake_gpu.FakeRuntime``).
+
+What HIP and CUDA share is tested here: memory and copies over the runtime, pinned memory,
+host views by capability, graphs, the VMM bookkeeping (access over the mapped prefix,
+retries after failed releases), kernel compilation, and every op's launch against the
+kernel's signature in kernels.cu. The vendor plugins' tests (``plugins/*/tests``) cover
+only how their adapters translate runtime calls into HIP or CUDA calls.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import vt
+from fake_gpu import DISCRETE, GRANULARITY, UNIFIED, FakeGpu, make, weight_tensor
+from vt import rules
+from vt.audit import probe_graphs
+from vt.gpu import MAX_HEAD_DIM, GpuCallError, GpuWeight, kernel_source
+from vt.gpu.backend import RopeTable
+from vt.memory import VmmArena
+from vt.mixins import derive_capabilities
+from vt.model import load_gguf
+from vt.runner import ModelRunner, SeqChunk
+from vt.testing.tiny import write_tiny_gguf
+
+F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
+
+# --------------------------------------------------------------------------- what it is
+
+
+def test_it_implements_every_capability_mixin_and_every_primitive_op() -> None:
+    caps = derive_capabilities(FakeGpu, DISCRETE)
+    for field in ("events", "pinned_host_memory", "async_d2h_copy", "graphs"):
+        assert getattr(caps, field) is True
+        assert caps.source_of(field).source is vt.Source.derived
+    assert caps.source_of("graphs").detail == "implements vt.Graphs"
+    # a discrete device reads the sampled ids back by an async copy into pinned memory
+    assert caps.supports_async_sampled_token_readback and not caps.device_memory_is_host_addressable
+    assert rules.check(FakeGpu, caps) == []
+    assert rules.check(FakeGpu, derive_capabilities(FakeGpu, UNIFIED)) == []
+    assert FakeGpu.op_names() == vt.PRIMITIVE_OPS  # the fused ops run as decompositions
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_alloc_and_free_go_to_the_runtime() -> None:
+    backend, rt = make()
+    buf = backend.alloc(1024)
+    backend.free(buf)
+    assert rt.calls == [("malloc", (1024,)), ("free", (buf.handle,))]
+    assert buf.nbytes == 1024 and buf.owner == "fakegpu"
+
+
+def test_free_refuses_a_view() -> None:
+    backend, rt = make()
+    buf = backend.alloc(64)
+    with pytest.raises(ValueError, match="not a view"):
+        backend.free(buf.view(16, 16))
+    assert "free" not in rt.names()
+
+
+def test_copies_move_bytes_and_honour_offsets() -> None:
+    backend, rt = make()
+    buf = backend.alloc(64)
+    backend.memset(buf, 7)
+    backend.copy_h2d(buf.view(16, 8), np.arange(8, dtype=np.uint8))
+    out = np.empty((8, 8), dtype=np.uint8)
+    backend.copy_d2h(out, buf)
+    expected = np.full(64, 7, dtype=np.uint8)
+    expected[16:24] = np.arange(8)
+    np.testing.assert_array_equal(out.reshape(-1), expected)
+    ((h2d_dst, _, h2d_n, h2d_stream),) = rt.args("memcpy_h2d")
+    ((_, d2h_src, d2h_n, d2h_stream),) = rt.args("memcpy_d2h")
+    assert (h2d_dst, h2d_n, h2d_stream) == (buf.handle + 16, 8, None)
+    assert (d2h_src, d2h_n, d2h_stream) == (buf.handle, 64, None)
+    assert rt.args("memset") == [(buf.handle, 7, 64, None)]
+
+
+def test_async_copies_and_memset_run_on_the_stream() -> None:
+    backend, rt = make()
+    stream = backend.create_stream("main")
+    a, b = backend.alloc(32), backend.alloc(32)
+    pinned = backend.alloc_pinned(32)
+    pinned.array[:] = np.arange(32, dtype=np.uint8)
+    backend.memset(b, 0, stream)
+    backend.copy_h2d_async(a, pinned, stream)
+    backend.copy_d2d(b, a, 32, stream)
+    out = backend.alloc_pinned(32)
+    backend.copy_d2h_async(out, b, stream)
+    np.testing.assert_array_equal(out.array, np.arange(32))
+    assert rt.args("memset") == [(b.handle, 0, 32, stream.handle)]
+    assert rt.args("memcpy_d2d") == [(b.handle, a.handle, 32, stream.handle)]
+    assert [args[-1] for args in rt.args("memcpy_h2d") + rt.args("memcpy_d2h")] == [
+        stream.handle,
+        stream.handle,
+    ]
+    assert stream.name == "main"
+
+
+def _read_only(n: int) -> np.ndarray:
+    out = np.zeros(n, np.uint8)
+    out.flags.writeable = False
+    return out
+
+
+@pytest.mark.parametrize(
+    ("op", "message"),
+    [
+        (lambda be, buf: be.copy_h2d(buf, np.zeros(65, np.uint8)), "65 bytes do not fit"),
+        (lambda be, buf: be.copy_d2h(np.zeros(65, np.uint8), buf), "65 bytes do not fit"),
+        (lambda be, buf: be.copy_d2h(np.zeros((8, 8), np.uint8)[:, ::2], buf), "C-contiguous"),
+        (lambda be, buf: be.copy_d2h(_read_only(8), buf), "read-only"),
+        (lambda be, buf: be.memset(buf, 256), "is not a byte"),
+        (lambda be, buf: be.alloc(-1), "non-negative integer"),
+        (lambda be, buf: be.copy_d2d(buf, buf.view(0, 8), 16, be.create_stream()), "16 bytes"),
+    ],
+    ids=["h2d-too-big", "d2h-too-big", "d2h-strided", "d2h-read-only", "memset-value",
+         "alloc", "d2d"],
+)  # fmt: skip
+def test_bad_copy_arguments_fail_before_calling_the_runtime(op: Callable, message: str) -> None:
+    # The core checks them once; the GPU's hooks never see them.
+    backend, rt = make()
+    buf = backend.alloc(64)
+    rt.calls.clear()
+    with pytest.raises(ValueError, match=message):
+        op(backend, buf)
+    assert not [n for n in rt.names() if n.startswith(("memcpy", "memset", "malloc", "free"))]
+
+
+def test_pinned_memory_is_the_runtimes_host_allocation() -> None:
+    backend, rt = make()
+    host = backend.alloc_pinned(16)
+    assert host.pinned and host.nbytes == 16 and host.array.dtype == np.uint8
+    assert host.array.ctypes.data == host.handle  # no copy: the array IS the pinned memory
+    handle = host.handle
+    backend.free_pinned(host)
+    backend.free_pinned(host)  # a second free is a no-op, not a double free
+    assert rt.args("host_alloc") == [(16,)] and rt.args("host_free") == [(handle,)]
+
+
+def test_host_view_is_refused_unless_device_memory_is_host_addressable() -> None:
+    discrete, rt = make(DISCRETE)
+    with pytest.raises(vt.HostAccessError, match="not host-addressable"):
+        discrete.host_view(discrete.alloc(16))
+    unified, _ = make(UNIFIED)
+    buf = unified.alloc(16)
+    unified.host_view(buf.view(4, 8))[:] = 9
+    out = np.empty(16, np.uint8)
+    unified.copy_d2h(out, buf)
+    assert out.tolist() == [0] * 4 + [9] * 8 + [0] * 4
+
+
+def test_host_view_follows_the_effective_capability() -> None:
+    backend, _ = make(UNIFIED)
+    backend.capabilities = backend.capabilities.with_value(
+        "device_memory_is_host_addressable", False, vt.Source.env, "VT_CAPS"
+    )
+    with pytest.raises(vt.HostAccessError):
+        backend.host_view(backend.alloc(16))
+
+
+def test_a_runtime_error_reaches_the_caller_unchanged() -> None:
+    backend, rt = make()
+    rt.fail["malloc"] = 2
+    with pytest.raises(GpuCallError, match=r"malloc\(\) failed: FAKE_ERROR_2 \(2\)") as info:
+        backend.alloc(1 << 40)
+    assert isinstance(info.value, vt.VtError) and info.value.code == 2
+
+
+def test_close_forgets_the_kernels_and_closes_the_runtime() -> None:
+    backend, rt = make()
+    backend.prepare()
+    backend.close()
+    backend.close()
+    assert rt.closed == 2
+    backend.prepare()  # compiles again on a later use
+    assert len(rt.compiles) == 2
+
+
+# --------------------------------------------------------------------------- streams, events
+
+
+def test_stream_and_event_calls() -> None:
+    backend, rt = make()
+    stream = backend.create_stream("copy")
+    event = backend.create_event()
+    backend.record_event(event, stream)
+    rt.query_results = [False, True]
+    assert backend.query_event(event) is False
+    assert backend.query_event(event) is True
+    backend.synchronize_event(event)
+    backend.stream_wait_event(stream, event)
+    backend.synchronize(stream)
+    backend.destroy_event(event)
+    backend.destroy_stream(stream)
+    assert rt.calls == [
+        ("stream_create", ()),
+        ("event_create", ()),
+        ("event_record", (event.handle, stream.handle)),
+        ("event_query", (event.handle,)),
+        ("event_query", (event.handle,)),
+        ("event_synchronize", (event.handle,)),
+        ("stream_wait_event", (stream.handle, event.handle)),
+        ("stream_synchronize", (stream.handle,)),
+        ("event_destroy", (event.handle,)),
+        ("stream_destroy", (stream.handle,)),
+    ]
+
+
+# --------------------------------------------------------------------------- graphs
+
+
+def test_capture_instantiate_launch_destroy() -> None:
+    backend, rt = make()
+    s = backend.create_stream("main")
+    src, dst = backend.alloc(64), backend.alloc(64)
+    backend.copy_h2d(src, np.full(64, 3, np.uint8))
+    backend.memset(dst, 0)
+    rt.calls.clear()
+    backend.begin_capture(s)
+    backend.copy_d2d(dst, src, 64, s)
+    graph = backend.end_capture(s)
+    assert rt.names() == [
+        "graph_begin_capture",
+        "memcpy_d2d",
+        "graph_end_capture",
+        "graph_instantiate",
+        "graph_destroy",  # the executable graph does not need its source
+    ]
+    got = np.empty(64, np.uint8)
+    backend.copy_d2h(got, dst)
+    assert (got == 0).all()  # recorded, not run
+    backend.copy_h2d(src, np.full(64, 5, np.uint8))
+    rt.calls.clear()
+    backend.launch_graph(graph, s)
+    assert rt.names() == ["graph_launch"]
+    backend.copy_d2h(got, dst)
+    assert (got == 5).all()  # the replay copied what the source holds now
+    backend.destroy_graph(graph)
+    assert rt.names()[-1] == "graph_exec_destroy" and rt.execs == {} and rt.graphs == {}
+    with pytest.raises(ValueError, match="graph captured on 'main' was destroyed"):
+        backend.launch_graph(graph, s)
+    with pytest.raises(ValueError, match="not a graph of the fakegpu backend"):
+        backend.launch_graph(vt.Graph("other"), s)
+
+
+def test_a_failed_instantiation_still_destroys_the_captured_graph() -> None:
+    backend, rt = make()
+    s = backend.create_stream()
+    backend.begin_capture(s)
+    rt.fail["graph_instantiate"] = 2
+    with pytest.raises(GpuCallError, match="graph_instantiate"):
+        backend.end_capture(s)
+    assert rt.names()[-1] == "graph_destroy" and rt.graphs == {}
+
+
+def test_the_audit_graph_probe_passes() -> None:
+    backend, rt = make()
+    (check,) = probe_graphs(backend)
+    assert (check.id, check.result) == ("graph-replay", "pass"), check.detail
+    assert rt.names().count("graph_launch") == 2
+    assert rt.execs == {} and rt.graphs == {}  # everything destroyed
+
+
+def test_a_decode_step_is_one_graph_launch_after_warm_up_and_capture(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, arch="llama")
+    backend, rt = make()
+    with load_gguf(path) as model, ModelRunner(backend, model, max_slots=2) as r:
+        assert r.graphs
+        r.execute([SeqChunk(slot=0, start_pos=0, token_ids=[1, 2, 3])]).get_output()
+
+        def step(pos: int) -> list[str]:
+            rt.calls.clear()
+            r.execute([SeqChunk(slot=0, start_pos=pos, token_ids=None, from_previous=True)])
+            r.synchronize()
+            return rt.names()
+
+        eager, captured, replayed = step(3), step(4), step(5)
+        per_step = eager.count("launch")
+        assert per_step == 1 + 16 * model.config.n_layers + 4  # embedding, layers, head
+        assert "graph_begin_capture" not in eager and "graph_launch" not in eager
+        begin, end = captured.index("graph_begin_capture"), captured.index("graph_end_capture")
+        assert captured[begin:end].count("launch") == per_step
+        assert captured.count("launch") == per_step and captured.count("graph_launch") == 1
+        assert "launch" not in replayed and replayed.count("graph_launch") == 1
+        # around the launch: the inputs' copy, the previous ids' copy, the ids into the
+        # output slot, and the readback
+        assert replayed.index("memcpy_h2d") < replayed.index("graph_launch")
+        assert replayed.index("memcpy_d2d") < replayed.index("graph_launch")
+        assert replayed[replayed.index("graph_launch") + 1] == "memcpy_d2d"
+        assert len(replayed) < 15
+        stats = r.graph_stats
+    assert stats["captures"] == 1 and stats["replays"] == 2
+    assert rt.execs == {}  # the runner destroyed its graph on close
+
+
+# --------------------------------------------------------------------------- VMM
+
+
+def test_vmm_sets_access_over_the_mapped_prefix() -> None:
+    backend, rt = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(4 * g)
+    base = vrange.handle.base
+    first = backend.vmm_map(vrange, 0, g)
+    second = backend.vmm_map(vrange, g, 2 * g)
+    buf = backend.vmm_buffer(vrange)
+    backend.vmm_unmap(vrange, second)
+    backend.vmm_unmap(vrange, first)
+    backend.vmm_release(vrange)
+    backend.vmm_release(vrange)  # idempotent
+    assert g == GRANULARITY and (buf.handle, buf.nbytes, buf.owner) == (base, 4 * g, "fakegpu")
+    assert rt.names().count("vmm_granularity") == 1  # asked once, then cached
+    assert rt.args("vmm_map") == [(base, g, first.handle), (base + g, 2 * g, second.handle)]
+    # The second call covers the whole mapped prefix [0, 3g), not only the new segment.
+    assert rt.args("vmm_set_access") == [(base, g), (base, 3 * g)]
+    assert rt.args("vmm_unmap") == [(base + g, 2 * g), (base, g)]
+    assert rt.args("vmm_release") == [(second.handle,), (first.handle,)]
+    assert rt.args("vmm_address_free") == [(base, 4 * g)]
+
+
+def test_a_segment_past_a_gap_gets_access_on_its_own() -> None:
+    backend, rt = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(4 * g)
+    backend.vmm_map(vrange, 2 * g, g)
+    ((ptr, n),) = rt.args("vmm_set_access")
+    assert (ptr - vrange.handle.base, n) == (2 * g, g)
+
+
+@pytest.mark.parametrize(
+    ("action", "message"),
+    [
+        (lambda be, vr, g: be.vmm_reserve(0), "reservation of 0 bytes must be a non-zero multiple"),
+        (lambda be, vr, g: be.vmm_reserve(g + 1), "non-zero multiple of granularity 4096"),
+        (lambda be, vr, g: be.vmm_map(vr, 0, g + 1), "segment of 4097 bytes must be"),
+        (lambda be, vr, g: be.vmm_map(vr, 1, g), "segment offset of 1 bytes must be a multiple"),
+        (lambda be, vr, g: be.vmm_map(vr, g, 2 * g), r"would exceed reserve: 4096 \+ 8192 > 8192"),
+        (lambda be, vr, g: be.vmm_map(vr, 0, g) and be.vmm_map(vr, 0, g), "overlaps"),
+        (lambda be, vr, g: be.vmm_map(vr, 0, g) and be.vmm_release(vr), "unmap the 1 mapped"),
+        (lambda be, vr, g: be.vmm_unmap(vr, vt.Segment("x", 0, g)), "is not mapped"),
+        (lambda be, vr, g: be.vmm_buffer(vt.VirtualRange(object(), g)), "not a reservation"),
+    ],
+    ids=["zero", "reserve", "size", "offset", "exceed", "overlap", "release", "unmap", "foreign"],
+)  # fmt: skip
+def test_bad_vmm_requests_raise_vmm_error(action: Callable, message: str) -> None:
+    backend, _ = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(2 * g)
+    with pytest.raises(vt.VmmError, match=message):
+        action(backend, vrange, g)
+
+
+def test_vmm_on_a_device_without_it_raises_the_runtimes_reason() -> None:
+    backend, rt = make(vt.Capabilities(), vmm_granularity=None)
+    assert backend.capabilities.vmm is None
+    with pytest.raises(vt.VmmError, match="has no virtual memory"):
+        backend.vmm_reserve(GRANULARITY)
+    assert rt.calls == []
+
+
+def test_a_failed_map_releases_the_physical_memory() -> None:
+    backend, rt = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(2 * g)
+    rt.fail["vmm_map"] = 2
+    with pytest.raises(GpuCallError, match="vmm_map"):
+        backend.vmm_map(vrange, 0, g)
+    ((handle,),) = rt.args("vmm_release")
+    assert handle.startswith("mem#") and vrange.handle.segments == []
+    backend.vmm_map(vrange, 0, g)  # the arena can try again
+
+
+def test_a_failed_set_access_unmaps_the_segment() -> None:
+    backend, rt = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(2 * g)
+    rt.fail["vmm_set_access"] = 1
+    with pytest.raises(GpuCallError, match="vmm_set_access"):
+        backend.vmm_map(vrange, 0, g)
+    assert rt.names()[-3:] == ["vmm_set_access", "vmm_unmap", "vmm_release"]
+    assert vrange.handle.segments == []
+    backend.vmm_release(vrange)
+
+
+def test_a_failed_set_access_with_a_failed_release_still_frees_the_reservation() -> None:
+    backend, rt = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(2 * g)
+    rt.fail["vmm_set_access"] = 1
+    rt.fail["vmm_release"] = 1
+    with pytest.raises(GpuCallError, match="vmm_set_access"):
+        backend.vmm_map(vrange, 0, g)
+    # the caller never got the segment, so nothing could retry it: it is forgotten
+    assert vrange.handle.segments == [] and vrange.handle.unmapped == []
+    backend.vmm_map(vrange, 0, g)
+    assert rt.names()[-1] == "vmm_set_access"
+
+
+def test_a_release_after_a_failed_address_free_can_be_retried() -> None:
+    backend, rt = make()
+    vrange = backend.vmm_reserve(backend.vmm_granularity())
+    rt.fail["vmm_address_free"] = 1
+    with pytest.raises(GpuCallError):
+        backend.vmm_release(vrange)
+    backend.vmm_release(vrange)
+    assert len(rt.args("vmm_address_free")) == 2
+    with pytest.raises(vt.VmmError, match="already released"):
+        backend.vmm_map(vrange, 0, GRANULARITY)
+
+
+def test_an_unmap_after_a_failed_release_is_retried_without_unmapping_again() -> None:
+    backend, rt = make()
+    g = backend.vmm_granularity()
+    vrange = backend.vmm_reserve(2 * g)
+    base = vrange.handle.base
+    first = backend.vmm_map(vrange, 0, g)
+    second = backend.vmm_map(vrange, g, g)
+    rt.fail["vmm_release"] = 1
+    with pytest.raises(GpuCallError, match="vmm_release"):
+        backend.vmm_unmap(vrange, second)
+    # still listed, so the reservation is not freed under its physical memory
+    assert vrange.handle.segments == [first, second]
+    with pytest.raises(vt.VmmError, match="unmap the 2 mapped segment"):
+        backend.vmm_release(vrange)
+    backend.vmm_unmap(vrange, second)  # the retry completes
+    assert rt.args("vmm_unmap") == [(base + g, g)]  # the range was unmapped once
+    assert rt.args("vmm_release") == [(second.handle,), (second.handle,)]
+    assert vrange.handle.segments == [first]
+    with pytest.raises(vt.VmmError, match="is not mapped"):
+        backend.vmm_unmap(vrange, second)
+    backend.vmm_unmap(vrange, first)
+    backend.vmm_release(vrange)
+
+
+def test_the_arena_release_retries_a_failed_segment_release() -> None:
+    backend, rt = make()
+    g = backend.vmm_granularity()
+    arena = VmmArena.reserve(backend, 4 * g, min_growth=g)
+    base = arena.vrange.handle.base
+    arena.ensure(g)
+    arena.ensure(2 * g)
+    assert arena.segments == 2
+    rt.fail["vmm_release"] = 1
+    with pytest.raises(vt.VmmError, match="2 segment\\(s\\) still mapped, call release"):
+        arena.release()
+    assert arena.segments == 2 and arena.mapped_bytes == 2 * g
+    arena.release()
+    assert arena.released and arena.mapped_bytes == 0
+    assert rt.args("vmm_unmap") == [(base + g, g), (base, g)]  # none again on the retry
+    first, second = (args[2] for args in rt.args("vmm_map"))
+    assert rt.args("vmm_release") == [(second,), (second,), (first,)]
+    assert rt.names()[-1] == "vmm_address_free"
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def test_the_kernels_compile_once_with_the_warp_size() -> None:
+    backend, rt = make(warp=64)
+    backend.prepare()
+    backend.prepare()
+    assert rt.compiles == [("vt_kernels.cu", ("-DVT_WARP=64",))]
+
+
+def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
+    source = kernel_source()
+    includes = [line for line in source.splitlines() if line.lstrip().startswith("#include")]
+    assert includes == []  # nvrtc and hiprtc find no system headers
+    names = {
+        "rms_norm", "rope", "kv_store", "attention", "silu_mul", "add", "gather_rows", "sample",
+        *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
+        *(f"matmul_{k}_{s}" for k in ("small", "tiled") for s in ("f32", "f16", "bf16", "q")),
+    }  # fmt: skip
+    signatures = kernel_signatures()
+    for name in names:
+        prefix, _, suffix = name.rpartition("_")
+        if prefix in ("embedding", "matmul_small", "matmul_tiled"):  # instantiated by a macro
+            assert prefix in signatures
+            macro = "VT_EMBEDDING" if prefix == "embedding" else "VT_MATMUL"
+            assert f"\n{macro}({suffix}, " in source, name
+        else:
+            assert name in signatures, name
+
+
+def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
+    """kernels.cu's ``extern "C"`` kernels: name (without a macro's ``_##SUFFIX``) ->
+    ``[(type, parameter name)]``."""
+    source = kernel_source().replace("\\\n", " ")
+    found = re.findall(r'extern "C" __global__ void (\w+?)(?:_##SUFFIX)?\(([^)]*)\)', source)
+    out = {}
+    for name, params in found:
+        pairs = []
+        for param in params.split(","):
+            words = param.replace("*", " * ").split()
+            pairs.append((" ".join(words[:-1]), words[-1]))
+        out[name] = pairs
+    return out
+
+
+class OpCase:
+    """Tensors in buffers of their own, so each kernel pointer argument names its tensor."""
+
+    def __init__(self, backend: FakeGpu) -> None:
+        self.backend = backend
+        self.addresses: dict[str, int] = {}
+
+    def t(self, name: str, dtype: Any, *shape: int) -> vt.Tensor:
+        nbytes = np.dtype(dtype).itemsize * max(1, int(np.prod(shape)))
+        tensor = vt.Tensor.of(self.backend.alloc(nbytes), dtype, *shape)
+        self.addresses[name] = int(tensor.buffer.handle)
+        return tensor
+
+    def w(self, name: str, values: np.ndarray, wtype: str = "F32") -> vt.Weight:
+        return self.backend.upload_weight(weight_tensor(name, values, wtype))
+
+
+def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``op``'s arguments, the kernel it launches and that kernel's scalar arguments
+    (distinct within a kernel, so that two swapped arguments fail the test)."""
+    rng = np.random.default_rng(0)
+    layout = vt.KVLayout(n_layers=4, n_slots=7, max_len=5, n_kv_heads=1, head_dim=8)
+    rows = (3, 8)
+
+    def kv() -> dict[str, Any]:
+        return {"cache": c.t("cache", F32, *layout.shape), "slots": c.t("slots", I32, 3),
+                "positions": c.t("positions", I32, 3), "layout": layout, "layer": 2}  # fmt: skip
+
+    cases: dict[str, Callable[[], tuple[dict[str, Any], str, dict[str, Any]]]] = {
+        "embedding": lambda: (
+            {"out": c.t("out", F32, *rows), "ids": c.t("ids", I32, 3),
+             "table": c.w("table", rng.standard_normal((11, 8)).astype(np.float32))},
+            "embedding_f32",
+            {"lg_block": 0, "n": 3, "vocab": 11, "dim": 8},
+        ),
+        "rms_norm": lambda: (
+            {"out": c.t("out", F32, *rows), "x": c.t("x", F32, *rows),
+             "weight": c.w("norm", np.ones(8, np.float32)), "eps": 1e-5},
+            "rms_norm",
+            {"n": 3, "dim": 8, "eps": np.float32(1e-5)},
+        ),
+        "matmul": lambda: (
+            {"out": c.t("out", F32, 3, 6), "x": c.t("x", F32, 3, 32),
+             "weight": c.w("proj", rng.standard_normal((6, 32)).astype(np.float32), "Q8_0"),
+             "bias": c.w("bias", np.ones(6, np.float32))},
+            "matmul_small_q",
+            {"lg_block": 5, "n": 3, "N": 6, "K": 32},
+        ),
+        "rope": lambda: (
+            {"x": c.t("x", F32, 3, 16), "positions": c.t("positions", I32, 3), "n_heads": 2,
+             "params": vt.RopeParams(8, style=vt.RopeStyle.neox)},
+            "rope",
+            {"n": 3, "n_heads": 2, "head_dim": 8, "neox": 1},
+        ),
+        "kv_store": lambda: (
+            {**kv(), "k": c.t("k", F32, *rows), "v": c.t("v", F32, *rows)},
+            "kv_store",
+            {"n": 3, "row": 8, "n_slots": 7, "n_layers": 4, "max_len": 5, "layer": 2},
+        ),
+        "attention": lambda: (
+            {**kv(), "out": c.t("out", F32, 3, 48), "q": c.t("q", F32, 3, 48), "n_heads": 6,
+             "scale": 0.5},
+            "attention",
+            {"n": 3, "n_heads": 6, "n_kv": 1, "head_dim": 8, "n_slots": 7, "n_layers": 4,
+             "max_len": 5, "layer": 2, "scale": 0.5},
+        ),
+        "silu_mul": lambda: (
+            {"out": c.t("out", F32, *rows), "gate": c.t("gate", F32, *rows),
+             "up": c.t("up", F32, *rows)},
+            "silu_mul",
+            {"n": 24},
+        ),
+        "add": lambda: (
+            {"out": c.t("out", F32, *rows), "a": c.t("a", F32, *rows), "b": c.t("b", F32, *rows)},
+            "add",
+            {"n": 24},
+        ),
+        "gather_rows": lambda: (
+            {"out": c.t("out", F32, 2, 8), "x": c.t("x", F32, *rows), "rows": c.t("rows", I32, 2)},
+            "gather_rows",
+            {"n": 2, "dim": 8, "m": 3},
+        ),
+        "sample": lambda: (
+            {"out": c.t("out", I32, 3), "logits": c.t("logits", F32, 3, 7),
+             "params": c.t("params", vt.SAMPLE_PARAMS_DTYPE, 3)},
+            "sample",
+            {"n": 3, "vocab": 7},
+        ),
+    }  # fmt: skip
+    return cases[op]()
+
+
+@pytest.mark.parametrize("op", vt.PRIMITIVE_OPS)
+def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: str) -> None:
+    backend, rt = make()
+    case = OpCase(backend)
+    args, kernel, scalars = _case(case, op)
+    stream = backend.create_stream()
+    backend.launch(op, stream, **args)
+    (launch,) = rt.launches
+    assert launch.kernel == kernel and launch.stream == stream.handle
+    weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
+    macro = kernel.startswith(("matmul", "embedding"))  # one kernel per weight format
+    signature = kernel_signatures()[kernel.rsplit("_", 1)[0] if macro else kernel]
+    assert len(launch.args) == len(signature), signature
+    for (ctype, name), value, raw in zip(signature, launch.args, launch.ctypes_args, strict=True):
+        if "*" in ctype and name in case.addresses:
+            assert value == case.addresses[name], name
+        elif "*" in ctype:  # a weight's pointers: its data, its scales, a bias
+            w: GpuWeight = weights.get("table") or weights.get("weight")  # type: ignore[assignment]
+            want = {"data": w.data, "w": w.data, "sm": w.scales,
+                    "bias": weights["bias"].data if "bias" in weights else 0}[name]  # fmt: skip
+            assert (value or 0) == want, name
+        elif ctype == "RopeTable":
+            assert isinstance(raw, RopeTable) and raw.inv[1] == pytest.approx(10000**-0.25)
+        else:
+            assert value == pytest.approx(scalars.pop(name)), name
+    assert scalars == {}  # every scalar the case expects was passed
+
+
+def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
+    backend, rt = make()
+    weight = backend.upload_weight(weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1"))
+    stream = backend.create_stream()
+    x = vt.Tensor.of(backend.alloc(5 * 96 * 4), F32, 5, 96)
+    out = vt.Tensor.of(backend.alloc(5 * 37 * 4), F32, 5, 37)
+    backend.launch("matmul", stream, out=out, x=x, weight=weight)
+    backend.launch("matmul", stream, out=out.rows(1), x=x.rows(1), weight=weight)
+    backend.tiled_min_rows = 4
+    backend.launch("matmul", stream, out=out, x=x, weight=weight)
+    small5, small1, tiled = rt.launches
+    h = weight.handle
+    assert small5.args == [out.buffer.handle, x.buffer.handle, h.data, h.scales, 5, None, 5,
+                           37, 96]  # fmt: skip
+    assert (small5.kernel, small5.grid, small5.block) == ("matmul_small_q", (5, 2, 1), (256, 1, 1))
+    assert small1.grid == (5, 1, 1)  # 8 warps per block: ceil(37 / 8) outputs, 1 row group
+    assert (tiled.kernel, tiled.grid, tiled.block) == ("matmul_tiled_q", (1, 1, 1), (256, 1, 1))
+
+
+def test_a_weight_is_one_allocation_freed_once() -> None:
+    backend, rt = make()
+    weight = backend.upload_weight(weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1"))
+    h = weight.handle
+    # int8 codes, then (scale, offset) pairs 256-byte aligned: one allocation per weight
+    assert h.scales == h.data + 3584 and h.buffer.nbytes == 3584 + 37 * 3 * 8
+    assert rt.compiles  # compiled at the first upload, before any step
+    backend.free_weight(weight)
+    backend.free_weight(weight)  # idempotent
+    assert rt.args("free") == [(h.data,)]
+
+
+def test_empty_batches_launch_nothing() -> None:
+    backend, rt = make()
+    case = OpCase(backend)
+    stream = backend.create_stream()
+    backend.launch("add", stream, out=case.t("o", F32, 0, 8), a=case.t("a", F32, 0, 8),
+                   b=case.t("b", F32, 0, 8))  # fmt: skip
+    weight = case.w("w", np.ones((4, 8), np.float32))
+    backend.launch("matmul", stream, out=case.t("o", F32, 0, 4), x=case.t("x", F32, 0, 8),
+                   weight=weight)  # fmt: skip
+    assert rt.launches == []
+
+
+def _f32(buf: vt.Buffer, *shape: int) -> vt.Tensor:
+    return vt.Tensor(buf, F32, shape)  # unchecked: launch checks it
+
+
+def _i32(buf: vt.Buffer, *shape: int) -> vt.Tensor:
+    return vt.Tensor(buf, I32, shape)
+
+
+def _kv(b: vt.Buffer, layout: vt.KVLayout, layer: int, heads: int) -> dict[str, Any]:
+    """kv_store's arguments for one row of ``heads`` heads."""
+    one, k = _i32(b, 1), _f32(b, 1, heads * layout.head_dim)
+    cache = _f32(b, *layout.shape)
+    return dict(cache=cache, k=k, v=k, slots=one, positions=one, layout=layout, layer=layer)
+
+
+def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any]:
+    kv = _kv(b, layout, 0, n_heads)
+    q = kv.pop("k")
+    del kv["v"]
+    return {**kv, "out": q, "q": q, "n_heads": n_heads, "scale": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "message"),
+    [
+        # the core's checks, before the backend is called
+        ("matmul", lambda w, b: {"out": _f32(b, 3, 4), "x": _f32(b.view(0, 64), 3, 96),
+                                 "weight": w},
+         "x of shape .* needs 1152 bytes, its buffer has 64"),
+        ("attention", lambda w, b: _attention(b, vt.KVLayout(1, 1, 4, 3, 8), 4),
+         "n_heads 4 is not a multiple of n_kv_heads 3"),
+        ("kv_store", lambda w, b: _kv(b, vt.KVLayout(1, 1, 4, 1, 8), 1, 1),
+         r"layer 1 is out of range \[0, 1\)"),
+        # the GPU's own limits
+        ("rope", lambda w, b: {"x": _f32(b, 1, 7), "positions": _i32(b, 1), "n_heads": 1,
+                               "params": vt.RopeParams(7)},
+         "head_dim must be a positive even number"),
+        ("rope", lambda w, b: {"x": _f32(b, 1, 2 * MAX_HEAD_DIM), "positions": _i32(b, 1),
+                               "n_heads": 1, "params": vt.RopeParams(2 * MAX_HEAD_DIM)},
+         f"head_dim must be a positive even number up to {MAX_HEAD_DIM}"),
+        ("kv_store", lambda w, b: _kv(b, vt.KVLayout(1, 1, 1, 1, 2 * MAX_HEAD_DIM), 0, 1),
+         f"head_dim {2 * MAX_HEAD_DIM} exceeds {MAX_HEAD_DIM}"),
+        ("attention", lambda w, b: _attention(b, vt.KVLayout(1, 1, 1, 1, 2 * MAX_HEAD_DIM), 1),
+         f"head_dim {2 * MAX_HEAD_DIM} exceeds {MAX_HEAD_DIM}"),
+        ("sample", lambda w, b: {"out": _i32(b, 1), "logits": _f32(b, 1, 0),
+                                 "params": vt.Tensor(b, vt.SAMPLE_PARAMS_DTYPE, (1,))},
+         r"vocab must be in \[1, 2\*\*24\)"),
+    ],
+    ids=["matmul-x", "gqa", "layer", "rope-odd", "rope-head-dim", "kv-head-dim",
+         "attention-head-dim", "vocab"],
+)  # fmt: skip
+def test_bad_op_arguments_fail_before_launching(op: str, args: Callable, message: str) -> None:
+    backend, rt = make()
+    weight = backend.upload_weight(weight_tensor("w", np.ones((4, 96), np.float32), "F32"))
+    buf = backend.alloc(8192)
+    with pytest.raises(ValueError, match=message):
+        backend.launch(op, backend.create_stream(), **args(weight, buf))
+    assert rt.launches == [] and "launch" not in rt.names()
+
+
+def test_a_weight_of_another_backend_is_refused() -> None:
+    backend, _ = make()
+    foreign = vt.Weight("w", (4, 4), np.zeros((4, 4), np.float32))
+    x, out = (vt.Tensor.of(backend.alloc(64), F32, 1, 4) for _ in range(2))
+    with pytest.raises(ValueError, match="was not uploaded by fakegpu"):
+        backend.launch("matmul", backend.create_stream(), out=out, x=x, weight=foreign)
+
+
+def test_fused_ops_run_as_their_decomposition() -> None:
+    backend, rt = make()
+    case = OpCase(backend)
+    weight = case.w("w", np.ones((4, 8), np.float32))
+    stream = backend.create_stream()
+    backend.launch("matmul_add", stream, out=case.t("out", F32, 2, 4), x=case.t("x", F32, 2, 8),
+                   weight=weight, residual=case.t("r", F32, 2, 4),
+                   scratch=case.t("s", F32, 2, 4))  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == ["matmul_small_f32", "add"]
+    assert rt.launches[1].args[:3] == [case.addresses[k] for k in ("out", "r", "s")]
