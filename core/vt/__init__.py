@@ -30,6 +30,7 @@ from .backend import (
 from .capabilities import Capabilities, Provenance, Source, VmmCaps
 from .errors import (
     BackendUnavailableError,
+    BackendVerificationError,
     CapabilityError,
     HostAccessError,
     KernelNotImplementedError,
@@ -79,6 +80,7 @@ __all__ = [
     "VirtualMemory",
     "Backend",
     "BackendUnavailableError",
+    "BackendVerificationError",
     "Buffer",
     "Capabilities",
     "CapabilityError",

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from .engine import Engine, RequestOutput
 from .sampling import SamplingParams
+from .trust import Verification
 
 # Text repeated to build a prompt of any length (real words, so the tokenizer behaves).
 _PASSAGE = (
@@ -51,6 +52,7 @@ class BenchRun(BaseModel):
 class BenchResult(BaseModel):
     backend: str
     backend_reason: str
+    verification: Verification
     model: str
     model_path: str
     prompt_tokens: int
@@ -104,12 +106,17 @@ def run_bench(
     warmup: bool = True,
     repeat: int = 3,
     log: Any = None,
+    verify: bool | None = None,
 ) -> BenchResult:
-    """Measure; ``log(str)`` (optional) hears about progress."""
+    """Measure; ``log(str)`` (optional) hears about progress.
+
+    ``verify``: as for :class:`vt.LLM` (None follows ``VT_VERIFY``); the verification runs
+    before the clock of ``load_s`` starts, so it never counts as loading.
+    """
     from .model import Tokenizer, load_gguf
     from .model.cache import resolve_model
-    from .registry import create_backend
     from .runner import DEFAULT_MAX_MODEL_LEN, ModelRunner
+    from .trust import open_verified_backend
 
     say = log or (lambda _msg: None)
     for name, value in (
@@ -120,8 +127,8 @@ def run_bench(
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be at least 1, got {value!r}")
     path = resolve_model(model)
+    be, why, verification = open_verified_backend(backend, verify=verify)
     t0 = time.perf_counter()
-    be, why = create_backend(backend)
     try:
         with load_gguf(path) as model_file:
             tokenizer = Tokenizer.from_model(model_file)
@@ -161,6 +168,7 @@ def run_bench(
     return BenchResult(
         backend=be.name,
         backend_reason=why,
+        verification=verification,
         model=model_file.config.name,
         model_path=str(path),
         prompt_tokens=prompt_tokens,
@@ -218,7 +226,7 @@ def format_table(result: BenchResult) -> str:
     mib = 1 << 20
     lines = [
         f"model    {result.model} ({result.model_path})",
-        f"backend  {result.backend}: {result.backend_reason}",
+        f"backend  {result.backend}: {result.backend_reason}; {result.verification.summary()}",
         f"tokens   {result.prompt_tokens} prompt + {result.gen_tokens} generated "
         f"(max_model_len {result.max_model_len}); best of {result.runs[0].repeat} runs",
         "",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class VtError(Exception):
     """Base class of every error vt raises on purpose."""
@@ -13,6 +15,28 @@ class HostAccessError(VtError):
 
 class BackendUnavailableError(VtError):
     """A backend was asked for by name but is unavailable, rejected, broken or unknown."""
+
+
+class BackendVerificationError(BackendUnavailableError):
+    """A backend's runtime probes disproved a capability it declares (see ``vt.trust``).
+
+    ``failed`` holds the failing checks, ``workaround`` the ``VT_CAPS`` items that correct
+    the declaration they disproved (None when no declaration avoids it), ``verification``
+    the :class:`vt.trust.Verification` (with the cache file).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        verification: Any = None,
+        failed: Any = (),
+        workaround: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.verification = verification
+        self.failed = list(failed)
+        self.workaround = workaround
 
 
 class CapabilityError(VtError):

@@ -36,6 +36,11 @@ class LLM:
     generated tokens of one sequence; ``max_slots`` sequences run at once, and one step holds
     at most ``max_batch_tokens`` tokens (long prompts are prefilled in chunks of that size).
     ``async_scheduling=None`` follows ``VT_ASYNC_RUNNER`` (default on).
+
+    The backend is verified before it is used (:func:`vt.trust.open_verified_backend`: the
+    audit's probes, cached per backend, version, device and capabilities); a failing probe
+    raises :class:`vt.BackendVerificationError`. ``verify=None`` follows ``VT_VERIFY``
+    (default on), False skips it. ``verification`` says what happened.
     """
 
     def __init__(
@@ -48,11 +53,12 @@ class LLM:
         max_slots: int = 8,
         max_batch_tokens: int = 256,
         async_scheduling: bool | None = None,
+        verify: bool | None = None,
     ) -> None:
         from .model import ChatTemplate, Tokenizer, load_gguf
         from .model.cache import resolve_model
-        from .registry import create_backend
         from .runner import ModelRunner
+        from .trust import open_verified_backend
 
         self._closed = False
         self.backend: Any = None
@@ -60,7 +66,8 @@ class LLM:
         self.runner: Any = None
         try:
             self.model_path: Path = Path(resolve_model(None if model is None else str(model)))
-            self.backend, self.backend_reason = create_backend(backend)
+            opened = open_verified_backend(backend, verify=verify)
+            self.backend, self.backend_reason, self.verification = opened
             self.model_file = load_gguf(self.model_path)
             self.tokenizer = Tokenizer.from_model(self.model_file)
             self.chat_template = ChatTemplate.from_model(self.model_file)

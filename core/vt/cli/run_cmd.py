@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .options import backend_option
+from .options import backend_option, flag_skipped, verify_option, verify_setting
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -23,7 +22,7 @@ _MIB = 1 << 20
 
 
 def model_options(func: F) -> F:
-    """--model, --backend, --kv-cache, --max-model-len."""
+    """--model, --backend, --no-verify, --kv-cache, --max-model-len."""
     func = click.option(
         "--max-model-len",
         type=int,
@@ -41,6 +40,7 @@ def model_options(func: F) -> F:
         "contiguous commits max-model-len up front; auto picks vmm where the backend "
         "supports it (vmm on a backend without it is an error).",
     )(func)
+    func = verify_option(func)
     func = backend_option(func)
     func = click.option(
         "--model",
@@ -59,9 +59,14 @@ def _clean_errors(prog: str = "vt") -> Iterator[None]:
     Ctrl-C (while loading, say) into ``PROG: interrupted`` and exit 130."""
     from pydantic import ValidationError
 
+    from .. import envs
     from ..errors import VtError
     from ..sampling import describe_validation_error
 
+    try:
+        debug = bool(envs.get("VT_DEBUG"))  # read first: a bad value is itself the error
+    except envs.EnvError as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         yield
     except KeyboardInterrupt:
@@ -70,11 +75,11 @@ def _clean_errors(prog: str = "vt") -> Iterator[None]:
     except click.ClickException:
         raise
     except ValidationError as exc:
-        if os.environ.get("VT_DEBUG"):
+        if debug:
             raise
         raise click.ClickException(_flag_names(describe_validation_error(exc))) from None
     except (VtError, ValueError, OSError) as exc:
-        if os.environ.get("VT_DEBUG"):
+        if debug:
             raise
         raise click.ClickException(str(exc) or type(exc).__name__) from None
 
@@ -154,7 +159,8 @@ def _flag_names(message: str) -> str:
 def run(
     prompt: str,
     model: str | None,
-    backend: str,
+    backend: str | None,
+    no_verify: bool,
     kv_cache: str,
     max_model_len: int | None,
     max_tokens: int,
@@ -172,8 +178,9 @@ def run(
     """Generate an answer to PROMPT and stream it to stdout.
 
     PROMPT goes through the model's chat template (unless --raw); "-" reads it from stdin.
-    A one-line summary goes to stderr: the backend and why it was chosen, the readback path
-    of sampled tokens, the KV cache, and prefill and decode tokens/s.
+    A one-line summary goes to stderr: the backend and why it was chosen, whether its probes
+    passed (run once per backend version, device and capabilities, then cached), the
+    readback path of sampled tokens, the KV cache, and prefill and decode tokens/s.
 
     \b
     Examples:
@@ -188,7 +195,9 @@ def run(
       VT_BACKEND=NAME      the default of --backend
       VT_ASYNC_RUNNER=0    async scheduling off (the sync readback path)
       VT_GRAPHS=0          no graph replay of decode steps (where the backend has graphs)
-      VT_HOME=DIR          the model cache is DIR/models (default ~/.cache/vt)
+      VT_HOME=DIR          the model cache is DIR/models, verified backends DIR/verified
+                           (default ~/.cache/vt)
+      VT_VERIFY=0          do not verify the backend (as --no-verify)
       VT_DEBUG=1           a traceback instead of the one-line error
 
     Exit status: 0 on success, 1 on an error (one line on stderr), 130 when interrupted.
@@ -214,7 +223,7 @@ def run(
             ignore_eos=ignore_eos,
         )
         _check_max_model_len(max_model_len)
-        llm = _open_llm(model, backend, kv_cache, max_model_len)
+        llm = _open_llm(model, backend, kv_cache, max_model_len, no_verify)
         with llm:
             _run_one(llm, prompt, params, system, raw, no_stream or as_json, as_json)
 
@@ -226,17 +235,29 @@ def _check_max_model_len(value: int | None) -> None:
         )
 
 
-def _open_llm(model: str | None, backend: str, kv_cache: str, max_model_len: int | None) -> Any:
+def _open_llm(
+    model: str | None,
+    backend: str | None,
+    kv_cache: str,
+    max_model_len: int | None,
+    no_verify: bool,
+    **kwargs: Any,
+) -> Any:
+    """The :class:`vt.LLM` for a command's options (``vt run``: one KV slot by default)."""
     from ..llm import LLM
 
     # One request: one KV slot, so a contiguous cache commits max_model_len positions once.
-    return LLM(
+    kwargs.setdefault("max_slots", 1)
+    llm = LLM(
         model=model,
         backend=backend,
         kv_cache=kv_cache,
         max_model_len=max_model_len,
-        max_slots=1,
+        verify=verify_setting(no_verify),
+        **kwargs,
     )
+    llm.verification = flag_skipped(llm.verification, no_verify)
+    return llm
 
 
 def _run_one(
@@ -280,6 +301,7 @@ def run_json(llm: Any, out: Any) -> dict[str, Any]:
         "model": llm.model_name,
         "model_path": str(llm.model_path),
         "readback": llm.readback,
+        "verification": llm.verification.summary(),
         "prompt_ids": out.prompt_ids,
         "ids": out.ids,
         "text": out.text,
@@ -290,11 +312,12 @@ def run_json(llm: Any, out: Any) -> dict[str, Any]:
 
 
 def summary_line(llm: Any, out: Any) -> str:
-    """One line for stderr: backend (why), readback, kv cache, prefill and decode rates."""
+    """One line for stderr: backend (why), verification, readback, kv cache, rates."""
     t = out.timings
     kv = llm.kv_cache_stats()
     return (
-        f"vt: backend {llm.backend_name} ({llm.backend_reason}) | readback {llm.readback} | "
+        f"vt: backend {llm.backend_name} ({llm.backend_reason}) | "
+        f"{llm.verification.summary()} | readback {llm.readback} | "
         f"kv {kv['backend']} {kv['mapped_bytes'] / _MIB:.1f}/{kv['reserved_bytes'] / _MIB:.1f} "
         f"MiB mapped, {kv['segments']} segment(s) | "
         f"prefill {t.prompt_tokens} tok {_rate(t.prefill_tok_s)} | "
@@ -338,7 +361,8 @@ def _rate(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def bench(
     model: str | None,
-    backend: str,
+    backend: str | None,
+    no_verify: bool,
     kv_cache: str,
     max_model_len: int | None,
     prompt_tokens: int,
@@ -384,7 +408,9 @@ def bench(
             max_model_len=max_model_len,
             repeat=repeat,
             log=log,
+            verify=verify_setting(no_verify),
         )
+        result.verification = flag_skipped(result.verification, no_verify)
     if as_json:
         click.echo(result.model_dump_json(exclude={"runs": {"__all__": {"ids"}}}))
     else:

@@ -6,7 +6,7 @@ import signal
 
 import click
 
-from .run_cmd import _check_max_model_len, _clean_errors, model_options
+from .run_cmd import _check_max_model_len, _clean_errors, _open_llm, model_options
 
 _MIB = 1 << 20
 
@@ -62,7 +62,8 @@ _MIB = 1 << 20
 )
 def serve(
     model: str | None,
-    backend: str,
+    backend: str | None,
+    no_verify: bool,
     kv_cache: str,
     max_model_len: int | None,
     host: str,
@@ -83,9 +84,9 @@ def serve(
     Both POST routes stream with "stream": true (server-sent events, then [DONE]).
 
     Every request joins the running batch at the next engine step; --max-slots of them
-    decode at once. On start, vt serve prints where it listens, the backend (and why it was
-    chosen), the readback path of sampled tokens and the KV cache. Ctrl-C stops it: running
-    requests end with an error and the model is released.
+    decode at once. On start, vt serve prints where it listens, the backend (why it was
+    chosen, whether it was verified), the readback path of sampled tokens and the KV cache.
+    Ctrl-C stops it: running requests end with an error and the model is released.
 
     \b
     Examples:
@@ -98,7 +99,6 @@ def serve(
 
     Exit status: 0 after Ctrl-C, 1 on an error (one line on stderr, e.g. a busy port).
     """
-    from ..llm import LLM
     from ..server import Server, bind, default_model_name
 
     with _clean_errors("vt serve"):
@@ -106,11 +106,12 @@ def serve(
         # Bind first: a busy or privileged port fails before seconds of model loading.
         sock = bind(host, port)
         try:
-            llm = LLM(
-                model=model,
-                backend=backend,
-                kv_cache=kv_cache,
-                max_model_len=max_model_len,
+            llm = _open_llm(
+                model,
+                backend,
+                kv_cache,
+                max_model_len,
+                no_verify,
                 max_slots=max_slots,
                 max_batch_tokens=max_batch_tokens,
             )
@@ -151,7 +152,8 @@ def startup_lines(llm: object, server: object, max_slots: int, max_batch_tokens:
     return [
         f"model {a.model_name} ({a.model_path}) | max_model_len {a.max_model_len} | "
         f"{max_slots} slot(s) | {max_batch_tokens} tokens per step",
-        f"backend {a.backend_name} ({a.backend_reason}) | readback {a.readback} | "
+        f"backend {a.backend_name} ({a.backend_reason}) | {a.verification.summary()} | "
+        f"readback {a.readback} | "
         f"kv {kv['backend']} {kv['mapped_bytes'] / _MIB:.1f}/{kv['reserved_bytes'] / _MIB:.1f} "
         f"MiB mapped, {kv['segments']} segment(s)",
         f"listening on {s.url}/v1 as model {s.model_name!r} (Ctrl-C stops)",
