@@ -234,7 +234,7 @@ def _refusal(
         )
     cached = ""
     if verification.status == "cached":
-        cached = f" (cached on {record.verified_at:%Y-%m-%d %H:%M} in {verification.path})"
+        cached = f" (cached on {record.verified_at:%Y-%m-%d %H:%M} UTC in {verification.path})"
     elif verification.path is not None and not verification.cache_error:
         cached = f" (saved in {verification.path})"
     message = (
