@@ -21,12 +21,8 @@ NOT_SETTINGS = {
 
 #: Files that still read VT_* variables themselves instead of through vt.envs (their owners
 #: switch them); the list may only shrink.
-PENDING = {
-    "core/vt/cli/run_cmd.py": "VT_DEBUG (any non-empty value means on)",
-    "core/vt/cli/options.py": "VT_BACKEND through click's envvar=",
-    "core/vt/trust.py": "VT_VERIFY and VT_CAPS",
-    "plugins/cpu/vt_cpu/backend.py": "VT_CPU_VMM_GRANULARITY",
-}
+#: Files that still read VT_* themselves (each entry says which); may only shrink.
+PENDING: dict[str, str] = {}
 
 
 def _kernel_macros() -> set[str]:
@@ -67,6 +63,8 @@ def test_only_vt_envs_reads_vt_variables_apart_from_known_pending_callers() -> N
                 readers.add(rel)
     new = readers - set(PENDING)
     assert not new, f"read VT_* through vt.envs.get() instead: {sorted(new)}"
+    stale = set(PENDING) - readers
+    assert not stale, f"these no longer read VT_* themselves; drop them from PENDING: {stale}"
 
 
 def test_docs_table_is_the_generated_one() -> None:

