@@ -13,6 +13,7 @@ from functools import partial
 from pydantic import BaseModel, computed_field
 
 from .backend import Backend
+from .ops import op_plan
 from .probes import (
     Check,
     Kind,
@@ -62,6 +63,8 @@ class BackendAudit(BaseModel):
     name: str
     status: str
     checks: list[Check]
+    #: How each op of vt.OPS runs: native, decomposed or missing (empty if never loaded).
+    ops: dict[str, str] = {}
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -119,6 +122,7 @@ def audit_entry(registry: Registry, entry: Entry, *, named: bool = False) -> Bac
     """Audit one discovered backend. ``named``: asked for by name, so unavailable fails."""
     checks = rule_checks(entry)
     status = entry.status
+    ops = op_plan(set(entry.ops).__contains__) if entry.backend_class is not None else {}
     if status is Status.available:
         checks.append(check("available", "pass", entry.reason or entry.device or "probe found it"))
     elif status is Status.unavailable and not named:
@@ -132,12 +136,13 @@ def audit_entry(registry: Registry, entry: Entry, *, named: bool = False) -> Bac
             checks.append(check("start", "fail", f"{type(exc).__name__}: {exc}"))
         else:
             try:
+                ops = op_plan(backend.supports)
                 checks.extend(probe_backend(backend))
             finally:
                 backend.close()
     else:
         checks.append(check("probes", "skip", f"not run: the backend is {status.value}"))
-    audit = BackendAudit(name=entry.name, status=status.value, checks=checks)
+    audit = BackendAudit(name=entry.name, status=status.value, checks=checks, ops=ops)
     if not any(c.result != "skip" for c in checks):
         audit.checks.append(check("executed-checks", "fail", "no check could run"))
     return audit

@@ -44,6 +44,7 @@ from .handles import (
     WeightTensor,
 )
 from .ops import OPS, get_op
+from .reference.quant import ggml_type_name
 
 __all__ = [
     "SAMPLE_PARAMS_DTYPE",
@@ -344,17 +345,19 @@ class Backend:
         """
         spec = get_op(op)
         spec.bind(args)
+        dtype = None  # the weight type, for a backend whose support differs per type
         for value in args.values():
             if isinstance(value, Tensor):
                 self._own(value.buffer, f"op {op}")
             elif isinstance(value, Weight):
                 self._own_weight(value, f"op {op}")
-        if self.supports(op):
+                dtype = dtype or ggml_type_name(value.ggml_type)
+        if self.supports(op, dtype):
             getattr(self, f"op_{op}")(stream, **args)
         elif spec.decompose is not None:
             spec.decompose(self.launch, stream, args)
         else:
-            raise _missing(self, f"op {op!r}")
+            raise _missing(self, f"op {op!r}" + (f" for {dtype} weights" if dtype else ""))
 
     # ------------------------------------------------------------------ hooks (required)
     def _alloc(self, nbytes: int) -> Buffer:

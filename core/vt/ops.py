@@ -389,6 +389,27 @@ def closure(ops: Iterable[str], supports: Callable[[str], bool]) -> tuple[set[st
     return native, missing
 
 
+def op_plan(supports: Callable[[str], bool]) -> dict[str, str]:
+    """How a backend runs each op of the table: ``native``, ``decomposed`` (a fused op
+    whose parts all run) or ``missing``."""
+    plan: dict[str, str] = {}
+    for name, op in OPS.items():
+        if supports(name):
+            plan[name] = "native"
+        elif op.fused and not closure([name], supports)[1]:
+            plan[name] = "decomposed"
+        else:
+            plan[name] = "missing"
+    return plan
+
+
+def plan_text(plan: dict[str, str]) -> str:
+    """One line: ``native: a, b; decomposed: c; missing: d`` (empty groups left out)."""
+    groups = {kind: [n for n, k in plan.items() if k == kind] for kind in
+              ("native", "decomposed", "missing")}  # fmt: skip
+    return "; ".join(f"{k}: {', '.join(v)}" for k, v in groups.items() if v) or "none"
+
+
 def missing_ops(ops: Iterable[str], supports: Callable[[str], bool]) -> list[str]:
     """The primitive ops among ``ops`` (after decomposing unsupported fused ones) that
     ``supports`` says no to."""

@@ -9,6 +9,7 @@ import click
 from .. import envs
 from ..capabilities import BOOL_FIELDS, Capabilities, Source
 from ..errors import VtError
+from ..ops import op_plan, plan_text
 from ..registry import Entry, Registry, Status, default_registry
 
 #: Short column labels for the table (JSON always uses the full field names).
@@ -77,6 +78,8 @@ def _table(entries: list[Entry], debug: bool = False) -> str:
             lines.append(f"{pad}{label}: {e.reason}")
         if e.emulated:
             lines.append(f"{pad}emulator: auto never picks it; use --backend {e.name}")
+        if e.backend_class is not None:
+            lines.append(f"{pad}ops: {plan_text(op_plan(set(e.ops).__contains__))}")
         if debug and e.traceback:
             lines.append(f"{pad}traceback (VT_DEBUG):")
             lines += [f"{pad}  {line}" for line in e.traceback.rstrip("\n").splitlines()]
@@ -198,6 +201,8 @@ def audit(backend: str | None, as_json: bool, matrix: bool) -> None:
         marks = {"pass": "PASS", "fail": "FAIL", "skip": "skip"}
         for b in report.backends:
             click.echo(f"{b.name} ({b.status})")
+            if b.ops:
+                click.echo(f"  ops    {plan_text(b.ops)}")
             for c in b.checks:
                 click.echo(f"  {marks[c.result]}  {c.kind:<5}  {c.id}: {c.detail}")
             ran = [c for c in b.checks if c.result != "skip"]

@@ -1,0 +1,97 @@
+"""The op table: its structure, how a backend's ops are planned, and where users see them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import vt
+from click.testing import CliRunner
+from vt.cli import main
+from vt.model.graph import ARCHITECTURE_OPS
+from vt.ops import OPS, closure, get_op, missing_ops, op_plan, plan_text
+
+
+def test_every_op_has_a_reference_and_fused_ops_decompose_into_table_ops() -> None:
+    for name, op in OPS.items():
+        assert op.name == name and op.doc and callable(op.reference)
+        assert len({a.name for a in op.args}) == len(op.args), name
+        if op.fused:
+            assert op.parts and all(p in OPS and not OPS[p].fused for p in op.parts), name
+            # a decomposition writes only into what the caller passed: scratch, not new memory
+            assert any(a.kind in ("out", "inout") for a in op.args)
+        else:
+            assert not op.parts
+    assert set(vt.PRIMITIVE_OPS) | set(vt.FUSED_OPS) == set(OPS)
+
+
+def test_each_architecture_declares_ops_of_the_table() -> None:
+    for arch, ops in ARCHITECTURE_OPS.items():
+        assert ops and set(ops) <= set(OPS), arch
+
+
+def test_unknown_op_names_the_table() -> None:
+    with pytest.raises(KeyError, match="unknown op 'matmull'.*matmul"):
+        get_op("matmull")
+
+
+def test_plan_native_decomposed_and_missing() -> None:
+    primitives = set(vt.PRIMITIVE_OPS)
+    plan = op_plan(primitives.__contains__)
+    assert {n for n, k in plan.items() if k == "decomposed"} == set(vt.FUSED_OPS)
+    no_rope = op_plan((primitives - {"rope"}).__contains__)
+    assert no_rope["rope"] == "missing" and no_rope["rope_kv_store"] == "missing"
+    assert no_rope["swiglu"] == "decomposed"
+    assert plan_text(no_rope).startswith("native: embedding")
+    assert "missing: rope, rope_kv_store" in plan_text(no_rope)
+    assert plan_text(op_plan(lambda _op: False)).startswith("missing: embedding")
+
+
+def test_closure_expands_only_what_the_backend_lacks() -> None:
+    native, missing = closure(["swiglu"], {"swiglu"}.__contains__)
+    assert native == {"swiglu"} and not missing
+    native, missing = closure(["swiglu"], {"matmul"}.__contains__)
+    assert native == {"matmul"} and missing == {"silu_mul"}
+    assert missing_ops(ARCHITECTURE_OPS["llama"], set(vt.PRIMITIVE_OPS).__contains__) == []
+
+
+def test_vt_backends_and_audit_show_each_backends_ops() -> None:
+    runner = CliRunner()
+    table = runner.invoke(main, ["backends"])
+    assert table.exit_code == 0, table.output
+    assert "ops: native: embedding" in table.output
+    assert "decomposed: matmul_add, swiglu, rope_kv_store" in table.output  # tt_stub
+    listed = {e["name"]: e for e in json.loads(runner.invoke(main, ["backends", "--json"]).output)}
+    assert listed["cpu"]["ops"] == list(OPS) and listed["tt_stub"]["ops"] == list(vt.PRIMITIVE_OPS)
+    audit = runner.invoke(main, ["audit", "--backend", "tt_stub", "--json"])
+    assert audit.exit_code == 0, audit.output
+    (report,) = json.loads(audit.output)["backends"]
+    assert report["ops"]["swiglu"] == "decomposed" and report["ops"]["matmul"] == "native"
+    text = runner.invoke(main, ["audit", "--backend", "cpu"]).output
+    assert "  ops    native: embedding" in text and "decomposed" not in text.split("\n")[1]
+
+
+def test_launch_asks_supports_with_the_weight_type() -> None:
+    """A backend that runs matmul only for F32 weights is refused, naming the type, when a
+    step asks it for another."""
+    import numpy as np
+    from vt.testing.kernels_suite import weight_tensor
+    from vt_tt_stub.backend import TtStubBackend
+
+    class F32Only(TtStubBackend):
+        name = "f32-only"
+
+        def supports(self, op: str, dtype: str | None = None) -> bool:
+            if op == "matmul" and dtype not in (None, "F32"):
+                return False
+            return super().supports(op, dtype)
+
+    b = F32Only()
+    s = b.create_stream("s")
+    x = vt.Tensor(b.alloc(2 * 32 * 4), np.float32, (2, 32))
+    out = vt.Tensor(b.alloc(2 * 8 * 4), np.float32, (2, 8))
+    f32 = b.upload_weight(weight_tensor("w", np.ones((8, 32), np.float32), "F32")[0])
+    q8 = b.upload_weight(weight_tensor("w", np.ones((8, 32), np.float32), "Q8_0")[0])
+    b.launch("matmul", s, out=out, x=x, weight=f32)
+    with pytest.raises(vt.KernelNotImplementedError, match="'matmul' for Q8_0 weights"):
+        b.launch("matmul", s, out=out, x=x, weight=q8)
