@@ -13,6 +13,7 @@ import click
 import pytest
 import vt
 from click.testing import CliRunner
+from venv_support import venv_seeing_this_environment
 from vt.cli import main
 from vt.cli.options import backend_option, open_backend
 from vt.registry import reset
@@ -320,31 +321,10 @@ def test_subprocess_selection_by_env_and_unknown_name(site) -> None:
     assert "unknown backend 'nope'; installed backends: absent, cpu" in proc.stdout
 
 
-def _venv_seeing_this_environment(root: Path) -> Path:
-    """A fresh venv whose Python also sees every site directory of the running one.
-
-    ``--system-site-packages`` would borrow the *base* interpreter's packages, which lack vt
-    when the suite itself runs in a venv; a ``.pth`` that calls ``site.addsitedir`` on ours
-    works in both cases and keeps editable installs (their own ``.pth`` hooks) working.
-    """
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    python = root / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
-    lines = [f"import site; site.addsitedir({p!r})" for p in ours]
-    (Path(purelib) / "_outer_site.pth").write_text("\n".join(lines) + "\n")
-    return python
-
-
 def test_pip_install_example_into_a_venv_and_run_a_model(tmp_path: Path) -> None:
     """A real ``pip install`` of the example distribution into a fresh venv: vt finds it,
     its audit passes, and ``vt run --backend example`` produces text from a model."""
-    python = _venv_seeing_this_environment(tmp_path / "venv")
+    python = venv_seeing_this_environment(tmp_path / "venv")
     source = shutil.copytree(EXAMPLE, tmp_path / "src")  # setuptools writes build/ in place
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", str(source)],
