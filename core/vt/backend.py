@@ -19,6 +19,7 @@ Work enqueued on a :class:`Stream` runs in order and asynchronously to the host;
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -64,6 +65,11 @@ __all__ = [
     "Weight",
     "WeightTensor",
 ]
+
+
+@functools.cache
+def _type_name(ggml_type: int) -> str:
+    return ggml_type_name(ggml_type)
 
 
 def _missing(backend: Backend, what: str) -> KernelNotImplementedError:
@@ -346,12 +352,16 @@ class Backend:
         spec = get_op(op)
         spec.bind(args)
         dtype = None  # the weight type, for a backend whose support differs per type
-        for value in args.values():
+        name = self.name
+        for value in args.values():  # ~600 launches per decode step: format only on error
             if isinstance(value, Tensor):
-                self._own(value.buffer, f"op {op}")
+                buf = value.buffer
+                if not isinstance(buf, Buffer) or (buf.owner and buf.owner != name):
+                    self._own(buf, f"op {op}")
             elif isinstance(value, Weight):
-                self._own_weight(value, f"op {op}")
-                dtype = dtype or ggml_type_name(value.ggml_type)
+                if value.owner and value.owner != name:
+                    self._own_weight(value, f"op {op}")
+                dtype = dtype or _type_name(value.ggml_type)
         if self.supports(op, dtype):
             getattr(self, f"op_{op}")(stream, **args)
         elif spec.decompose is not None:

@@ -7,7 +7,8 @@ where there is no GPU, never collects it.) Beyond the conformance kit (``--vt-ba
 cuda``): the tiled matmul path, contexts longer than one attention chunk, sampling over
 real vocabulary sizes, the runner on cuda against cpu on every readback path and with a VMM
 KV cache, decode steps replayed as CUDA graphs against eager ones, and the device's
-capability facts.
+capability facts, and greedy ids equal to cpu's on tiny models of every weight type with
+graphs and async readback each on and off.
 """
 
 from __future__ import annotations
@@ -240,6 +241,54 @@ def test_runner_ids_equal_cpu_on_every_path(tiny: Any) -> None:
             backend.close()
     for name, ids in results.items():
         assert ids == results["cpu"], name
+
+
+#: (architecture, projection weight type) of the tiny models whose greedy ids cuda must
+#: give exactly as cpu does; K-quants need widths that are multiples of 256.
+GREEDY_MODELS = [
+    ("llama", "F32"),
+    ("llama", "F16"),
+    ("qwen2", "BF16"),
+    ("llama", "Q4_0"),
+    ("qwen2", "Q4_1"),
+    ("qwen3", "Q8_0"),
+    ("llama", "Q4_K"),
+    ("qwen3", "Q5_K"),
+    ("qwen2", "Q6_K"),
+]
+
+
+@pytest.mark.parametrize(("arch", "wtype"), GREEDY_MODELS)
+def test_greedy_ids_equal_cpu_with_graphs_and_async_on_and_off(
+    tmp_path: Path, arch: str, wtype: str
+) -> None:
+    kw: dict[str, Any] = {"dim": 256, "ffn": 512, "n_heads": 4} if wtype.endswith("_K") else {}
+    path = write_tiny_gguf(tmp_path / f"{arch}-{wtype}.gguf", arch=arch, weight_type=wtype,
+                           n_layers=2, **kw)  # fmt: skip
+    prompts = {0: [3, 17, 42, 5, 9, 60, 1, 33, 21] * 2, 1: [8, 2, 50], 2: [7]}  # 22 rows: tiled
+    results, stats = {}, {}
+    with load_gguf(path) as model:
+        for name in ("cpu", "cuda/graphs/async", "cuda/graphs/sync", "cuda/eager/async",
+                     "cuda/eager/sync"):  # fmt: skip
+            backend = make(name.split("/")[0])
+            kwargs: dict[str, Any] = {}
+            if name != "cpu":
+                kwargs = {"graphs": "/graphs/" in name, "async_scheduling": name.endswith("async")}
+            try:
+                with ModelRunner(backend, model, max_slots=4, max_model_len=64, **kwargs) as r:
+                    if name != "cpu":
+                        assert r.graphs is kwargs["graphs"], r.graphs_reason
+                        want = "async_d2h" if kwargs["async_scheduling"] else "sync"
+                        assert r.readback == want, r.readback_reason
+                    results[name] = greedy(r, prompts, 12)
+                    stats[name] = r.graph_stats
+            finally:
+                backend.close()
+    for name, ids in results.items():
+        assert ids == results["cpu"], f"{name}: {ids} != cpu's {results['cpu']}"
+    for name in ("cuda/graphs/async", "cuda/graphs/sync"):
+        assert stats[name]["replays"] >= 8, (name, stats[name])
+    assert stats["cuda/eager/async"]["replays"] == 0
 
 
 def _graph_script(runner: ModelRunner) -> list[dict[int, int]]:
