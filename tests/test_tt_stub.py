@@ -206,13 +206,13 @@ def test_fused_ops_run_as_their_decomposition_and_equal_the_reference(
     rng = np.random.default_rng(4)
     s = tt.create_stream("fused")
     launched: list[str] = []
-    plain_launch = tt.launch
+    plain_dispatch = tt._dispatch
 
-    def launch(op: str, stream: vt.Stream, **args: object) -> None:
+    def dispatch(op: str, stream: vt.Stream, args: dict) -> None:
         launched.append(op)
-        plain_launch(op, stream, **args)
+        plain_dispatch(op, stream, args)
 
-    tt.launch = launch  # type: ignore[method-assign]  # the decomposition launches through it
+    tt._dispatch = dispatch  # type: ignore[method-assign]  # the decomposition runs through it
     n, dim, ffn = 3, 8, 12
     x = rng.standard_normal((n, dim)).astype(np.float32)
     res = rng.standard_normal((n, dim)).astype(np.float32)

@@ -351,23 +351,37 @@ class Backend:
         """
         spec = get_op(op)
         spec.bind(args)
-        dtype = None  # the weight type, for a backend whose support differs per type
         name = self.name
-        for value in args.values():  # ~600 launches per decode step: format only on error
+        for value in args.values():  # ~400 launches per decode step: format only on error
             if isinstance(value, Tensor):
                 buf = value.buffer
                 if not isinstance(buf, Buffer) or (buf.owner and buf.owner != name):
                     self._own(buf, f"op {op}")
-            elif isinstance(value, Weight):
-                if value.owner and value.owner != name:
-                    self._own_weight(value, f"op {op}")
-                dtype = dtype or _type_name(value.ggml_type)
+            elif isinstance(value, Weight) and value.owner and value.owner != name:
+                self._own_weight(value, f"op {op}")
+        self._dispatch(op, stream, args)
+
+    def _dispatch(self, op: str, stream: Stream, args: dict[str, Any]) -> None:
+        """Run checked ``args``: natively, or as the decomposition of a fused op.
+
+        The parts of a decomposition are not checked again: their arguments are the fused
+        op's, already bound, so the check would only cost host time per step.
+        """
+        dtype = None  # the weight type, for a backend whose support differs per type
+        for value in args.values():
+            if isinstance(value, Weight):
+                dtype = _type_name(value.ggml_type)
+                break
         if self.supports(op, dtype):
             getattr(self, f"op_{op}")(stream, **args)
-        elif spec.decompose is not None:
-            spec.decompose(self.launch, stream, args)
-        else:
+            return
+        spec = OPS[op]
+        if spec.decompose is None:
             raise _missing(self, f"op {op!r}" + (f" for {dtype} weights" if dtype else ""))
+        spec.decompose(self._dispatch_part, stream, args)
+
+    def _dispatch_part(self, op: str, stream: Stream, **args: Any) -> None:
+        self._dispatch(op, stream, args)
 
     # ------------------------------------------------------------------ hooks (required)
     def _alloc(self, nbytes: int) -> Buffer:
