@@ -8,8 +8,8 @@ For each backend and repetition, a fresh ``VT_HOME`` and three fresh processes, 
 ``vt run`` invocations would be: the first verifies (the probes run and the record is
 written), the second reads the cached record, the third skips (``verify=False``). Each
 process imports ``vt.model`` and discovers the plugins before the clock starts (``vt run``
-does both with or without verification), then times ``vt.trust.open_verified_backend``.
-Then, in one more process per backend, each probe of ``vt.audit.PROBES`` alone, to show
+does both with or without verification), then times ``vt.management.trust.open_verified_backend``.
+Then, in one more process per backend, each probe of ``vt.management.audit.PROBES`` alone, to show
 where the time goes. With ``--run-model PATH``, the wall time of whole ``vt run -n 8``
 processes (first, cached, ``--no-verify``), where the difference is lost in noise on a
 busy machine. Medians are printed and written as JSON.
@@ -28,9 +28,9 @@ import time
 
 OPEN = r"""
 import json, sys, time
-import vt.model, vt.registry
-from vt.trust import open_verified_backend
-vt.registry.default_registry().entries()
+import vt.model, vt.management.registry
+from vt.management.trust import open_verified_backend
+vt.management.registry.default_registry().entries()
 t = time.perf_counter()
 backend, _, v = open_verified_backend(sys.argv[1], verify=sys.argv[2] == "1")
 dt = time.perf_counter() - t
@@ -41,7 +41,7 @@ print(json.dumps({"open_s": dt, "status": v.status,
 
 PER_PROBE = r"""
 import json, sys, time
-from vt import audit, registry
+from vt.management import audit, registry
 backend, _ = registry.create_backend(sys.argv[1])
 out = {}
 try:

@@ -26,7 +26,7 @@ for _name in VT_ENV:
 @pytest.fixture(autouse=True, scope="session")
 def _vt_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One VT_HOME for the session, never the caller's ~/.cache/vt: backends verified
-    once stay verified (vt.trust's cache), and subprocesses inherit it."""
+    once stay verified (vt.management.trust's cache), and subprocesses inherit it."""
     with pytest.MonkeyPatch.context() as mp:
         home = tmp_path_factory.mktemp("vt-home")
         mp.setenv("VT_HOME", str(home))
@@ -36,7 +36,7 @@ def _vt_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(autouse=True)
 def _clean_vt_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Tests see no VT_* variables from the caller and a fresh process-wide registry."""
-    from vt import registry
+    from vt.management import registry
 
     for name in VT_ENV:
         monkeypatch.delenv(name, raising=False)

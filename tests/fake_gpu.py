@@ -19,7 +19,7 @@ import numpy as np
 import vt
 from gguf import GGMLQuantizationType
 from vt.gpu import GpuBackend, GpuCallError, GpuRuntime, host_array
-from vt.mixins import derive_capabilities
+from vt.protocol.mixins import derive_capabilities
 from vt.testing.tiny import quantize_matrix
 
 GRANULARITY = 4096

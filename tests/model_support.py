@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import vt
 from vt import reference as R
-from vt.registry import Registry
-from vt.runner import ModelRunner, SeqChunk
+from vt.execution.runner import ModelRunner, SeqChunk
+from vt.management.registry import Registry
 from vt.testing.tiny import write_tiny_gguf
 
 ARCHS = ("llama", "qwen2", "qwen3")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from vt import VmmCaps
-from vt.audit import (
+from vt.management.audit import (
     PROBES,
     BackendAudit,
     Check,
@@ -22,7 +22,7 @@ from vt.audit import (
     probe_readback,
     probe_vmm,
 )
-from vt.registry import Registry
+from vt.management.registry import Registry
 
 
 def _load_backends():
@@ -150,7 +150,7 @@ def test_a_probe_that_raises_is_one_failed_check(monkeypatch) -> None:
     def boom(backend):
         raise RuntimeError("probe crashed")
 
-    monkeypatch.setattr("vt.audit.PROBES", (boom, *PROBES[:1]))
+    monkeypatch.setattr("vt.management.audit.PROBES", (boom, *PROBES[:1]))
     checks = probe_backend(started(tb.DiscreteBackend))
     assert (checks[0].id, checks[0].result) == ("boom", "fail")
     assert "RuntimeError: probe crashed" in checks[0].detail

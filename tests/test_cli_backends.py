@@ -14,9 +14,9 @@ import pytest
 import vt
 from click.testing import CliRunner
 from venv_support import venv_seeing_this_environment
-from vt.cli import main
-from vt.cli.options import backend_option, open_backend
-from vt.registry import reset
+from vt.frontends.cli import main
+from vt.frontends.cli.options import backend_option, open_backend
+from vt.management.registry import reset
 from vt.testing.tiny import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,7 +331,7 @@ def test_pip_install_example_into_a_venv_and_run_a_model(tmp_path: Path) -> None
         check=True,
         timeout=300,
     )
-    run = [str(python), "-c", "from vt.cli import main; main()"]
+    run = [str(python), "-c", "from vt.frontends.cli import main; main()"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VT_")}
     env["VT_HOME"] = str(tmp_path / "home")
     proc = subprocess.run(

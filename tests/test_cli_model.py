@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from vt.cli import main
+from vt.frontends.cli import main
 from vt.model import cache
 from vt.testing.tiny import write_tiny_gguf
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from vt.cli import main
+from vt.frontends.cli import main
 from vt.model import ChatTemplate, Tokenizer, load_gguf
 from vt.testing.tiny import write_tiny_gguf
 
@@ -214,7 +214,7 @@ def test_bad_async_env_is_an_error(tiny: Path) -> None:
 
 
 def test_ctrl_c_stops_cleanly(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vt.engine import Engine
+    from vt.frontends.engine import Engine
 
     real_step = Engine.step
     calls = {"n": 0}
@@ -235,8 +235,8 @@ def test_ctrl_c_stops_cleanly(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_ctrl_c_while_loading(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    bench_module = importlib.import_module("vt.bench")
-    llm_module = importlib.import_module("vt.llm")
+    bench_module = importlib.import_module("vt.frontends.bench")
+    llm_module = importlib.import_module("vt.frontends.llm")
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -278,7 +278,7 @@ def _subprocess(*args: str, env: dict | None = None) -> subprocess.CompletedProc
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("VT_")}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-c", "from vt.cli import main; main()", *args],
+        [sys.executable, "-c", "from vt.frontends.cli import main; main()", *args],
         capture_output=True,
         text=True,
         env=full_env,

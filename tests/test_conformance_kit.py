@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from vt import OPS
-from vt.cli import main
+from vt.frontends.cli import main
+from vt.management.registry import Registry
 from vt.model.graph import SUPPORTED_ARCHITECTURES
-from vt.registry import Registry
 from vt.testing.contracts_suite import CONTRACTS
 from vt.testing.kit import (
     CORE_METHODS,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import codecs
 
 import pytest
-from vt.engine import Engine, RequestError
-from vt.sampling import SamplingParams
+from vt.frontends.engine import Engine, RequestError
+from vt.frontends.sampling import SamplingParams
 
 VOCAB = 64
 EOS = 0

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import vt
 from fake_gpu import DISCRETE, GRANULARITY, UNIFIED, FakeGpu, make, weight_tensor
-from vt import rules
-from vt.audit import probe_graphs
+from vt.execution.memory import VmmArena
+from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuCallError, GpuWeight, kernel_source
 from vt.gpu.backend import RopeTable
-from vt.memory import VmmArena
-from vt.mixins import derive_capabilities
+from vt.management import rules
+from vt.management.audit import probe_graphs
 from vt.model import load_gguf
-from vt.runner import ModelRunner, SeqChunk
+from vt.protocol.mixins import derive_capabilities
 from vt.testing.tiny import write_tiny_gguf
 
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)

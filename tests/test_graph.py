@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import vt
 from model_support import ARCHS, PROMPT, assert_close, make_backend, numpy_forward, tiny_path
+from vt.execution.runner import ModelRunner, SeqChunk
 from vt.model import load_gguf
 from vt.model.graph import SUPPORTED_ARCHITECTURES, LlamaGraph, check_backend
-from vt.runner import ModelRunner, SeqChunk
 
 BACKENDS = ("cpu", "tt_stub")
 

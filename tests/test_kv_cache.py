@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import vt
 from vmm_support import AliasingCpu, InjectingCpu
-from vt.memory import KVCache, KVCacheStats, KVCapacityError
+from vt.execution.memory import KVCache, KVCacheStats, KVCapacityError
 
 KiB, MiB = 1 << 10, 1 << 20
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)

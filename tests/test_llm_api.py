@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import vt
 from model_support import LiveWeights
-from vt import registry
-from vt.engine import RequestError
-from vt.llm import RequestOutput
+from vt.frontends.engine import RequestError
+from vt.frontends.llm import RequestOutput
+from vt.management import registry
 from vt.testing.tiny import write_tiny_gguf
 
 LONG = vt.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -7,9 +7,9 @@ import json
 import pytest
 import vt
 from click.testing import CliRunner
-from vt.cli import main
+from vt.frontends.cli import main
 from vt.model.graph import ARCHITECTURE_OPS
-from vt.ops import OPS, closure, get_op, missing_ops, op_plan, plan_text
+from vt.protocol.ops import OPS, closure, get_op, missing_ops, op_plan, plan_text
 
 
 def test_every_op_has_a_reference_and_fused_ops_decompose_into_table_ops() -> None:

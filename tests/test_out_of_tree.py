@@ -72,7 +72,7 @@ class Venv(NamedTuple):
     def vt(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         """``vt ARGS`` in the venv (``python -c``: the venv has no ``vt`` script)."""
         return subprocess.run(
-            [str(self.python), "-c", "from vt.cli import main; main()", *args],
+            [str(self.python), "-c", "from vt.frontends.cli import main; main()", *args],
             capture_output=True,
             text=True,
             env={**self.env, **env},

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import vt
 from model_support import PROMPT, cpu_with_readback, greedy, make_backend
-from vt.readback import ReadbackPath, async_scheduling_enabled, choose_readback
-from vt.runner import ModelRunner, SeqChunk
+from vt.execution.readback import ReadbackPath, async_scheduling_enabled, choose_readback
+from vt.execution.runner import ModelRunner, SeqChunk
 
 ASYNC_CAPS = vt.Capabilities(
     unified_memory=False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from vt import BackendUnavailableError, CapabilityError, Source
-from vt.registry import Registry, Status, default_registry, parse_caps_overrides, reset
+from vt.management.registry import Registry, Status, default_registry, parse_caps_overrides, reset
 
 TEST_PLUGINS = "threads_plugin,rule_breaker,import_error,misc,duplicate"
 

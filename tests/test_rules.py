@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import vt
 from vt import Capabilities, VmmCaps
-from vt.mixins import IMPLEMENTATION, derive_capabilities
-from vt.rules import RULES, RULES_BY_ID, check
+from vt.management.rules import RULES, RULES_BY_ID, check
+from vt.protocol.mixins import IMPLEMENTATION, derive_capabilities
 
 HA = dict(unified_memory=True, device_memory_is_host_addressable=True)
 

@@ -18,9 +18,9 @@ from model_support import (
     tiny_path,
 )
 from vt import reference as R
+from vt.execution.readback import OutputAlreadyReadError
+from vt.execution.runner import InvalidStepError, ModelRunner, RunnerError, SeqChunk
 from vt.model import load_gguf
-from vt.readback import OutputAlreadyReadError
-from vt.runner import InvalidStepError, ModelRunner, RunnerError, SeqChunk
 
 PATHS = ("host_view", "async_d2h", "sync")
 

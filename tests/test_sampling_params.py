@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-from vt.sampling import MAX_SEED, SamplingParams, describe_validation_error
+from vt.frontends.sampling import MAX_SEED, SamplingParams, describe_validation_error
 
 
 def test_defaults() -> None:

@@ -24,8 +24,8 @@ import openai
 import pytest
 import vt
 from click.testing import CliRunner
-from vt.cli import main
-from vt.server import Server, bind
+from vt.frontends.cli import main
+from vt.frontends.server import Server, bind
 from vt.testing.tiny import write_tiny_gguf
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,7 +84,7 @@ def slow_steps(server: Server) -> Iterator[Callable[[float], None]]:
     runner.execute = original
 
 
-def solo(ref: vt.LLM, prompt: str, **kw: Any) -> vt.llm.RequestOutput:
+def solo(ref: vt.LLM, prompt: str, **kw: Any) -> vt.frontends.llm.RequestOutput:
     params = vt.SamplingParams(**{"temperature": 0.0, "ignore_eos": True, **kw})
     return ref.generate(prompt, params)[0]
 
@@ -581,7 +581,7 @@ def test_serve_busy_port_fails_before_loading_the_model(
     def no_load(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded although the port is busy")
 
-    monkeypatch.setattr("vt.llm.LLM", no_load)
+    monkeypatch.setattr("vt.frontends.llm.LLM", no_load)
     result = CliRunner().invoke(main, ["serve", "--model", str(tiny), "--port", str(server.port)])
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{server.port}" in result.output
@@ -601,7 +601,7 @@ def test_serve_releases_the_port_when_the_model_fails_to_load(tmp_path: Path) ->
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
 def test_vt_serve_command_serves_and_stops_on_a_signal(tiny: Path, stop_signal: int) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from vt.cli import main; main()", "serve"]
+        [sys.executable, "-c", "from vt.frontends.cli import main; main()", "serve"]
         + ["--model", str(tiny), "--backend", "cpu", "--port", "0"]
         + ["--max-slots", "2", "--kv-cache", "contiguous", "--log-level", "warning"],
         stdout=subprocess.DEVNULL,

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import vt
 from model_support import PROMPT, make_backend
-from vt.registry import Registry
-from vt.runner import ModelRunner, SeqChunk
-from vt.step_graphs import graphs_enabled
+from vt.execution.runner import ModelRunner, SeqChunk
+from vt.execution.step_graphs import graphs_enabled
+from vt.management.registry import Registry
 
 KV_SLOTS = 64  # a position is 32 KiB: the vmm cache's first 2 MiB chunk holds 64 positions
 

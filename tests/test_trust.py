@@ -1,4 +1,5 @@
-"""Verified before trusted (``vt.trust``): probes before a model runs, cached per identity.
+"""Verified before trusted (``vt.management.trust``): probes before a model runs, cached per
+identity.
 
 What users rely on: a backend is probed once per (backend, version, device, capabilities)
 and then read from ``$VT_HOME/verified``; a liar is refused at open with the failing probe
@@ -17,11 +18,11 @@ from pathlib import Path
 import pytest
 import vt
 from click.testing import CliRunner, Result
-from vt import audit, trust
-from vt.cli import main
-from vt.registry import Entry, Status
+from vt.frontends.cli import main
+from vt.management import audit, trust
+from vt.management.registry import Entry, Status
+from vt.management.trust import BackendIdentity, VerificationRecord, open_verified_backend
 from vt.testing.tiny import write_tiny_gguf
-from vt.trust import BackendIdentity, VerificationRecord, open_verified_backend
 
 InstallDist = Callable[..., Path]
 TEST_PLUGINS = Path(__file__).parent / "plugins"
@@ -41,7 +42,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the backends vt.audit.probe_backend ran on, in order."""
+    """The names of the backends vt.management.audit.probe_backend ran on, in order."""
     seen: list[str] = []
     real = audit.probe_backend
 
@@ -98,13 +99,13 @@ def test_first_open_probes_and_the_second_reads_the_cache(home: Path, probes: li
 def test_vt_caps_changes_the_key(home: Path, probes: list[str], monkeypatch) -> None:
     open_and_close("cpu")
     monkeypatch.setenv("VT_CAPS", "cpu:graphs=0")
-    vt.registry.reset()
+    vt.management.registry.reset()
     changed = open_and_close("cpu")
     assert changed.status == "verified" and probes == ["cpu", "cpu"]
     assert changed.record is not None and changed.record.identity.capabilities["graphs"] is False
     assert len(cached_files(home)) == 2
     monkeypatch.delenv("VT_CAPS")
-    vt.registry.reset()
+    vt.management.registry.reset()
     assert open_and_close("cpu").status == "cached" and len(probes) == 2
 
 
@@ -117,7 +118,7 @@ def test_a_new_plugin_version_verifies_again(
     (site / "vt_test_backends-1.0.dist-info").rename(site / "vt_test_backends-1.1.dist-info")
     meta = site / "vt_test_backends-1.1.dist-info" / "METADATA"
     meta.write_text(meta.read_text().replace("Version: 1.0", "Version: 1.1"))
-    vt.registry.reset()
+    vt.management.registry.reset()
     again = open_and_close("discrete")
     assert again.status == "verified" and again.record is not None
     assert again.record.identity.version == "1.1" and probes == ["discrete", "discrete"]
@@ -151,7 +152,7 @@ def test_a_corrupt_cache_file_is_ignored_and_rewritten(
     assert path is not None
     for junk in ("{not json", json.dumps({"format": 1, "identity": "?"}), ""):
         path.write_text(junk)
-        with caplog.at_level(logging.WARNING, logger="vt.trust"):
+        with caplog.at_level(logging.WARNING, logger="vt.management.trust"):
             assert open_and_close("tt_stub").status == "verified"
         assert "verifying again" in caplog.text
         assert VerificationRecord.model_validate_json(path.read_text()).ok  # rewritten
@@ -174,7 +175,7 @@ def test_an_unwritable_vt_home_warns_and_still_runs(
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("VT_HOME", str(blocker / "vt"))  # fails even as root
-    with caplog.at_level(logging.WARNING, logger="vt.trust"):
+    with caplog.at_level(logging.WARNING, logger="vt.management.trust"):
         first = open_and_close("tt_stub")
     assert first.status == "verified" and first.cache_error
     assert first.summary().endswith("(not cached)")
@@ -190,8 +191,8 @@ def test_two_processes_verifying_at_once_both_succeed(home: Path) -> None:
 
     def one() -> None:
         try:
-            backend, _ = vt.registry.Registry().create_backend("tt_stub")
-            entry = vt.registry.Registry().get("tt_stub")
+            backend, _ = vt.management.registry.Registry().create_backend("tt_stub")
+            entry = vt.management.registry.Registry().get("tt_stub")
             assert entry is not None
             try:
                 results.append(trust.verify_backend(backend, entry).status)
@@ -264,7 +265,7 @@ def test_a_liar_is_refused_with_the_probe_and_a_working_workaround(
     assert probes == ["fake-events"]
     # ... and the workaround changes the key, verifies again, and passes.
     monkeypatch.setenv("VT_CAPS", fix)
-    vt.registry.reset()
+    vt.management.registry.reset()
     assert open_and_close("fake-events").status == "verified"
     assert probes == ["fake-events", "fake-events"]
 
@@ -310,7 +311,7 @@ def test_with_the_workaround_a_liar_runs_like_cpu(
     honest = vt_cli(*args, "--backend", "cpu")
     assert honest.exit_code == 0, honest.output
     monkeypatch.setenv("VT_CAPS", ",".join(f"{name}:{item}" for item in fix.split(",")))
-    vt.registry.reset()  # as a new process would: discovery reads VT_CAPS
+    vt.management.registry.reset()  # as a new process would: discovery reads VT_CAPS
     fixed = vt_cli(*args, "--backend", name)
     assert fixed.exit_code == 0, fixed.output
     assert json.loads(fixed.stdout)["ids"] == json.loads(honest.stdout)["ids"]
@@ -333,13 +334,15 @@ def test_every_probe_id_is_mapped_or_core() -> None:
     core = {"memory-roundtrip", "host-view-refused", "sync-readback"}
     ids: set[str] = set()
     for name in ("cpu", "tt_stub"):
-        backend, _ = vt.registry.create_backend(name)
+        backend, _ = vt.management.registry.create_backend(name)
         try:
             ids |= {c.id for c in audit.probe_backend(backend)}
         finally:
             backend.close()
     unmapped = {i for i in ids - core if not trust._settings_for(i)}
-    assert not unmapped, f"add these probe ids to vt.trust.PROBE_SETTINGS: {sorted(unmapped)}"
+    assert not unmapped, (
+        f"add these probe ids to vt.management.trust.PROBE_SETTINGS: {sorted(unmapped)}"
+    )
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -382,8 +385,8 @@ def test_vt_bench_reports_and_skips_verification(home: Path, tiny: Path) -> None
 
 
 def test_vt_serve_has_the_option_and_prints_the_verification(home: Path, tiny: Path) -> None:
-    from vt.cli.serve_cmd import startup_lines
-    from vt.server import Server
+    from vt.frontends.cli.serve_cmd import startup_lines
+    from vt.frontends.server import Server
 
     assert "--no-verify" in vt_cli("serve", "--help").output
     with vt.LLM(model=tiny, backend="tt_stub", max_slots=1) as llm:
@@ -401,7 +404,7 @@ def test_the_real_home_is_not_touched() -> None:
 
 
 def test_entry_fields_feed_the_identity() -> None:
-    backend, _ = vt.registry.create_backend("tt_stub")
+    backend, _ = vt.management.registry.create_backend("tt_stub")
     try:
         entry = Entry(
             name="tt_stub", status=Status.available, distribution="d", version="9", device="x"

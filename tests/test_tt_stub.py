@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import vt
 from vt import reference as ref
-from vt.audit import audit
-from vt.registry import Registry
+from vt.management.audit import audit
+from vt.management.registry import Registry
 from vt_tt_stub import TtStubBackend
 from vt_tt_stub.plugin import vt_register_backends
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import vt
-import vt.probes.vmm
+import vt.management.probes.vmm
 from vmm_support import AliasingCpu, InjectingCpu
-from vt.memory import TENSOR_ALIGNMENT, VmmArena, arena_tensor
-from vt.probes.vmm import SMOKE_IDS, arena_smoke
+from vt.execution.memory import TENSOR_ALIGNMENT, VmmArena, arena_tensor
+from vt.management.probes.vmm import SMOKE_IDS, arena_smoke
 
 KiB, MiB = 1 << 10, 1 << 20
 GRANULARITIES = [4 * KiB, 64 * KiB, 2 * MiB]
@@ -367,13 +367,16 @@ def _imports(path: Path, package: str) -> set[str]:
 
 def test_memory_never_imports_the_probes_or_the_audit() -> None:
     """Execution sits below backend management: the VMM probe uses the arena, and the
-    dependency points that way only (vt.memory and vt.probes used to import each other)."""
-    memory = Path(vt.memory.__file__).parent
+    dependency points that way only (vt.execution.memory and vt.management.probes used to
+    import each other)."""
+    memory = Path(vt.execution.memory.__file__).parent
     for path in sorted(memory.glob("*.py")):
         bad = {
             m
-            for m in _imports(path, "vt.memory")
-            if m.startswith(("vt.probes", "vt.audit", "vt.testing"))
+            for m in _imports(path, "vt.execution.memory")
+            if m.startswith(("vt.management.probes", "vt.management.audit", "vt.testing"))
         }
         assert not bad, f"{path.name} imports {sorted(bad)}"
-    assert "vt.memory.arena" in _imports(Path(vt.probes.vmm.__file__), "vt.probes")
+    assert "vt.execution.memory.arena" in _imports(
+        Path(vt.management.probes.vmm.__file__), "vt.management.probes"
+    )

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backend import (
+from .errors import (
+    BackendUnavailableError,
+    BackendVerificationError,
+    CapabilityError,
+    HostAccessError,
+    KernelNotImplementedError,
+    ModelError,
+    VmmError,
+    VtError,
+)
+from .management.hookspecs import hookimpl, hookspec
+from .protocol.backend import (
     SAMPLE_PARAMS_DTYPE,
     Backend,
     Buffer,
@@ -27,28 +38,24 @@ from .backend import (
     Weight,
     WeightTensor,
 )
-from .capabilities import Capabilities, Provenance, Source, VmmCaps
-from .errors import (
-    BackendUnavailableError,
-    BackendVerificationError,
-    CapabilityError,
-    HostAccessError,
-    KernelNotImplementedError,
-    ModelError,
-    VmmError,
-    VtError,
+from .protocol.capabilities import Capabilities, Provenance, Source, VmmCaps
+from .protocol.mixins import (
+    AsyncD2HCopy,
+    Events,
+    Graphs,
+    HostAddressable,
+    PinnedHostMemory,
+    VirtualMemory,
 )
-from .hookspecs import hookimpl, hookspec
-from .mixins import AsyncD2HCopy, Events, Graphs, HostAddressable, PinnedHostMemory, VirtualMemory
-from .ops import FUSED_OPS, OPS, PRIMITIVE_OPS, Arg, OpDef
+from .protocol.ops import FUSED_OPS, OPS, PRIMITIVE_OPS, Arg, OpDef
 
 __version__ = "0.1.0"
 
 # Heavy parts (model loading, tokenizers) load on first use, so `import vt` stays cheap for
 # plugins and `vt backends`.
 _LAZY = {
-    "LLM": ("vt.llm", "LLM"),
-    "SamplingParams": ("vt.sampling", "SamplingParams"),
+    "LLM": ("vt.frontends.llm", "LLM"),
+    "SamplingParams": ("vt.frontends.sampling", "SamplingParams"),
     "reference": ("vt.reference", None),
     "envs": ("vt.envs", None),
     "gpu": ("vt.gpu", None),

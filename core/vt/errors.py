@@ -18,11 +18,11 @@ class BackendUnavailableError(VtError):
 
 
 class BackendVerificationError(BackendUnavailableError):
-    """A backend's runtime probes disproved a capability it declares (see ``vt.trust``).
+    """A backend's runtime probes disproved a capability it declares (see ``vt.management.trust``).
 
     ``failed`` holds the failing checks, ``workaround`` the ``VT_CAPS`` items that correct
     the declaration they disproved (None when no declaration avoids it), ``verification``
-    the :class:`vt.trust.Verification` (with the cache file).
+    the :class:`vt.management.trust.Verification` (with the cache file).
     """
 
     def __init__(

@@ -1,7 +1,8 @@
 """Liars for the verification tests: declarations that are consistent but false.
 
 Each passes the load rules; only running the audit's probes shows the lie, which is what
-``vt.trust`` does before vt runs a model. The cpu-based ones can also run a model (they are
+``vt.management.trust`` does before vt runs a model. The cpu-based ones can also run a
+model (they are
 the real cpu backend with one lie planted), so a test can show that the ``VT_CAPS``
 workaround in the refusal makes them run correctly. As a plugin module it registers
 ``cpu-fake-events``, ``cpu-aliasing``, ``cpu-stale-view`` and ``fake-events``; install it

@@ -25,7 +25,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..backend import (
+from ..errors import VmmError
+from ..protocol.backend import (
     Backend,
     Buffer,
     Event,
@@ -41,8 +42,7 @@ from ..backend import (
     Weight,
     WeightTensor,
 )
-from ..errors import VmmError
-from ..mixins import (
+from ..protocol.mixins import (
     AsyncD2HCopy,
     Events,
     Graphs,

@@ -19,8 +19,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import Q4_K
 
-from ..backend import WeightTensor
 from ..errors import ModelError
+from ..protocol.backend import WeightTensor
 from ..reference.quant import SUPPORTED_TYPES, dequantize, ggml_type_name
 
 #: Kernel weight kinds (the WT_* constants of kernels.cu) and their kernel name suffixes.

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from ..backend import RopeParams, RopeStyle
 from ..errors import ModelError
+from ..protocol.backend import RopeParams, RopeStyle
 
 #: architecture -> RoPE style (see MODEL_FACTS.md: llama GGUFs are permuted for "normal").
 SUPPORTED_ARCHITECTURES: dict[str, RopeStyle] = {

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from ..backend import WeightTensor
 from ..errors import ModelError
+from ..protocol.backend import WeightTensor
 from ..reference.quant import SUPPORTED_TYPES as SUPPORTED_TENSOR_TYPES
 from .config import ModelConfig, config_from_gguf
 

@@ -6,7 +6,7 @@ kernels on a stream and never touches the host. Every step is one flattened batc
 each row carrying its own position and KV slot, so decoding many sequences is one
 matmul per projection. Only the rows that are sampled reach the output projection.
 
-Per layer, as ops of :data:`vt.ops.OPS`::
+Per layer, as ops of :data:`vt.protocol.ops.OPS`::
 
     h = rms_norm(x)                               attn_norm
     q, k, v = matmul(h, Wq), (h, Wk), (h, Wv)     (+ bias: qwen2)
@@ -30,10 +30,10 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..backend import Backend, Buffer, KVLayout, Stream, Tensor, Weight
 from ..errors import ModelError
-from ..handles import F32, I32, SAMPLE_PARAMS_DTYPE
-from ..ops import require_ops
+from ..protocol.backend import Backend, Buffer, KVLayout, Stream, Tensor, Weight
+from ..protocol.handles import F32, I32, SAMPLE_PARAMS_DTYPE
+from ..protocol.ops import require_ops
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -1,7 +1,7 @@
 """numpy reference kernels: the oracle every backend is compared against.
 
 Pure functions over float32 activations and int32 ids. The mixins :class:`ReferenceOps`
-(every op of :data:`vt.ops.OPS` from these functions) and :class:`HostMemory` (copies over
+(every op of :data:`vt.protocol.ops.OPS` from these functions) and :class:`HostMemory` (copies over
 numpy memory) run them behind the :class:`vt.Backend` protocol.
 """
 
@@ -47,7 +47,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # vt.ops imports these kernels while vt.backend is still loading; the mixins, which
+    # vt.protocol.ops imports these kernels while vt.protocol.backend is still loading;
+    # the mixins, which
     # subclass vt.Backend, load on first use.
     if name in ("HostMemory", "ReferenceOps"):
         from . import host

@@ -1,6 +1,6 @@
 """Mixins that give a backend the reference implementation over host numpy memory.
 
-- :class:`ReferenceOps`: every op of :data:`vt.ops.OPS` (or the ones named in
+- :class:`ReferenceOps`: every op of :data:`vt.protocol.ops.OPS` (or the ones named in
   ``reference_ops``) runs its :mod:`vt.reference` implementation, and weights are
   dequantized to float32 at upload. A host-addressable backend takes it as it is (arrays
   come from ``host_view``); another backend overrides ``_bytes`` to say where a buffer's
@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..backend import Backend
-from ..handles import Buffer, HostBuffer, Stream, Tensor, Weight, WeightTensor
-from ..ops import OPS, get_op
+from ..protocol.backend import Backend
+from ..protocol.handles import Buffer, HostBuffer, Stream, Tensor, Weight, WeightTensor
+from ..protocol.ops import OPS, get_op
 from .quant import dequantize
 
 

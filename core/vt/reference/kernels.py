@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..handles import KVLayout, RopeParams, RopeStyle
+from ..protocol.handles import KVLayout, RopeParams, RopeStyle
 
 F32 = np.float32
 

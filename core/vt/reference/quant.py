@@ -8,7 +8,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from ..errors import ModelError
-from ..handles import WeightTensor
+from ..protocol.handles import WeightTensor
 
 #: The GGML tensor types vt runs; anything else is refused by name.
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..handles import SAMPLE_PARAMS_DTYPE
+from ..protocol.handles import SAMPLE_PARAMS_DTYPE
 
 _M64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1

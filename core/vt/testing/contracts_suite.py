@@ -7,10 +7,11 @@ pass. Contracts without a capability (memory, host_view, sync readback, staging 
 hold for every backend.
 
 There is one implementation of each check: most contracts judge an audit probe's checks
-(:mod:`vt.probes`, run once per backend); the stricter ones (pinned memory, async readback,
+(:mod:`vt.management.probes`, run once per backend); the stricter ones (pinned memory,
+async readback,
 staging reuse, graph replay) add their checks on top, with the probes' helpers
-(:mod:`vt.probes.base`) and, for async readback, the audit's own copy
-(:func:`vt.probes.copy_behind_work`).
+(:mod:`vt.management.probes.base`) and, for async readback, the audit's own copy
+(:func:`vt.management.probes.copy_behind_work`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from functools import partial
 
 import numpy as np
 
-from .. import probes
-from ..backend import Backend, Buffer, HostBuffer, Tensor
-from ..probes import Check
-from ..probes.base import (
+from ..management import probes
+from ..management.probes import Check
+from ..management.probes.base import (
     POISON,
     WORK_BYTES,
     WORK_ROUNDS,
@@ -35,6 +35,7 @@ from ..probes.base import (
     pinned_buffer,
     read,
 )
+from ..protocol.backend import Backend, Buffer, HostBuffer, Tensor
 from .kit import KitCase, KitContext, KitFailure, NotDeclared
 
 STAGING_ROUNDS = 4

@@ -1,7 +1,7 @@
 """End to end: a tiny GGUF per architecture and weight type, through vt's ModelRunner.
 
 Each model is written by the kit (:func:`vt.testing.tiny.write_tiny_gguf`), run by
-:class:`vt.runner.ModelRunner` on the backend under test (several KV slots, a chunked
+:class:`vt.execution.runner.ModelRunner` on the backend under test (several KV slots, a chunked
 prefill, decode steps that take their input id device-side) and compared with
 :class:`~vt.testing.numpy_model.NumpyModel`: logits within the weight type's tolerance,
 greedy ids equal. A greedy id may differ only at a near-tie, where the backend's pick is
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..execution.runner import ModelRunner, SeqChunk
 from ..model import load_gguf
 from ..model.graph import ARCHITECTURE_OPS, SUPPORTED_ARCHITECTURES
-from ..ops import closure
-from ..runner import ModelRunner, SeqChunk
+from ..protocol.ops import closure
 from .kit import KitCase, KitContext, KitFailure
 from .numpy_model import NumpyModel
 from .tiny import write_tiny_gguf

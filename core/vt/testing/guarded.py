@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import Buffer, Tensor
+from ..protocol.backend import Buffer, Tensor
 from .kit import KitContext, KitFailure
 from .tolerances import kernel_tolerance, nmse
 

@@ -1,7 +1,7 @@
-"""Op cases: every op of :data:`vt.ops.OPS` against its reference, through ``launch``.
+"""Op cases: every op of :data:`vt.protocol.ops.OPS` against its reference, through ``launch``.
 
 Each case launches one op with :meth:`vt.Backend.launch` on guarded tensors and compares the
-result with the op's reference (``vt.ops.OPS[op].reference`` on numpy arrays), for each
+result with the op's reference (``vt.protocol.ops.OPS[op].reference`` on numpy arrays), for each
 weight type where the op takes a weight matrix. A primitive op the backend does not support
 is reported as not declared, never as a pass; a fused op it does not support still runs, as
 its decomposition (the case's detail says "decomposed"). The core methods that compute on
@@ -23,7 +23,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .. import reference as R
-from ..backend import (
+from ..protocol.backend import (
     SAMPLE_PARAMS_DTYPE,
     Backend,
     KVLayout,
@@ -32,7 +32,7 @@ from ..backend import (
     Weight,
     WeightTensor,
 )
-from ..ops import OPS, missing_ops
+from ..protocol.ops import OPS, missing_ops
 from .guarded import POISON, CaseBuffers, compare
 from .kit import CORE_METHODS, KitCase, KitContext, KitFailure, NotDeclared
 from .tiny import quantize_matrix
@@ -74,7 +74,7 @@ def weight_tensor(name: str, values: np.ndarray, wtype: str) -> tuple[WeightTens
 
 
 def reference(op: str, **args: Any) -> dict[str, np.ndarray]:
-    """Run ``vt.ops.OPS[op].reference`` on copies of ``args`` (numpy arrays for tensors,
+    """Run ``vt.protocol.ops.OPS[op].reference`` on copies of ``args`` (numpy arrays for tensors,
     dequantized float32 arrays for weights; every output passed as an array of its shape);
     returns every array argument after the call."""
     arrays = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in args.items()}
@@ -604,7 +604,7 @@ def _sample_cases() -> list[KitCase]:
 
 
 def op_cases() -> list[KitCase]:
-    """Every op case in :data:`vt.ops.OPS` order, then the core methods' cases."""
+    """Every op case in :data:`vt.protocol.ops.OPS` order, then the core methods' cases."""
     cases: list[KitCase] = []
     ids = [36, 0, 5, 5, 17, 36, 1]
     cases += [

@@ -1,6 +1,6 @@
 """The conformance kit's cases and the context they run in, independent of pytest.
 
-A :class:`KitCase` is one check of one backend: an op of :data:`vt.ops.OPS` (or a core
+A :class:`KitCase` is one check of one backend: an op of :data:`vt.protocol.ops.OPS` (or a core
 method that computes on data: ``upload_weight``, ``copy_d2d``) on one shape and dtype, one
 capability contract, or one tiny model end to end. The pytest plugin
 (:mod:`vt.testing.pytest_plugin`) turns each case into a test item; ``vt audit --matrix``
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..backend import Backend, Stream
-from ..ops import OPS
-from ..registry import Registry, default_registry
+from ..management.registry import Registry, default_registry
+from ..protocol.backend import Backend, Stream
+from ..protocol.ops import OPS
 
 Category = Literal["op", "core", "contract", "model"]
 CATEGORIES: tuple[Category, ...] = ("op", "core", "contract", "model")
@@ -140,7 +140,7 @@ def _no_cases(category: Category, unit: str, where: str) -> KitCase:
 
 def all_cases() -> list[KitCase]:
     """Every case, in run order: ops, core methods, contracts, models. Every op of
-    :data:`vt.ops.OPS` and every core method has cases; one without fails by name."""
+    :data:`vt.protocol.ops.OPS` and every core method has cases; one without fails by name."""
     from .contracts_suite import contract_cases
     from .e2e_suite import model_cases
     from .kernels_suite import op_cases

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from ..registry import Registry, Status, default_registry
+from ..management.registry import Registry, Status, default_registry
 from .kit import CATEGORIES, KitCase
 
 Result = Literal["pass", "fail", "not declared"]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..model.graph import SUPPORTED_ARCHITECTURES
-from ..ops import OPS
+from ..protocol.ops import OPS
 from .kit import CORE_METHODS
 from .tolerances import WEIGHT_TYPES
 

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import vt
 from vt import reference as R
-from vt import rules
+from vt.execution.runner import ModelRunner, SeqChunk
+from vt.management import rules
+from vt.management.registry import Registry
 from vt.model import load_gguf
-from vt.registry import Registry
-from vt.runner import ModelRunner, SeqChunk
 from vt.testing.kernels_suite import sample_params, weight_tensor
 from vt.testing.tiny import write_tiny_gguf
 from vt.testing.tolerances import kernel_tolerance, nmse

@@ -5,7 +5,7 @@ follow. The H200 row was read on this workplace's H200 (plugins/cuda/tests/gpu_c
 writes it); the others are as NVIDIA documents those parts, and one row is built to reach
 a branch (marked). The function declares physical facts; the effective capabilities are what
 vt derives from them and the mixins CudaBackend implements
-(:func:`vt.mixins.derive_capabilities`), as the registry does.
+(:func:`vt.protocol.mixins.derive_capabilities`), as the registry does.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 from pydantic import ValidationError
-from vt import Capabilities, Source, VmmCaps, rules
-from vt.mixins import derive_capabilities
+from vt import Capabilities, Source, VmmCaps
+from vt.management import rules
+from vt.protocol.mixins import derive_capabilities
 from vt_cuda.backend import CudaBackend
 from vt_cuda.caps import DeviceProfile, capabilities_from_device, use_managed_alloc
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fake_cuda import H200, CUresult, CUstreamCaptureMode, FakeDriver, FakeNvrtc
-from vt.mixins import derive_capabilities
+from vt.protocol.mixins import derive_capabilities
 from vt_cuda.adapter import CudaError, CudaRuntime
 from vt_cuda.backend import CudaBackend
 from vt_cuda.caps import capabilities_from_device

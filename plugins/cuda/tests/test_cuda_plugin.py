@@ -27,9 +27,9 @@ import vt
 import vt_cuda
 import vt_cuda.adapter as adapter
 from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc
-from vt import rules
 from vt.gpu import GpuBackend
-from vt.mixins import derive_capabilities
+from vt.management import rules
+from vt.protocol.mixins import derive_capabilities
 from vt_cuda.adapter import CudaError, CudaRuntime
 from vt_cuda.backend import CudaBackend
 from vt_cuda.caps import ATTRIBUTES, DeviceProfile, capabilities_from_device

@@ -41,7 +41,7 @@ for s in $STEPS; do
     backends)
         step backends 120 "vt backends && vt backends --json > $OUT/backends.json"
         ;;
-    verify)  # the cost of vt.trust's verification: fresh, then from the cache
+    verify)  # the cost of vt.management.trust's verification: fresh, then from the cache
         step verify 300 "rm -rf $VT_HOME/verified; python3 - <<'EOF'
 import time
 from vt import registry, trust
@@ -87,7 +87,7 @@ EOF"
         OLDPATH=$O/core:$O/plugins/cuda:$O/plugins/cpu:$O/plugins/tt_stub:$O/plugins/rocm:/tmp/site
         step baseline 400 "test -d $O && test -f /tmp/smol.gguf \
             && PYTHONPATH=$OLDPATH python3 plugins/cuda/tools/profile_decode.py /tmp/smol.gguf --steps 128 --top 12 \
-            && for g in 1 0; do VT_GRAPHS=\$g PYTHONPATH=$OLDPATH python3 -c 'import sys, vt.cli; sys.argv[0] = \"vt\"; vt.cli.main()' \
+            && for g in 1 0; do VT_GRAPHS=\$g PYTHONPATH=$OLDPATH python3 -c 'import sys, vt.frontends.cli; sys.argv[0] = \"vt\"; vt.frontends.cli.main()' \
                 bench --backend cuda --model /tmp/smol.gguf; done"
         ;;
     *)

@@ -17,9 +17,9 @@ import io
 import pstats
 import time
 
+from vt.execution.runner import ModelRunner, SeqChunk
+from vt.management.registry import Registry
 from vt.model import load_gguf
-from vt.registry import Registry
-from vt.runner import ModelRunner, SeqChunk
 
 
 def decode(runner: ModelRunner, steps: int, prompt: int = 128) -> tuple[float, list[int]]:

@@ -4,7 +4,7 @@ Each row is what ``hipDeviceGetAttribute`` reports for that device (values as th
 runtime of the stated platform reports them; one row is marked as built to reach a branch),
 with the capabilities the rules of issue 2 give and why. The function declares physical
 facts; the effective capabilities are what vt derives from them and the mixins RocmBackend
-implements (:func:`vt.mixins.derive_capabilities`), as the registry does.
+implements (:func:`vt.protocol.mixins.derive_capabilities`), as the registry does.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 from pydantic import ValidationError
-from vt import Capabilities, Source, VmmCaps, rules
-from vt.mixins import derive_capabilities
+from vt import Capabilities, Source, VmmCaps
+from vt.management import rules
+from vt.protocol.mixins import derive_capabilities
 from vt_rocm.backend import RocmBackend
 from vt_rocm.caps import DeviceProfile, capabilities_from_device, use_managed_alloc
 

@@ -36,9 +36,9 @@ from fake_hip import (
     hipMemLocationType,
     hipStreamCaptureMode,
 )
-from vt import rules
 from vt.gpu import GpuBackend, GpuRuntime
-from vt.mixins import derive_capabilities
+from vt.management import rules
+from vt.protocol.mixins import derive_capabilities
 from vt_rocm.adapter import HipError, HipRuntime
 from vt_rocm.backend import RocmBackend
 from vt_rocm.caps import DeviceProfile, capabilities_from_device

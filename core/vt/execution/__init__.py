@@ -1,0 +1,1 @@
+"""Execution: one step on one backend (runner, readback, step graphs, memory)."""

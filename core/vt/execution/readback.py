@@ -1,0 +1,267 @@
+"""Async output slots and sampled-token readback, chosen from effective capabilities.
+
+A step samples its ids on the device into the ``ids`` buffer of an :class:`OutputSlot`.
+The pool of slots is created once and reused round-robin, so no step allocates. How the
+host gets the ids back depends on what the backend can do (the contract whose violation
+read ``hipMalloc`` memory on the CPU in the original bug):
+
+``host_view``
+    device memory is host-addressable: record ``ready`` on the main stream after sampling;
+    :meth:`StepOutput.get_output` synchronises ``ready`` and reads through ``host_view``.
+``async_d2h``
+    record ``fork`` on the main stream; a second (copy) stream waits on it, copies the ids
+    into pinned staging and records ``ready``; the host synchronises only ``ready`` before
+    reading the pinned memory (vLLM's ``AsyncModelRunnerOutput``).
+``sync``
+    the host synchronises the main stream, then copies with ``copy_d2h``. Never
+    ``host_view``.
+
+Each slot also carries the pinned staging of its step's host inputs; a slot is reused only
+after its previous step's output has been read (or read eagerly on reuse), which also proves
+the step consumed its staging, so an async host-to-device copy is never overwritten in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import envs
+from ..errors import VtError
+from ..protocol.backend import Backend, Buffer, Event, HostBuffer, Stream
+from ..protocol.capabilities import Capabilities
+
+
+class ReadbackPath(str, enum.Enum):
+    host_view = "host_view"
+    async_d2h = "async_d2h"
+    sync = "sync"
+
+
+class OutputAlreadyReadError(VtError, RuntimeError):
+    """``get_output()`` was called a second time for the same step."""
+
+
+def async_scheduling_enabled(async_scheduling: bool | None = None) -> tuple[bool, str]:
+    """Whether the async runner is on, and why: the argument wins, then ``VT_ASYNC_RUNNER``."""
+    if async_scheduling is not None:
+        return bool(async_scheduling), f"async_scheduling={bool(async_scheduling)}"
+    return envs.bool_with_reason("VT_ASYNC_RUNNER")
+
+
+def choose_readback(caps: Capabilities, async_enabled: bool) -> tuple[ReadbackPath, str]:
+    """The readback path for these *effective* capabilities, with a one-line reason."""
+    if not async_enabled:
+        return ReadbackPath.sync, "async scheduling is off"
+    if caps.device_memory_is_host_addressable:
+        return ReadbackPath.host_view, "device memory is host-addressable"
+    if caps.supports_async_sampled_token_readback:
+        lacking = [
+            name
+            for name in ("events", "pinned_host_memory", "async_d2h_copy")
+            if not getattr(caps, name)
+        ]
+        if lacking:
+            # The registry's rules reject such a declaration; never trust it regardless.
+            return ReadbackPath.sync, (
+                "supports_async_sampled_token_readback without " + ", ".join(lacking)
+            )
+        return ReadbackPath.async_d2h, "async device-to-host copy on a second stream"
+    return ReadbackPath.sync, (
+        "device memory is not host-addressable and async sampled-token readback is unsupported"
+    )
+
+
+@dataclass(eq=False)
+class OutputSlot:
+    """One step's output resources: device ids, pinned staging, fork and ready events."""
+
+    index: int
+    ids: Buffer  # device int32[max_rows]: the step's sampled ids
+    inputs: HostBuffer  # pinned: this step's host inputs, copied to the device async
+    host_ids: HostBuffer | None  # pinned landing of the async copy (async_d2h only)
+    fork: Event
+    ready: Event
+    pending: StepOutput | None = None  # the step whose output is not read yet
+
+
+class StepOutput:
+    """The sampled ids of one step; :meth:`get_output` may be called once."""
+
+    def __init__(
+        self, pool: OutputPool, slot: OutputSlot, sampled_slots: tuple[int, ...], step: int
+    ) -> None:
+        self._pool = pool
+        self._slot: OutputSlot | None = slot
+        self.sampled_slots = sampled_slots
+        self.step = step
+        self._ids: np.ndarray | None = None
+        self._error: Exception | None = None
+        self._read = False
+
+    def ready(self) -> bool:
+        """True when :meth:`get_output` will not block (a non-blocking event query)."""
+        if self._slot is None:
+            return True
+        if not self._pool.has_events:
+            return False  # no real event to ask: only a blocking synchronize can tell
+        return self._pool.backend.query_event(self._slot.ready)
+
+    def get_output(self) -> dict[int, int]:
+        """Block until the step's ids are on the host; ``{slot: sampled id}``."""
+        if self._read:
+            raise OutputAlreadyReadError(
+                f"get_output() was already called for step {self.step}; it may be called once"
+            )
+        self._materialize()
+        self._read = True
+        assert self._ids is not None
+        return {s: int(i) for s, i in zip(self.sampled_slots, self._ids, strict=True)}
+
+    def _materialize(self) -> None:
+        """Read the ids now and give the slot back to the pool.
+
+        A failed read (say, ``HostAccessError`` from a backend that lied about host access)
+        is kept and raised by every later :meth:`get_output`; the slot is released anyway.
+        """
+        slot = self._slot
+        if slot is None:
+            if self._error is not None:
+                raise self._error
+            return
+        try:
+            self._ids = self._pool.read(slot, len(self.sampled_slots))
+        except Exception as exc:
+            self._error = exc
+            raise
+        finally:
+            slot.pending = None
+            self._slot = None
+
+    def __repr__(self) -> str:
+        state = "read" if self._read else ("ready" if self._slot is None else "pending")
+        return f"StepOutput(step={self.step}, slots={list(self.sampled_slots)}, {state})"
+
+
+class OutputPool:
+    """The round-robin pool of :class:`OutputSlot`, created once per runner."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        path: ReadbackPath,
+        n_slots: int,
+        max_rows: int,
+        inputs_nbytes: int,
+        main: Stream,
+    ) -> None:
+        if n_slots < 2:
+            raise ValueError(
+                f"n_output_slots must be at least 2 (one step in flight while the next "
+                f"is enqueued), got {n_slots}"
+            )
+        self.backend = backend
+        self.path = path
+        self.main = main
+        self.max_rows = max_rows
+        self.copy_stream: Stream | None = None
+        self.slots: list[OutputSlot] = []
+        self._next = 0
+        # Without real events, waiting on an event means waiting on its stream.
+        self.has_events = backend.capabilities.events
+        try:
+            if path is ReadbackPath.async_d2h:
+                self.copy_stream = backend.create_stream("vt-readback")
+            for i in range(n_slots):
+                self.slots.append(self._make_slot(i, inputs_nbytes))
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_slot(self, index: int, inputs_nbytes: int) -> OutputSlot:
+        b = self.backend
+        ids = b.alloc(self.max_rows * 4)
+        slot = OutputSlot(
+            index=index,
+            ids=ids,
+            inputs=b.alloc_pinned(inputs_nbytes),
+            host_ids=b.alloc_pinned(self.max_rows * 4)
+            if self.path is ReadbackPath.async_d2h
+            else None,
+            fork=b.create_event(),
+            ready=b.create_event(),
+        )
+        b.memset(ids, 0)
+        return slot
+
+    def acquire(self) -> OutputSlot:
+        """The next slot, once its previous step's output is on the host."""
+        slot = self.slots[self._next]
+        self._next = (self._next + 1) % len(self.slots)
+        if slot.pending is not None:
+            # The caller ran n_slots steps ahead of get_output(): read this one now so its
+            # device ids, pinned staging and input staging can be reused.
+            with contextlib.suppress(Exception):  # kept for that step's get_output()
+                slot.pending._materialize()
+        return slot
+
+    def publish(self, slot: OutputSlot) -> None:
+        """Enqueue the readback of ``slot.ids`` after the step's sampling on the main stream."""
+        b = self.backend
+        if self.path is ReadbackPath.async_d2h:
+            assert self.copy_stream is not None and slot.host_ids is not None
+            b.record_event(slot.fork, self.main)
+            b.stream_wait_event(self.copy_stream, slot.fork)
+            b.copy_d2h_async(slot.host_ids, slot.ids, self.copy_stream)
+            b.record_event(slot.ready, self.copy_stream)
+        else:
+            b.record_event(slot.ready, self.main)
+
+    def _wait_ready(self, slot: OutputSlot) -> None:
+        if self.has_events:
+            self.backend.synchronize_event(slot.ready)
+        else:
+            self.backend.synchronize(self.main)
+
+    def read(self, slot: OutputSlot, n: int) -> np.ndarray:
+        """Block until ``slot``'s step is done; its first ``n`` sampled ids (a host copy)."""
+        b = self.backend
+        if self.path is ReadbackPath.host_view:
+            self._wait_ready(slot)
+            return b.host_view(slot.ids)[: 4 * n].view(np.int32).copy()
+        if self.path is ReadbackPath.async_d2h:
+            assert slot.host_ids is not None
+            b.synchronize_event(slot.ready)
+            return slot.host_ids.array[: 4 * n].view(np.int32).copy()
+        b.synchronize(self.main)
+        out = np.zeros(n, dtype=np.int32)
+        if n:
+            b.copy_d2h(out, slot.ids)
+        return out
+
+    def drain(self) -> None:
+        """Read every pending output, so that each stays readable after :meth:`close`."""
+        for slot in self.slots:
+            if slot.pending is not None:
+                with contextlib.suppress(Exception):  # kept for that step's get_output()
+                    slot.pending._materialize()
+
+    def close(self) -> None:
+        """Free the pool (idempotent). Pending outputs are read first."""
+        b = self.backend
+        self.drain()
+        slots, self.slots = self.slots, []
+        for slot in slots:
+            b.free(slot.ids)
+            b.free_pinned(slot.inputs)
+            if slot.host_ids is not None:
+                b.free_pinned(slot.host_ids)
+            b.destroy_event(slot.fork)
+            b.destroy_event(slot.ready)
+        if self.copy_stream is not None:
+            b.synchronize(self.copy_stream)
+            b.destroy_stream(self.copy_stream)
+            self.copy_stream = None

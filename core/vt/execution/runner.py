@@ -1,0 +1,515 @@
+"""The batched model runner: one flattened step of many sequences, sampled on the device.
+
+A step is a list of :class:`SeqChunk`, one per sequence (KV slot). Their tokens become the
+rows of one ``[n_tokens, dim]`` activation with per-row positions and slots (vLLM style), so
+a decode step over many sequences is one matmul per projection, and a prompt is prefilled
+in chunks of at most ``max_batch_tokens`` that the caller cuts.
+
+:meth:`ModelRunner.execute` validates the chunks on the host, grows the KV cache, stages the
+host inputs in the pinned buffer of the step's output slot, enqueues one host-to-device copy
+plus the kernels, and returns a :class:`~vt.execution.readback.StepOutput` at once. A chunk marked
+``from_previous`` takes its input token from the ids the previous step sampled, copied
+device-to-device, so the host's bookkeeping of step N overlaps the device running N+1.
+Every buffer a step touches is allocated in ``__init__``; a step enqueues kernels, copies
+and events only, never a host synchronisation. Where the backend declares ``graphs``,
+decode-only steps replay their forward pass as a graph captured once per shape
+(:mod:`vt.execution.step_graphs` says what is captured and why replays are right).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import VtError
+from ..model.graph import ARCHITECTURE_OPS, LlamaGraph, StepInputs, check_backend
+from ..protocol.backend import SAMPLE_PARAMS_DTYPE, Backend, Buffer, HostBuffer, KVLayout
+from .memory.kv import KVCache
+from .readback import (
+    OutputAlreadyReadError,
+    OutputPool,
+    ReadbackPath,
+    StepOutput,
+    async_scheduling_enabled,
+    choose_readback,
+)
+from .step_graphs import DEFAULT_MAX_GRAPHS, StepGraphs, graphs_enabled
+
+__all__ = [
+    "DEFAULT_MAX_MODEL_LEN",
+    "InvalidStepError",
+    "ModelRunner",
+    "OutputAlreadyReadError",
+    "ReadbackPath",
+    "RunnerError",
+    "SeqChunk",
+    "StepOutput",
+]
+
+#: ``max_model_len=None`` means the model's context length, capped here (llama.cpp's
+#: default context) so that a contiguous KV cache of a long-context model stays modest.
+DEFAULT_MAX_MODEL_LEN = 4096
+_ALIGN = 256
+_U32_MAX = 2**32 - 1
+_I32_MAX = 2**31 - 1
+
+
+class RunnerError(VtError):
+    """The runner was misused (for example, used after :meth:`ModelRunner.close`)."""
+
+
+class InvalidStepError(RunnerError, ValueError):
+    """A step's chunks are invalid; nothing was enqueued and no state changed."""
+
+
+@dataclass
+class SeqChunk:
+    """One sequence's share of a step.
+
+    ``token_ids`` are the chunk's tokens from the host (a prompt chunk), or None with
+    ``from_previous=True``: then the one input token is the id this slot sampled in the
+    previous step, taken device-side. ``sample=False`` for a non-final prefill chunk.
+    """
+
+    slot: int
+    start_pos: int
+    token_ids: list[int] | None
+    from_previous: bool = False
+    sample: bool = True
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    counter: int = 0
+
+    @property
+    def n_tokens(self) -> int:
+        if self.from_previous:
+            return 1
+        return 0 if self.token_ids is None else len(self.token_ids)
+
+
+@dataclass
+class _Plan:
+    """A validated step: chunks in row order and where each one's rows go."""
+
+    chunks: list[SeqChunk]  # row order: from_previous first (by previous sample index)
+    row0: list[int]
+    ids: list[np.ndarray | None]
+    n_tokens: int
+    sampled: list[int]  # indices into ``chunks`` of sampled chunks, in sample order
+    copies: list[tuple[int, int, int]]  # (first row, first previous index, count)
+    max_end: int
+    decode: bool = False  # every chunk from_previous: one token per sequence
+
+
+@dataclass(frozen=True)
+class _InputLayout:
+    """Byte offsets of one step's host inputs, identical in pinned staging and on device."""
+
+    ids: int
+    positions: int
+    slots: int
+    rows: int
+    params: int
+    nbytes: int
+
+    @classmethod
+    def for_sizes(cls, max_tokens: int, max_rows: int) -> _InputLayout:
+        sizes = [max_tokens * 4] * 3 + [max_rows * 4, max_rows * SAMPLE_PARAMS_DTYPE.itemsize]
+        offsets, at = [], 0
+        for size in sizes:
+            offsets.append(at)
+            at += -(-size // _ALIGN) * _ALIGN
+        return cls(*offsets, nbytes=at)
+
+
+class ModelRunner:
+    """Runs the llama-family graph on ``backend`` in batched, asynchronous steps.
+
+    ``model`` is a :class:`vt.model.ModelFile`. ``max_slots`` sequences may be live at once
+    (KV slots ``0..max_slots-1``); a step holds at most ``max_batch_tokens`` tokens.
+    ``async_scheduling`` (default: on unless ``VT_ASYNC_RUNNER=0``) off forces the ``sync``
+    readback path. ``readback`` tells the path chosen from the backend's *effective*
+    capabilities, ``readback_reason`` why. ``graphs`` (default: on unless ``VT_GRAPHS=0``,
+    and only where the effective capabilities declare ``graphs``) replays decode-only steps
+    as graphs, at most ``max_graphs`` shapes cached; ``graphs_reason`` says why on or off.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        model: Any,
+        *,
+        max_slots: int = 8,
+        max_model_len: int | None = None,
+        max_batch_tokens: int = 256,
+        kv_cache: str = "auto",
+        async_scheduling: bool | None = None,
+        n_output_slots: int = 3,
+        graphs: bool | None = None,
+        max_graphs: int = DEFAULT_MAX_GRAPHS,
+    ) -> None:
+        config = model.config
+        if config.architecture in ARCHITECTURE_OPS:  # else LlamaGraph names the problem
+            check_backend(backend, config.architecture)
+        for name, value in (
+            ("max_slots", max_slots),
+            ("max_batch_tokens", max_batch_tokens),
+            ("n_output_slots", n_output_slots),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if max_model_len is None:
+            max_model_len = min(int(config.context_length), DEFAULT_MAX_MODEL_LEN)
+        if not isinstance(max_model_len, int) or isinstance(max_model_len, bool):
+            raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+        if not 0 < max_model_len <= config.context_length:
+            raise ValueError(
+                f"max_model_len={max_model_len} must be between 1 and the model's context "
+                f"length {config.context_length}"
+            )
+        enabled, why = async_scheduling_enabled(async_scheduling)
+        path, reason = choose_readback(backend.capabilities, enabled)
+        use_graphs, self.graphs_reason = graphs_enabled(backend.capabilities, graphs)
+        self.graphs: bool = use_graphs
+        self._graphs = StepGraphs(backend, use_graphs, max_graphs)
+
+        self.backend = backend
+        self.config = config
+        self.max_slots = max_slots
+        self.max_model_len = max_model_len
+        self.max_batch_tokens = max_batch_tokens
+        self.max_rows = min(max_slots, max_batch_tokens)
+        self.readback: str = path.value
+        self.readback_reason = reason if enabled else f"{reason} ({why})"
+        self.async_scheduling = enabled
+        self.layout = KVLayout(
+            n_layers=config.n_layers,
+            n_slots=max_slots,
+            max_len=max_model_len,
+            n_kv_heads=config.n_kv_heads,
+            head_dim=config.head_dim,
+        )
+        self._closed = False
+        self._step = 0
+        self._seq_len = [0] * max_slots
+        # (output slot of the previous step, {kv slot: its index among that step's samples})
+        self._prev: tuple[Any, dict[int, int]] | None = None
+        self._in = _InputLayout.for_sizes(max_batch_tokens, self.max_rows)
+
+        self.graph: LlamaGraph | None = None
+        self.kv: KVCache | None = None  # type: ignore[assignment]
+        self._act = None
+        self._inputs: Buffer | None = None
+        self._graph_ids: Buffer | None = None  # where a replayed step samples into
+        self._pool: OutputPool | None = None
+        self.stream = None
+        try:
+            self.graph = LlamaGraph(backend, model)
+            self.stream = backend.create_stream("vt-main")
+            self.kv = KVCache.create(backend, self.layout, kind=kv_cache)
+            self._act = self.graph.allocate(max_batch_tokens, self.max_rows)
+            self._inputs = backend.alloc(self._in.nbytes)
+            self._graph_ids = backend.alloc(self.max_rows * 4)
+            self._pool = OutputPool(
+                backend, path, n_output_slots, self.max_rows, self._in.nbytes, self.stream
+            )
+        except BaseException:
+            self.close()
+            raise
+        i = self._in
+        self._io = StepInputs(
+            ids=self._inputs.view(i.ids, max_batch_tokens * 4),
+            positions=self._inputs.view(i.positions, max_batch_tokens * 4),
+            slots=self._inputs.view(i.slots, max_batch_tokens * 4),
+            rows=self._inputs.view(i.rows, self.max_rows * 4),
+            params=self._inputs.view(i.params, self.max_rows * SAMPLE_PARAMS_DTYPE.itemsize),
+        )
+
+    # ---- public API
+    def execute(self, chunks: list[SeqChunk]) -> StepOutput:
+        """Enqueue one step and return at once; ``get_output()`` gives ``{slot: id}``."""
+        return self._enqueue(chunks)[0]
+
+    def compute_logits(self, chunks: list[SeqChunk]) -> np.ndarray:
+        """Run one step synchronously; the float32 logits of its sampled rows.
+
+        Row ``i`` belongs to the ``i``-th chunk with ``sample=True``, in the order given.
+        The step counts as a normal step (KV written, ids sampled for ``from_previous``).
+        """
+        _, plan = self._enqueue(chunks)
+        assert self._act is not None and self.stream is not None
+        n = len(plan.sampled)
+        logits = np.zeros((n, self.config.vocab_size), dtype=np.float32)
+        self.backend.synchronize(self.stream)
+        if n:
+            self.backend.copy_d2h(logits, self._act.logits)
+        sample_slot = [plan.chunks[k].slot for k in plan.sampled]
+        order = [sample_slot.index(c.slot) for c in chunks if c.sample]
+        return logits[order]
+
+    def free_slot(self, slot: int) -> None:
+        """Forget the sequence in ``slot``; the next chunk for it must start at position 0."""
+        self._check_open()
+        self._check_slot(slot)
+        self._seq_len[slot] = 0
+        if self._prev is not None:
+            self._prev[1].pop(slot, None)
+
+    def seq_len(self, slot: int) -> int:
+        """Positions of ``slot`` written by the steps enqueued so far."""
+        self._check_slot(slot)
+        return self._seq_len[slot]
+
+    def _check_slot(self, slot: object) -> None:
+        if not _is_int(slot) or not 0 <= slot < self.max_slots:  # type: ignore[operator]
+            raise InvalidStepError(f"slot {slot!r} is outside 0..{self.max_slots - 1}")
+
+    @property
+    def graph_stats(self) -> dict[str, int]:
+        """Graphs cached now, and how many were captured, replayed, evicted, invalidated."""
+        g = self._graphs
+        return {
+            "cached": len(g),
+            "captures": g.captures,
+            "replays": g.replays,
+            "evictions": g.evictions,
+            "invalidations": g.invalidations,
+        }
+
+    def synchronize(self) -> None:
+        """Block until every enqueued step has finished on the device."""
+        self._check_open()
+        assert self.stream is not None
+        self.backend.synchronize(self.stream)
+
+    def close(self) -> None:
+        """Release device memory and streams (idempotent). Pending outputs stay readable."""
+        if self._closed:
+            return
+        self._closed = True
+        b = self.backend
+        if self.stream is not None:
+            b.synchronize(self.stream)
+        self._graphs.close(self.stream)
+        if self._pool is not None:
+            self._pool.close()
+        if self._inputs is not None:
+            b.free(self._inputs)
+        if self._graph_ids is not None:
+            b.free(self._graph_ids)
+        if self._act is not None and self.graph is not None:
+            self.graph.free_activations(self._act)
+        if self.kv is not None:
+            self.kv.release()
+        if self.graph is not None:
+            self.graph.close()
+        if self.stream is not None:
+            b.destroy_stream(self.stream)
+        self._pool = self._inputs = self._graph_ids = self._act = self.stream = None
+
+    def __enter__(self) -> ModelRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelRunner(backend={self.backend.name!r}, arch={self.config.architecture!r}, "
+            f"readback={self.readback!r}, graphs={self.graphs}, max_slots={self.max_slots}, "
+            f"max_model_len={self.max_model_len}, max_batch_tokens={self.max_batch_tokens})"
+        )
+
+    # ---- the step
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RunnerError("the model runner is closed")
+
+    def _enqueue(self, chunks: list[SeqChunk]) -> tuple[StepOutput, _Plan]:
+        self._check_open()
+        plan = self._plan(chunks)
+        assert self.kv is not None and self._pool is not None and self.graph is not None
+        assert self._act is not None and self.stream is not None and self._inputs is not None
+        b, main = self.backend, self.stream
+        # Growth maps on the host now; the zeroing of fresh memory goes on the main stream,
+        # ahead of this step, so it does not wait for steps still in flight.
+        self.kv.ensure_positions(plan.max_end, main)
+        slot = self._pool.acquire()
+        self._stage(slot.inputs, plan)
+        b.copy_h2d_async(self._inputs, slot.inputs, main)
+        if plan.copies:
+            assert self._prev is not None
+            prev_ids = self._prev[0].ids
+            for row, index, count in plan.copies:
+                b.copy_d2d(
+                    self._io.ids.view(row * 4, count * 4),
+                    prev_ids.view(index * 4, count * 4),
+                    count * 4,
+                    main,
+                )
+        n_rows = len(plan.sampled)
+        graph, act, io, kv = self.graph, self._act, self._io, self.kv.buffer
+
+        def forward(out_ids: Buffer) -> None:
+            graph.forward(act, io, kv, self.layout, plan.n_tokens, n_rows, out_ids, main)
+
+        if plan.decode and self.graphs:
+            assert self._graph_ids is not None
+            ids = self._graph_ids
+            self._graphs.run((plan.n_tokens, n_rows), kv, main, lambda: forward(ids))
+            if n_rows:  # the output slot differs per step; the captured ids buffer does not
+                b.copy_d2d(slot.ids, ids, n_rows * 4, main)
+        else:
+            forward(slot.ids)
+        self._pool.publish(slot)
+        sampled_slots = tuple(plan.chunks[k].slot for k in plan.sampled)
+        out = StepOutput(self._pool, slot, sampled_slots, self._step)
+        slot.pending = out
+        self._prev = (slot, {s: j for j, s in enumerate(sampled_slots)})
+        for chunk in plan.chunks:
+            self._seq_len[chunk.slot] = chunk.start_pos + chunk.n_tokens
+        self._step += 1
+        return out, plan
+
+    def _stage(self, inputs: HostBuffer, plan: _Plan) -> None:
+        """Write the step's host inputs into ``inputs`` (its output slot's pinned staging)."""
+        lay, raw = self._in, inputs.array
+        n, s = plan.n_tokens, len(plan.sampled)
+        ids = raw[lay.ids : lay.ids + 4 * n].view(np.int32)
+        pos = raw[lay.positions : lay.positions + 4 * n].view(np.int32)
+        slots = raw[lay.slots : lay.slots + 4 * n].view(np.int32)
+        rows = raw[lay.rows : lay.rows + 4 * s].view(np.int32)
+        params = raw[lay.params : lay.params + SAMPLE_PARAMS_DTYPE.itemsize * s].view(
+            SAMPLE_PARAMS_DTYPE
+        )
+        for chunk, row0, tok in zip(plan.chunks, plan.row0, plan.ids, strict=True):
+            m = chunk.n_tokens
+            # from_previous rows get their id device-side after this copy lands
+            ids[row0 : row0 + m] = 0 if tok is None else tok
+            pos[row0 : row0 + m] = np.arange(chunk.start_pos, chunk.start_pos + m)
+            slots[row0 : row0 + m] = chunk.slot
+        for j, k in enumerate(plan.sampled):
+            c = plan.chunks[k]
+            rows[j] = plan.row0[k] + c.n_tokens - 1
+            params[j] = (c.temperature, c.top_p, c.top_k, c.seed, c.counter)
+
+    # ---- validation
+    def _plan(self, chunks: list[SeqChunk]) -> _Plan:
+        if not isinstance(chunks, (list, tuple)) or not chunks:
+            raise InvalidStepError("a step needs a non-empty list of SeqChunk")
+        prev = self._prev[1] if self._prev is not None else {}
+        seen: set[int] = set()
+        ids: dict[int, np.ndarray | None] = {}
+        for c in chunks:
+            if not isinstance(c, SeqChunk):
+                raise InvalidStepError(f"expected SeqChunk, got {type(c).__name__}")
+            ids[id(c)] = self._check_chunk(c, seen, prev)
+        total = sum(c.n_tokens for c in chunks)
+        if total > self.max_batch_tokens:
+            raise InvalidStepError(
+                f"the step holds {total} tokens but max_batch_tokens is "
+                f"{self.max_batch_tokens}; split long prompts into chunks"
+            )
+        # from_previous rows first, ordered as the previous step sampled them, so their ids
+        # arrive in as few device-to-device copies as there are runs (usually one).
+        follow = sorted((c for c in chunks if c.from_previous), key=lambda c: prev[c.slot])
+        order = follow + [c for c in chunks if not c.from_previous]
+        row0, at = [], 0
+        for c in order:
+            row0.append(at)
+            at += c.n_tokens
+        copies: list[tuple[int, int, int]] = []
+        for row, c in enumerate(follow):  # each from_previous chunk is one row
+            index = prev[c.slot]
+            last = copies[-1] if copies else None
+            if last is not None and last[0] + last[2] == row and last[1] + last[2] == index:
+                copies[-1] = (last[0], last[1], last[2] + 1)
+            else:
+                copies.append((row, index, 1))
+        return _Plan(
+            chunks=order,
+            row0=row0,
+            ids=[ids[id(c)] for c in order],
+            n_tokens=total,
+            sampled=[k for k, c in enumerate(order) if c.sample],
+            copies=copies,
+            max_end=max(c.start_pos + c.n_tokens for c in order),
+            decode=len(follow) == len(order),
+        )
+
+    def _check_chunk(self, c: SeqChunk, seen: set[int], prev: dict[int, int]) -> np.ndarray | None:
+        slot = c.slot
+        self._check_slot(slot)
+        if slot in seen:
+            raise InvalidStepError(f"slot {slot} appears more than once in the step")
+        seen.add(slot)
+        tok: np.ndarray | None = None
+        if c.from_previous:
+            if c.token_ids is not None:
+                raise InvalidStepError(
+                    f"slot {slot}: a from_previous chunk takes its token from the device; "
+                    "token_ids must be None"
+                )
+            if slot not in prev:
+                raise InvalidStepError(
+                    f"slot {slot}: from_previous needs an id sampled for this slot in the "
+                    "previous step, and there is none"
+                )
+        else:
+            if c.token_ids is None or len(c.token_ids) == 0:
+                raise InvalidStepError(
+                    f"slot {slot}: a chunk needs token_ids (or from_previous=True)"
+                )
+            try:
+                tok = np.asarray(c.token_ids)
+            except (TypeError, ValueError) as exc:
+                raise InvalidStepError(f"slot {slot}: token_ids are not integers") from exc
+            if tok.ndim != 1 or not np.issubdtype(tok.dtype, np.integer):
+                raise InvalidStepError(f"slot {slot}: token_ids must be a flat list of integers")
+            vocab = self.config.vocab_size
+            bad = tok[(tok < 0) | (tok >= vocab)]
+            if bad.size:
+                raise InvalidStepError(
+                    f"slot {slot}: token id {int(bad[0])} is outside the vocabulary 0..{vocab - 1}"
+                )
+            tok = tok.astype(np.int32)
+        start = c.start_pos
+        if not _is_int(start) or start < 0:
+            raise InvalidStepError(f"slot {slot}: start_pos {start!r} must be an integer >= 0")
+        if start > self._seq_len[slot]:
+            raise InvalidStepError(
+                f"slot {slot}: start_pos {start} skips positions; the slot holds "
+                f"{self._seq_len[slot]} positions"
+            )
+        end = start + c.n_tokens
+        if end > self.max_model_len:
+            raise InvalidStepError(
+                f"slot {slot}: positions up to {end - 1} exceed max_model_len={self.max_model_len}"
+            )
+        if c.sample:
+            _check_sampling(c)
+        return tok
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_sampling(c: SeqChunk) -> None:
+    where = f"slot {c.slot}"
+    t, p = c.temperature, c.top_p
+    if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise InvalidStepError(f"{where}: temperature {t!r} must be a finite number >= 0")
+    if not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 < p <= 1:
+        raise InvalidStepError(f"{where}: top_p {p!r} must be a number in (0, 1]")
+    if not _is_int(c.top_k) or not -1 <= c.top_k <= _I32_MAX:
+        raise InvalidStepError(f"{where}: top_k {c.top_k!r} must be an integer (0 or -1 = off)")
+    for name in ("seed", "counter"):
+        value = getattr(c, name)
+        if not _is_int(value) or not 0 <= value <= _U32_MAX:
+            raise InvalidStepError(f"{where}: {name} {value!r} must be an integer in 0..2**32-1")

@@ -1,0 +1,145 @@
+"""Decode steps captured once per shape and replayed as graphs (backends declaring ``graphs``).
+
+A decode-only step (every chunk ``from_previous``: one token per sequence) enqueues the same
+~16 launches per layer every time; only the *contents* of its input buffers change. Where
+the backend's effective capabilities declare ``graphs``, :class:`StepGraphs` records that
+kernel sequence once per shape and replays it with one launch.
+
+What a graph may capture, and why replays are right:
+
+- Kernel arguments are frozen at capture: buffer addresses, row counts, the KV layout.
+  Every address the forward pass uses is allocated in ``ModelRunner.__init__`` (activations,
+  the device inputs, the KV cache), and everything that differs between steps of one shape
+  (token ids, positions, KV slots, sampled rows, sampling parameters) is *data* in the
+  device inputs buffer. So the key is the shape: ``(n_tokens, n_sampled_rows)``. The row
+  -> KV-slot layout is data too, not part of the key.
+- Only the forward pass is captured. The host inputs' copy from the output slot's pinned
+  staging, the device-to-device copies of the previous step's ids, and the copy of the
+  sampled ids into the output slot are enqueued eagerly on the same stream around the
+  replay: they differ per step (pinned buffer of the slot, previous slot, runs of rows),
+  and stream order makes them land before the replay reads them / after it writes them.
+  The graph samples into one fixed ids buffer for that reason.
+- The KV cache's base address never moves: a contiguous cache is one allocation, and a
+  VMM cache grows by mapping more pages inside its fixed reservation. Growth (host-side
+  mapping, then zeroing on the stream) happens before the replay is enqueued. As a guard,
+  a change of the KV buffer drops every graph (never a replay against a stale address).
+- A shape is run eagerly the first time it is seen and captured the second: the eager run
+  resolves kernels lazily loaded by the runtime outside any capture, and batch sizes seen
+  once never cost a capture.
+
+The cache holds at most ``max_graphs`` graphs (least recently used evicted, after the
+stream drains) and :meth:`StepGraphs.close` destroys them all.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from .. import envs
+from ..protocol.backend import Backend, Buffer, Graph, Stream
+from ..protocol.capabilities import Capabilities
+
+DEFAULT_MAX_GRAPHS = 64
+
+GraphKey = tuple[int, int]
+
+
+def graphs_enabled(caps: Capabilities, graphs: bool | None = None) -> tuple[bool, str]:
+    """Whether decode steps are captured, and why: the argument, then ``VT_GRAPHS``, then
+    the backend's *effective* ``graphs`` capability (a request is never honoured without it).
+    """
+    if graphs is None:
+        wanted, why = envs.bool_with_reason("VT_GRAPHS")
+        if not wanted:
+            return False, why
+    elif not graphs:
+        return False, "graphs=False"
+    else:
+        why = "graphs=True"
+    if not caps.graphs:
+        return False, f"the backend does not declare graphs ({why})"
+    return True, f"decode steps are captured once per shape and replayed ({why})"
+
+
+class StepGraphs:
+    """The runner's graph cache, keyed by decode-step shape."""
+
+    def __init__(
+        self, backend: Backend, enabled: bool, max_graphs: int = DEFAULT_MAX_GRAPHS
+    ) -> None:
+        if not isinstance(max_graphs, int) or isinstance(max_graphs, bool) or max_graphs < 1:
+            raise ValueError(f"max_graphs must be a positive integer, got {max_graphs!r}")
+        self.backend = backend
+        self.enabled = enabled
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[GraphKey, Graph] = OrderedDict()
+        self._seen: set[GraphKey] = set()
+        self._kv: tuple[Buffer, object, int] | None = None
+        self.captures = 0
+        self.replays = 0
+        self.evictions = 0
+        self.invalidations = 0
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def run(self, key: GraphKey, kv: Buffer, stream: Stream, forward: Callable[[], None]) -> bool:
+        """Enqueue the step ``forward`` enqueues: replayed, captured then replayed, or (first
+        sight of ``key``) eagerly. True when a graph ran it."""
+        self._check_kv(kv, stream)
+        graph = self._graphs.get(key)
+        if graph is None:
+            if key not in self._seen:
+                self._seen.add(key)
+                forward()
+                return False
+            graph = self._capture(key, stream, forward)
+        else:
+            self._graphs.move_to_end(key)
+        self.backend.launch_graph(graph, stream)
+        self.replays += 1
+        return True
+
+    def _check_kv(self, kv: Buffer, stream: Stream) -> None:
+        ident = (kv, kv.handle, kv.offset)
+        if self._kv is not None and (
+            self._kv[0] is not kv or self._kv[1] is not kv.handle or self._kv[2] != kv.offset
+        ):
+            self.invalidations += 1
+            self.clear(stream)
+        self._kv = ident
+
+    def _capture(self, key: GraphKey, stream: Stream, forward: Callable[[], None]) -> Graph:
+        b = self.backend
+        if len(self._graphs) >= self.max_graphs:
+            _, old = self._graphs.popitem(last=False)
+            b.synchronize(stream)  # no replay of it is still pending when it is destroyed
+            b.destroy_graph(old)
+            self.evictions += 1
+        b.begin_capture(stream)
+        try:
+            forward()
+        except BaseException:
+            try:
+                b.destroy_graph(b.end_capture(stream))
+            except Exception:  # the forward pass's error is the one to report
+                pass
+            raise
+        graph = b.end_capture(stream)
+        self._graphs[key] = graph
+        self.captures += 1
+        return graph
+
+    def clear(self, stream: Stream | None) -> None:
+        """Destroy every graph (after ``stream`` drains) and forget the shapes seen."""
+        graphs, self._graphs = list(self._graphs.values()), OrderedDict()
+        self._seen.clear()
+        if graphs and stream is not None:
+            self.backend.synchronize(stream)
+        for graph in graphs:
+            self.backend.destroy_graph(graph)
+
+    def close(self, stream: Stream | None) -> None:
+        self.clear(stream)
+        self._kv = None

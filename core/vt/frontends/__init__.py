@@ -1,0 +1,1 @@
+"""Front ends: the engine, vt.LLM, bench, the HTTP server and the CLI."""

@@ -1,0 +1,470 @@
+"""The engine: many requests over one :class:`~vt.execution.runner.ModelRunner`, one step at a time.
+
+Continuous batching: requests join the running batch when a KV slot is free and leave it
+when they finish. Each step holds every running sequence's decode row (one token each) plus
+prefill chunks of waiting prompts, within the runner's ``max_batch_tokens``.
+
+With async scheduling (``runner.readback != "sync"``) the engine submits step N+1 *before*
+reading step N's sampled ids: a decode row whose input is the id sampled in step N says
+``from_previous=True`` and the runner takes it device-side. The host then detokenizes and
+checks stop conditions for step N while the device runs N+1. A request that stops at step N
+(stop token or stop string) wastes one row in N+1, whose id is discarded; limits the host
+can foresee (``max_tokens``, ``max_model_len``) waste nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import VtError
+from .sampling import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class RequestError(VtError, ValueError):
+    """A request the engine refuses (empty or too long prompt, ids outside the vocabulary)."""
+
+
+class Timings(BaseModel):
+    """Wall-clock timings of one request. Rates are None where nothing was measured."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    queued_s: float = 0.0  # waiting for a free KV slot
+    prefill_s: float | None = None  # first prompt chunk submitted -> first token read
+    decode_s: float | None = None  # first token -> last token read
+    prefill_tok_s: float | None = None
+    decode_tok_s: float | None = None  # (generated_tokens - 1) / decode_s
+
+
+class RequestOutput(BaseModel):
+    """A request's state after a step: everything so far plus what this step added.
+
+    ``text`` is the concatenation of every ``delta_text`` so far. While a request runs, text
+    that could be the start of a stop string is held back, so ``text`` never shows a stop
+    string. ``ids`` includes the stop token that ended a request; ``text`` does not.
+    """
+
+    request_id: str
+    prompt: str | None = None
+    prompt_ids: list[int]
+    ids: list[int]
+    text: str
+    delta_ids: list[int] = []
+    delta_text: str = ""
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    timings: Timings = Timings()
+
+
+@dataclass(eq=False)
+class _Request:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    stop_ids: frozenset[int]
+    decoder: Any
+    prompt: str | None = None
+    slot: int | None = None
+    num_prefilled: int = 0  # prompt tokens submitted
+    output_ids: list[int] = field(default_factory=list)  # sampled ids read back
+    pending: int = 0  # samples submitted but not yet read back (0 or 1)
+    text: str = ""  # detokenized text (stop strings trimmed once finished)
+    emitted: int = 0  # characters of ``text`` already handed out
+    emitted_ids: int = 0
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    t_arrival: float = 0.0
+    t_scheduled: float | None = None
+    t_first: float | None = None
+    t_last: float | None = None
+
+    @property
+    def sampled(self) -> int:
+        return len(self.output_ids) + self.pending
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_prefilled == len(self.prompt_ids)
+
+
+@dataclass(eq=False)
+class _Step:
+    seq: int
+    output: Any  # the runner's StepOutput
+    rows: list[tuple[_Request, int, bool]]  # (request, slot, samples)
+
+
+class Engine:
+    """Schedules requests over a runner and turns sampled ids into text.
+
+    ``runner`` follows :class:`vt.execution.runner.ModelRunner`; ``tokenizer`` is a
+    :class:`vt.model.Tokenizer` (``incremental_decoder()``, ``stop_ids``).
+    """
+
+    def __init__(self, runner: Any, tokenizer: Any) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.max_slots: int = int(runner.max_slots)
+        self.max_model_len: int = int(runner.max_model_len)
+        self.max_batch_tokens: int = int(runner.max_batch_tokens)
+        self.vocab_size: int = int(runner.config.vocab_size)
+        self.async_scheduling: bool = runner.readback != "sync"
+        self._eos_ids = frozenset(int(i) for i in tokenizer.stop_ids)
+        self._ids = itertools.count()
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._requests: dict[str, _Request] = {}
+        self._free_slots: list[int] = list(range(self.max_slots))
+        self._deferred_free: list[tuple[int, int]] = []  # (slot, free after step seq)
+        self._inflight: _Step | None = None
+        self._step_seq = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        prompt: str | None = None,
+    ) -> str:
+        """Queue a request and return its id. Raises :class:`RequestError` for a bad prompt
+        before touching any state, so other requests are unaffected."""
+        params = params if params is not None else SamplingParams()
+        ids = [int(i) for i in prompt_ids]
+        if not ids:
+            raise RequestError("the prompt is empty: it needs at least one token")
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise RequestError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        if len(ids) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; "
+                "it must be shorter to leave room for at least one generated token "
+                "(raise --max-model-len or shorten the prompt)"
+            )
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._requests:
+            raise RequestError(f"request id {rid!r} is already in use")
+        stop_ids = frozenset(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self._eos_ids
+        req = _Request(
+            id=rid,
+            prompt_ids=ids,
+            params=params,
+            seed=params.seed if params.seed is not None else random.getrandbits(32),
+            stop_ids=stop_ids,
+            decoder=self.tokenizer.incremental_decoder(skip_special=True),
+            prompt=prompt,
+            t_arrival=time.perf_counter(),
+        )
+        self._requests[rid] = req
+        self._waiting.append(req)
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now; returns False if it is unknown or already finished."""
+        req = self._requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        self._finish(req, "abort")
+        self._requests.pop(req.id, None)
+        return True
+
+    def has_unfinished(self) -> bool:
+        """Whether a request is waiting or running. A step still in flight that only holds
+        rows of finished requests does not count: the next :meth:`step` collects it."""
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[RequestOutput]:
+        """Run one step; returns an output for each request that produced text or finished.
+
+        With async scheduling this submits the next step before reading the previous one,
+        so an output may describe the step before the one just submitted.
+        """
+        try:
+            if not self.async_scheduling:
+                current = self._submit()
+                return self._collect(current) if current is not None else []
+            if self._inflight is None:
+                self._inflight = self._submit()
+                if self._inflight is None:
+                    return []
+            previous = self._inflight
+            self._inflight = self._submit()
+            return self._collect(previous)
+        except BaseException:
+            self._fail_all()
+            raise
+
+    def _schedule(self) -> list[tuple[_Request, int, list[int] | None, int, bool]]:
+        """Pick this step's rows: (request, start_pos, token ids or None, n_tokens, samples)."""
+        while self._waiting and self._free_slots:
+            req = self._waiting.popleft()
+            req.slot = self._free_slots.pop(0)
+            self._running.append(req)
+        budget = self.max_batch_tokens
+        rows: list[tuple[_Request, int, list[int] | None, int, bool]] = []
+        for req in self._running:  # decode rows first: one token each
+            if budget == 0:
+                break
+            if not req.prefill_done or req.finished or req.sampled == 0:
+                continue
+            if self._will_finish(req):
+                continue
+            pos = len(req.prompt_ids) + req.sampled - 1
+            if req.pending:
+                rows.append((req, pos, None, 1, True))  # input: last step's id, device-side
+            else:
+                rows.append((req, pos, [req.output_ids[-1]], 1, True))
+            budget -= 1
+        for req in self._running:  # then prompt chunks, first come first served
+            if budget == 0:
+                break
+            if req.prefill_done or req.finished:
+                continue
+            start = req.num_prefilled
+            chunk = req.prompt_ids[start : start + budget]
+            last = start + len(chunk) == len(req.prompt_ids)
+            rows.append((req, start, chunk, len(chunk), last))
+            budget -= len(chunk)
+        return rows
+
+    def _will_finish(self, req: _Request) -> bool:
+        """Whether the ids sampled so far (read back or not) already reach a limit."""
+        return self._at_limit(req, req.sampled)
+
+    def _at_limit(self, req: _Request, n_generated: int) -> bool:
+        limit = req.params.max_tokens
+        return (limit is not None and n_generated >= limit) or (
+            len(req.prompt_ids) + n_generated >= self.max_model_len
+        )
+
+    def _submit(self) -> _Step | None:
+        from ..execution.runner import SeqChunk
+
+        rows = self._schedule()
+        if not rows:
+            return None
+        now = time.perf_counter()
+        chunks = []
+        step_rows = []
+        for req, pos, ids, n, samples in rows:
+            assert req.slot is not None
+            p = req.params
+            chunks.append(
+                SeqChunk(
+                    slot=req.slot,
+                    start_pos=pos,
+                    token_ids=ids,
+                    from_previous=ids is None,
+                    sample=samples,
+                    temperature=p.temperature,
+                    top_p=p.top_p,
+                    top_k=p.top_k,
+                    seed=req.seed,
+                    counter=req.sampled,
+                )
+            )
+            if req.t_scheduled is None:
+                req.t_scheduled = now
+            if not req.prefill_done:
+                req.num_prefilled += n
+            if samples:
+                req.pending += 1
+            step_rows.append((req, req.slot, samples))
+        self._step_seq += 1
+        output = self.runner.execute(chunks)
+        return _Step(self._step_seq, output, step_rows)
+
+    def _collect(self, step: _Step) -> list[RequestOutput]:
+        sampled = step.output.get_output()
+        now = time.perf_counter()
+        outputs: list[RequestOutput] = []
+        touched: list[_Request] = []
+        for req, slot, samples in step.rows:
+            if not samples:
+                continue
+            req.pending -= 1
+            if req.finished:
+                continue  # the wasted row of a request that stopped one step earlier
+            token = int(sampled[slot])
+            self._accept(req, token, now)
+            touched.append(req)
+        self._free_deferred(step.seq)
+        for req in touched:
+            out = self._output(req)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    # ------------------------------------------------------------------ per token
+    def _accept(self, req: _Request, token: int, now: float) -> None:
+        req.output_ids.append(token)
+        if req.t_first is None:
+            req.t_first = now
+        req.t_last = now
+        if token in req.stop_ids:
+            req.stop_reason = token
+            self._finish(req, "stop")
+            return
+        previous = len(req.text)
+        req.text += req.decoder.step(token)
+        if req.params.stop and len(req.text) > previous:
+            self._check_stop_strings(req, previous)
+            if req.finished:
+                return
+        if self._at_limit(req, len(req.output_ids)):
+            # Any row still in flight for this request is discarded when collected.
+            self._finish(req, "length")
+
+    def _check_stop_strings(self, req: _Request, previous: int) -> None:
+        text = req.text
+        longest = max(len(s) for s in req.params.stop)
+        start = max(0, previous - longest + 1)
+        best: tuple[int, str] | None = None
+        for s in req.params.stop:
+            i = text.find(s, start)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is not None:
+            req.text = text[: best[0]]
+            req.stop_reason = best[1]
+            self._finish(req, "stop")
+
+    def _holdback(self, req: _Request) -> int:
+        """Characters at the end of the text that could begin a stop string."""
+        if req.finished or not req.params.stop:
+            return 0
+        text = req.text
+        best = 0
+        for s in req.params.stop:
+            for k in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def _output(self, req: _Request) -> RequestOutput | None:
+        end = len(req.text) - self._holdback(req)
+        if end < req.emitted:
+            end = req.emitted
+        delta_text = req.text[req.emitted : end]
+        delta_ids = req.output_ids[req.emitted_ids :]
+        if not delta_text and not delta_ids and not req.finished:
+            return None
+        req.emitted = end
+        req.emitted_ids = len(req.output_ids)
+        if req.finished:
+            self._requests.pop(req.id, None)
+        return RequestOutput.model_construct(
+            request_id=req.id,
+            prompt=req.prompt,
+            prompt_ids=req.prompt_ids,
+            ids=list(req.output_ids),
+            text=req.text[:end],
+            delta_ids=delta_ids,
+            delta_text=delta_text,
+            finished=req.finished,
+            finish_reason=req.finish_reason,
+            stop_reason=req.stop_reason,
+            timings=self._timings(req),
+        )
+
+    def _timings(self, req: _Request) -> Timings:
+        n_prompt, n_gen = len(req.prompt_ids), len(req.output_ids)
+        queued = (req.t_scheduled or req.t_arrival) - req.t_arrival
+        prefill_s = decode_s = prefill_rate = decode_rate = None
+        if req.t_scheduled is not None and req.t_first is not None:
+            prefill_s = req.t_first - req.t_scheduled
+            prefill_rate = n_prompt / prefill_s if prefill_s > 0 else None
+        if req.t_first is not None and req.t_last is not None and n_gen > 1:
+            decode_s = req.t_last - req.t_first
+            decode_rate = (n_gen - 1) / decode_s if decode_s > 0 else None
+        return Timings.model_construct(
+            prompt_tokens=n_prompt,
+            generated_tokens=n_gen,
+            queued_s=queued,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            prefill_tok_s=prefill_rate,
+            decode_tok_s=decode_rate,
+        )
+
+    # ------------------------------------------------------------------ slots
+    def _finish(self, req: _Request, reason: FinishReason) -> None:
+        if reason != "abort" and not isinstance(req.stop_reason, str):
+            # An incomplete character left at the end becomes U+FFFD, as in decode().
+            req.text += req.decoder.flush()
+        req.finished = True
+        req.finish_reason = reason
+        if req in self._waiting:
+            self._waiting.remove(req)
+        if req in self._running:
+            self._running.remove(req)
+        if req.slot is not None:
+            slot, req.slot = req.slot, None
+            inflight = self._inflight
+            if inflight is not None and any(s == slot for _, s, _ in inflight.rows):
+                # The device may still write this slot's KV: reuse it only after that step.
+                self._deferred_free.append((slot, inflight.seq))
+            else:
+                self._release_slot(slot)
+
+    def _release_slot(self, slot: int) -> None:
+        self.runner.free_slot(slot)
+        self._free_slots.append(slot)
+        self._free_slots.sort()
+
+    def _free_deferred(self, seq: int) -> None:
+        keep = []
+        for slot, after in self._deferred_free:
+            if after <= seq:
+                self._release_slot(slot)
+            else:
+                keep.append((slot, after))
+        self._deferred_free = keep
+
+    def _fail_all(self) -> None:
+        """After a runner error or an interrupt: drop every request and reclaim every slot,
+        so the engine can take new requests if the device is still usable."""
+        self._inflight = None
+        for req in list(self._running) + list(self._waiting):
+            req.finished, req.finish_reason = True, "abort"
+        self._running.clear()
+        self._waiting.clear()
+        self._requests.clear()
+        self._deferred_free.clear()
+        for slot in range(self.max_slots):
+            if slot not in self._free_slots:
+                try:
+                    self.runner.free_slot(slot)
+                except Exception:  # noqa: BLE001 - best effort while unwinding another error
+                    pass
+        self._free_slots = list(range(self.max_slots))

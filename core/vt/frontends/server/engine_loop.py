@@ -1,0 +1,255 @@
+"""One background thread that owns the :class:`~vt.frontends.engine.Engine` and steps it.
+
+HTTP handlers never touch the engine: they :meth:`EngineLoop.submit` a group of prompts and
+:meth:`EngineLoop.abort` it, both thread-safe (a command queue the thread drains between
+steps). New requests therefore join the running batch at the next step, which is
+continuous batching. The thread hands every delta back to the handler's asyncio queue with
+``loop.call_soon_threadsafe``, so the event loop never blocks on the device.
+
+A step that raises fails every request it held (the engine drops them and reclaims their
+slots); those requests get the error and the thread carries on with new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import RequestError, RequestOutput
+from ..sampling import SamplingParams
+
+log = logging.getLogger("vt.frontends.server")
+
+
+class ShuttingDown(Exception):
+    """The server stopped while the request was queued or running."""
+
+
+@dataclass
+class Delivery:
+    """What a handler's queue receives. The first item of a group is ``accepted`` or an
+    ``error``; then outputs (``index`` is the prompt's position in the group)."""
+
+    index: int = 0
+    output: RequestOutput | None = None
+    error: BaseException | None = None
+    accepted: bool = False
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str | None = None
+
+
+@dataclass(eq=False)
+class _Group:
+    request_id: str
+    prompts: list[Prompt]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Delivery]
+    rids: list[str] = field(default_factory=list)
+
+    def deliver(self, item: Delivery) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the handler's event loop is closed: nobody is listening
+            pass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    steps: int = 0
+    failed_steps: int = 0
+
+
+class EngineLoop:
+    """Owns ``engine`` on a daemon thread between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.stats = EngineStats()
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._groups: dict[str, _Group] = {}  # engine request id -> its group
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._drain = False  # step once more to collect a step still in flight
+
+    # ------------------------------------------------------------------ any thread
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine loop is already started")
+        self._thread = threading.Thread(target=self._run, name="vt-engine", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        request_id: str,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        out: asyncio.Queue[Delivery],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Queue one request of one or more prompts; its deliveries go to ``out``."""
+        group = _Group(request_id, prompts, params, loop, out)
+        if self._stopped.is_set():
+            group.deliver(Delivery(error=ShuttingDown("the server is shutting down")))
+            return
+        self._commands.put(("add", group))
+
+    def abort(self, request_id: str) -> None:
+        """Stop every prompt of a request (its client went away); frees their KV slots."""
+        self._commands.put(("abort", request_id))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Fail what is still queued or running with :class:`ShuttingDown` and end the
+        thread. The engine (and the model) can be closed once this returns."""
+        self._stopped.set()
+        self._commands.put(("stop", None))
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("the engine thread did not stop within %.0f s", timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------------ the engine thread
+    def _run(self) -> None:
+        while True:
+            try:
+                if self._iterate():
+                    return
+            except Exception as exc:  # noqa: BLE001 - a bug here must not end the thread
+                log.exception("the engine loop failed; failing its requests")
+                self._fail_groups(exc)
+
+    def _iterate(self) -> bool:
+        """Apply queued commands, then run one step if there is work; True on stop."""
+        engine = self.engine
+        busy = engine.has_unfinished() or self._drain
+        try:
+            command = self._commands.get(block=not busy)
+        except queue.Empty:
+            command = None
+        while command is not None:
+            if command[0] == "stop":
+                self._shutdown()
+                return True
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                command = None
+        had_work = engine.has_unfinished()
+        if had_work or self._drain:
+            self._drain = False
+            self._step()
+            # One more step after the last request finishes collects a step still in
+            # flight, so the slots it held are released before the engine goes idle.
+            self._drain = had_work and not engine.has_unfinished()
+        return False
+
+    def _apply(self, command: tuple[str, Any]) -> None:
+        kind, arg = command
+        if kind == "add":
+            self._add(arg)
+        elif kind == "abort":
+            for rid, group in list(self._groups.items()):
+                if group.request_id == arg:
+                    self.engine.abort(rid)
+                    del self._groups[rid]
+                    self._drain = True
+
+    def _add(self, group: _Group) -> None:
+        added: list[str] = []
+        try:
+            for i, prompt in enumerate(group.prompts):
+                rid = f"{group.request_id}-{i}"
+                self.engine.add_request(
+                    prompt.ids, group.params, request_id=rid, prompt=prompt.text
+                )
+                added.append(rid)
+        except Exception as exc:  # noqa: BLE001 - handed to the request, the loop goes on
+            for rid in added:  # all prompts of a request run, or none
+                self.engine.abort(rid)
+            if not isinstance(exc, RequestError):
+                log.exception("adding request %s failed", group.request_id)
+            group.deliver(Delivery(error=exc))
+            return
+        group.rids = added
+        for rid in added:
+            self._groups[rid] = group
+        group.deliver(Delivery(accepted=True))
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - the engine dropped its requests; tell them
+            log.exception("an engine step failed; failing the %d request(s) in it", len(self))
+            self._fail_groups(exc)
+            self._update_stats(failed=1)
+            return
+        for out in outputs:
+            group = self._groups.get(out.request_id)
+            if group is None:
+                continue  # aborted while its last step was in flight
+            if out.finished:
+                del self._groups[out.request_id]
+            group.deliver(Delivery(index=group.rids.index(out.request_id), output=out))
+        self._update_stats()
+
+    def _fail_groups(self, exc: BaseException) -> None:
+        failed = {id(g): g for g in self._groups.values()}
+        for rid in self._groups:  # after a failed step the engine has dropped them already
+            with contextlib.suppress(Exception):
+                self.engine.abort(rid)
+        self._groups.clear()
+        for group in failed.values():
+            group.deliver(Delivery(error=exc))
+
+    def _update_stats(self, failed: int = 0) -> None:
+        s = self.stats
+        self.stats = EngineStats(
+            running=self.engine.num_running,
+            waiting=self.engine.num_waiting,
+            steps=s.steps + 1,
+            failed_steps=s.failed_steps + failed,
+        )
+
+    def _shutdown(self) -> None:
+        error = ShuttingDown("the server is shutting down")
+        notified: set[int] = set()
+        for rid, group in list(self._groups.items()):
+            self.engine.abort(rid)
+            if id(group) not in notified:
+                notified.add(id(group))
+                group.deliver(Delivery(error=error))
+        self._groups.clear()
+        while True:  # requests queued after the last step
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                arg.deliver(Delivery(error=error))
+        try:
+            while self.engine.has_unfinished():
+                self.engine.step()
+            self.engine.step()  # collect a step still in flight
+        except Exception:  # noqa: BLE001 - shutting down anyway
+            log.exception("an engine step failed during shutdown")
+        self.stats = EngineStats(steps=self.stats.steps, failed_steps=self.stats.failed_steps)
+
+    def __len__(self) -> int:
+        """Requests (groups) the thread is serving now."""
+        return len({id(g) for g in self._groups.values()})

@@ -1,0 +1,1 @@
+"""Backend management: hookspecs, rules, the registry, probes, audit, trust."""

@@ -1,0 +1,1 @@
+"""The backend protocol: handles, the core Backend, capability mixins, the op table."""
