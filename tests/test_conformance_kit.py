@@ -104,9 +104,9 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
         tmp_path / "run", "--vt-backend", "cpu", "--vt-backend", "tt_stub", f"--vt-matrix={matrix}"
     )
     assert rc == 0, out
-    assert len(OPS) == 13 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
-    assert summary("cpu", 13, 2, 11, 27, 0) in out
-    assert summary("tt_stub", 13, 2, 4, 27, 0) in out
+    assert len(OPS) == 14 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
+    assert summary("cpu", 14, 2, 11, 27, 0) in out
+    assert summary("tt_stub", 14, 2, 4, 27, 0) in out
     # tt_stub declares nothing: those contracts are "not declared", never passes
     assert "  not declared: " + ", ".join(f"contract {c}" for c in TT_UNDECLARED) in out
     assert counts == {"passed": 2 * N_CASES - len(TT_UNDECLARED), "skipped": len(TT_UNDECLARED)}
@@ -383,7 +383,7 @@ def test_matrix_marks_failed_cells_and_lists_failures() -> None:
     matrix = matrix_from_results(["mine", "gone"], results, "test", {"mine": caps}, {"gone": "why"})
     assert not matrix.ok
     text = matrix.render(markdown=True)
-    assert summary("mine", 12, 2, 4, 27, 1) in text
+    assert summary("mine", 13, 2, 4, 27, 1) in text
     assert "| `rms_norm` | - | **FAIL** (1/4) |" in text  # how it runs: not recorded here
     assert "| `events` | no | `event-ordering` | not declared |" in text
     assert "| `device_memory_is_host_addressable` | no | `host-view` (must refuse) | pass |" in text

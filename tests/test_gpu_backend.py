@@ -43,7 +43,7 @@ def test_it_implements_every_capability_mixin_and_every_primitive_op() -> None:
     assert caps.supports_async_sampled_token_readback and not caps.device_memory_is_host_addressable
     assert rules.check(FakeGpu, caps) == []
     assert rules.check(FakeGpu, derive_capabilities(FakeGpu, UNIFIED)) == []
-    assert FakeGpu.op_names() == vt.PRIMITIVE_OPS  # the fused ops run as decompositions
+    assert FakeGpu.op_names() == tuple(vt.OPS)  # every op natively, fused ones included
 
 
 # --------------------------------------------------------------------------- memory
@@ -284,7 +284,9 @@ def test_a_decode_step_is_one_graph_launch_after_warm_up_and_capture(tmp_path: P
 
         eager, captured, replayed = step(3), step(4), step(5)
         per_step = eager.count("launch")
-        assert per_step == 1 + 16 * model.config.n_layers + 4  # embedding, layers, head
+        # embedding; per layer rms_norm, qkv, rope_kv_store, attention, matmul_add, rms_norm,
+        # swiglu, matmul_add; then gather_rows, rms_norm, matmul, sample
+        assert per_step == 1 + 8 * model.config.n_layers + 4
         assert "graph_begin_capture" not in eager and "graph_launch" not in eager
         begin, end = captured.index("graph_begin_capture"), captured.index("graph_end_capture")
         assert captured[begin:end].count("launch") == per_step
@@ -476,18 +478,22 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
     assert includes == []  # nvrtc and hiprtc find no system headers
     names = {
         "rms_norm", "rope", "kv_store", "attention", "silu_mul", "add", "gather_rows", "sample",
-        *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
-        *(f"matmul_{k}_{s}" for k in ("small", "tiled") for s in ("f32", "f16", "bf16", "q")),
+        "rope_kv_store", *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
+        *(f"{k}_{s}" for k in ("matmul_small", "matmul_tiled", "swiglu_small", "qkv_small")
+          for s in ("f32", "f16", "bf16", "q")),
     }  # fmt: skip
     signatures = kernel_signatures()
     for name in names:
         prefix, _, suffix = name.rpartition("_")
-        if prefix in ("embedding", "matmul_small", "matmul_tiled"):  # instantiated by a macro
+        if prefix in MACRO_KERNELS:  # instantiated by a macro
             assert prefix in signatures
             macro = "VT_EMBEDDING" if prefix == "embedding" else "VT_MATMUL"
             assert f"\n{macro}({suffix}, " in source, name
         else:
             assert name in signatures, name
+
+
+MACRO_KERNELS = ("embedding", "matmul_small", "matmul_tiled", "swiglu_small", "qkv_small")
 
 
 def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
@@ -551,7 +557,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "weight": c.w("proj", rng.standard_normal((6, 32)).astype(np.float32), "Q8_0"),
              "bias": c.w("bias", np.ones(6, np.float32))},
             "matmul_small_q",
-            {"lg_block": 5, "n": 3, "N": 6, "K": 32},
+            {"lg_block": 5, "n": 3, "N": 6, "K": 32, "rpb": 8},
         ),
         "rope": lambda: (
             {"x": c.t("x", F32, 3, 16), "positions": c.t("positions", I32, 3), "n_heads": 2,
@@ -593,11 +599,54 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
             "sample",
             {"n": 3, "vocab": 7},
         ),
+        "matmul_add": lambda: (
+            {"out": c.t("out", F32, 3, 6), "x": c.t("x", F32, 3, 32),
+             "weight": c.w("proj", rng.standard_normal((6, 32)).astype(np.float32), "Q4_1"),
+             "residual": c.t("residual", F32, 3, 6), "scratch": c.t("scratch", F32, 3, 6)},
+            "matmul_small_q",
+            {"lg_block": 5, "n": 3, "N": 6, "K": 32, "rpb": 8},
+        ),
+        "swiglu": lambda: (
+            {"out": c.t("out", F32, 3, 6), "x": c.t("x", F32, 3, 256),
+             "gate": c.w("gate", rng.standard_normal((6, 256)).astype(np.float32), "Q6_K"),
+             "up": c.w("up", rng.standard_normal((6, 256)).astype(np.float32), "Q8_0"),
+             "scratch_gate": c.t("sg", F32, 3, 6), "scratch_up": c.t("su", F32, 3, 6)},
+            "swiglu_small_q",
+            {"glg": 4, "ulg": 5, "n": 3, "N": 6, "K": 256, "rpb": 8},
+        ),
+        "rope_kv_store": lambda: (
+            {**kv(), "q": c.t("q", F32, 3, 24), "k": c.t("k", F32, 3, 8), "v": c.t("v", F32, 3, 8),
+             "n_heads": 3, "params": vt.RopeParams(8)},
+            "rope_kv_store",
+            {"n": 3, "n_heads": 3, "n_kv": 1, "head_dim": 8, "neox": 0, "n_slots": 7,
+             "n_layers": 4, "max_len": 5, "layer": 2},
+        ),
+        "qkv": lambda: (
+            {"q": c.t("q", F32, 3, 6), "k": c.t("k", F32, 3, 2), "v": c.t("v", F32, 3, 3),
+             "x": c.t("x", F32, 3, 256),
+             "wq": c.w("wq", rng.standard_normal((6, 256)).astype(np.float32), "Q8_0"),
+             "wk": c.w("wk", rng.standard_normal((2, 256)).astype(np.float32), "Q4_0"),
+             "wv": c.w("wv", rng.standard_normal((3, 256)).astype(np.float32), "Q6_K"),
+             "bk": c.w("bk", np.ones(2, np.float32))},
+            "qkv_small_q",
+            {"lgq": 5, "lgk": 5, "lgv": 4, "n": 3, "Nq": 6, "Nk": 2, "Nv": 3, "K": 256, "rpb": 8},
+        ),
     }  # fmt: skip
     return cases[op]()
 
 
-@pytest.mark.parametrize("op", vt.PRIMITIVE_OPS)
+#: Kernel pointer parameters that carry a weight: (op argument, GpuWeight field).
+WEIGHT_POINTERS = {
+    "data": ("weight", "data"), "sm": ("weight", "scales"), "bias": ("bias", "data"),
+    "gdata": ("gate", "data"), "gsm": ("gate", "scales"), "udata": ("up", "data"),
+    "usm": ("up", "scales"),
+    **{f"w{k}": (f"w{k}", "data") for k in "qkv"},
+    **{f"s{k}": (f"w{k}", "scales") for k in "qkv"},
+    **{f"b{k}": (f"b{k}", "data") for k in "qkv"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", tuple(vt.OPS))
 def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: str) -> None:
     backend, rt = make()
     case = OpCase(backend)
@@ -607,17 +656,23 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     (launch,) = rt.launches
     assert launch.kernel == kernel and launch.stream == stream.handle
     weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
-    macro = kernel.startswith(("matmul", "embedding"))  # one kernel per weight format
+    macro = kernel.startswith(MACRO_KERNELS)  # one kernel per weight format
     signature = kernel_signatures()[kernel.rsplit("_", 1)[0] if macro else kernel]
     assert len(launch.args) == len(signature), signature
     for (ctype, name), value, raw in zip(signature, launch.args, launch.ctypes_args, strict=True):
         if "*" in ctype and name in case.addresses:
             assert value == case.addresses[name], name
-        elif "*" in ctype:  # a weight's pointers: its data, its scales, a bias
-            w: GpuWeight = weights.get("table") or weights.get("weight")  # type: ignore[assignment]
-            want = {"data": w.data, "w": w.data, "sm": w.scales,
-                    "bias": weights["bias"].data if "bias" in weights else 0}[name]  # fmt: skip
+        elif "*" in ctype and name in ("data", "w", "sm") and "table" in weights:
+            w: GpuWeight = weights["table"]  # embedding's table; rms_norm's weight is "w"
+            assert (value or 0) == {"data": w.data, "sm": w.scales}[name], name
+        elif "*" in ctype and name == "w":
+            assert value == weights["weight"].data, name
+        elif "*" in ctype and name in WEIGHT_POINTERS:  # a weight's data, scales, a bias
+            arg, attr = WEIGHT_POINTERS[name]
+            want = getattr(weights[arg], attr) if arg in weights else 0
             assert (value or 0) == want, name
+        elif "*" in ctype:  # an optional tensor the op was not given (matmul's residual)
+            assert not value, name
         elif ctype == "RopeTable":
             assert isinstance(raw, RopeTable) and raw.inv[1] == pytest.approx(10000**-0.25)
         else:
@@ -637,11 +692,32 @@ def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
     backend.launch("matmul", stream, out=out, x=x, weight=weight)
     small5, small1, tiled = rt.launches
     h = weight.handle
-    assert small5.args == [out.buffer.handle, x.buffer.handle, h.data, h.scales, 5, None, 5,
-                           37, 96]  # fmt: skip
-    assert (small5.kernel, small5.grid, small5.block) == ("matmul_small_q", (5, 2, 1), (256, 1, 1))
-    assert small1.grid == (5, 1, 1)  # 8 warps per block: ceil(37 / 8) outputs, 1 row group
+    assert small5.args == [out.buffer.handle, x.buffer.handle, h.data, h.scales, 5, None, None,
+                           5, 37, 96, 8]  # fmt: skip
+    # 8 warps per block: ceil(37 / 8) blocks of outputs, each block takes every row
+    assert (small5.kernel, small5.grid, small5.block) == ("matmul_small_q", (5, 1, 1), (256, 1, 1))
+    assert small1.grid == (5, 1, 1)
     assert (tiled.kernel, tiled.grid, tiled.block) == ("matmul_tiled_q", (1, 1, 1), (256, 1, 1))
+    assert tiled.args[-4:] == [None, 5, 37, 96]  # no residual, then n, N, K
+
+
+def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
+    backend, rt = make()
+    stream = backend.create_stream()
+
+    def grid(out_f: int, n: int) -> tuple[tuple[int, int, int], int]:
+        rt.launches.clear()
+        w = backend.upload_weight(weight_tensor("w", np.ones((out_f, 64), np.float32), "Q8_0"))
+        x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+        out = vt.Tensor.of(backend.alloc(n * out_f * 4), F32, n, out_f)
+        backend.launch("matmul", stream, out=out, x=x, weight=w)
+        (launch,) = rt.launches
+        return launch.grid, launch.args[-1]
+
+    assert grid(8 * 4096, 32) == ((4096, 1, 1), 32)  # enough blocks: each weight read once
+    assert grid(8 * 64, 32) == ((64, 4, 1), 8)  # 64 blocks: 4 row groups of 8
+    assert grid(8 * 100, 32) == ((100, 2, 1), 16)
+    assert grid(8 * 64, 3) == ((64, 1, 1), 8)
 
 
 def test_a_weight_is_one_allocation_freed_once() -> None:
@@ -736,13 +812,58 @@ def test_a_weight_of_another_backend_is_refused() -> None:
         backend.launch("matmul", backend.create_stream(), out=out, x=x, weight=foreign)
 
 
-def test_fused_ops_run_as_their_decomposition() -> None:
+def test_fused_ops_run_natively_or_as_their_decomposition() -> None:
     backend, rt = make()
     case = OpCase(backend)
     weight = case.w("w", np.ones((4, 8), np.float32))
     stream = backend.create_stream()
-    backend.launch("matmul_add", stream, out=case.t("out", F32, 2, 4), x=case.t("x", F32, 2, 8),
-                   weight=weight, residual=case.t("r", F32, 2, 4),
-                   scratch=case.t("s", F32, 2, 4))  # fmt: skip
-    assert [launch.kernel for launch in rt.launches] == ["matmul_small_f32", "add"]
+
+    def matmul_add() -> list[str]:
+        rt.launches.clear()
+        backend.launch("matmul_add", stream, out=case.t("out", F32, 2, 4),
+                       x=case.t("x", F32, 2, 8), weight=weight, residual=case.t("r", F32, 2, 4),
+                       scratch=case.t("s", F32, 2, 4))  # fmt: skip
+        return [launch.kernel for launch in rt.launches]
+
+    assert matmul_add() == ["matmul_small_f32"]  # the residual add in the epilogue
+    assert rt.launches[0].args[6] == case.addresses["r"]
+    backend.native_fused = frozenset()  # what a tool does to measure the fusion
+    assert not backend.supports("matmul_add") and backend.supports("matmul")
+    assert matmul_add() == ["matmul_small_f32", "add"]
     assert rt.launches[1].args[:3] == [case.addresses[k] for k in ("out", "r", "s")]
+
+
+def test_prefill_runs_swiglu_and_qkv_as_tiled_matmuls() -> None:
+    backend, rt = make()
+    case = OpCase(backend)
+    n = backend.tiled_min_rows
+    w = {k: case.w(k, np.ones((16, 32), np.float32), "Q8_0") for k in ("g", "u", "q", "k", "v")}
+    stream = backend.create_stream()
+    backend.launch("swiglu", stream, out=case.t("out", F32, n, 16), x=case.t("x", F32, n, 32),
+                   gate=w["g"], up=w["u"], scratch_gate=case.t("sg", F32, n, 16),
+                   scratch_up=case.t("su", F32, n, 16))  # fmt: skip
+    backend.launch("qkv", stream, q=case.t("q", F32, n, 16), k=case.t("k", F32, n, 16),
+                   v=case.t("v", F32, n, 16), x=case.t("x", F32, n, 32), wq=w["q"], wk=w["k"],
+                   wv=w["v"])  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == ["matmul_tiled_q"] * 2 + ["silu_mul"] + [
+        "matmul_tiled_q"
+    ] * 3
+    assert [launch.args[0] for launch in rt.launches[3:]] == [
+        case.addresses[k] for k in ("q", "k", "v")
+    ]
+
+
+def test_qkv_of_weights_of_different_kinds_is_three_launches() -> None:
+    backend, rt = make()
+    case = OpCase(backend)
+    stream = backend.create_stream()
+    backend.launch(
+        "qkv", stream, q=case.t("q", F32, 1, 4), k=case.t("k", F32, 1, 4),
+        v=case.t("v", F32, 1, 4), x=case.t("x", F32, 1, 32),
+        wq=case.w("wq", np.ones((4, 32), np.float32), "F16"),
+        wk=case.w("wk", np.ones((4, 32), np.float32), "Q8_0"),
+        wv=case.w("wv", np.ones((4, 32), np.float32), "Q8_0"),
+    )  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == ["matmul_small_f16"] + [
+        "matmul_small_q"
+    ] * 2

@@ -50,6 +50,7 @@ from ..protocol.mixins import (
     PinnedHostMemory,
     VirtualMemory,
 )
+from ..protocol.ops import FUSED_OPS
 from . import weights as W
 from .runtime import GpuCallError, GpuRuntime, host_array
 
@@ -60,6 +61,8 @@ MAX_HEAD_DIM = 256
 _THREADS = 256
 _SAMPLE_THREADS = 512
 _MAX_BLOCKS = 65535
+#: Rows of x per pass of the decode-path matmul kernels (MM_R in kernels.cu).
+MM_R = 8
 
 
 class RopeTable(ctypes.Structure):
@@ -158,8 +161,14 @@ class GpuBackend(
 
     name: ClassVar[str] = "gpu"
     description: ClassVar[str] = "a GPU through a runtime adapter (vt.gpu)"
-    #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one.
-    tiled_min_rows: int = 16
+    #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one
+    #: (every decode batch up to 32 rows reads each weight once through the warp kernels).
+    tiled_min_rows: int = 64
+    #: The decode kernels split rows over more blocks while the grid has fewer than this.
+    target_blocks: int = 256
+    #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
+    #: a tool clears it to measure what the fusion buys.
+    native_fused: frozenset[str] = frozenset({"matmul_add", "swiglu", "rope_kv_store", "qkv"})
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
@@ -464,24 +473,129 @@ class GpuBackend(
             self._kernel("rms_norm", (n, 1, 1), _THREADS, stream, self._ptr(out), self._ptr(x),
                          P(w.data), I32(n), I32(dim), F32(eps))  # fmt: skip
 
+    def _rows_per_block(self, n: int, blocks_x: int) -> int:
+        """Rows of x per block of a decode-path kernel: all of them (each weight row read
+        once) unless that leaves the GPU short of blocks; then split in groups of MM_R."""
+        groups = -(-n // MM_R)
+        split = min(groups, max(1, -(-self.target_blocks // blocks_x)))
+        return MM_R * -(-groups // split)
+
+    def _small_grid(self, n: int, features: int) -> tuple[tuple[int, int, int], int]:
+        warps = _THREADS // self._rt.warp_size()
+        blocks_x = -(-features // warps)
+        rpb = self._rows_per_block(n, blocks_x)
+        return (blocks_x, -(-n // rpb), 1), rpb
+
+    def _matmul(
+        self,
+        stream: Stream,
+        out: Tensor,
+        x: Tensor,
+        w: GpuWeight,
+        bias: int = 0,
+        residual: Tensor | None = None,
+    ) -> None:
+        n = x.shape[0]
+        if n == 0:
+            return
+        out_f, in_f = w.rows, w.cols
+        res = P(0) if residual is None else self._ptr(residual)
+        args = (self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.lg_block), P(bias),
+                res, I32(n), I32(out_f), I32(in_f))  # fmt: skip
+        if n >= self.tiled_min_rows:
+            grid = (-(-out_f // 64), -(-n // 64), 1)
+            self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
+        else:
+            grid, rpb = self._small_grid(n, out_f)
+            self._kernel(f"matmul_small_{w.suffix}", grid, _THREADS, stream, *args, I32(rpb))
+
     def op_matmul(
         self, stream: Stream, out: Tensor, x: Tensor, weight: Weight, bias: Weight | None = None
     ) -> None:
         w = self._gpu_weight(weight, "matmul")
         b = 0 if bias is None else self._gpu_weight(bias, "matmul").data
-        n = x.shape[0]
+        self._matmul(stream, out, x, w, b)
+
+    # ---- fused ops (native; GpuBackend.native_fused lists those that run so)
+    def supports(self, op: str, dtype: str | None = None) -> bool:
+        if op in FUSED_OPS and op not in self.native_fused:
+            return False  # run as its decomposition (to measure what the fusion buys)
+        return super().supports(op, dtype)
+
+    def op_matmul_add(
+        self, stream: Stream, out: Tensor, x: Tensor, weight: Weight, residual: Tensor,
+        scratch: Tensor,
+    ) -> None:  # fmt: skip
+        """The residual add in the projection's epilogue: one launch (scratch unused)."""
+        self._matmul(stream, out, x, self._gpu_weight(weight, "matmul_add"), residual=residual)
+
+    def op_swiglu(
+        self, stream: Stream, out: Tensor, x: Tensor, gate: Weight, up: Weight,
+        scratch_gate: Tensor, scratch_up: Tensor,
+    ) -> None:  # fmt: skip
+        """Decode batches: gate and up in one pass with the SiLU-mul epilogue (one launch).
+        Prefill (tiled) or weights of different kinds: two matmuls and silu_mul."""
+        g, u = self._gpu_weight(gate, "swiglu"), self._gpu_weight(up, "swiglu")
+        n, dim = x.shape
         if n == 0:
             return
-        out_f, in_f = w.rows, w.cols
-        args = (self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.lg_block), P(b),
-                I32(n), I32(out_f), I32(in_f))  # fmt: skip
-        if n >= self.tiled_min_rows:
-            grid = (-(-out_f // 64), -(-n // 64), 1)
-            self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
-        else:
-            warps = _THREADS // self._rt.warp_size()
-            grid = (-(-out_f // warps), -(-n // 4), 1)
-            self._kernel(f"matmul_small_{w.suffix}", grid, _THREADS, stream, *args)
+        if n >= self.tiled_min_rows or g.kind != u.kind:
+            self._matmul(stream, scratch_gate, x, g)
+            self._matmul(stream, scratch_up, x, u)
+            self.op_silu_mul(stream, out, scratch_gate, scratch_up)
+            return
+        grid, rpb = self._small_grid(n, g.rows)
+        self._kernel(
+            f"swiglu_small_{g.suffix}", grid, _THREADS, stream,
+            self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.lg_block), P(u.data),
+            P(u.scales), I32(u.lg_block), I32(n), I32(g.rows), I32(dim), I32(rpb),
+        )  # fmt: skip
+
+    def op_qkv(
+        self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, x: Tensor, wq: Weight,
+        wk: Weight, wv: Weight, bq: Weight | None = None, bk: Weight | None = None,
+        bv: Weight | None = None,
+    ) -> None:  # fmt: skip
+        """Decode batches: the three projections in one launch (three weights, one grid).
+        Prefill (tiled) or weights of different kinds: three matmuls."""
+        ws = [self._gpu_weight(w, "qkv") for w in (wq, wk, wv)]
+        bs = [0 if b is None else self._gpu_weight(b, "qkv").data for b in (bq, bk, bv)]
+        n, dim = x.shape
+        if n == 0:
+            return
+        if n >= self.tiled_min_rows or len({w.kind for w in ws}) > 1:
+            for out, w, b in zip((q, k, v), ws, bs, strict=True):
+                self._matmul(stream, out, x, w, b)
+            return
+        grid, rpb = self._small_grid(n, sum(w.rows for w in ws))
+        per_weight: list[Any] = []
+        for w, b in zip(ws, bs, strict=True):
+            per_weight += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
+        self._kernel(
+            f"qkv_small_{ws[0].suffix}", grid, _THREADS, stream,
+            self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(x), *per_weight, I32(n),
+            *(I32(w.rows) for w in ws), I32(dim), I32(rpb),
+        )  # fmt: skip
+
+    def op_rope_kv_store(
+        self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+        slots: Tensor, cache: Tensor, layout: KVLayout, layer: int, n_heads: int,
+        params: RopeParams,
+    ) -> None:  # fmt: skip
+        """RoPE on q and k and the KV store in one launch."""
+        table = rope_table(params)
+        self._head_dim(layout, "rope_kv_store")
+        n, d = q.shape[0], params.head_dim
+        if n == 0:
+            return
+        neox = 1 if params.style == RopeStyle.neox else 0
+        pairs = n * (n_heads + layout.n_kv_heads) * d // 2
+        self._kernel(
+            "rope_kv_store", (_blocks(pairs), 1, 1), _THREADS, stream,
+            self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(positions), self._ptr(slots),
+            self._ptr(cache), I32(n), I32(n_heads), I32(layout.n_kv_heads), I32(d), I32(neox),
+            I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer), table,
+        )  # fmt: skip
 
     def op_rope(
         self, stream: Stream, x: Tensor, positions: Tensor, n_heads: int, params: RopeParams

@@ -161,46 +161,172 @@ extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, 
 
 // ------------------------------------------------------------------------ matmul
 
-// Small batches (decode): one warp per output feature, MM_ROWS rows of x at a time; the
-// weight row is read once for those rows. grid = (ceil(N / warps per block), ceil(n / 4)).
-#define MM_ROWS 4
+// Decode batches (n < tiled_min_rows): one warp per output feature; the rows of x are taken
+// MM_R at a time, and a block's rows are [blockIdx.y * rpb, (blockIdx.y + 1) * rpb), so with
+// grid.y = 1 a weight row is read from memory once for every row (later row groups find it
+// in L1). Quantized weights with K a multiple of 16 and x 16-byte aligned take the vector
+// path: each lane reads 16 int8 codes in one 128-bit load plus their (scale, offset) pair,
+// and x as float4s; anything else reads one element per lane per step. Dequantization is
+// the exact two-rounding form of vt_wload either way; accumulation is float32.
+#define MM_R 8
+struct alignas(16) vt_v16 {
+    vt_u32 w[4];
+};
+struct alignas(16) vt_f4 {
+    float x, y, z, w;
+};
+
+// acc[r] = sum_k dequant(W[o, k]) * x[r0 + r, k] for r < min(MM_R, n - r0), reduced over the
+// warp (every lane gets every sum).
+template <int WT>
+__device__ __forceinline__ void vt_mm_dot(const void* data, const float* sm, int lg_block,
+                                          int o, const float* x, int n, int K, int r0,
+                                          float* acc) {
+    int lane = threadIdx.x % VT_WARP;
+    int nr = min(MM_R, n - r0);
+#pragma unroll
+    for (int r = 0; r < MM_R; ++r) acc[r] = 0.0f;
+    long long wrow = (long long)o * K;
+    const float* xr = x + (long long)r0 * K;
+    if (WT == WT_Q && (K & 15) == 0 && (((unsigned long long)x) & 15ull) == 0) {
+        const vt_i8* q = (const vt_i8*)data + wrow;
+        for (int k = lane * 16; k < K; k += VT_WARP * 16) {
+            vt_v16 raw = *(const vt_v16*)(q + k);
+            long long b = (wrow + k) >> lg_block;  // 16 codes never straddle a block
+            float s = sm[2 * b], off = sm[2 * b + 1];
+            float w[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                int code = (int)(vt_i8)((raw.w[i >> 2] >> (8 * (i & 3))) & 0xffu);
+                w[i] = __fadd_rn(__fmul_rn(s, (float)code), off);
+            }
+#pragma unroll
+            for (int r = 0; r < MM_R; ++r) {
+                if (r < nr) {
+                    const vt_f4* xp = (const vt_f4*)(xr + (long long)r * K + k);
+                    float a = acc[r];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        vt_f4 xv = xp[j];
+                        a += w[4 * j] * xv.x;
+                        a += w[4 * j + 1] * xv.y;
+                        a += w[4 * j + 2] * xv.z;
+                        a += w[4 * j + 3] * xv.w;
+                    }
+                    acc[r] = a;
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += VT_WARP) {
+            float w = vt_wload<WT>(data, sm, lg_block, wrow + k);
+#pragma unroll
+            for (int r = 0; r < MM_R; ++r)
+                if (r < nr) acc[r] += w * xr[(long long)r * K + k];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MM_R; ++r) acc[r] = vt_warp_sum(acc[r]);
+}
+
+// out = x @ W.T (+ bias) (+ residual: out may alias it), rows [y * rpb, ...) of this block.
 template <int WT>
 __device__ void vt_matmul_small(float* out, const float* x, const void* data, const float* sm,
-                                int lg_block, const float* bias, int n, int N, int K) {
+                                int lg_block, const float* bias, const float* residual, int n,
+                                int N, int K, int rpb) {
     int warps = blockDim.x / VT_WARP;
     int lane = threadIdx.x % VT_WARP;
     int o = blockIdx.x * warps + threadIdx.x / VT_WARP;
-    int r0 = blockIdx.y * MM_ROWS;
-    bool valid = o < N;
-    int oc = valid ? o : N - 1;
-    float acc[MM_ROWS];
-    for (int r = 0; r < MM_ROWS; ++r) acc[r] = 0.0f;
-    long long wrow = (long long)oc * K;
-    for (int k = lane; k < K; k += VT_WARP) {
-        float w = vt_wload<WT>(data, sm, lg_block, wrow + k);
-        for (int r = 0; r < MM_ROWS; ++r) {
+    if (o >= N) return;  // a whole warp leaves: no barrier or shuffle is left out
+    int row_end = min(n, (blockIdx.y + 1) * rpb);
+    float b = bias ? bias[o] : 0.0f;
+    for (int r0 = blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
+        float acc[MM_R];
+        vt_mm_dot<WT>(data, sm, lg_block, o, x, row_end, K, r0, acc);
+#pragma unroll
+        for (int r = 0; r < MM_R; ++r) {
             int row = r0 + r;
-            if (row < n) acc[r] += w * x[(long long)row * K + k];
+            if (lane == r && row < row_end) {
+                long long at = (long long)row * N + o;
+                float v = bias ? acc[r] + b : acc[r];
+                out[at] = residual ? __fadd_rn(residual[at], v) : v;
+            }
         }
     }
-    for (int r = 0; r < MM_ROWS; ++r) acc[r] = vt_warp_sum(acc[r]);
-    if (valid && lane == 0) {
-        float b = bias ? bias[o] : 0.0f;
-        for (int r = 0; r < MM_ROWS; ++r) {
+}
+
+// out = silu(x @ G.T) * (x @ U.T): gate and up read in one pass, the SiLU-mul epilogue
+// rounded as silu_mul rounds it.
+template <int WT>
+__device__ void vt_swiglu_small(float* out, const float* x, const void* gdata, const float* gsm,
+                                int glg, const void* udata, const float* usm, int ulg, int n,
+                                int N, int K, int rpb) {
+    int warps = blockDim.x / VT_WARP;
+    int lane = threadIdx.x % VT_WARP;
+    int o = blockIdx.x * warps + threadIdx.x / VT_WARP;
+    if (o >= N) return;
+    int row_end = min(n, (blockIdx.y + 1) * rpb);
+    for (int r0 = blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
+        float g[MM_R], u[MM_R];
+        vt_mm_dot<WT>(gdata, gsm, glg, o, x, row_end, K, r0, g);
+        vt_mm_dot<WT>(udata, usm, ulg, o, x, row_end, K, r0, u);
+#pragma unroll
+        for (int r = 0; r < MM_R; ++r) {
             int row = r0 + r;
-            if (row < n) out[(long long)row * N + o] = bias ? acc[r] + b : acc[r];
+            if (lane == r && row < row_end) {
+                float denom = __fadd_rn(expf(-g[r]), 1.0f);
+                out[(long long)row * N + o] = __fdiv_rn(__fmul_rn(g[r], u[r]), denom);
+            }
+        }
+    }
+}
+
+// q, k, v = x @ Wq.T (+ bq), x @ Wk.T (+ bk), x @ Wv.T (+ bv): one launch over the Nq + Nk +
+// Nv output features; each warp takes its feature's weight (same kind, own block size).
+template <int WT>
+__device__ void vt_qkv_small(float* q, float* k, float* v, const float* x, const void* wq,
+                             const float* sq, int lgq, const float* bq, const void* wk,
+                             const float* sk, int lgk, const float* bk, const void* wv,
+                             const float* sv, int lgv, const float* bv, int n, int Nq, int Nk,
+                             int Nv, int K, int rpb) {
+    int warps = blockDim.x / VT_WARP;
+    int lane = threadIdx.x % VT_WARP;
+    int g = blockIdx.x * warps + threadIdx.x / VT_WARP;
+    if (g >= Nq + Nk + Nv) return;
+    float* out = q;
+    const void* data = wq;
+    const float* sm = sq;
+    const float* bias = bq;
+    int lg = lgq, N = Nq, o = g;
+    if (g >= Nq + Nk) {
+        out = v, data = wv, sm = sv, bias = bv, lg = lgv, N = Nv, o = g - Nq - Nk;
+    } else if (g >= Nq) {
+        out = k, data = wk, sm = sk, bias = bk, lg = lgk, N = Nk, o = g - Nq;
+    }
+    int row_end = min(n, (blockIdx.y + 1) * rpb);
+    float b = bias ? bias[o] : 0.0f;
+    for (int r0 = blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
+        float acc[MM_R];
+        vt_mm_dot<WT>(data, sm, lg, o, x, row_end, K, r0, acc);
+#pragma unroll
+        for (int r = 0; r < MM_R; ++r) {
+            int row = r0 + r;
+            if (lane == r && row < row_end)
+                out[(long long)row * N + o] = bias ? acc[r] + b : acc[r];
         }
     }
 }
 
 // Larger batches (prefill): 64x64 output tiles, K in steps of 16 through shared memory,
-// weights dequantized on the way in, 4x4 outputs per thread (256 threads).
+// weights dequantized on the way in, 4x4 outputs per thread (256 threads); optional bias and
+// residual (out may alias it) in the epilogue.
 #define TM 64
 #define TN 64
 #define TK 16
 template <int WT>
 __device__ void vt_matmul_tiled(float* out, const float* x, const void* data, const float* sm,
-                                int lg_block, const float* bias, int n, int N, int K) {
+                                int lg_block, const float* bias, const float* residual, int n,
+                                int N, int K) {
     __shared__ float xs[TK][TM + 1];
     __shared__ float ws[TK][TN + 1];
     int t = threadIdx.x;
@@ -232,23 +358,38 @@ __device__ void vt_matmul_tiled(float* out, const float* x, const void* data, co
         int row = row0 + ty * 4 + i;
         for (int j = 0; j < 4; ++j) {
             int c = col0 + tx * 4 + j;
-            if (row < n && c < N) out[(long long)row * N + c] = bias ? acc[i][j] + bias[c] : acc[i][j];
+            if (row < n && c < N) {
+                long long at = (long long)row * N + c;
+                float v = bias ? acc[i][j] + bias[c] : acc[i][j];
+                out[at] = residual ? __fadd_rn(residual[at], v) : v;
+            }
         }
     }
 }
 
-#define VT_MATMUL(SUFFIX, WT)                                                                \
-    extern "C" __global__ void matmul_small_##SUFFIX(float* out, const float* x,             \
-                                                     const void* data, const float* sm,       \
-                                                     int lg_block, const float* bias, int n,  \
-                                                     int N, int K) {                          \
-        vt_matmul_small<WT>(out, x, data, sm, lg_block, bias, n, N, K);                       \
-    }                                                                                         \
-    extern "C" __global__ void matmul_tiled_##SUFFIX(float* out, const float* x,             \
-                                                     const void* data, const float* sm,       \
-                                                     int lg_block, const float* bias, int n,  \
-                                                     int N, int K) {                          \
-        vt_matmul_tiled<WT>(out, x, data, sm, lg_block, bias, n, N, K);                       \
+#define VT_MATMUL(SUFFIX, WT)                                                                 \
+    extern "C" __global__ void matmul_small_##SUFFIX(                                          \
+        float* out, const float* x, const void* data, const float* sm, int lg_block,          \
+        const float* bias, const float* residual, int n, int N, int K, int rpb) {             \
+        vt_matmul_small<WT>(out, x, data, sm, lg_block, bias, residual, n, N, K, rpb);         \
+    }                                                                                          \
+    extern "C" __global__ void matmul_tiled_##SUFFIX(                                          \
+        float* out, const float* x, const void* data, const float* sm, int lg_block,          \
+        const float* bias, const float* residual, int n, int N, int K) {                      \
+        vt_matmul_tiled<WT>(out, x, data, sm, lg_block, bias, residual, n, N, K);              \
+    }                                                                                          \
+    extern "C" __global__ void swiglu_small_##SUFFIX(                                          \
+        float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
+        const void* udata, const float* usm, int ulg, int n, int N, int K, int rpb) {         \
+        vt_swiglu_small<WT>(out, x, gdata, gsm, glg, udata, usm, ulg, n, N, K, rpb);           \
+    }                                                                                          \
+    extern "C" __global__ void qkv_small_##SUFFIX(                                             \
+        float* q, float* k, float* v, const float* x, const void* wq, const float* sq,        \
+        int lgq, const float* bq, const void* wk, const float* sk, int lgk, const float* bk,  \
+        const void* wv, const float* sv, int lgv, const float* bv, int n, int Nq, int Nk,     \
+        int Nv, int K, int rpb) {                                                              \
+        vt_qkv_small<WT>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, n, Nq, \
+                         Nk, Nv, K, rpb);                                                      \
     }
 VT_MATMUL(f32, WT_F32)
 VT_MATMUL(f16, WT_F16)
@@ -307,6 +448,52 @@ extern "C" __global__ void kv_store(float* cache, const float* k, const float* v
         long long base = vt_kv_index(pos, slot, layer, 0, n_slots, n_layers, row);
         cache[base + j] = k[e];
         cache[base + row + j] = v[e];
+    }
+}
+
+// rope(q) and rope(k) in place, then k and v into the cache: one thread per rotated pair of
+// the n * (n_heads + n_kv) heads. A K head's thread also stores its roped pair and the same
+// two elements of v (so every element of k and v is stored once); rounding as rope's, and a
+// row with an out-of-range slot or position is roped but not stored (as kv_store).
+extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
+                                         const int* positions, const int* slots, float* cache,
+                                         int n, int n_heads, int n_kv, int head_dim, int neox,
+                                         int n_slots, int n_layers, int max_len, int layer,
+                                         RopeTable table) {
+    int half = head_dim / 2;
+    int heads = n_heads + n_kv;
+    int row_w = n_kv * head_dim;
+    long long total = (long long)n * heads * half;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        int i = (int)(e % half);
+        long long rh = e / half;  // row * heads + head
+        int row = (int)(rh / heads), hh = (int)(rh % heads);
+        int pos = positions[row];
+        double theta = (double)pos * table.inv[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        bool is_q = hh < n_heads;
+        int kh = hh - n_heads;
+        float* vec = is_q ? q + ((long long)row * n_heads + hh) * head_dim
+                          : k + (long long)row * row_w + (long long)kh * head_dim;
+        int ia = neox ? i : 2 * i;
+        int ib = neox ? i + half : 2 * i + 1;
+        float a = vec[ia], b = vec[ib];
+        float ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        float rb = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        vec[ia] = ra;
+        vec[ib] = rb;
+        if (!is_q) {
+            int slot = slots[row];
+            if (slot < 0 || slot >= n_slots || pos < 0 || pos >= max_len) continue;
+            long long base = vt_kv_index(pos, slot, layer, 0, n_slots, n_layers, row_w) +
+                             (long long)kh * head_dim;
+            const float* vr = v + (long long)row * row_w + (long long)kh * head_dim;
+            cache[base + ia] = ra;
+            cache[base + ib] = rb;
+            cache[base + row_w + ia] = vr[ia];
+            cache[base + row_w + ib] = vr[ib];
+        }
     }
 }
 

@@ -9,7 +9,7 @@ matmul per projection. Only the rows that are sampled reach the output projectio
 Per layer, as ops of :data:`vt.protocol.ops.OPS`::
 
     h = rms_norm(x)                               attn_norm
-    q, k, v = matmul(h, Wq), (h, Wk), (h, Wv)     (+ bias: qwen2)
+    q, k, v = qkv(h, Wq, Wk, Wv)                  (+ bias: qwen2)
     q, k = rms_norm per head                      (qwen3: attn_q_norm, attn_k_norm)
     rope_kv_store(q, k, v)                        RoPE style from the model config
     a = attention(q)                              scale 1/sqrt(head_dim)
@@ -19,8 +19,8 @@ Per layer, as ops of :data:`vt.protocol.ops.OPS`::
     x = matmul_add(g, Wd, residual=x)
 
 then ``logits = matmul(rms_norm(gather_rows(x)), Wout)`` and ``sample``. The fused ops
-(``rope_kv_store``, ``matmul_add``, ``swiglu``) run as their decompositions on a backend
-that lacks them.
+(``qkv``, ``rope_kv_store``, ``matmul_add``, ``swiglu``) run as their decompositions on a
+backend that lacks them.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 _LLAMA_OPS: tuple[str, ...] = (
     "embedding",
     "rms_norm",
+    "qkv",
     "matmul",
     "rope_kv_store",
     "attention",
@@ -262,9 +263,8 @@ class LlamaGraph:
             "q": max_tokens * q_dim,
             "k": max_tokens * kv_dim,
             "v": max_tokens * kv_dim,
-            # also qwen3's scratch for un-normalised q and k (kv_dim <= q_dim)
-            "attn": max_tokens * q_dim,
-            "gate": max_tokens * c.ffn_dim,
+            "attn": max_tokens * q_dim,  # also qwen3's un-normalised q
+            "gate": max_tokens * max(c.ffn_dim, kv_dim),  # also qwen3's un-normalised k
             "up": max_tokens * c.ffn_dim,
             "act": max_tokens * c.ffn_dim,
             "sel": max_rows * c.dim,
@@ -324,21 +324,19 @@ class LlamaGraph:
         for i, w in enumerate(self.layers):
             op("rms_norm", out=h, x=x, weight=w.attn_norm, eps=eps)
             if w.q_norm is not None and w.k_norm is not None:
-                # qwen3: project into ``attn`` (free until attention writes it), then
-                # normalise each head into q / k.
-                heads_q = attn.reshape(n * c.n_heads, c.head_dim)
-                op("matmul", out=attn, x=h, weight=w.wq, bias=w.bq)
-                op("rms_norm", out=q.reshape(n * c.n_heads, c.head_dim), x=heads_q,
+                # qwen3: project q into ``attn`` and k into ``gate`` (both free until
+                # attention and the feed-forward write them), then normalise each head.
+                k_raw = Tensor(act.gate, F32, (n, kv_dim))
+                op("qkv", q=attn, k=k_raw, v=v, x=h, wq=w.wq, wk=w.wk, wv=w.wv, bq=w.bq,
+                   bk=w.bk, bv=w.bv)  # fmt: skip
+                hq, hk = n * c.n_heads, n * c.n_kv_heads
+                op("rms_norm", out=q.reshape(hq, c.head_dim), x=attn.reshape(hq, c.head_dim),
                    weight=w.q_norm, eps=eps)  # fmt: skip
-                k_raw = Tensor(act.attn, F32, (n, kv_dim))
-                op("matmul", out=k_raw, x=h, weight=w.wk, bias=w.bk)
-                heads_k = k_raw.reshape(n * c.n_kv_heads, c.head_dim)
-                op("rms_norm", out=k.reshape(n * c.n_kv_heads, c.head_dim), x=heads_k,
+                op("rms_norm", out=k.reshape(hk, c.head_dim), x=k_raw.reshape(hk, c.head_dim),
                    weight=w.k_norm, eps=eps)  # fmt: skip
             else:
-                op("matmul", out=q, x=h, weight=w.wq, bias=w.bq)
-                op("matmul", out=k, x=h, weight=w.wk, bias=w.bk)
-            op("matmul", out=v, x=h, weight=w.wv, bias=w.bv)
+                op("qkv", q=q, k=k, v=v, x=h, wq=w.wq, wk=w.wk, wv=w.wv, bq=w.bq, bk=w.bk,
+                   bv=w.bv)  # fmt: skip
             op("rope_kv_store", q=q, k=k, v=v, positions=pos, slots=slots, cache=kv,
                layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
             op("attention", out=attn, q=q, cache=kv, slots=slots, positions=pos,

@@ -199,6 +199,11 @@ def _ref_swiglu(a: dict[str, Any]) -> None:
     K.silu_mul(K.matmul(a["x"], a["gate"]), K.matmul(a["x"], a["up"]), out=a["out"])
 
 
+def _ref_qkv(a: dict[str, Any]) -> None:
+    for out, w, b in (("q", "wq", "bq"), ("k", "wk", "bk"), ("v", "wv", "bv")):
+        K.matmul(a["x"], a[w], a.get(b), out=a[out])
+
+
 def _ref_rope_kv_store(a: dict[str, Any]) -> None:
     layout: KVLayout = a["layout"]
     K.rope(a["q"], a["positions"], a["n_heads"], a["params"], out=a["q"])
@@ -218,6 +223,11 @@ def _dec_swiglu(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
     launch("matmul", stream, out=a["scratch_gate"], x=a["x"], weight=a["gate"])
     launch("matmul", stream, out=a["scratch_up"], x=a["x"], weight=a["up"])
     launch("silu_mul", stream, out=a["out"], gate=a["scratch_gate"], up=a["scratch_up"])
+
+
+def _dec_qkv(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
+    for out, w, b in (("q", "wq", "bq"), ("k", "wk", "bk"), ("v", "wv", "bv")):
+        launch("matmul", stream, out=a[out], x=a["x"], weight=a[w], bias=a.get(b))
 
 
 def _dec_rope_kv_store(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
@@ -368,6 +378,19 @@ OPS: dict[str, OpDef] = {
             _dec_rope_kv_store,
             ("rope", "kv_store"),
             check=_rope_kv_check,
+        ),
+        OpDef(
+            "qkv",
+            "q, k, v = x @ wq.T (+ bq), x @ wk.T (+ bk), x @ wv.T (+ bv) (the attention's "
+            "three input projections as one op)",
+            (_t("q", "out", ("n", "q_dim")), _t("k", "out", ("n", "k_dim")),
+             _t("v", "out", ("n", "v_dim")), _t("x", "in", ("n", "dim")),
+             _w("wq", ("q_dim", "dim")), _w("wk", ("k_dim", "dim")), _w("wv", ("v_dim", "dim")),
+             _w("bq", ("q_dim",), optional=True), _w("bk", ("k_dim",), optional=True),
+             _w("bv", ("v_dim",), optional=True)),
+            _ref_qkv,
+            _dec_qkv,
+            ("matmul",),
         ),
     )
 }  # fmt: skip

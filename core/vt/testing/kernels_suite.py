@@ -295,6 +295,38 @@ def _swiglu(ctx: KitContext, title: str, wtype: str, n: int, ffn: int) -> str:
         return compare(ctx, title, "swiglu", wtype, got, want["out"])
 
 
+def _qkv(ctx: KitContext, title: str, wtype: str, n: int, dims: tuple[int, int, int],
+         bias: bool) -> str:  # fmt: skip
+    dim = in_features(wtype)
+    names = ("q", "k", "v")
+    tensors, refs, b_tensors, b_refs = {}, {}, {}, {}
+    for name, rows in zip(names, dims, strict=True):
+        tensors[name], refs[name] = weight_tensor(
+            f"kit.w{name}", _normal((rows, dim), "qkv", name, wtype, rows), wtype
+        )
+        b_tensors[name], b_refs[name] = weight_tensor(
+            f"kit.b{name}", _normal((rows,), "qkv-b", name, rows), "F32"
+        )
+    x = _normal((n, dim), "qkv-x", wtype, n)
+    outs = {name: np.zeros((n, rows), F32) for name, rows in zip(names, dims, strict=True)}
+    ref_args: dict[str, Any] = {f"w{k}": refs[k] for k in names}
+    if bias:
+        ref_args |= {f"b{k}": b_refs[k] for k in names}
+    want = reference("qkv", x=x, **outs, **ref_args)
+    with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
+        args: dict[str, Any] = {f"w{k}": up(tensors[k]) for k in names}
+        if bias:
+            args |= {f"b{k}": up(b_tensors[k]) for k in names}
+        for name, rows in zip(names, dims, strict=True):
+            args[name] = io.output(name, F32, (n, rows))
+        _launch(ctx, "qkv", x=io.input("x", x), **args)
+        details = [
+            compare(ctx, title, "qkv", wtype, io.result(name, F32, (n, rows)), want[name], name)
+            for name, rows in zip(names, dims, strict=True)
+        ]
+        return "; ".join(f"{k} {d}" for k, d in zip(names, details, strict=True))
+
+
 # --------------------------------------------------------------------------- activations
 
 
@@ -656,6 +688,19 @@ def op_cases() -> list[KitCase]:
         for wt in WEIGHT_TYPES
     ]
     cases.append(_case("swiglu", "F32,n=1,37x67", "F32", _swiglu, wtype="F32", n=1, ffn=37))
+    cases += [
+        _case("qkv", f"{wt},n=5,(37,13,13)x{in_features(wt)}", wt, _qkv, wtype=wt, n=5,
+              dims=(37, 13, 13), bias=False)
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(
+        _case("qkv", "F32,n=1,(48,16,16)x67,bias", "F32", _qkv, wtype="F32", n=1,
+              dims=(48, 16, 16), bias=True)
+    )  # fmt: skip
+    cases.append(
+        _case("qkv", "Q8_0,n=3,(64,16,24)x96,bias", "Q8_0", _qkv, wtype="Q8_0", n=3,
+              dims=(64, 16, 24), bias=True)
+    )  # fmt: skip
     cases.sort(key=lambda c: list(OPS).index(c.unit))  # table order (stable)
     # core methods
     cases += [

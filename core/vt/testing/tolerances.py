@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 #: Weight types the ops with weight matrices take (``embedding``, ``matmul``, ``matmul_add``,
-#: ``swiglu``) and ``upload_weight`` stores.
+#: ``swiglu``, ``qkv``) and ``upload_weight`` stores.
 WEIGHT_TYPES: tuple[str, ...] = (
     "F32",
     "F16",
@@ -41,6 +41,8 @@ KERNEL_NMSE: dict[str, dict[str, float]] = {
     # silu(x @ gate.T) * (x @ up.T): the product of two projections, each with matmul's
     # error, so their relative errors add.
     "swiglu": {"F32": 2e-6, "F16": 2e-5, "BF16": 2e-5, "*": 2e-3},
+    # Three projections of one input (one matmul each): matmul's bounds.
+    "qkv": {"F32": 1e-6, "F16": 1e-5, "BF16": 1e-5, "*": 1e-3},
     "rms_norm": {"*": 1e-9},
     # theta = position * inv_freq in float32 loses ~position * 2**-24 radians.
     "rope": {"*": 1e-6},
