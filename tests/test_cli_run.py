@@ -332,6 +332,35 @@ def test_bench_json(tiny: Path) -> None:
     assert obj["peak_rss_bytes"] >= obj["rss_bytes"] > 0
 
 
+def test_bench_batches_json_and_table(tiny: Path) -> None:
+    args = ["--model", str(tiny), "--backend", "cpu", "--prompt-tokens", "12", "--gen-tokens",
+            "6", "--repeat", "1", "--batch", "1,3"]  # fmt: skip
+    res = vt("bench", *args, "--json")
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj["runs"] == [] and obj["same_ids"] is True
+    runs = obj["batch_runs"]
+    assert [(r["async_scheduling"], r["batch"]) for r in runs] == [
+        (True, 1), (True, 3), (False, 1), (False, 3),
+    ]  # fmt: skip
+    for r in runs:
+        assert r["prompt_tokens"] == 12 and r["gen_tokens"] == 6 and r["same_ids"] is True
+        assert r["decode_tok_s"] > 0 and r["e2e_tok_s"] > 0 and "ids" not in r
+        # every request's first token, then 5 more each
+        assert r["decode_tokens"] == 5 * r["batch"] and r["steps"] >= 6
+    res = vt("bench", *args)
+    assert res.exit_code == 0, res.output
+    assert "async  batch  decode tok/s" in res.stdout
+    assert "same greedy ids in every request and setting: yes" in res.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "x", ",", "1,-2"])
+def test_bench_bad_batch(tiny: Path, value: str) -> None:
+    res = vt("bench", "--model", str(tiny), "--batch", value)
+    assert res.exit_code == 1
+    assert "--batch takes batch sizes of at least 1, comma separated" in res.stderr
+
+
 def test_bench_table_and_kv_choice(tiny: Path) -> None:
     res = vt(
         "bench",

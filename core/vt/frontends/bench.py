@@ -6,6 +6,15 @@ request of exactly ``prompt_tokens`` prompt tokens and ``gen_tokens`` generated 
 (``ignore_eos``), ``repeat`` times. The rates are the engine's per-request timings, the best
 of the repeats (on a shared machine noise only ever slows a run down). Peak memory is the
 process's peak resident set size (``getrusage``), so it covers both runs.
+
+``batches`` (``vt bench --batch 1,8,32``) measures aggregate throughput through the engine
+instead: for each batch size B, B greedy requests of the same prompt are added at once and
+stepped to the end. ``decode_tok_s`` is the tokens generated from the step at which every
+request has its first token to the last step, over that time (what llama.cpp's
+``llama-batched-bench`` reports as S_TG); ``e2e_tok_s`` is every generated token over the
+whole wall time, prefill included. One runner per async setting, with ``max(batches)`` KV
+slots, runs every batch size after a short warm-up at that size (so graphs are captured
+before the clock starts).
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -49,6 +59,28 @@ class BenchRun(BaseModel):
     graph_stats: dict[str, int] = {}
 
 
+class BatchRun(BaseModel):
+    """B requests at once through the engine, with async scheduling on or off."""
+
+    batch: int
+    async_scheduling: bool
+    readback: str
+    prompt_tokens: int  # per request
+    gen_tokens: int  # per request
+    repeat: int
+    decode_tok_s: float | None  # aggregate, decode phase (best of the repeats)
+    decode_s: float | None
+    decode_tokens: int  # generated in the decode window
+    e2e_tok_s: float  # every generated token over the whole wall time
+    e2e_s: float
+    steps: int  # engine steps of the fastest repeat
+    same_ids: bool  # every request generated the same ids (same prompt, greedy)
+    ids: list[int]  # the first request's ids
+    graphs: bool = False
+    graphs_reason: str = ""
+    graph_stats: dict[str, int] = {}  # this batch size's share, its warm-up included
+
+
 class BenchResult(BaseModel):
     backend: str
     backend_reason: str
@@ -60,7 +92,8 @@ class BenchResult(BaseModel):
     max_model_len: int
     load_s: float
     runs: list[BenchRun]
-    same_ids: bool  # async on and off generated the same greedy ids
+    same_ids: bool  # async on and off (and every batch run) generated the same greedy ids
+    batch_runs: list[BatchRun] = []
     peak_rss_bytes: int
     rss_bytes: int
 
@@ -107,8 +140,10 @@ def run_bench(
     repeat: int = 3,
     log: Any = None,
     verify: bool | None = None,
+    batches: list[int] | None = None,
 ) -> BenchResult:
-    """Measure; ``log(str)`` (optional) hears about progress.
+    """Measure; ``log(str)`` (optional) hears about progress. ``batches``: the aggregate
+    throughput of each batch size instead of the single-request runs.
 
     ``verify``: as for :class:`vt.LLM` (None follows ``VT_VERIFY``); the verification runs
     before the clock of ``load_s`` starts, so it never counts as loading.
@@ -126,6 +161,9 @@ def run_bench(
     ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be at least 1, got {value!r}")
+    if batches is not None:
+        if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
+            raise ValueError(f"batch sizes must be integers of at least 1, got {batches!r}")
     path = resolve_model(model)
     be, why, verification = open_verified_backend(backend, verify=verify)
     t0 = time.perf_counter()
@@ -141,13 +179,14 @@ def run_bench(
                 )
             prompt = bench_prompt(tokenizer, prompt_tokens)
             params = SamplingParams(temperature=0.0, max_tokens=gen_tokens, ignore_eos=True)
-            runs = []
+            runs: list[BenchRun] = []
+            batch_runs: list[BatchRun] = []
             for async_on in (True, False):
                 say(f"async scheduling {'on' if async_on else 'off'}: loading the runner")
                 runner = ModelRunner(
                     be,
                     model_file,
-                    max_slots=1,
+                    max_slots=max(batches) if batches else 1,
                     max_model_len=limit,
                     max_batch_tokens=max_batch_tokens,
                     kv_cache=kv_cache,
@@ -155,6 +194,17 @@ def run_bench(
                 )
                 try:
                     engine = Engine(runner, tokenizer)
+                    if batches:
+                        for b in batches:
+                            say(f"async {'on' if async_on else 'off'}, batch {b}: x{repeat}")
+                            before = dict(runner.graph_stats)
+                            if warmup:
+                                _batch(engine, b, prompt[: min(8, prompt_tokens)], params, 4)
+                            timed = [_batch(engine, b, prompt, params) for _ in range(repeat)]
+                            batch_runs.append(
+                                _record_batch(async_on, runner, b, len(prompt), timed, before)
+                            )
+                        continue
                     if warmup:
                         _complete(engine, prompt[: min(8, prompt_tokens)], params, max_tokens=4)
                     say(f"async scheduling {'on' if async_on else 'off'}: timing x{repeat}")
@@ -176,7 +226,8 @@ def run_bench(
         max_model_len=limit,
         load_s=load_s,
         runs=runs,
-        same_ids=runs[0].ids == runs[1].ids,
+        same_ids=_same_ids(runs, batch_runs),
+        batch_runs=batch_runs,
         peak_rss_bytes=peak_rss_bytes(),
         rss_bytes=rss_bytes(),
     )
@@ -192,6 +243,87 @@ def _complete(
         for out in engine.step():
             if out.request_id == rid and out.finished:
                 return out
+
+
+@dataclass
+class _BatchTiming:
+    decode_s: float | None
+    decode_tokens: int
+    e2e_s: float
+    tokens: int
+    steps: int
+    ids: list[list[int]]
+
+
+def _batch(
+    engine: Engine, batch: int, prompt: list[int], params: SamplingParams, max_tokens: int = 0
+) -> _BatchTiming:
+    """``batch`` requests of ``prompt`` added at once and stepped to the end."""
+    if max_tokens:
+        params = params.model_copy(update={"max_tokens": max_tokens})
+    t0 = time.perf_counter()
+    rids = [engine.add_request(prompt, params) for _ in range(batch)]
+    made = dict.fromkeys(rids, 0)
+    ids: dict[str, list[int]] = {}
+    start: tuple[float, int] | None = None  # (time, tokens) once every request has one
+    steps = 0
+    while engine.has_unfinished():
+        outs = engine.step()
+        steps += 1
+        for out in outs:
+            if out.request_id in made:
+                made[out.request_id] = len(out.ids)
+                if out.finished:
+                    ids[out.request_id] = list(out.ids)
+        if start is None and all(made.values()):
+            start = (time.perf_counter(), sum(made.values()))
+    t1 = time.perf_counter()
+    total = sum(made.values())
+    decode_s = t1 - start[0] if start is not None and t1 > start[0] else None
+    decode_tokens = total - start[1] if start is not None else 0
+    return _BatchTiming(decode_s, decode_tokens, t1 - t0, total, steps, [ids[r] for r in rids])
+
+
+def _record_batch(
+    async_on: bool,
+    runner: Any,
+    batch: int,
+    prompt_tokens: int,
+    timed: list[_BatchTiming],
+    stats_before: dict[str, int],
+) -> BatchRun:
+    def rate(t: _BatchTiming) -> float:
+        return t.decode_tokens / t.decode_s if t.decode_s else 0.0
+
+    best = max(timed, key=rate)
+    first = timed[0].ids[0]
+    return BatchRun(
+        batch=batch,
+        async_scheduling=async_on,
+        readback=runner.readback,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=len(first),
+        repeat=len(timed),
+        decode_tok_s=rate(best) or None,
+        decode_s=best.decode_s,
+        decode_tokens=best.decode_tokens,
+        e2e_tok_s=best.tokens / best.e2e_s,
+        e2e_s=best.e2e_s,
+        steps=best.steps,
+        same_ids=all(i == first for t in timed for i in t.ids),
+        ids=first,
+        graphs=runner.graphs,
+        graphs_reason=runner.graphs_reason,
+        graph_stats={
+            k: v if k == "cached" else v - stats_before.get(k, 0)
+            for k, v in runner.graph_stats.items()
+        },
+    )
+
+
+def _same_ids(runs: list[BenchRun], batch_runs: list[BatchRun]) -> bool:
+    ids = [r.ids for r in runs] + [b.ids for b in batch_runs]
+    return all(b.same_ids for b in batch_runs) and all(i == ids[0] for i in ids)
 
 
 def _record(async_on: bool, runner: Any, outs: list[RequestOutput]) -> BenchRun:
@@ -223,6 +355,8 @@ def _record(async_on: bool, runner: Any, outs: list[RequestOutput]) -> BenchRun:
 
 def format_table(result: BenchResult) -> str:
     """A human-readable report of a :class:`BenchResult`."""
+    if result.batch_runs:
+        return _format_batches(result)
     mib = 1 << 20
     lines = [
         f"model    {result.model} ({result.model_path})",
@@ -245,6 +379,37 @@ def format_table(result: BenchResult) -> str:
         f"same greedy ids with async on and off: {'yes' if result.same_ids else 'NO'}",
         _graphs_line(result.runs),
         f"peak RSS {result.peak_rss_bytes / mib:.1f} MiB (now {result.rss_bytes / mib:.1f} MiB)",
+    ]
+    return "\n".join(lines)
+
+
+def _format_batches(result: BenchResult) -> str:
+    runs = result.batch_runs
+    lines = [
+        f"model    {result.model} ({result.model_path})",
+        f"backend  {result.backend}: {result.backend_reason}; {result.verification.summary()}",
+        f"tokens   B requests of {result.prompt_tokens} prompt + {result.gen_tokens} generated "
+        f"tokens each, at once (max_model_len {result.max_model_len}); best of "
+        f"{runs[0].repeat} runs",
+        "",
+        f"{'async':<6} {'batch':>5} {'decode tok/s':>13} {'e2e tok/s':>10} {'steps':>6}  graphs",
+    ]
+    for r in runs:
+        g = r.graph_stats
+        graphs = (
+            f"{g.get('replays', 0)} replays, {g.get('captures', 0)} captures" if r.graphs else "off"
+        )
+        lines.append(
+            f"{'on' if r.async_scheduling else 'off':<6} {r.batch:>5} "
+            f"{_rate(r.decode_tok_s):>13} {r.e2e_tok_s:>10.1f} {r.steps:>6}  {graphs}"
+        )
+    lines += [
+        "",
+        "decode tok/s: tokens generated once every request had its first one, over that time "
+        "(all requests together); e2e: every generated token over the whole wall time",
+        f"same greedy ids in every request and setting: {'yes' if result.same_ids else 'NO'}",
+        f"graphs: {'on' if runs[0].graphs else 'off'} ({runs[0].graphs_reason}); "
+        "replays and captures per batch size, warm-up included",
     ]
     return "\n".join(lines)
 

@@ -358,6 +358,14 @@ def _rate(value: float | None) -> str:
     metavar="N",
     help="Timed requests per setting; the best rates are reported.",
 )
+@click.option(
+    "--batch",
+    "batch",
+    default=None,
+    metavar="B[,B...]",
+    help="Aggregate decode tok/s of B requests at once through the engine, for each B "
+    "(e.g. 1,8,32), instead of the single-request runs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def bench(
     model: str | None,
@@ -368,6 +376,7 @@ def bench(
     prompt_tokens: int,
     gen_tokens: int,
     repeat: int,
+    batch: str | None,
     as_json: bool,
 ) -> None:
     """Measure prefill and decode tokens/s, with async scheduling on and then off.
@@ -378,11 +387,17 @@ def bench(
     readback path of each setting, whether both generated the same ids, the KV cache, and
     the process's peak resident memory.
 
+    With --batch B,...: for each B, B such requests are added at once and run to the end
+    through the engine (continuous batching); reports the aggregate decode tok/s (tokens
+    generated once every request has its first token, over that time: llama-batched-bench's
+    S_TG) and the end-to-end tok/s (every generated token over the whole wall time).
+
     \b
     Examples:
       vt bench
       vt bench --backend cpu --prompt-tokens 512 --gen-tokens 128 --json
       vt bench --kv-cache contiguous --max-model-len 8192
+      vt bench --backend cuda --batch 1,8,32 --gen-tokens 128 --json
       VT_GRAPHS=0 vt bench --backend cuda   # decode without graph replay, to compare
 
     Exit status: 0 on success, 1 on an error (one line on stderr), 130 when interrupted.
@@ -398,6 +413,7 @@ def bench(
             if value < 1:
                 raise click.ClickException(f"{flag} must be at least 1, got {value}")
         _check_max_model_len(max_model_len)
+        batches = _batch_sizes(batch)
         log = None if as_json else (lambda msg: click.echo(f"vt bench: {msg}", err=True))
         result = run_bench(
             model,
@@ -409,12 +425,29 @@ def bench(
             repeat=repeat,
             log=log,
             verify=verify_setting(no_verify),
+            batches=batches,
         )
         result.verification = flag_skipped(result.verification, no_verify)
     if as_json:
-        click.echo(result.model_dump_json(exclude={"runs": {"__all__": {"ids"}}}))
+        exclude = {"runs": {"__all__": {"ids"}}, "batch_runs": {"__all__": {"ids"}}}
+        click.echo(result.model_dump_json(exclude=exclude))
     else:
         click.echo(format_table(result))
+
+
+def _batch_sizes(text: str | None) -> list[int] | None:
+    """``--batch 1,8,32`` -> [1, 8, 32]; a one-line error for anything else."""
+    if text is None:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(b < 1 for b in sizes):
+        raise click.ClickException(
+            f"--batch takes batch sizes of at least 1, comma separated (1,8,32), got {text!r}"
+        )
+    return sizes
 
 
 COMMANDS = [run, bench]
