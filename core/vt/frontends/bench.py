@@ -215,6 +215,7 @@ def run_bench(
                     gc.collect()  # let the first runner's weights go before the second's
     finally:
         be.close()
+    rss = rss_bytes()  # before the peak, which must not trail it by the page read between
     return BenchResult(
         backend=be.name,
         backend_reason=why,
@@ -228,8 +229,8 @@ def run_bench(
         runs=runs,
         same_ids=_same_ids(runs, batch_runs),
         batch_runs=batch_runs,
-        peak_rss_bytes=peak_rss_bytes(),
-        rss_bytes=rss_bytes(),
+        peak_rss_bytes=max(peak_rss_bytes(), rss),
+        rss_bytes=rss,
     )
 
 
