@@ -325,10 +325,11 @@ def test_bench_json(tiny: Path) -> None:
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
         assert set(r["kv_cache"]) == KV_KEYS
         assert r["graphs"] is True and "captured once per shape" in r["graphs_reason"]
-    # cpu declares graphs: async decode steps replay; with async off none is decode-only.
+    # cpu declares graphs: decode steps replay with async scheduling on and off (then the
+    # host hands each step its token)
     on, off = (r["graph_stats"] for r in obj["runs"])
     assert on["captures"] >= 1 and on["replays"] >= 1
-    assert off["captures"] == off["replays"] == 0
+    assert off["captures"] >= 1 and off["replays"] >= 1
     assert obj["peak_rss_bytes"] >= obj["rss_bytes"] > 0
 
 
@@ -390,7 +391,7 @@ def test_bench_table_says_which_setting_replayed_graphs(tiny: Path) -> None:
     replays = line.split("decode steps replayed: ")[1]
     on, off = replays.split(", ")
     assert int(on.split()[0]) >= 1 and on.endswith("with async on")
-    assert off == "0 with async off"
+    assert int(off.split()[0]) >= 1 and off.endswith("with async off")
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 import vt
 from model_support import PROMPT, make_backend
 from vt.execution.runner import ModelRunner, SeqChunk
-from vt.execution.step_graphs import graphs_enabled
+from vt.execution.step_graphs import bucket, graphs_enabled, padding
 from vt.management.registry import Registry
 
 KV_SLOTS = 64  # a position is 32 KiB: the vmm cache's first 2 MiB chunk holds 64 positions
@@ -77,11 +77,41 @@ def test_graph_replay_gives_the_same_ids_as_eager_steps(llama: Any) -> None:
         got = scripted(r)
         stats = r.graph_stats
     assert got == want
-    # shapes (4, 4) x5, (3, 3) x4, (4, 4) x4, (2, 2) x3: each eager once, captured the second
-    # time, replayed from then on
-    assert stats["captures"] == 3 and stats["cached"] == 3
-    assert stats["replays"] == (5 - 1) + (4 - 1) + 4 + (3 - 1)
+    # decode batches of 4 x5, 3 x4 (padded to 4), 4 x4, 2 x3: each bucket eager once,
+    # captured the second time, replayed from then on
+    assert stats["captures"] == 2 and stats["cached"] == 2
+    assert stats["replays"] == (5 + 4 + 4 - 1) + (3 - 1)
     assert stats["evictions"] == stats["invalidations"] == 0
+
+
+def test_decode_steps_with_host_ids_replay_too(llama: Any) -> None:
+    """Without async scheduling every decode step takes its token from the host: still a
+    decode step (one sampled token per sequence), padded and replayed like the others."""
+
+    def run(graphs: bool) -> tuple[list[dict[int, int]], dict[str, int]]:
+        with ModelRunner(make_backend("cpu"), llama, max_slots=4, graphs=graphs) as r:
+            prompts = {0: PROMPT, 1: PROMPT[::-1], 2: PROMPT[2:]}
+            outs = [r.execute([SeqChunk(s, 0, p) for s, p in prompts.items()]).get_output()]
+            pos = {s: len(p) for s, p in prompts.items()}
+            for _ in range(6):
+                last = outs[-1]
+                step = [SeqChunk(s, pos[s], [last[s]]) for s in sorted(last)]
+                outs.append(r.execute(step).get_output())
+                pos = {s: p + 1 for s, p in pos.items()}
+            return outs, r.graph_stats
+
+    want, _ = run(False)
+    got, stats = run(True)
+    assert got == want
+    assert stats["captures"] == 1 and stats["replays"] == 5  # 3 rows padded to 4
+
+
+def test_buckets_and_padding_rows() -> None:
+    assert [bucket(n, 32) for n in (1, 2, 3, 5, 8, 9, 17, 32)] == [1, 2, 4, 8, 8, 16, 32, 32]
+    assert bucket(5, 6) == 6 and bucket(6, 6) == 6 and bucket(7, 6) == 7
+    assert padding([(3, 10), (0, 4)], max_len=64) == (3, 11)
+    assert padding([(3, 63), (0, 4)], max_len=64) == (0, 5)  # slot 3 has no position left
+    assert padding([(3, 63)], max_len=64) is None
 
 
 def test_prefill_and_mixed_steps_run_eagerly(llama: Any) -> None:

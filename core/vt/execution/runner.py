@@ -36,7 +36,7 @@ from .readback import (
     async_scheduling_enabled,
     choose_readback,
 )
-from .step_graphs import DEFAULT_MAX_GRAPHS, StepGraphs, graphs_enabled
+from .step_graphs import DEFAULT_MAX_GRAPHS, StepGraphs, bucket, graphs_enabled, padding
 
 __all__ = [
     "DEFAULT_MAX_MODEL_LEN",
@@ -103,7 +103,9 @@ class _Plan:
     sampled: list[int]  # indices into ``chunks`` of sampled chunks, in sample order
     copies: list[tuple[int, int, int]]  # (first row, first previous index, count)
     max_end: int
-    decode: bool = False  # every chunk from_previous: one token per sequence
+    decode: bool = False  # every chunk one sampled token (from the device or the host)
+    rows: int = 0  # rows the forward pass runs: n_tokens, or a decode step's padded bucket
+    pad: tuple[int, int] | None = None  # (slot, position) of the padding rows
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,8 @@ class ModelRunner:
         assert self.kv is not None and self._pool is not None and self.graph is not None
         assert self._act is not None and self.stream is not None and self._inputs is not None
         b, main = self.backend, self.stream
+        if plan.decode and self.graphs:  # padded to a bucket: few shapes, few graphs
+            self._pad(plan)
         # Growth maps on the host now; the zeroing of fresh memory goes on the main stream,
         # ahead of this step, so it does not wait for steps still in flight.
         self.kv.ensure_positions(plan.max_end, main)
@@ -354,14 +358,16 @@ class ModelRunner:
                 )
         n_rows = len(plan.sampled)
         graph, act, io, kv = self.graph, self._act, self._io, self.kv.buffer
+        rows = plan.rows or plan.n_tokens  # padding rows are sampled too, never read
 
         def forward(out_ids: Buffer) -> None:
-            graph.forward(act, io, kv, self.layout, plan.n_tokens, n_rows, out_ids, main)
+            sampled = rows if plan.pad else n_rows
+            graph.forward(act, io, kv, self.layout, rows, sampled, out_ids, main)
 
         if plan.decode and self.graphs:
             assert self._graph_ids is not None
             ids = self._graph_ids
-            self._graphs.run((plan.n_tokens, n_rows), kv, main, lambda: forward(ids))
+            self._graphs.run((rows, rows), kv, main, lambda: forward(ids))
             if n_rows:  # the output slot differs per step; the captured ids buffer does not
                 b.copy_d2d(slot.ids, ids, n_rows * 4, main)
         else:
@@ -376,10 +382,24 @@ class ModelRunner:
         self._step += 1
         return out, plan
 
+    def _pad(self, plan: _Plan) -> None:
+        """Pad a decode step to its bucket (:mod:`vt.execution.step_graphs` says why the
+        padding rows change nothing real)."""
+        rows = bucket(plan.n_tokens, self.max_rows)
+        if rows == plan.n_tokens:
+            return
+        pad = padding([(c.slot, c.start_pos) for c in plan.chunks], self.max_model_len)
+        if pad is None:  # every sequence is at its last position: run the exact shape
+            return
+        plan.rows, plan.pad = rows, pad
+        plan.max_end = max(plan.max_end, pad[1] + 1)
+
     def _stage(self, inputs: HostBuffer, plan: _Plan) -> None:
         """Write the step's host inputs into ``inputs`` (its output slot's pinned staging)."""
         lay, raw = self._in, inputs.array
         n, s = plan.n_tokens, len(plan.sampled)
+        if plan.pad is not None:  # rows n.. are padding: token 0, one slot, sampled greedily
+            n = s = plan.rows
         ids = raw[lay.ids : lay.ids + 4 * n].view(np.int32)
         pos = raw[lay.positions : lay.positions + 4 * n].view(np.int32)
         slots = raw[lay.slots : lay.slots + 4 * n].view(np.int32)
@@ -397,6 +417,11 @@ class ModelRunner:
             c = plan.chunks[k]
             rows[j] = plan.row0[k] + c.n_tokens - 1
             params[j] = (c.temperature, c.top_p, c.top_k, c.seed, c.counter)
+        if plan.pad is not None:
+            real = plan.n_tokens  # a decode step: one row, and one sample, per chunk
+            ids[real:], pos[real:], slots[real:] = 0, plan.pad[1], plan.pad[0]
+            rows[real:] = np.arange(real, n)
+            params[real:] = (0.0, 1.0, 0, 0, 0)
 
     # ---- validation
     def _plan(self, chunks: list[SeqChunk]) -> _Plan:
@@ -439,7 +464,7 @@ class ModelRunner:
             sampled=[k for k, c in enumerate(order) if c.sample],
             copies=copies,
             max_end=max(c.start_pos + c.n_tokens for c in order),
-            decode=len(follow) == len(order),
+            decode=all(c.n_tokens == 1 and c.sample for c in order),
         )
 
     def _check_chunk(self, c: SeqChunk, seen: set[int], prev: dict[int, int]) -> np.ndarray | None:

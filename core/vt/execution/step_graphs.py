@@ -1,9 +1,19 @@
 """Decode steps captured once per shape and replayed as graphs (backends declaring ``graphs``).
 
-A decode-only step (every chunk ``from_previous``: one token per sequence) enqueues the same
-~16 launches per layer every time; only the *contents* of its input buffers change. Where
-the backend's effective capabilities declare ``graphs``, :class:`StepGraphs` records that
+A decode step (every chunk one sampled token, whether its input id comes from the previous
+step on the device, with async scheduling, or from the host, without) enqueues the same
+launches per layer every time; only the *contents* of its input buffers change. Where the
+backend's effective capabilities declare ``graphs``, :class:`StepGraphs` records that
 kernel sequence once per shape and replays it with one launch.
+
+Decode steps are padded to a bucket (1, 2, 4, 8, 16, 32, ... rows, at most the runner's
+``max_rows``), so a batch that shrinks as requests finish reuses a few graphs instead of
+capturing one per size. A padding row (:func:`padding`) is a copy of nothing real: token 0
+at the position just past one real row's, in that row's KV slot, sampled greedily and never
+read back. Its KV write lands on a position of that slot no step has read yet, and the slot
+writes that position itself before any step reads it (kv_store comes before attention in
+every layer), so real sequences never see it; the padding rows write identical values, and
+every op treats rows independently, so the real rows' results do not change.
 
 What a graph may capture, and why replays are right:
 
@@ -43,6 +53,24 @@ from ..protocol.capabilities import Capabilities
 DEFAULT_MAX_GRAPHS = 64
 
 GraphKey = tuple[int, int]
+
+
+def bucket(n: int, limit: int) -> int:
+    """The padded size of a decode step of ``n`` rows: the next power of two, at most
+    ``limit`` (never below ``n``)."""
+    b = 1
+    while b < n:
+        b *= 2
+    return max(n, min(b, limit))
+
+
+def padding(rows: list[tuple[int, int]], max_len: int) -> tuple[int, int] | None:
+    """``(slot, position)`` for the padding rows of a decode step whose real rows are
+    ``(slot, position)``: one past the first row that has a position left, else None."""
+    for slot, pos in rows:
+        if pos + 1 < max_len:
+            return slot, pos + 1
+    return None
 
 
 def graphs_enabled(caps: Capabilities, graphs: bool | None = None) -> tuple[bool, str]:

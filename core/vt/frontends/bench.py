@@ -416,8 +416,8 @@ def _format_batches(result: BenchResult) -> str:
 
 
 def _graphs_line(runs: list[BenchRun]) -> str:
-    # Only decode-only steps replay, and with async off every step takes host input: say
-    # how many replays each setting made, so "on" is not read as "used by both".
+    # Only decode steps replay (prefill runs eagerly): say how many replays each setting
+    # made.
     first = runs[0]
     line = f"graphs: {'on' if first.graphs else 'off'} ({first.graphs_reason})"
     if first.graphs:
