@@ -242,6 +242,17 @@ class OutputPool:
             b.copy_d2h(out, slot.ids)
         return out
 
+    def reset(self, error: Exception) -> None:
+        """Forget every step still pending (after a failed step, once the streams have
+        drained): its :meth:`StepOutput.get_output` raises ``error``, and every slot is
+        free again."""
+        for slot in self.slots:
+            pending, slot.pending = slot.pending, None
+            if pending is not None and pending._slot is not None:
+                pending._slot = None
+                pending._error = error
+        self._next = 0
+
     def drain(self) -> None:
         """Read every pending output, so that each stays readable after :meth:`close`."""
         for slot in self.slots:

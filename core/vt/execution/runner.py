@@ -55,6 +55,8 @@ DEFAULT_MAX_MODEL_LEN = 4096
 _ALIGN = 256
 _U32_MAX = 2**32 - 1
 _I32_MAX = 2**31 - 1
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 class RunnerError(VtError):
@@ -283,6 +285,56 @@ class ModelRunner:
             "invalidations": g.invalidations,
         }
 
+    def recover(self) -> None:
+        """After a failed step: bring the runner back to a known-good state, or raise.
+
+        Waits for the streams (which also clears an error a backend keeps until its stream
+        is synchronized, as a device does), drops every step still in flight (its
+        ``get_output()`` raises), forgets every sequence (every slot starts at position 0,
+        no previous step for ``from_previous``) and every captured graph. Then one probe
+        step (one greedy token in slot 0) must run and read back a valid id. Raises
+        :class:`RunnerError` naming what failed when the device is not usable.
+        """
+        self._check_open()
+        assert self._pool is not None and self.stream is not None
+        b = self.backend
+        streams = [self.stream]
+        if self._pool.copy_stream is not None:
+            streams.append(self._pool.copy_stream)
+        for stream in streams:
+            error: Exception | None = None
+            for _ in range(2):  # the first synchronize may report (and clear) the error
+                try:
+                    b.synchronize(stream)
+                    error = None
+                    break
+                except Exception as exc:  # noqa: BLE001 - reported if it persists
+                    error = exc
+            if error is not None:
+                raise RunnerError(
+                    f"the device did not recover: synchronizing its stream keeps failing "
+                    f"({type(error).__name__}: {error})"
+                ) from error
+        self._pool.reset(RunnerError("this step was dropped after a failed step"))
+        self._prev = None
+        self._seq_len = [0] * self.max_slots
+        try:
+            self._graphs.clear(self.stream)
+            out = self.execute([SeqChunk(slot=0, start_pos=0, token_ids=[0], temperature=0.0)])
+            token = out.get_output()[0]
+        except Exception as exc:
+            raise RunnerError(
+                f"the device did not recover: a probe step failed ({type(exc).__name__}: {exc})"
+            ) from exc
+        finally:
+            self._prev = None
+            self._seq_len = [0] * self.max_slots
+        if not 0 <= token < self.config.vocab_size:
+            raise RunnerError(
+                f"the device did not recover: a probe step sampled id {token}, outside the "
+                f"vocabulary 0..{self.config.vocab_size - 1}"
+            )
+
     def synchronize(self) -> None:
         """Block until every enqueued step has finished on the device."""
         self._check_open()
@@ -296,7 +348,12 @@ class ModelRunner:
         self._closed = True
         b = self.backend
         if self.stream is not None:
-            b.synchronize(self.stream)
+            for _ in range(2):  # an error of a failed step is reported (and cleared) first
+                try:
+                    b.synchronize(self.stream)
+                    break
+                except Exception:  # noqa: BLE001 - releasing anyway; the step reported it
+                    continue
         self._graphs.close(self.stream)
         if self._pool is not None:
             self._pool.close()
@@ -526,12 +583,15 @@ def _is_int(value: object) -> bool:
 
 
 def _check_sampling(c: SeqChunk) -> None:
+    # In the units the sampler reads (SAMPLE_PARAMS_DTYPE): float32 temperature and top_p.
     where = f"slot {c.slot}"
     t, p = c.temperature, c.top_p
-    if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-        raise InvalidStepError(f"{where}: temperature {t!r} must be a finite number >= 0")
+    if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 or t > _F32_MAX:
+        raise InvalidStepError(f"{where}: temperature {t!r} must be a finite float32 number >= 0")
     if not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 < p <= 1:
         raise InvalidStepError(f"{where}: top_p {p!r} must be a number in (0, 1]")
+    if p < _F32_TINY:
+        raise InvalidStepError(f"{where}: top_p {p!r} is 0 in float32; it must be in (0, 1]")
     if not _is_int(c.top_k) or not -1 <= c.top_k <= _I32_MAX:
         raise InvalidStepError(f"{where}: top_k {c.top_k!r} must be an integer (0 or -1 = off)")
     for name in ("seed", "counter"):

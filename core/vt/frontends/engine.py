@@ -33,6 +33,28 @@ class RequestError(VtError, ValueError):
     """A request the engine refuses (empty or too long prompt, ids outside the vocabulary)."""
 
 
+class EngineUnhealthyError(VtError):
+    """A failed step left the runner unusable; the engine takes no more requests."""
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """What :meth:`Engine.step` did after a step raised (it re-raises the error).
+
+    ``failed``: the requests dropped (their rows were in the failed step, or they had
+    tokens in a step that was in flight with it). ``requeued``: requests that had not
+    produced a token yet, put back at the head of the queue to start over (same seed, so
+    the same answer). ``healthy`` is False when the runner could not be brought back to a
+    known-good state; ``reason`` says why.
+    """
+
+    error: BaseException
+    failed: tuple[str, ...]
+    requeued: tuple[str, ...]
+    healthy: bool = True
+    reason: str | None = None
+
+
 class Timings(BaseModel):
     """Wall-clock timings of one request. Rates are None where nothing was measured."""
 
@@ -132,6 +154,12 @@ class Engine:
         self._deferred_free: list[tuple[int, int]] = []  # (slot, free after step seq)
         self._inflight: _Step | None = None
         self._step_seq = 0
+        self._failing: list[_Request] = []  # the rows of the step being submitted or read
+        #: What the last failed step did (None until one fails).
+        self.last_failure: StepFailure | None = None
+        #: False once a failed step left the runner unusable; ``unhealthy_reason`` says why.
+        self.healthy = True
+        self.unhealthy_reason: str | None = None
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -145,6 +173,8 @@ class Engine:
         """Queue a request and return its id. Raises :class:`RequestError` for a bad prompt
         before touching any state, so other requests are unaffected."""
         params = params if params is not None else SamplingParams()
+        if not self.healthy:
+            raise EngineUnhealthyError(f"the engine is unusable: {self.unhealthy_reason}")
         ids = [int(i) for i in prompt_ids]
         if not ids:
             raise RequestError("the prompt is empty: it needs at least one token")
@@ -208,6 +238,8 @@ class Engine:
         With async scheduling this submits the next step before reading the previous one,
         so an output may describe the step before the one just submitted.
         """
+        if not self.healthy:
+            return []  # nothing runs: add_request refuses every request
         try:
             if not self.async_scheduling:
                 current = self._submit()
@@ -219,8 +251,8 @@ class Engine:
             previous = self._inflight
             self._inflight = self._submit()
             return self._collect(previous)
-        except BaseException:
-            self._fail_all()
+        except BaseException as exc:
+            self._recover(exc)
             raise
 
     def _schedule(self) -> list[tuple[_Request, int, list[int] | None, int, bool]]:
@@ -275,6 +307,7 @@ class Engine:
         now = time.perf_counter()
         chunks = []
         step_rows = []
+        self._failing = [r[0] for r in rows]
         for req, pos, ids, n, samples in rows:
             assert req.slot is not None
             p = req.params
@@ -301,10 +334,13 @@ class Engine:
             step_rows.append((req, req.slot, samples))
         self._step_seq += 1
         output = self.runner.execute(chunks)
+        self._failing = []
         return _Step(self._step_seq, output, step_rows)
 
     def _collect(self, step: _Step) -> list[RequestOutput]:
+        self._failing = [r[0] for r in step.rows]
         sampled = step.output.get_output()
+        self._failing = []
         now = time.perf_counter()
         outputs: list[RequestOutput] = []
         touched: list[_Request] = []
@@ -451,20 +487,66 @@ class Engine:
                 keep.append((slot, after))
         self._deferred_free = keep
 
-    def _fail_all(self) -> None:
-        """After a runner error or an interrupt: drop every request and reclaim every slot,
-        so the engine can take new requests if the device is still usable."""
+    def _recover(self, error: BaseException) -> None:
+        """After a step raised (or an interrupt): back to a known-good state.
+
+        Requests with a row in the failing step, or with tokens in a step in flight with
+        it, are dropped; running requests that have no token yet go back to the head of
+        the queue; waiting ones stay. Every slot is reclaimed and the runner recovered
+        (:meth:`ModelRunner.recover`: streams drained, steps in flight dropped, graphs
+        cleared, a probe step run); if that fails the engine is unhealthy and refuses more
+        work. :attr:`last_failure` says what happened.
+        """
+        failing = {id(r) for r in self._failing}
+        self._failing = []
         self._inflight = None
-        for req in list(self._running) + list(self._waiting):
-            req.finished, req.finish_reason = True, "abort"
+        failed: list[_Request] = []
+        requeue: list[_Request] = []
+        for req in self._running:
+            if req.finished:
+                continue
+            if id(req) in failing or req.output_ids:
+                failed.append(req)
+            else:
+                requeue.append(req)
+        for req in self._waiting:  # cannot be in a step; listed for an interrupt
+            if id(req) in failing:
+                failed.append(req)
+        for req in failed:
+            req.finished, req.finish_reason, req.slot = True, "abort", None
+            self._requests.pop(req.id, None)
+            if req in self._waiting:
+                self._waiting.remove(req)
+        for req in reversed(requeue):
+            req.slot, req.num_prefilled, req.pending = None, 0, 0
+            req.t_scheduled = None
+            req.decoder = self.tokenizer.incremental_decoder(skip_special=True)
+            self._waiting.appendleft(req)
         self._running.clear()
-        self._waiting.clear()
-        self._requests.clear()
         self._deferred_free.clear()
-        for slot in range(self.max_slots):
-            if slot not in self._free_slots:
-                try:
-                    self.runner.free_slot(slot)
-                except Exception:  # noqa: BLE001 - best effort while unwinding another error
-                    pass
         self._free_slots = list(range(self.max_slots))
+        healthy, reason = True, None
+        recover = getattr(self.runner, "recover", None)
+        try:
+            if recover is not None:
+                recover()
+            else:
+                for slot in range(self.max_slots):
+                    self.runner.free_slot(slot)
+        except Exception as exc:  # noqa: BLE001 - reported through health and last_failure
+            healthy, reason = False, f"{type(exc).__name__}: {exc}"
+        if not healthy:
+            for req in requeue + list(self._waiting):
+                req.finished, req.finish_reason = True, "abort"
+            failed += [r for r in self._waiting if r not in failed]
+            self._waiting.clear()
+            self._requests.clear()
+            requeue = []
+            self.healthy, self.unhealthy_reason = False, reason
+        self.last_failure = StepFailure(
+            error=error,
+            failed=tuple(r.id for r in failed),
+            requeued=tuple(r.id for r in requeue),
+            healthy=healthy,
+            reason=reason,
+        )

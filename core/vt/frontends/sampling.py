@@ -6,19 +6,33 @@ Differences from vLLM worth knowing: ``max_tokens`` defaults to 256 (vLLM: 16), 
 
 from __future__ import annotations
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 #: Largest seed the device sampler takes (seeds are uint32, see ``SAMPLE_PARAMS_DTYPE``).
 MAX_SEED = 2**32 - 1
+#: Largest ``top_k`` the device sampler takes (an int32 in ``SAMPLE_PARAMS_DTYPE``).
+MAX_TOP_K = 2**31 - 1
+#: The smallest positive ``top_p`` the sampler sees as positive: the smallest normal
+#: float32 (a smaller value rounds to 0, or to a denormal a GPU may flush to 0).
+MIN_TOP_P = float(np.finfo(np.float32).tiny)
+#: Below this a temperature is greedy (as in vLLM): dividing logits by a smaller one
+#: overflows float32 and would turn the probabilities into NaN.
+MIN_TEMPERATURE = 1e-5
+#: The largest temperature float32 holds (``logits / temperature`` runs in float32).
+MAX_TEMPERATURE = float(np.finfo(np.float32).max)
 
 
 class SamplingParams(BaseModel):
     """How to sample one request's tokens and when to stop.
 
-    ``temperature == 0`` is greedy; ``top_k == 0`` (or -1) and ``top_p == 1`` turn those
-    filters off. Generation stops at the model's end-of-turn tokens (unless ``ignore_eos``),
-    any of ``stop_token_ids``, any of the ``stop`` strings (trimmed from the text), after
-    ``max_tokens`` tokens, or when the sequence reaches the engine's ``max_model_len``.
+    ``temperature == 0`` is greedy (so is anything below ``MIN_TEMPERATURE``, 1e-5);
+    ``top_k == 0`` (or -1) and ``top_p == 1`` turn those filters off. Values are checked in
+    the units the device sampler uses (float32 temperature and ``top_p``, int32 ``top_k``,
+    uint32 seed), so a value that passes cannot fail a step. Generation stops at the
+    model's end-of-turn tokens (unless ``ignore_eos``), any of ``stop_token_ids``, any of
+    the ``stop`` strings (trimmed from the text), after ``max_tokens`` tokens, or when the
+    sequence reaches the engine's ``max_model_len``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -46,13 +60,19 @@ class SamplingParams(BaseModel):
     def _temperature(cls, v: float) -> float:
         if not v >= 0.0 or v == float("inf"):  # also refuses NaN
             raise ValueError(f"temperature must be a finite number >= 0, got {v}")
-        return v
+        if v > MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be at most {MAX_TEMPERATURE:.4g} (float32), got {v}"
+            )
+        return 0.0 if v < MIN_TEMPERATURE else v
 
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, v: int) -> int:
         if v < -1:
             raise ValueError(f"top_k must be >= 0 (0 or -1 disables it), got {v}")
+        if v > MAX_TOP_K:
+            raise ValueError(f"top_k must be at most {MAX_TOP_K} (int32), got {v}")
         return max(v, 0)
 
     @field_validator("top_p")
@@ -60,6 +80,11 @@ class SamplingParams(BaseModel):
     def _top_p(cls, v: float) -> float:
         if not 0.0 < v <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {v}")
+        if v < MIN_TOP_P:
+            raise ValueError(
+                f"top_p must be in (0, 1], got {v}, which is 0 in float32 (the sampler's "
+                f"precision); the smallest is {MIN_TOP_P:.4g}"
+            )
         return v
 
     @field_validator("seed")

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..engine import RequestError, RequestOutput
+from ..engine import EngineUnhealthyError, RequestError, RequestOutput
 from ..sampling import SamplingParams
 from .engine_loop import Delivery, EngineLoop, Prompt, ShuttingDown
 from .protocol import (
@@ -187,9 +187,11 @@ def create_app(state: ServerState) -> Starlette:
 
 async def health(request: Request, state: ServerState) -> Response:
     s = state.engine_loop.stats
-    ok = state.engine_loop.alive
+    ok, reason = state.engine_loop.healthy
+    status = "ok" if ok else ("engine stopped" if not state.engine_loop.alive else "unhealthy")
     body = {
-        "status": "ok" if ok else "engine stopped",
+        "status": status,
+        "reason": reason,
         "model": state.model_name,
         "backend": state.llm.backend_name,
         "running": s.running,
@@ -284,7 +286,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
 def _engine_error(exc: BaseException) -> ApiError:
     if isinstance(exc, RequestError):
         return ApiError(400, str(exc), "prompt")
-    if isinstance(exc, ShuttingDown):
+    if isinstance(exc, (ShuttingDown, EngineUnhealthyError)):
         return ApiError(503, str(exc))
     return ApiError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error")
 

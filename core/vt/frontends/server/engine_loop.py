@@ -6,8 +6,10 @@ steps). New requests therefore join the running batch at the next step, which is
 continuous batching. The thread hands every delta back to the handler's asyncio queue with
 ``loop.call_soon_threadsafe``, so the event loop never blocks on the device.
 
-A step that raises fails every request it held (the engine drops them and reclaims their
-slots); those requests get the error and the thread carries on with new ones.
+A step that raises fails only the requests it held (the engine drops them, requeues those
+that had not started, and recovers the runner); those requests get the error and the thread
+carries on. If the runner cannot be recovered the engine is unhealthy: every request gets
+the reason, ``/health`` reports it, and new requests are refused.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import RequestError, RequestOutput
+from ..engine import EngineUnhealthyError, RequestError, RequestOutput
 from ..sampling import SamplingParams
 
 log = logging.getLogger("vt.frontends.server")
@@ -103,6 +105,10 @@ class EngineLoop:
         if self._stopped.is_set():
             group.deliver(Delivery(error=ShuttingDown("the server is shutting down")))
             return
+        if not getattr(self.engine, "healthy", True):
+            reason = self.engine.unhealthy_reason
+            group.deliver(Delivery(error=EngineUnhealthyError(f"the engine is unusable: {reason}")))
+            return
         self._commands.put(("add", group))
 
     def abort(self, request_id: str) -> None:
@@ -182,7 +188,7 @@ class EngineLoop:
         except Exception as exc:  # noqa: BLE001 - handed to the request, the loop goes on
             for rid in added:  # all prompts of a request run, or none
                 self.engine.abort(rid)
-            if not isinstance(exc, RequestError):
+            if not isinstance(exc, (RequestError, EngineUnhealthyError)):
                 log.exception("adding request %s failed", group.request_id)
             group.deliver(Delivery(error=exc))
             return
@@ -195,8 +201,7 @@ class EngineLoop:
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the engine dropped its requests; tell them
-            log.exception("an engine step failed; failing the %d request(s) in it", len(self))
-            self._fail_groups(exc)
+            self._step_failed(exc)
             self._update_stats(failed=1)
             return
         for out in outputs:
@@ -207,6 +212,36 @@ class EngineLoop:
                 del self._groups[out.request_id]
             group.deliver(Delivery(index=group.rids.index(out.request_id), output=out))
         self._update_stats()
+
+    def _step_failed(self, exc: BaseException) -> None:
+        failure = getattr(self.engine, "last_failure", None)
+        if failure is None or failure.error is not exc or not failure.healthy:
+            log.exception("an engine step failed; failing the %d request(s) it held", len(self))
+            if failure is not None and not failure.healthy:
+                log.error("the engine is unusable after that failure: %s", failure.reason)
+            self._fail_groups(exc)
+            return
+        failed = set(failure.failed)
+        groups = {id(g): g for rid, g in self._groups.items() if rid in failed}
+        log.exception(
+            "an engine step failed; failing the %d request(s) in it (%d requeued)",
+            len(groups),
+            len(failure.requeued),
+        )
+        for group in groups.values():
+            for rid in group.rids:  # every prompt of a request, or none
+                self.engine.abort(rid)
+                self._groups.pop(rid, None)
+            group.deliver(Delivery(error=exc))
+
+    @property
+    def healthy(self) -> tuple[bool, str | None]:
+        """Whether the engine can take requests, and why not."""
+        if not self.alive:
+            return False, "the engine thread has stopped"
+        if not getattr(self.engine, "healthy", True):
+            return False, f"the engine is unusable: {self.engine.unhealthy_reason}"
+        return True, None
 
     def _fail_groups(self, exc: BaseException) -> None:
         failed = {id(g): g for g in self._groups.values()}
