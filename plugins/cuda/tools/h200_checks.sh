@@ -6,6 +6,12 @@
 # Steps (default: all but baseline, in this order): setup backends verify audit kit checks
 # bench profile, and baseline: the bench and profile on an older vt copied into .whl/old
 # (core/ and plugins/ of, say, `git worktree add /tmp/old 79b67e1`), same machine.
+# Issue 9's steps (not in the default): cpuhead (plugins/cpu from .whl/cpu_head: the
+# committed cpu backend, whatever the working tree holds), models (random-weight GGUFs of
+# SmolLM2-135M Q4_1 and Llama-3.2-1B Q8_0 shapes, write_shape.py), batch MODEL (vt bench
+# --batch 1,8,32: as is, with the fused ops decomposed, and, for smol, with VT_GRAPHS=0),
+# batch_old MODEL (the same on .whl/old), kprofile MODEL (profile_decode.py at batch 1 and
+# 32 with a per-kernel table); MODEL is smol or 1b, as in `batch:smol`.
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -89,6 +95,35 @@ EOF"
             && PYTHONPATH=$OLDPATH python3 plugins/cuda/tools/profile_decode.py /tmp/smol.gguf --steps 128 --top 12 \
             && for g in 1 0; do VT_GRAPHS=\$g PYTHONPATH=$OLDPATH python3 -c 'import sys, vt.frontends.cli; sys.argv[0] = \"vt\"; vt.frontends.cli.main()' \
                 bench --backend cuda --model /tmp/smol.gguf; done"
+        ;;
+    cpuhead)
+        if [ -d .whl/cpu_head/plugins/cpu ]; then
+            rm -rf plugins/cpu && cp -r .whl/cpu_head/plugins/cpu plugins/cpu
+        fi
+        ;;
+    models)
+        step models 200 "python3 plugins/cuda/tools/write_shape.py /tmp/smol.gguf --shape 135m --weight-type Q4_1 \
+            && python3 plugins/cuda/tools/write_shape.py /tmp/1b.gguf --shape 1b --weight-type Q8_0"
+        ;;
+    batch:*)
+        m=${s#batch:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch 1,8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2"
+        step "batch-$m" 400 "python3 plugins/cuda/tools/bench_variant.py $B --json > $OUT/batch-$m.json \
+            && python3 plugins/cuda/tools/bench_variant.py --no-fused $B --json > $OUT/batch-$m-nofused.json \
+            && if [ $m = smol ]; then VT_GRAPHS=0 python3 plugins/cuda/tools/bench_variant.py $B --json > $OUT/batch-$m-eager.json; fi; \
+            python3 $ROOT/plugins/cuda/tools/batch_table.py $OUT/batch-$m*.json"
+        ;;
+    batch_old:*)
+        m=${s#batch_old:}
+        O=$ROOT/.whl/old
+        OLDPATH=$O/core:$O/plugins/cuda:$O/plugins/cpu:$O/plugins/tt_stub:$O/plugins/rocm:/tmp/site
+        step "batch-old-$m" 400 "test -d $O && PYTHONPATH=$OLDPATH python3 -c 'import sys, vt.frontends.cli; sys.argv[0] = \"vt\"; vt.frontends.cli.main()' \
+            bench --backend cuda --model /tmp/$m.gguf --batch 1,8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json > $OUT/batch-$m-old.json; \
+            python3 $ROOT/plugins/cuda/tools/batch_table.py $OUT/batch-$m-old.json"
+        ;;
+    kprofile:*)
+        m=${s#kprofile:}
+        step "kprofile-$m" 400 "for b in 1 32; do python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --steps 64 --batch \$b --kernels --no-cprofile; done"
         ;;
     *)
         echo "unknown step $s" | tee -a "$OUT/summary.txt"

@@ -1,12 +1,15 @@
-"""Host time of a decode step on a GPU backend, with graph replay on and off.
+"""Time of a decode step on a GPU backend, with graph replay on and off, per kernel too.
 
     python plugins/cuda/tools/profile_decode.py MODEL.gguf [--backend cuda] [--steps 128]
+        [--batch 1] [--kernels] [--no-cprofile]
 
-Runs ``ModelRunner(max_slots=1)`` on MODEL: a 128-token prompt, 8 warm-up decode steps,
-then ``--steps`` decode steps, each enqueued one ahead of reading the previous one's id
-(async readback), and prints decode tokens/s and milliseconds per step with graphs on and
-off, then a ``cProfile`` of the eager steps (the functions with the most own time). Eager
-decode is bound by the host: each step launches every kernel from Python.
+Runs ``ModelRunner(max_slots=B)`` on MODEL: a 128-token prompt per sequence, 8 warm-up
+decode steps of all B sequences, then ``--steps`` decode steps, each enqueued one ahead of
+reading the previous one's ids (async readback), and prints decode steps/s, tokens/s and
+milliseconds per step with graphs on and off; then (unless ``--no-cprofile``) a ``cProfile``
+of the eager steps (the functions with the most own time). ``--kernels``: the GPU time of
+each kernel over 16 steps with graphs on, from torch's CUPTI profiler (torch is not a vt
+dependency: only where it is installed), as a table per kernel and a sum per step.
 """
 
 from __future__ import annotations
@@ -16,36 +19,79 @@ import cProfile
 import io
 import pstats
 import time
+from typing import Any
 
 from vt.execution.runner import ModelRunner, SeqChunk
 from vt.management.registry import Registry
 from vt.model import load_gguf
 
 
-def decode(runner: ModelRunner, steps: int, prompt: int = 128) -> tuple[float, list[int]]:
-    """Seconds per decode step over ``steps`` steps after 8 warm-up ones, and the ids."""
-    ids = [runner.execute([SeqChunk(0, 0, list(range(1, prompt + 1)))]).get_output()[0]]
-    pos = prompt
+class Decoder:
+    """B sequences of a 128-token prompt, then decode steps of all of them."""
 
-    def step() -> object:
-        nonlocal pos
-        out = runner.execute([SeqChunk(0, pos, None, from_previous=True)])
-        pos += 1
-        return out
+    def __init__(self, runner: ModelRunner, batch: int, prompt: int = 128) -> None:
+        self.runner, self.batch = runner, batch
+        toks = list(range(1, prompt + 1))
+        first = {}
+        for s in range(batch):  # one prefill step per sequence (max_batch_tokens)
+            first[s] = runner.execute([SeqChunk(s, 0, toks)]).get_output()[s]
+        self.pos = prompt
+        # the first decode step takes each id from the host, the others from the device
+        self.pending = runner.execute([SeqChunk(s, prompt, [first[s]]) for s in range(batch)])
+        self.pos += 1
+        self.ids = [first]
 
-    pending = step()
-    for _ in range(8):
-        nxt = step()
-        ids.append(pending.get_output()[0])  # type: ignore[attr-defined]
-        pending = nxt
-    start = time.perf_counter()
-    for _ in range(steps):
-        nxt = step()
-        ids.append(pending.get_output()[0])  # type: ignore[attr-defined]
-        pending = nxt
-    seconds = (time.perf_counter() - start) / steps
-    ids.append(pending.get_output()[0])  # type: ignore[attr-defined]
-    return seconds, ids
+    def step(self) -> None:
+        chunks = [SeqChunk(s, self.pos, None, from_previous=True) for s in range(self.batch)]
+        nxt = self.runner.execute(chunks)
+        self.pos += 1
+        self.ids.append(self.pending.get_output())
+        self.pending = nxt
+
+    def run(self, steps: int) -> float:
+        """Seconds per step over ``steps`` steps (after 8 warm-up ones)."""
+        for _ in range(8):
+            self.step()
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        return (time.perf_counter() - start) / steps
+
+    def finish(self) -> list[dict[int, int]]:
+        self.ids.append(self.pending.get_output())
+        return self.ids
+
+
+def kernel_table(runner: ModelRunner, batch: int, steps: int = 16) -> str:
+    """GPU time per kernel over ``steps`` replayed decode steps (torch's CUPTI profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    d = Decoder(runner, batch)
+    d.run(4)
+    runner.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            d.step()
+        runner.synchronize()
+    d.finish()
+    rows: list[tuple[str, int, float]] = []
+    for e in prof.key_averages():
+        us = float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
+        if us > 0 and e.count:
+            rows.append((e.key, e.count, us))
+    rows.sort(key=lambda r: -r[2])
+    total = sum(r[2] for r in rows)
+    lines = [
+        f"kernels over {steps} decode steps, batch {batch}: {total / steps:.1f} us of GPU "
+        f"time per step; {sum(r[1] for r in rows) / steps:.0f} launches per step",
+        f"{'kernel':<28} {'per step':>8} {'us/step':>9} {'us each':>8} {'share':>6}",
+    ]
+    for name, count, us in rows[:30]:
+        lines.append(
+            f"{name[:28]:<28} {count / steps:>8.1f} {us / steps:>9.1f} {us / count:>8.2f} "
+            f"{100 * us / total:>5.1f}%"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -53,31 +99,51 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--no-cprofile", action="store_true")
     a = ap.parse_args()
     backend, _ = Registry(env={}).create_backend(a.backend)
-    ids = {}
+    ids: dict[bool, Any] = {}
+    b = a.batch
+
+    def runner(graphs: bool) -> ModelRunner:
+        n = min(512, model.config.context_length)
+        return ModelRunner(backend, model, max_slots=b, max_model_len=n, graphs=graphs)
+
     try:
         with load_gguf(a.model) as model:
             for graphs in (True, False):
-                with ModelRunner(
-                    backend, model, max_slots=1, max_model_len=512, graphs=graphs
-                ) as runner:
-                    s, ids[graphs] = decode(runner, a.steps)
+                with runner(graphs) as r:
+                    d = Decoder(r, b)
+                    s = d.run(a.steps)
+                    ids[graphs] = d.finish()
                     print(
-                        f"graphs={'on ' if graphs else 'off'} readback={runner.readback}: "
-                        f"{1 / s:.1f} tok/s, {s * 1e3:.2f} ms/step, {runner.graph_stats}"
+                        f"batch {b} graphs={'on ' if graphs else 'off'} readback={r.readback}: "
+                        f"{1 / s:.1f} steps/s, {b / s:.1f} tok/s, {s * 1e3:.3f} ms/step, "
+                        f"{r.graph_stats}",
+                        flush=True,
                     )
-            with ModelRunner(backend, model, max_slots=1, max_model_len=512, graphs=False) as r:
-                prof = cProfile.Profile()
-                prof.enable()
-                s, _ = decode(r, a.steps)
-                prof.disable()
-        print(f"same ids with graphs on and off: {ids[True] == ids[False]}")
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(a.top)
-        print(f"cProfile of {a.steps} eager decode steps ({s * 1e3:.2f} ms/step under it):")
-        print(text.getvalue())
+            print(f"same ids with graphs on and off: {ids[True] == ids[False]}", flush=True)
+            if a.kernels:
+                try:
+                    with runner(True) as r:
+                        print(kernel_table(r, b), flush=True)
+                except Exception as exc:  # noqa: BLE001 - torch missing or CUPTI refused
+                    print(f"no kernel profile: {type(exc).__name__}: {exc}", flush=True)
+            if not a.no_cprofile:
+                with runner(False) as r:
+                    d = Decoder(r, b)
+                    prof = cProfile.Profile()
+                    prof.enable()
+                    s = d.run(a.steps)
+                    prof.disable()
+                    d.finish()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(a.top)
+                print(f"cProfile of {a.steps} eager decode steps ({s * 1e3:.2f} ms/step under it):")
+                print(text.getvalue())
     finally:
         backend.close()
 

@@ -1,0 +1,29 @@
+"""Run ``vt`` with a GPU backend variant, to measure what one optimisation buys.
+
+    python plugins/cuda/tools/bench_variant.py --no-fused bench --backend cuda --batch 1,8,32
+
+``--no-fused``: ``GpuBackend.native_fused`` is emptied, so ``matmul_add``, ``swiglu``,
+``rope_kv_store`` and ``qkv`` run as their decompositions (the launches of before the fused
+kernels); graphs on/off is ``VT_GRAPHS``. Everything after the options is ``vt``'s command
+line.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from vt.frontends import cli
+from vt.gpu import GpuBackend
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] == ["--no-fused"]:
+        GpuBackend.native_fused = frozenset()
+        args = args[1:]
+    sys.argv = ["vt", *args]
+    cli.main()
+
+
+if __name__ == "__main__":
+    main()
