@@ -238,9 +238,9 @@ __device__ void vt_matmul_small(float* out, const float* x, const void* data, co
     int lane = threadIdx.x % VT_WARP;
     int o = blockIdx.x * warps + threadIdx.x / VT_WARP;
     if (o >= N) return;  // a whole warp leaves: no barrier or shuffle is left out
-    int row_end = min(n, (blockIdx.y + 1) * rpb);
+    int row_end = min(n, ((int)blockIdx.y + 1) * rpb);
     float b = bias ? bias[o] : 0.0f;
-    for (int r0 = blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
+    for (int r0 = (int)blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
         float acc[MM_R];
         vt_mm_dot<WT>(data, sm, lg_block, o, x, row_end, K, r0, acc);
 #pragma unroll
@@ -265,8 +265,8 @@ __device__ void vt_swiglu_small(float* out, const float* x, const void* gdata, c
     int lane = threadIdx.x % VT_WARP;
     int o = blockIdx.x * warps + threadIdx.x / VT_WARP;
     if (o >= N) return;
-    int row_end = min(n, (blockIdx.y + 1) * rpb);
-    for (int r0 = blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
+    int row_end = min(n, ((int)blockIdx.y + 1) * rpb);
+    for (int r0 = (int)blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
         float g[MM_R], u[MM_R];
         vt_mm_dot<WT>(gdata, gsm, glg, o, x, row_end, K, r0, g);
         vt_mm_dot<WT>(udata, usm, ulg, o, x, row_end, K, r0, u);
@@ -303,9 +303,9 @@ __device__ void vt_qkv_small(float* q, float* k, float* v, const float* x, const
     } else if (g >= Nq) {
         out = k, data = wk, sm = sk, bias = bk, lg = lgk, N = Nk, o = g - Nq;
     }
-    int row_end = min(n, (blockIdx.y + 1) * rpb);
+    int row_end = min(n, ((int)blockIdx.y + 1) * rpb);
     float b = bias ? bias[o] : 0.0f;
-    for (int r0 = blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
+    for (int r0 = (int)blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
         float acc[MM_R];
         vt_mm_dot<WT>(data, sm, lg, o, x, row_end, K, r0, acc);
 #pragma unroll
