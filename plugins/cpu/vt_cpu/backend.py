@@ -1,4 +1,5 @@
-"""The CPU backend: vt.reference ops on numpy memory, worker-thread streams, real VMM."""
+"""The CPU backend: numba kernels over block weights on numpy memory, worker-thread streams,
+real VMM."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from typing import Any
 
 import numpy as np
 import vt
-from vt.reference import HostMemory, ReferenceOps
+from vt.reference import HostMemory
 
 from . import vmm
+from .ops import CpuOps
 from .streams import CpuEvent, StreamError, WorkerStream
+from .threads import ThreadOwner
 
 DEFAULT_VMM_GRANULARITY = 2 << 20
 GRANULARITY_ENV = "VT_CPU_VMM_GRANULARITY"
@@ -92,7 +95,7 @@ class _Pinned:
 
 class CpuBackend(
     HostMemory,
-    ReferenceOps,
+    CpuOps,
     vt.HostAddressable,
     vt.Events,
     vt.PinnedHostMemory,
@@ -100,7 +103,14 @@ class CpuBackend(
     vt.Graphs,
     vt.VirtualMemory,
 ):
-    """numpy on the host.
+    """numpy memory on the host; numba kernels over weights kept in their block formats.
+
+    Ops (:mod:`vt_cpu.ops`): weights stay quantized (:mod:`vt_cpu.weights`), projections
+    run numba matrix-vector kernels (decode) or BLAS on dequantized tiles (prefill), the
+    fused ops are native; the ops without a kernel here run from :mod:`vt.reference`.
+    Threads (:mod:`vt_cpu.threads`): one owner sizes numba's pool and holds BLAS to one
+    thread; each kernel runs split over the pool or on its stream's thread alone, whichever
+    is measured faster on the machine as it is.
 
     Memory is unified and host-addressable (a buffer's handle is its uint8 numpy array).
     Each stream is a worker thread (:mod:`vt_cpu.streams`); synchronous copies and memsets
@@ -113,13 +123,16 @@ class CpuBackend(
 
     name = "cpu"
     priority = 10
-    description = "numpy on the host: unified memory, worker-thread streams, real virtual memory"
+    description = (
+        "host CPU: numba kernels over quantized weights, worker-thread streams, real virtual memory"
+    )
 
     def __init__(self) -> None:
         # The same source as probe(), so the instance and its declaration agree.
         self._granularity = granularity_from_env()
         self._streams: set[WorkerStream] = set()
         self._lock = threading.Lock()
+        self.threads = ThreadOwner()
         # Stop the worker threads even when close() is forgotten.
         weakref.finalize(self, _close_streams, self._streams, self._lock)
 
@@ -135,6 +148,7 @@ class CpuBackend(
 
     def close(self) -> None:
         _close_streams(self._streams, self._lock)
+        self.threads.close()
 
     # ---- memory
     def _alloc(self, nbytes: int) -> vt.Buffer:
@@ -248,9 +262,9 @@ class CpuBackend(
         return g
 
     def _launch_graph(self, graph: vt.Graph, stream: vt.Stream) -> None:
-        worker = self._worker(stream)
-        for op, fn, always in self._graph(graph).ops:
-            worker.enqueue(op, fn, always)
+        # One queue item for the whole graph: the stream's thread runs the step's kernels
+        # back to back, without a hand-off per kernel.
+        self._worker(stream).enqueue_batch(self._graph(graph).ops)
 
     def _destroy_graph(self, graph: vt.Graph) -> None:
         g = self._graph(graph)

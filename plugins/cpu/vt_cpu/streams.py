@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -20,6 +20,15 @@ import vt
 
 class StreamError(vt.VtError):
     """Work enqueued on a CPU stream raised; the message names the stream and the op."""
+
+
+class _Batch:
+    """Work enqueued as one queue item (a graph's replay)."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops: tuple[tuple[str, Callable[[], Any], bool], ...]) -> None:
+        self.ops = ops
 
 
 class WorkerStream:
@@ -37,6 +46,16 @@ class WorkerStream:
         self._thread = threading.Thread(target=self._run, name=f"vt-cpu-stream:{name}")
         self._thread.daemon = True  # a forgotten close() must not hang interpreter exit
         self._thread.start()
+
+    def enqueue_batch(self, ops: Sequence[tuple[str, Callable[[], Any], bool]]) -> None:
+        """Enqueue ``ops`` (``(op, fn, always)`` in order) as one item: the worker runs
+        them back to back, with the error handling of separately enqueued work."""
+        if self._closed:
+            raise StreamError(f"cpu stream {self.name!r} was destroyed; a graph cannot run on it")
+        if self._capture is not None:
+            self._capture.extend(ops)
+            return
+        self._queue.put(("graph", _Batch(tuple(ops)), True))
 
     def enqueue(self, op: str, fn: Callable[[], Any], always: bool = False) -> None:
         """Run ``fn`` after everything enqueued before; ``always`` runs it even after an error."""
@@ -69,17 +88,24 @@ class WorkerStream:
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             op, fn, always = item
-            if self._error is not None and not always:
-                continue
-            try:
-                fn()
-            except BaseException as exc:  # recorded, re-raised by synchronize
-                if self._error is None:
-                    err = StreamError(
-                        f"cpu stream {self.name!r}: {op} failed: {type(exc).__name__}: {exc}"
-                    )
-                    err.__cause__ = exc
-                    self._error = err
+            if type(fn) is _Batch:
+                for item in fn.ops:
+                    self._run_one(*item)
+            else:
+                self._run_one(op, fn, always)
+
+    def _run_one(self, op: str, fn: Callable[[], Any], always: bool) -> None:
+        if self._error is not None and not always:
+            return
+        try:
+            fn()
+        except BaseException as exc:  # recorded, re-raised by synchronize
+            if self._error is None:
+                err = StreamError(
+                    f"cpu stream {self.name!r}: {op} failed: {type(exc).__name__}: {exc}"
+                )
+                err.__cause__ = exc
+                self._error = err
 
     @property
     def error(self) -> StreamError | None:

@@ -1,0 +1,151 @@
+"""Compile (or load from numba's disk cache) every kernel once per process, saying so.
+
+Kernels are compiled per weight format, when the first weight of that format is uploaded
+(so a Q4_1 model never loads the Q6_K kernels). The first run on a machine compiles them;
+later runs load them from the cache (:data:`vt_cpu.kernels.CACHE_DIR`, or the package's
+``__pycache__``). When the cache lacks a kernel (or loading takes more than two seconds),
+one line goes to stderr first and one when it is done, so a first ``vt run`` does not look
+hung.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import numba
+import numpy as np
+
+from . import kernels
+from .kernels import layers as L
+from .kernels import quant as Q
+
+F32 = np.float32
+_lock = threading.Lock()
+_done: set[str] = set()
+#: Seconds :func:`ensure_compiled` took in this process so far (None before).
+seconds: float | None = None
+#: numba's threading layer once a parallel kernel ran ("omp", "tbb" or "workqueue").
+threading_layer: str | None = None
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    a = a.view()
+    a.setflags(write=False)
+    return a
+
+
+def _blocks(nbytes: int, n: int) -> np.ndarray:
+    return _ro(np.zeros((n, nbytes), np.uint8))
+
+
+def _warm_kind(kind: str) -> None:
+    """Call the kernels of one weight format once, with the types the backend passes."""
+    rows = np.zeros(1, np.int64)
+    x = np.zeros((1, 8, 32), F32)  # one activation row of 256 values
+    out, res = np.zeros((1, 4), F32), np.zeros((1, 4), F32)
+    f = np.zeros(32, F32)
+    deq = np.zeros((1, 256), F32)
+    if kind == "Q8_0":
+        q8 = _ro(_blocks(34, 32).view(np.int8))
+        Q.mv_q8_0(q8, f, x, out, res, True, 2)
+        Q.mv1_q8_0(q8, f, x, out, res, True)
+        Q.dq_q8_0(q8, f, rows, deq)
+    elif kind in ("Q4_0", "Q4_1"):
+        q4 = _blocks(20, 32)
+        Q.mv_q4(q4, f, f, x, out, res, True, 2, True)
+        Q.mv1_q4(q4, f, f, x, out, res, True, True)
+        Q.dq_q4(q4, f, f, rows, deq, True)
+    elif kind in ("Q4_K", "Q5_K"):
+        qk = _blocks(176, 4)
+        sc = np.zeros((4, 8), np.uint8)
+        Q.mv_qk45(qk, f, f, sc, sc, x, out, res, True, 2, True)
+        Q.mv1_qk45(qk, f, f, sc, sc, x, out, res, True, True)
+        Q.dq_qk45(qk, f, f, sc, sc, rows, deq, True)
+    elif kind == "Q6_K":
+        q6 = _blocks(210, 4)
+        q6s = _ro(q6.view(np.int8))
+        Q.mv_q6_k(q6, q6s, f, x, out, res, True, 2)
+        Q.mv1_q6_k(q6, q6s, f, x, out, res, True)
+        Q.dq_q6_k(q6, q6s, f, rows, deq)
+
+
+def _warm_layers() -> None:
+    a = np.zeros((1, 8), F32)
+    L.rms_norm(a, _ro(np.ones(8, F32)), 1e-5, a)
+    ids = np.zeros(1, np.int32)
+    L.first_bad(ids, 1)
+    cache = np.zeros((2, 1, 1, 2, 1, 8), F32)
+    cs = np.ones((1, 4), F32)
+    L.rope_kv_store(a, a, a, ids, ids, cache, 0, 1, cs, cs, False)
+
+
+#: The kernels each group needs (to tell a first compile from a load from the cache).
+_GROUPS: dict[str, tuple[Any, ...]] = {
+    "layers": (L.rms_norm, L.first_bad, L.rope_kv_store),
+    "Q8_0": (Q.mv_q8_0, Q.mv1_q8_0, Q.dq_q8_0),
+    "Q4_0": (Q.mv_q4, Q.mv1_q4, Q.dq_q4),
+    "Q4_1": (Q.mv_q4, Q.mv1_q4, Q.dq_q4),
+    "Q4_K": (Q.mv_qk45, Q.mv1_qk45, Q.dq_qk45),
+    "Q5_K": (Q.mv_qk45, Q.mv1_qk45, Q.dq_qk45),
+    "Q6_K": (Q.mv_q6_k, Q.mv1_q6_k, Q.dq_q6_k),
+}
+
+
+def _cached(kernel: Any) -> bool | None:
+    """Whether numba's disk cache has an index for ``kernel`` (None: cannot tell)."""
+    try:
+        return os.path.exists(kernel._cache._cache_file._index_path)
+    except AttributeError:
+        return None
+
+
+def ensure_compiled(kind: str = "layers", quiet: bool = False) -> float:
+    """Compile or load the kernels of ``kind`` (a weight format, or ``"layers"`` for the
+    activation ops) once per process; returns the seconds it took (0 when done before)."""
+    global seconds, threading_layer
+    if kind in _done or kind not in _GROUPS:
+        return 0.0
+    with _lock:
+        if kind in _done:
+            return 0.0
+        start = time.perf_counter()
+        finished = threading.Event()
+        announced = []
+        missing = any(_cached(k) is False for k in _GROUPS[kind])
+
+        def announce() -> None:
+            if not finished.wait(0.0 if missing else 2.0) and not quiet:
+                where = kernels.CACHE_DIR or str(kernels._HERE / "__pycache__")
+                print(
+                    f"vt cpu: compiling numba kernels for {kind} (first run only, 10-30 s per "
+                    f"weight format on 2 cores; cached in {where})...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                announced.append(True)
+
+        watcher = threading.Thread(target=announce, name="vt-cpu-compile-notice", daemon=True)
+        watcher.start()
+        try:
+            if kind == "layers":
+                _warm_layers()
+            else:
+                _warm_kind(kind)
+        finally:
+            finished.set()
+            watcher.join()
+        took = time.perf_counter() - start
+        seconds = (seconds or 0.0) + took
+        if threading_layer is None and kind != "layers":
+            try:
+                threading_layer = numba.threading_layer()
+            except ValueError:  # pragma: no cover - no parallel kernel ran
+                threading_layer = None
+        if announced:
+            print(f"vt cpu: {kind} kernels ready in {took:.0f} s", file=sys.stderr, flush=True)
+        _done.add(kind)
+        return took

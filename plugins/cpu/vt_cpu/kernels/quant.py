@@ -1,0 +1,509 @@
+"""Matrix-vector kernels over GGML block formats, and row dequantization.
+
+Weights stay in their file's blocks: ``raw`` is the tensor's bytes as a 2-D array of one
+block per row (``[rows * blocks_per_row, block_bytes]``, a view of the mmapped file, never
+copied), and the per-block float16 scales were converted once, at upload, into small
+float32 arrays (numba has no float16). K-quant sub-block scales are unpacked to uint8.
+
+``mv_*`` computes ``out[t, r] = sum_k x[t, k] * w[r, k] (+ res[t, r])`` for a few
+activation rows ``t`` (decode): each block is dequantized in registers and multiplied in
+float32 with float32 activations, accumulated in float32. Four weight rows run together
+(four independent accumulators share each activation load), the inner loops run over 16
+or 32 contiguous lanes so that LLVM vectorizes them, and nibbles are split with float
+arithmetic (``hi = floor(q / 16)``, ``lo = q - 16 hi``, exact for bytes), which stays in
+32-bit lanes. ``nchunk`` splits the row groups over numba's threads (``prange``).
+
+``dq_*`` dequantizes the listed rows into float32 (``embedding`` and the prefill tiles).
+Their results equal ``gguf``'s dequantization up to float32 rounding of ``d * q + m``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+F = np.float32
+#: Reassociation lets LLVM vectorize the reductions; contraction allows FMA. No
+#: finite-math or reciprocal flags: results stay those of a float32 sum in another order.
+FM = {"reassoc", "contract"}
+_KW = {"cache": True, "nogil": True, "boundscheck": False, "fastmath": FM}
+
+
+@njit(**_KW)
+def _block_sums(x):
+    """``xs[t, b] = sum(x[t, b, :])`` for ``x[n, nb, 32]``."""
+    n, nb = x.shape[0], x.shape[1]
+    xs = np.empty((n, nb), dtype=np.float32)
+    for t in range(n):
+        for b in range(nb):
+            s = F(0.0)
+            for j in range(32):
+                s += x[t, b, j]
+            xs[t, b] = s
+    return xs
+
+
+@njit(**_KW, inline="always")
+def _store4(out, res, add, t, r, a0, a1, a2, a3):
+    rows = out.shape[1]
+    if add:
+        out[t, r] = a0 + res[t, r]
+        if r + 1 < rows:
+            out[t, r + 1] = a1 + res[t, r + 1]
+        if r + 2 < rows:
+            out[t, r + 2] = a2 + res[t, r + 2]
+        if r + 3 < rows:
+            out[t, r + 3] = a3 + res[t, r + 3]
+    else:
+        out[t, r] = a0
+        if r + 1 < rows:
+            out[t, r + 1] = a1
+        if r + 2 < rows:
+            out[t, r + 2] = a2
+        if r + 3 < rows:
+            out[t, r + 3] = a3
+
+
+@njit(**_KW, inline="always")
+def _rows4(r, rows, per_row):
+    """First block index of rows r..r+3 (past the end: the last row again)."""
+    last = rows - 1
+    return (
+        min(r, last) * per_row,
+        min(r + 1, last) * per_row,
+        min(r + 2, last) * per_row,
+        min(r + 3, last) * per_row,
+    )
+
+
+# --------------------------------------------------------------------------- Q8_0
+
+
+@njit(**_KW)
+def _rows_q8_0(q, d, x, out, res, add, g0, g1):
+    n, nb = x.shape[0], x.shape[1]
+    rows = out.shape[1]
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _rows4(r, rows, nb)
+        for t in range(n):
+            a0 = F(0.0)
+            a1 = F(0.0)
+            a2 = F(0.0)
+            a3 = F(0.0)
+            for b in range(nb):
+                s0 = F(0.0)
+                s1 = F(0.0)
+                s2 = F(0.0)
+                s3 = F(0.0)
+                for j in range(32):
+                    xj = x[t, b, j]
+                    s0 += F(q[i0 + b, 2 + j]) * xj
+                    s1 += F(q[i1 + b, 2 + j]) * xj
+                    s2 += F(q[i2 + b, 2 + j]) * xj
+                    s3 += F(q[i3 + b, 2 + j]) * xj
+                a0 += d[i0 + b] * s0
+                a1 += d[i1 + b] * s1
+                a2 += d[i2 + b] * s2
+                a3 += d[i3 + b] * s3
+            _store4(out, res, add, t, r, a0, a1, a2, a3)
+
+
+@njit(**_KW, parallel=True)
+def mv_q8_0(q, d, x, out, res, add, nchunk):
+    """``q``: int8 view ``[rows * nb, 34]``; ``d``: float32 ``[rows * nb]``."""
+    groups = (out.shape[1] + 3) // 4
+    for c in prange(nchunk):
+        _rows_q8_0(q, d, x, out, res, add, c * groups // nchunk, (c + 1) * groups // nchunk)
+
+
+@njit(**_KW)
+def mv1_q8_0(q, d, x, out, res, add):
+    _rows_q8_0(q, d, x, out, res, add, 0, (out.shape[1] + 3) // 4)
+
+
+@njit(**_KW)
+def dq_q8_0(q, d, rows, out):
+    nb = out.shape[1] // 32
+    for k in range(rows.shape[0]):
+        i = rows[k] * nb
+        for b in range(nb):
+            db = d[i + b]
+            for j in range(32):
+                out[k, b * 32 + j] = db * F(q[i + b, 2 + j])
+
+
+# --------------------------------------------------------------------------- Q4_0 / Q4_1
+
+
+@njit(**_KW, inline="always")
+def _nib(byte):
+    """(lo, hi) nibbles of a byte, as float32."""
+    v = F(byte)
+    hi = np.floor(v * F(0.0625))
+    return v - F(16.0) * hi, hi
+
+
+@njit(**_KW)
+def _rows_q4(raw, d, m, x, xs, out, res, add, g0, g1, has_min):
+    """Q4_0 (``has_min`` False: value ``d * (q - 8)``, block ``[d, qs[16]]``, 18 bytes) and
+    Q4_1 (value ``d * q + m``, block ``[d, m, qs[16]]``, 20 bytes). ``m`` is ignored for
+    Q4_0. Low nibbles are elements 0..15 of a block, high nibbles 16..31."""
+    n, nb = x.shape[0], x.shape[1]
+    rows = out.shape[1]
+    off = 4 if has_min else 2
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _rows4(r, rows, nb)
+        for t in range(n):
+            a0 = F(0.0)
+            a1 = F(0.0)
+            a2 = F(0.0)
+            a3 = F(0.0)
+            for b in range(nb):
+                s0 = F(0.0)
+                s1 = F(0.0)
+                s2 = F(0.0)
+                s3 = F(0.0)
+                for j in range(16):
+                    xl = x[t, b, j]
+                    xh = x[t, b, 16 + j]
+                    lo, hi = _nib(raw[i0 + b, off + j])
+                    s0 += lo * xl + hi * xh
+                    lo, hi = _nib(raw[i1 + b, off + j])
+                    s1 += lo * xl + hi * xh
+                    lo, hi = _nib(raw[i2 + b, off + j])
+                    s2 += lo * xl + hi * xh
+                    lo, hi = _nib(raw[i3 + b, off + j])
+                    s3 += lo * xl + hi * xh
+                xb = xs[t, b]
+                if has_min:
+                    a0 += d[i0 + b] * s0 + m[i0 + b] * xb
+                    a1 += d[i1 + b] * s1 + m[i1 + b] * xb
+                    a2 += d[i2 + b] * s2 + m[i2 + b] * xb
+                    a3 += d[i3 + b] * s3 + m[i3 + b] * xb
+                else:
+                    a0 += d[i0 + b] * (s0 - F(8.0) * xb)
+                    a1 += d[i1 + b] * (s1 - F(8.0) * xb)
+                    a2 += d[i2 + b] * (s2 - F(8.0) * xb)
+                    a3 += d[i3 + b] * (s3 - F(8.0) * xb)
+            _store4(out, res, add, t, r, a0, a1, a2, a3)
+
+
+@njit(**_KW, parallel=True)
+def mv_q4(raw, d, m, x, out, res, add, nchunk, has_min):
+    xs = _block_sums(x)
+    groups = (out.shape[1] + 3) // 4
+    for c in prange(nchunk):
+        _rows_q4(raw, d, m, x, xs, out, res, add, c * groups // nchunk,
+                 (c + 1) * groups // nchunk, has_min)  # fmt: skip
+
+
+@njit(**_KW)
+def mv1_q4(raw, d, m, x, out, res, add, has_min):
+    _rows_q4(raw, d, m, x, _block_sums(x), out, res, add, 0, (out.shape[1] + 3) // 4, has_min)
+
+
+@njit(**_KW)
+def dq_q4(raw, d, m, rows, out, has_min):
+    nb = out.shape[1] // 32
+    off = 4 if has_min else 2
+    for k in range(rows.shape[0]):
+        i = rows[k] * nb
+        for b in range(nb):
+            db = d[i + b]
+            mb = m[i + b] if has_min else F(-8.0) * db
+            for j in range(16):
+                lo, hi = _nib(raw[i + b, off + j])
+                out[k, b * 32 + j] = db * lo + mb
+                out[k, b * 32 + 16 + j] = db * hi + mb
+
+
+# --------------------------------------------------------------------------- Q4_K / Q5_K
+# Block of 256 = 8 sub-blocks of 32: [d, dmin, scales[12], (Q5_K: qh[32]), qs[128]].
+# Sub-block s reads qs[32 * (s // 2) + j], low nibble for even s, high for odd;
+# value d * sc[s] * q - dmin * mn[s], with q += 16 * bit s of qh[j] for Q5_K.
+
+
+@njit(**_KW, inline="always")
+def _bits2(byte, p0, p1, p2):
+    """Bits k and k+1 of a byte as float32 (0 or 1), given ``p_i = 2**-(k + i)``."""
+    v = F(byte)
+    f0 = np.floor(v * p0)
+    f1 = np.floor(v * p1)
+    f2 = np.floor(v * p2)
+    return f0 - F(2.0) * f1, f1 - F(2.0) * f2
+
+
+@njit(**_KW, inline="always")
+def _pow2s(k):
+    return F(0.5**k), F(0.5 ** (k + 1)), F(0.5 ** (k + 2))
+
+
+@njit(**_KW, inline="always")
+def _k_term(d, dm, sc, mn, i, s, lo_sum, hi_sum, xa, xb):
+    """One pair of sub-blocks' contribution: d (sc lo + sc' hi) - dmin (mn xa + mn' xb)."""
+    return d[i] * (F(sc[i, s]) * lo_sum + F(sc[i, s + 1]) * hi_sum) - dm[i] * (
+        F(mn[i, s]) * xa + F(mn[i, s + 1]) * xb
+    )
+
+
+@njit(**_KW)
+def _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
+    n, nsub = x.shape[0], x.shape[1]
+    nbk = nsub // 8
+    rows = out.shape[1]
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _rows4(r, rows, nbk)
+        for t in range(n):
+            a0 = F(0.0)
+            a1 = F(0.0)
+            a2 = F(0.0)
+            a3 = F(0.0)
+            for kb in range(nbk):
+                for h in range(4):
+                    sb = kb * 8 + 2 * h
+                    l0 = F(0.0)
+                    l1 = F(0.0)
+                    l2 = F(0.0)
+                    l3 = F(0.0)
+                    u0 = F(0.0)
+                    u1 = F(0.0)
+                    u2 = F(0.0)
+                    u3 = F(0.0)
+                    for j in range(32):
+                        xl = x[t, sb, j]
+                        xh = x[t, sb + 1, j]
+                        o = 16 + 32 * h + j
+                        lo0, hi0 = _nib(raw[i0 + kb, o])
+                        lo1, hi1 = _nib(raw[i1 + kb, o])
+                        lo2, hi2 = _nib(raw[i2 + kb, o])
+                        lo3, hi3 = _nib(raw[i3 + kb, o])
+                        l0 += lo0 * xl
+                        u0 += hi0 * xh
+                        l1 += lo1 * xl
+                        u1 += hi1 * xh
+                        l2 += lo2 * xl
+                        u2 += hi2 * xh
+                        l3 += lo3 * xl
+                        u3 += hi3 * xh
+                    xa = xs[t, sb]
+                    xb = xs[t, sb + 1]
+                    s = 2 * h
+                    a0 += _k_term(d, dm, sc, mn, i0 + kb, s, l0, u0, xa, xb)
+                    a1 += _k_term(d, dm, sc, mn, i1 + kb, s, l1, u1, xa, xb)
+                    a2 += _k_term(d, dm, sc, mn, i2 + kb, s, l2, u2, xa, xb)
+                    a3 += _k_term(d, dm, sc, mn, i3 + kb, s, l3, u3, xa, xb)
+            _store4(out, res, add, t, r, a0, a1, a2, a3)
+
+
+@njit(**_KW)
+def _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
+    n, nsub = x.shape[0], x.shape[1]
+    nbk = nsub // 8
+    rows = out.shape[1]
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _rows4(r, rows, nbk)
+        for t in range(n):
+            a0 = F(0.0)
+            a1 = F(0.0)
+            a2 = F(0.0)
+            a3 = F(0.0)
+            for kb in range(nbk):
+                for h in range(4):
+                    p0, p1, p2 = _pow2s(2 * h)
+                    sb = kb * 8 + 2 * h
+                    l0 = F(0.0)
+                    l1 = F(0.0)
+                    l2 = F(0.0)
+                    l3 = F(0.0)
+                    u0 = F(0.0)
+                    u1 = F(0.0)
+                    u2 = F(0.0)
+                    u3 = F(0.0)
+                    for j in range(32):
+                        xl = x[t, sb, j]
+                        xh = x[t, sb + 1, j]
+                        o = 48 + 32 * h + j
+                        lo0, hi0 = _nib(raw[i0 + kb, o])
+                        lo1, hi1 = _nib(raw[i1 + kb, o])
+                        lo2, hi2 = _nib(raw[i2 + kb, o])
+                        lo3, hi3 = _nib(raw[i3 + kb, o])
+                        b0, c0 = _bits2(raw[i0 + kb, 16 + j], p0, p1, p2)
+                        b1, c1 = _bits2(raw[i1 + kb, 16 + j], p0, p1, p2)
+                        b2, c2 = _bits2(raw[i2 + kb, 16 + j], p0, p1, p2)
+                        b3, c3 = _bits2(raw[i3 + kb, 16 + j], p0, p1, p2)
+                        lo0 += F(16.0) * b0
+                        hi0 += F(16.0) * c0
+                        lo1 += F(16.0) * b1
+                        hi1 += F(16.0) * c1
+                        lo2 += F(16.0) * b2
+                        hi2 += F(16.0) * c2
+                        lo3 += F(16.0) * b3
+                        hi3 += F(16.0) * c3
+                        l0 += lo0 * xl
+                        u0 += hi0 * xh
+                        l1 += lo1 * xl
+                        u1 += hi1 * xh
+                        l2 += lo2 * xl
+                        u2 += hi2 * xh
+                        l3 += lo3 * xl
+                        u3 += hi3 * xh
+                    xa = xs[t, sb]
+                    xb = xs[t, sb + 1]
+                    s = 2 * h
+                    a0 += _k_term(d, dm, sc, mn, i0 + kb, s, l0, u0, xa, xb)
+                    a1 += _k_term(d, dm, sc, mn, i1 + kb, s, l1, u1, xa, xb)
+                    a2 += _k_term(d, dm, sc, mn, i2 + kb, s, l2, u2, xa, xb)
+                    a3 += _k_term(d, dm, sc, mn, i3 + kb, s, l3, u3, xa, xb)
+            _store4(out, res, add, t, r, a0, a1, a2, a3)
+
+
+@njit(**_KW, parallel=True)
+def mv_qk45(raw, d, dm, sc, mn, x, out, res, add, nchunk, five):
+    """Q4_K (``five`` False, 144-byte blocks) and Q5_K (176-byte blocks)."""
+    xs = _block_sums(x)
+    groups = (out.shape[1] + 3) // 4
+    for c in prange(nchunk):
+        g0, g1 = c * groups // nchunk, (c + 1) * groups // nchunk
+        if five:
+            _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1)
+        else:
+            _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1)
+
+
+@njit(**_KW)
+def mv1_qk45(raw, d, dm, sc, mn, x, out, res, add, five):
+    xs = _block_sums(x)
+    groups = (out.shape[1] + 3) // 4
+    if five:
+        _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, 0, groups)
+    else:
+        _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, 0, groups)
+
+
+@njit(**_KW)
+def dq_qk45(raw, d, dm, sc, mn, rows, out, five):
+    nbk = out.shape[1] // 256
+    qoff = 48 if five else 16
+    for k in range(rows.shape[0]):
+        i = rows[k] * nbk
+        for kb in range(nbk):
+            for h in range(4):
+                s = 2 * h
+                p0, p1, p2 = _pow2s(s)
+                d0 = d[i + kb] * F(sc[i + kb, s])
+                d1 = d[i + kb] * F(sc[i + kb, s + 1])
+                m0 = dm[i + kb] * F(mn[i + kb, s])
+                m1 = dm[i + kb] * F(mn[i + kb, s + 1])
+                base = kb * 256 + 64 * h
+                for j in range(32):
+                    lo, hi = _nib(raw[i + kb, qoff + 32 * h + j])
+                    if five:
+                        b0, b1 = _bits2(raw[i + kb, 16 + j], p0, p1, p2)
+                        lo += F(16.0) * b0
+                        hi += F(16.0) * b1
+                    out[k, base + j] = d0 * lo - m0
+                    out[k, base + 32 + j] = d1 * hi - m1
+
+
+# --------------------------------------------------------------------------- Q6_K
+# Block of 256: [ql[128], qh[64], scales[16] (int8), d]. Half h (128 values) reads
+# A = ql[64h + j], B = ql[64h + 32 + j], Q = qh[32h + j] for j < 32; its four groups of
+# 32 are lo(A), lo(B), hi(A), hi(B), each with 2 bits of Q (bits 0-1, 2-3, 4-5, 6-7)
+# on top; value d * scales[16h/... + j // 16] * (q - 32): group g = 4h + k uses scale
+# 2g + (j >= 16).
+
+
+@njit(**_KW, inline="always")
+def _q6(a, b, qh):
+    """The four 6-bit values (minus 32) of one (A, B, Q) byte triple, as float32."""
+    alo, ahi = _nib(a)
+    blo, bhi = _nib(b)
+    v = F(qh)
+    f1 = np.floor(v * F(0.25))
+    f2 = np.floor(v * F(0.0625))
+    f3 = np.floor(v * F(0.015625))
+    e0 = v - F(4.0) * f1
+    e1 = f1 - F(4.0) * f2
+    e2 = f2 - F(4.0) * f3
+    e3 = f3
+    return (
+        alo + F(16.0) * e0 - F(32.0),
+        blo + F(16.0) * e1 - F(32.0),
+        ahi + F(16.0) * e2 - F(32.0),
+        bhi + F(16.0) * e3 - F(32.0),
+    )
+
+
+@njit(**_KW)
+def _rows_q6_k(raw, sc, d, x, out, res, add, r0, r1):
+    """``raw``: uint8 ``[rows * nbk, 210]``; ``sc``: its int8 view; ``d``: float32. One
+    row at a time: the four groups of a half already give four independent sums."""
+    n, nsub = x.shape[0], x.shape[1]
+    nbk = nsub // 8
+    for r in range(r0, r1):
+        i0 = r * nbk
+        for t in range(n):
+            a = F(0.0)
+            for kb in range(nbk):
+                i = i0 + kb
+                for h in range(2):
+                    sb = kb * 8 + 4 * h
+                    for half in range(2):
+                        s0 = F(0.0)
+                        s1 = F(0.0)
+                        s2 = F(0.0)
+                        s3 = F(0.0)
+                        for jj in range(16):
+                            j = 16 * half + jj
+                            v0, v1, v2, v3 = _q6(
+                                raw[i, 64 * h + j], raw[i, 64 * h + 32 + j],
+                                raw[i, 128 + 32 * h + j],
+                            )  # fmt: skip
+                            s0 += v0 * x[t, sb, j]
+                            s1 += v1 * x[t, sb + 1, j]
+                            s2 += v2 * x[t, sb + 2, j]
+                            s3 += v3 * x[t, sb + 3, j]
+                        gs = 192 + 8 * h + half
+                        a += d[i] * (
+                            F(sc[i, gs]) * s0 + F(sc[i, gs + 2]) * s1
+                            + F(sc[i, gs + 4]) * s2 + F(sc[i, gs + 6]) * s3
+                        )  # fmt: skip
+            if add:
+                out[t, r] = a + res[t, r]
+            else:
+                out[t, r] = a
+
+
+@njit(**_KW, parallel=True)
+def mv_q6_k(raw, sc, d, x, out, res, add, nchunk):
+    rows = out.shape[1]
+    for c in prange(nchunk):
+        _rows_q6_k(raw, sc, d, x, out, res, add, c * rows // nchunk, (c + 1) * rows // nchunk)
+
+
+@njit(**_KW)
+def mv1_q6_k(raw, sc, d, x, out, res, add):
+    _rows_q6_k(raw, sc, d, x, out, res, add, 0, out.shape[1])
+
+
+@njit(**_KW)
+def dq_q6_k(raw, sc, d, rows, out):
+    nbk = out.shape[1] // 256
+    for k in range(rows.shape[0]):
+        i0 = rows[k] * nbk
+        for kb in range(nbk):
+            i = i0 + kb
+            for h in range(2):
+                base = kb * 256 + 128 * h
+                for j in range(32):
+                    v0, v1, v2, v3 = _q6(raw[i, 64 * h + j], raw[i, 64 * h + 32 + j],
+                                         raw[i, 128 + 32 * h + j])  # fmt: skip
+                    gs = 192 + 8 * h + j // 16
+                    out[k, base + j] = d[i] * F(sc[i, gs]) * v0
+                    out[k, base + 32 + j] = d[i] * F(sc[i, gs + 2]) * v1
+                    out[k, base + 64 + j] = d[i] * F(sc[i, gs + 4]) * v2
+                    out[k, base + 96 + j] = d[i] * F(sc[i, gs + 6]) * v3

@@ -1,0 +1,246 @@
+"""The CPU backend's native ops: numba kernels over block weights, one call per op.
+
+Each ``op_*`` builds the numpy views of its tensors once, when it is launched (a captured
+graph keeps them), and enqueues one closure that calls the kernels; the ops the table has
+and this module lacks (``sample``, ``gather_rows``, ``add``, ``silu_mul``, and the parts
+``rope``/``kv_store`` of the fused op) run from :mod:`vt.reference`.
+
+Per layer of a llama-family decode step that is 10 closures (rms_norm, 3 matmuls,
+rope_kv_store, attention, matmul_add, rms_norm, swiglu, matmul_add) calling 12 compiled
+kernels; the reference ran ~50 numpy calls for the same layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+import vt
+from vt.reference import ReferenceOps, rope_cos_sin, silu_mul
+from vt.reference import attention as ref_attention
+
+from . import compile as kernels_compile
+from . import weights as W
+from .kernels import layers as L
+from .threads import Choice, ThreadOwner
+
+F32 = np.float32
+
+#: Activation rows up to which a projection runs the matrix-vector kernels (each weight
+#: block read once for all rows); more rows (prefill) multiply dequantized tiles with BLAS.
+MATVEC_MAX_ROWS = 8
+
+
+def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray, max_len: int,
+               n_slots: int) -> ValueError:  # fmt: skip
+    n = positions.shape[0]
+    if code < -1:
+        i = -code - 2
+        return ValueError(f"{kernel}: position {int(positions[i])} is out of range [0, {max_len})")
+    i = code - n
+    return ValueError(f"{kernel}: slot {int(slots[i])} is out of range [0, {n_slots})")
+
+
+class _Projection:
+    """One weight's matmuls with its serial/parallel choice (see :class:`Choice`)."""
+
+    __slots__ = ("weight", "choice", "__weakref__")
+
+    def __init__(self, weight: W.BlockWeight) -> None:
+        self.weight = weight
+        self.choice = Choice()
+
+
+class CpuOps(ReferenceOps):
+    """Native ops over :class:`vt_cpu.weights.BlockWeight` handles (mixin of CpuBackend)."""
+
+    threads: ThreadOwner
+    native_ops: ClassVar[tuple[str, ...]] = (
+        "embedding", "rms_norm", "matmul", "matmul_add", "swiglu", "rope_kv_store", "attention",
+        "qkv",
+    )  # fmt: skip
+    #: From the reference: the ops without weights that have no kernel here. An op that
+    #: takes weights is native or runs as its decomposition, never dequantized as a whole.
+    reference_ops: ClassVar[tuple[str, ...]] = (
+        "rope", "kv_store", "silu_mul", "add", "gather_rows", "sample",
+    )  # fmt: skip
+
+    def supports(self, op: str, dtype: str | None = None) -> bool:
+        # A subclass that names its own reference_ops runs exactly those (natively where a
+        # kernel exists): tests narrow the backend that way to exercise decompositions.
+        if type(self).reference_ops is not CpuOps.reference_ops:
+            super().supports(op, dtype)  # an unknown op raises, naming the table
+            return op in type(self).reference_ops
+        return op in self.native_ops or super().supports(op, dtype)
+
+    def _angles(self, positions: np.ndarray, params: vt.RopeParams) -> tuple[Any, Any]:
+        """``rope_cos_sin`` of a step's positions, computed once for all its layers."""
+        key = (params, positions.tobytes())
+        cache = self.__dict__.setdefault("_angle_cache", {})
+        got = cache.get(key)
+        if got is None:
+            if len(cache) >= 8:
+                cache.clear()
+            got = cache[key] = rope_cos_sin(positions, params)
+        return got
+
+    # ---- weights
+    def _upload_weight(self, tensor: vt.WeightTensor) -> vt.Weight:
+        kernels_compile.ensure_compiled()
+        handle = W.upload(tensor)
+        if isinstance(handle, W.BlockWeight):
+            kernels_compile.ensure_compiled(handle.kind)
+            handle = _Projection(handle)
+        shape = tuple(int(s) for s in tensor.shape)
+        return vt.Weight(tensor.name, shape, handle, tensor.ggml_type)
+
+    def _weight_array(self, weight: vt.Weight) -> np.ndarray:
+        """A weight as float32 as a whole (only for a reference op given a matrix)."""
+        h = weight.handle
+        if isinstance(h, _Projection):
+            w = h.weight
+            return w.tile(0, w.rows)
+        return h
+
+    @staticmethod
+    def _projection(weight: vt.Weight) -> _Projection:
+        h = weight.handle
+        if not isinstance(h, _Projection):  # a 1-D weight where a matrix is needed
+            raise ValueError(f"weight {weight.name!r} of shape {weight.shape} is not a matrix")
+        return h
+
+    # ---- the matmuls
+    def _project(
+        self, p: _Projection, x: np.ndarray, out: np.ndarray, res: np.ndarray | None
+    ) -> Callable[[], None]:
+        """A closure computing ``out = x @ w.T (+ res)``."""
+        w, owner = p.weight, self.threads
+        if x.shape[0] <= MATVEC_MAX_ROWS and w.kind in W.BLOCK_TYPES:
+            choice = p.choice
+
+            def serial() -> None:
+                w.matvec(x, out, res, 1)
+
+            def parallel(n: int) -> None:
+                w.matvec(x, out, res, n)
+
+            return lambda: owner.run(choice, serial, parallel)
+        step = w.tile_rows()
+
+        def tiled() -> None:
+            w.tiled(x, out, res, lambda _step, fn: owner.tiles(step, w.rows, fn))
+
+        return tiled
+
+    def op_matmul(self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor, weight: vt.Weight,
+                  bias: vt.Weight | None = None) -> None:  # fmt: skip
+        o, xa = self._array(out), self._array(x)
+        run = self._project(self._projection(weight), xa, o, None)
+        if bias is not None:
+            b = bias.handle
+            project = run
+
+            def run() -> None:
+                project()
+                o.__iadd__(b)
+
+        self.enqueue_host(stream, "matmul", run)
+
+    def op_matmul_add(self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor, weight: vt.Weight,
+                      residual: vt.Tensor, scratch: vt.Tensor) -> None:  # fmt: skip
+        o, xa, r = self._array(out), self._array(x), self._array(residual)
+        self.enqueue_host(stream, "matmul_add", self._project(self._projection(weight), xa, o, r))
+
+    def op_qkv(self, stream: vt.Stream, q: vt.Tensor, k: vt.Tensor, v: vt.Tensor, x: vt.Tensor,
+               wq: vt.Weight, wk: vt.Weight, wv: vt.Weight, bq: vt.Weight | None = None,
+               bk: vt.Weight | None = None, bv: vt.Weight | None = None) -> None:  # fmt: skip
+        xa = self._array(x)
+        parts = []
+        for t, w, b in ((q, wq, bq), (k, wk, bk), (v, wv, bv)):
+            o = self._array(t)
+            parts.append((self._project(self._projection(w), xa, o, None), o,
+                          None if b is None else b.handle))  # fmt: skip
+
+        def run() -> None:
+            for project, o, b in parts:
+                project()
+                if b is not None:
+                    o += b
+
+        self.enqueue_host(stream, "qkv", run)
+
+    def op_swiglu(self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor, gate: vt.Weight,
+                  up: vt.Weight, scratch_gate: vt.Tensor,
+                  scratch_up: vt.Tensor) -> None:  # fmt: skip
+        o, xa = self._array(out), self._array(x)
+        sg, su = self._array(scratch_gate), self._array(scratch_up)
+        g = self._project(self._projection(gate), xa, sg, None)
+        u = self._project(self._projection(up), xa, su, None)
+
+        def run() -> None:
+            g()
+            u()
+            silu_mul(sg, su, out=o)
+
+        self.enqueue_host(stream, "swiglu", run)
+
+    # ---- activations
+    def op_embedding(self, stream: vt.Stream, out: vt.Tensor, ids: vt.Tensor,
+                     table: vt.Weight) -> None:  # fmt: skip
+        o, i = self._array(out), self._array(ids)
+        w = self._projection(table).weight
+
+        def run() -> None:
+            bad = L.first_bad(i, w.rows)
+            if bad >= 0:
+                raise ValueError(f"embedding: token id {int(i[bad])} is out of range [0, {w.rows})")
+            w.dequantize_rows(i.astype(np.int64), o)
+
+        self.enqueue_host(stream, "embedding", run)
+
+    def op_rms_norm(self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor, weight: vt.Weight,
+                    eps: float) -> None:  # fmt: skip
+        o, xa = self._array(out), self._array(x)
+        w = self._weight_array(weight)
+        kernel, e = L.rms_norm, float(eps)
+        self.enqueue_host(stream, "rms_norm", lambda: kernel(xa, w, e, o))
+
+    def op_rope_kv_store(self, stream: vt.Stream, q: vt.Tensor, k: vt.Tensor, v: vt.Tensor,
+                         positions: vt.Tensor, slots: vt.Tensor, cache: vt.Tensor,
+                         layout: vt.KVLayout, layer: int, n_heads: int,
+                         params: vt.RopeParams) -> None:  # fmt: skip
+        qa, ka, va = self._array(q), self._array(k), self._array(v)
+        pos, sl, c = self._array(positions), self._array(slots), self._array(cache)
+        neox = params.style == vt.RopeStyle.neox
+        kernel, lay, heads, angles = L.rope_kv_store, int(layer), int(n_heads), self._angles
+
+        def run() -> None:
+            cos, sin = angles(pos, params)
+            code = kernel(qa, ka, va, pos, sl, c, lay, heads, cos, sin, neox)
+            if code != -1:
+                raise _ids_error("rope_kv_store", code, pos, sl, layout.max_len, layout.n_slots)
+
+        self.enqueue_host(stream, "rope_kv_store", run)
+
+    def op_attention(self, stream: vt.Stream, out: vt.Tensor, q: vt.Tensor, cache: vt.Tensor,
+                     slots: vt.Tensor, positions: vt.Tensor, layout: vt.KVLayout, layer: int,
+                     n_heads: int, scale: float) -> None:  # fmt: skip
+        # The reference's batched BLAS matmuls (single-threaded BLAS): faster here than
+        # numba loops (see vt_cpu.kernels.layers).
+        o, qa, c = self._array(out), self._array(q), self._array(cache)
+        pos, sl = self._array(positions), self._array(slots)
+        lay, heads, sc = int(layer), int(n_heads), float(scale)
+
+        def run() -> None:
+            ref_attention(qa, c, layout, lay, sl, pos, heads, sc, out=o)
+
+        self.enqueue_host(stream, "attention", run)
+
+
+def _check_native(cls: type[Any]) -> None:  # pragma: no cover - import-time guard
+    for name in CpuOps.native_ops:
+        assert callable(getattr(cls, f"op_{name}", None)), name
+
+
+_check_native(CpuOps)

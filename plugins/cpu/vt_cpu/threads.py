@@ -1,0 +1,173 @@
+"""One owner of the CPU threads: numba's pool and BLAS's are sized together.
+
+The backend runs its kernels on its stream threads. A kernel either runs on the calling
+thread alone (numba's serial variant; BLAS limited to one thread) or splits its rows
+over numba's pool (OpenMP or TBB, ``n`` threads, the caller included). BLAS always runs
+single-threaded, through ``threadpoolctl``, so no BLAS pool ever spins beside numba's;
+prefill tiles run on the same ``n`` threads through :meth:`ThreadOwner.tiles`.
+
+Whether splitting pays depends on the machine *now*: on an idle machine two threads
+nearly halve a matrix-vector product, on a busy one every hand-off to a second thread
+waits for the scheduler (milliseconds) and the split costs far more than it saves.
+:class:`Choice` measures both ways per weight matrix as it runs (an exponential moving
+average of each, re-trying the slower one now and then) and uses the faster.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numba
+from threadpoolctl import threadpool_limits
+
+
+def available_cpus() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, int(numba.config.NUMBA_NUM_THREADS)))
+
+
+class Choice:
+    """Serial or parallel, for one kernel on one weight: the faster as measured.
+
+    Each way keeps an exponential moving average of its time; the slower one is tried
+    again every ``explore`` calls (a machine's load changes), and each is tried
+    ``warmup`` times first.
+    """
+
+    __slots__ = ("times", "calls", "explore")
+
+    def __init__(self, explore: int = 64) -> None:
+        self.times = [0.0, 0.0]  # 0: serial, 1: parallel
+        self.calls = [0, 0]
+        self.explore = explore
+
+    def pick(self) -> int:
+        c0, c1 = self.calls
+        if c0 < 3 or c1 < 3:
+            return 0 if c0 <= c1 else 1
+        best = 0 if self.times[0] <= self.times[1] else 1
+        if (c0 + c1) % self.explore == 0:
+            return 1 - best
+        return best
+
+    def record(self, way: int, seconds: float) -> None:
+        n = self.calls[way]
+        self.calls[way] = n + 1
+        if n == 0:
+            self.times[way] = seconds
+        else:
+            self.times[way] += 0.2 * (seconds - self.times[way])
+
+
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_limits: threadpool_limits | None = None
+
+
+def _hold_blas() -> None:
+    """Hold BLAS to one thread while any backend is open (process-wide, counted)."""
+    global _blas_users, _blas_limits
+    with _blas_lock:
+        if _blas_users == 0:
+            _blas_limits = threadpool_limits(limits=1, user_api="blas")
+        _blas_users += 1
+
+
+def _release_blas() -> None:
+    global _blas_users, _blas_limits
+    with _blas_lock:
+        _blas_users -= 1
+        if _blas_users == 0 and _blas_limits is not None:
+            _blas_limits.restore_original_limits()
+            _blas_limits = None
+
+
+class ThreadOwner:
+    """The backend's threads: ``n`` of them for numba's pool and for prefill tiles; BLAS
+    is held to one thread for the process's lifetime of the backend."""
+
+    def __init__(self, n: int | None = None) -> None:
+        self.n = n or available_cpus()
+        self._holding = True
+        _hold_blas()
+        self._local = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.parallel_lock: threading.Lock | None = None  # set for a non-thread-safe layer
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        if self._holding:
+            self._holding = False
+            _release_blas()
+
+    def numba_threads(self) -> int:
+        """Set numba's thread count on the calling thread (it is thread-local) to ``n``."""
+        if getattr(self._local, "numba", 0) != self.n:
+            numba.set_num_threads(self.n)
+            self._local.numba = self.n
+        return self.n
+
+    def run(
+        self, choice: Choice, serial: Callable[[], None], parallel: Callable[[int], None]
+    ) -> None:
+        """Run one kernel serially or over the pool, as ``choice`` says; time it."""
+        if self.n <= 1:
+            serial()
+            return
+        way = choice.pick()
+        t0 = time.perf_counter()
+        if way:
+            n = self.numba_threads()
+            lock = self.parallel_lock
+            if lock is None:
+                parallel(n)
+            else:
+                with lock:
+                    parallel(n)
+        else:
+            serial()
+        choice.record(way, time.perf_counter() - t0)
+
+    def tiles(self, step: int, total: int, fn: Callable[[int, int], None]) -> None:
+        """Run ``fn(r0, r1)`` over ``[0, total)`` in tiles of ``step``, on up to ``n``
+        threads that take tiles as they go (a descheduled helper delays only its tile)."""
+        starts = list(range(0, total, step))
+        if self.n <= 1 or len(starts) < 2:
+            for r0 in starts:
+                fn(r0, min(total, r0 + step))
+            return
+        lock = threading.Lock()
+        it = iter(starts)
+
+        def work() -> None:
+            while True:
+                with lock:
+                    r0 = next(it, None)
+                if r0 is None:
+                    return
+                fn(r0, min(total, r0 + step))
+
+        helpers: list[Future[None]] = [
+            self._executor().submit(work) for _ in range(min(self.n, len(starts)) - 1)
+        ]
+        work()
+        for f in helpers:
+            f.result()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=max(1, self.n - 1), thread_name_prefix="vt-cpu-tiles"
+                )
+            return self._pool

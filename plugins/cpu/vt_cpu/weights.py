@@ -1,0 +1,197 @@
+"""Weights in their file's block formats, and the matmuls and row gathers over them.
+
+:func:`upload` keeps a matrix as it is stored: the quantized bytes stay where they are (a
+read-only view of the tensor's bytes, for a model file the mmapped file itself), and only
+the per-block float16 scales are converted into small float32 arrays (numba has no
+float16; K-quant 6-bit sub-block scales are unpacked to uint8). Float matrices stay in
+their type (F16 and BF16 are widened tile by tile when used). Vectors (norms, biases) are
+float32 arrays.
+
+A :class:`BlockWeight` runs ``out = x @ w.T (+ res)`` two ways:
+
+- :meth:`BlockWeight.matvec`: the numba kernels of :mod:`vt_cpu.kernels.quant`, reading
+  each block once for all rows of ``x`` (decode: one row per sequence);
+- :meth:`BlockWeight.tiled`: dequantize a tile of weight rows to float32 and multiply it
+  with BLAS (prefill: many rows of ``x``), tile by tile, so the matrix is never expanded
+  as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import vt
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from vt.reference import dequantize
+
+from .kernels import quant as Q
+
+F32 = np.float32
+T = GGMLQuantizationType
+
+#: Weight types kept in blocks (matrices); anything else is refused by the reference's
+#: dequantize with its message.
+BLOCK_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"})
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+
+#: Rows of weights dequantized per BLAS tile in :meth:`BlockWeight.tiled`.
+TILE_ELEMENTS = 1 << 17
+
+
+def _f16_to_f32(raw: np.ndarray, start: int) -> np.ndarray:
+    """The float16 at byte ``start`` of each row of ``raw[nblocks, nbytes]``, as float32."""
+    return np.ascontiguousarray(raw[:, start : start + 2]).view(np.float16).astype(F32).ravel()
+
+
+def _k_scales(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 six-bit scales and mins of each Q4_K/Q5_K block (bytes 4..16), as uint8."""
+    s = raw[:, 4:16].reshape(-1, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=1)
+    return np.ascontiguousarray(sc, np.uint8), np.ascontiguousarray(mn, np.uint8)
+
+
+@dataclass(eq=False)
+class BlockWeight:
+    """A ``[rows, cols]`` matrix in format ``kind``; ``arrays`` are the kernel's operands."""
+
+    kind: str
+    rows: int
+    cols: int
+    arrays: tuple[Any, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays if isinstance(a, np.ndarray))
+
+    # ---- decode: numba matrix-vector kernels
+    def matvec(
+        self, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, nchunk: int = 1
+    ) -> None:
+        """``out = x @ w.T`` (``+ res`` when given; ``res`` may be ``out``), on ``nchunk``
+        of numba's threads (1: no thread pool at all)."""
+        add = res is not None
+        r = res if res is not None else out
+        a, k = self.arrays, self.kind
+        if k in FLOAT_TYPES:
+            self.tiled(x, out, res)
+            return
+        xb = x.reshape(x.shape[0], -1, 32)
+        if nchunk <= 1:
+            if k == "Q8_0":
+                Q.mv1_q8_0(a[0], a[1], xb, out, r, add)
+            elif k in ("Q4_0", "Q4_1"):
+                Q.mv1_q4(a[0], a[1], a[2], xb, out, r, add, k == "Q4_1")
+            elif k in ("Q4_K", "Q5_K"):
+                Q.mv1_qk45(a[0], a[1], a[2], a[3], a[4], xb, out, r, add, k == "Q5_K")
+            else:  # Q6_K
+                Q.mv1_q6_k(a[0], a[1], a[2], xb, out, r, add)
+        elif k == "Q8_0":
+            Q.mv_q8_0(a[0], a[1], xb, out, r, add, nchunk)
+        elif k in ("Q4_0", "Q4_1"):
+            Q.mv_q4(a[0], a[1], a[2], xb, out, r, add, nchunk, k == "Q4_1")
+        elif k in ("Q4_K", "Q5_K"):
+            Q.mv_qk45(a[0], a[1], a[2], a[3], a[4], xb, out, r, add, nchunk, k == "Q5_K")
+        else:  # Q6_K
+            Q.mv_q6_k(a[0], a[1], a[2], xb, out, r, add, nchunk)
+
+    # ---- rows as float32
+    def dequantize_rows(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = w[rows[i]]`` as float32 (``rows`` int64, in range)."""
+        a, k = self.arrays, self.kind
+        if k == "F32":
+            np.take(a[0], rows, axis=0, out=out)
+        elif k == "F16":
+            out[...] = a[0][rows]
+        elif k == "BF16":
+            out.view(np.uint32)[...] = a[0][rows].astype(np.uint32) << 16
+        elif k == "Q8_0":
+            Q.dq_q8_0(a[0], a[1], rows, out)
+        elif k in ("Q4_0", "Q4_1"):
+            Q.dq_q4(a[0], a[1], a[2], rows, out, k == "Q4_1")
+        elif k in ("Q4_K", "Q5_K"):
+            Q.dq_qk45(a[0], a[1], a[2], a[3], a[4], rows, out, k == "Q5_K")
+        else:
+            Q.dq_q6_k(a[0], a[1], a[2], rows, out)
+
+    def tile_rows(self) -> int:
+        return max(16, min(self.rows, TILE_ELEMENTS // max(1, self.cols)))
+
+    def tile(self, r0: int, r1: int, scratch: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``[r0, r1)`` as float32 (a view for F32)."""
+        if self.kind == "F32":
+            return self.arrays[0][r0:r1]
+        out = scratch[: r1 - r0] if scratch is not None else np.empty((r1 - r0, self.cols), F32)
+        self.dequantize_rows(np.arange(r0, r1, dtype=np.int64), out)
+        return out
+
+    # ---- prefill: BLAS on dequantized tiles
+    def tiled(
+        self,
+        x: np.ndarray,
+        out: np.ndarray,
+        res: np.ndarray | None,
+        tiles: Callable[[int, Callable[[int, int], None]], None] | None = None,
+    ) -> None:
+        """``out = x @ w.T (+ res)`` tile by tile; ``tiles(n_rows_per_tile, fn)`` may run
+        ``fn(r0, r1)`` for the tiles on several threads (default: in order, here)."""
+        step = self.tile_rows()
+
+        def run(r0: int, r1: int) -> None:
+            w = self.tile(r0, r1)
+            part = x @ w.T
+            if res is not None:
+                part += res[:, r0:r1]
+            out[:, r0:r1] = part
+
+        if tiles is None:
+            for r0 in range(0, self.rows, step):
+                run(r0, min(self.rows, r0 + step))
+        else:
+            tiles(step, run)
+
+
+def upload(tensor: vt.WeightTensor) -> BlockWeight | np.ndarray:
+    """A matrix as a :class:`BlockWeight` over the tensor's own bytes; a vector (or a
+    tensor of another rank) as a float32 array."""
+    shape = tuple(int(s) for s in tensor.shape)
+    try:
+        kind = T(tensor.ggml_type).name
+    except ValueError:
+        kind = ""
+    if len(shape) != 2 or kind not in BLOCK_TYPES | FLOAT_TYPES:
+        array = dequantize(tensor)  # refuses an unsupported type by name
+        array.setflags(write=False)
+        return array
+    rows, cols = shape
+    block, block_bytes = GGML_QUANT_SIZES[T(tensor.ggml_type)]
+    data = np.asarray(tensor.data)
+    if data.dtype != np.uint8 or not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    need = rows * (cols // block) * block_bytes
+    if cols % block or data.nbytes != need:
+        dequantize(tensor)  # raises the reference's ModelError, naming the tensor
+        raise vt.ModelError(f"tensor {tensor.name!r}: {kind} of shape {shape} has bad size")
+    raw = data.reshape(-1).view()
+    raw.setflags(write=False)  # one numba signature, whatever the source
+    if kind in FLOAT_TYPES:
+        dtype = {"F32": F32, "F16": np.float16, "BF16": np.uint16}[kind]
+        return BlockWeight(kind, rows, cols, (raw.view(dtype).reshape(rows, cols),))
+    blocks = raw.reshape(rows * (cols // block), block_bytes)
+    if kind == "Q8_0":
+        arrays: tuple[Any, ...] = (blocks.view(np.int8), _f16_to_f32(blocks, 0))
+    elif kind == "Q4_0":
+        d = _f16_to_f32(blocks, 0)
+        arrays = (blocks, d, d)
+    elif kind == "Q4_1":
+        arrays = (blocks, _f16_to_f32(blocks, 0), _f16_to_f32(blocks, 2))
+    elif kind in ("Q4_K", "Q5_K"):
+        sc, mn = _k_scales(blocks)
+        arrays = (blocks, _f16_to_f32(blocks, 0), _f16_to_f32(blocks, 2), sc, mn)
+    else:  # Q6_K: [ql 128, qh 64, scales 16 (int8), d]
+        arrays = (blocks, blocks.view(np.int8), _f16_to_f32(blocks, 208))
+    return BlockWeight(kind, rows, cols, arrays)
