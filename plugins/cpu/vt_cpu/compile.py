@@ -81,11 +81,12 @@ def _warm_layers() -> None:
     cache = np.zeros((2, 1, 1, 2, 1, 8), F32)
     cs = np.ones((1, 4), F32)
     L.rope_kv_store(a, a, a, ids, ids, cache, 0, 1, cs, cs, False)
+    L.silu_mul(a, a, a)
 
 
 #: The kernels each group needs (to tell a first compile from a load from the cache).
 _GROUPS: dict[str, tuple[Any, ...]] = {
-    "layers": (L.rms_norm, L.first_bad, L.rope_kv_store),
+    "layers": (L.rms_norm, L.first_bad, L.rope_kv_store, L.silu_mul),
     "Q8_0": (Q.mv_q8_0, Q.mv1_q8_0, Q.dq_q8_0),
     "Q4_0": (Q.mv_q4, Q.mv1_q4, Q.dq_q4),
     "Q4_1": (Q.mv_q4, Q.mv1_q4, Q.dq_q4),

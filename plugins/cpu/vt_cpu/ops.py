@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import vt
-from vt.reference import ReferenceOps, rope_cos_sin, silu_mul
+from vt.reference import ReferenceOps, rope_cos_sin
 from vt.reference import attention as ref_attention
 
 from . import compile as kernels_compile
@@ -58,12 +58,12 @@ class CpuOps(ReferenceOps):
     threads: ThreadOwner
     native_ops: ClassVar[tuple[str, ...]] = (
         "embedding", "rms_norm", "matmul", "matmul_add", "swiglu", "rope_kv_store", "attention",
-        "qkv",
+        "qkv", "silu_mul",
     )  # fmt: skip
     #: From the reference: the ops without weights that have no kernel here. An op that
     #: takes weights is native or runs as its decomposition, never dequantized as a whole.
     reference_ops: ClassVar[tuple[str, ...]] = (
-        "rope", "kv_store", "silu_mul", "add", "gather_rows", "sample",
+        "rope", "kv_store", "add", "gather_rows", "sample",
     )  # fmt: skip
 
     def supports(self, op: str, dtype: str | None = None) -> bool:
@@ -177,15 +177,22 @@ class CpuOps(ReferenceOps):
         sg, su = self._array(scratch_gate), self._array(scratch_up)
         g = self._project(self._projection(gate), xa, sg, None)
         u = self._project(self._projection(up), xa, su, None)
+        silu = L.silu_mul
 
         def run() -> None:
             g()
             u()
-            silu_mul(sg, su, out=o)
+            silu(sg, su, o)
 
         self.enqueue_host(stream, "swiglu", run)
 
     # ---- activations
+    def op_silu_mul(self, stream: vt.Stream, out: vt.Tensor, gate: vt.Tensor,
+                    up: vt.Tensor) -> None:  # fmt: skip
+        o, g, u = self._array(out), self._array(gate), self._array(up)
+        kernel = L.silu_mul
+        self.enqueue_host(stream, "silu_mul", lambda: kernel(g, u, o))
+
     def op_embedding(self, stream: vt.Stream, out: vt.Tensor, ids: vt.Tensor,
                      table: vt.Weight) -> None:  # fmt: skip
         o, i = self._array(out), self._array(ids)

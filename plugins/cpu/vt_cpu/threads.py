@@ -77,6 +77,8 @@ def _hold_blas() -> None:
     with _blas_lock:
         if _blas_users == 0:
             _blas_limits = threadpool_limits(limits=1, user_api="blas")
+        else:  # a BLAS library loaded since (scipy's, say) is held too
+            threadpool_limits(limits=1, user_api="blas")
         _blas_users += 1
 
 

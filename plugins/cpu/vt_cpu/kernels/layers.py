@@ -2,7 +2,8 @@
 
 Float32 in and out. The fused ops equal their decomposition into the reference's parts
 bit for bit (tests/test_graph.py compares the logits), so RoPE angles come from
-``vt.reference.rope_cos_sin`` and the swiglu epilogue is the reference's ``silu_mul``.
+``vt.reference.rope_cos_sin`` and the swiglu epilogue is this module's ``silu_mul``, which
+is also the backend's ``silu_mul`` op.
 Attention stays the reference's batched BLAS matmuls: 26 us per decode layer (160
 positions, 9 heads) against 80-120 us for straightforward numba loops. A kernel that
 indexes with ids read from device memory checks them first and returns the first bad row
@@ -82,3 +83,14 @@ def rope_kv_store(q, k, v, positions, slots, cache, layer, n_heads, cos, sin, ne
                 cache[pos, slot, layer, 0, h, e] = k[t, h * hd + e]
                 cache[pos, slot, layer, 1, h, e] = v[t, h * hd + e]
     return -1
+
+
+@njit(**_KW)
+def silu_mul(gate, up, out):
+    """``out = gate * up / (1 + exp(-gate))``, the reference's formula (``exp`` overflows to
+    inf for very negative gates: the result is -0 there too); ``out`` may alias either."""
+    n, dim = gate.shape
+    for i in range(n):
+        for j in range(dim):
+            g = gate[i, j]
+            out[i, j] = g * up[i, j] / (np.exp(-g) + F(1.0))

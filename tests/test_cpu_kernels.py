@@ -1,0 +1,203 @@
+"""The CPU backend's numba kernels, block weights, thread owner and compile cache."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import vt
+from gguf import GGMLQuantizationType
+from threadpoolctl import threadpool_info
+from vt.testing.tiny import quantize_matrix
+from vt.testing.tolerances import kernel_tolerance, nmse
+from vt_cpu import CpuBackend, StreamError, kernels, weights
+from vt_cpu import compile as kernels_compile
+from vt_cpu.threads import Choice, ThreadOwner
+
+F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
+QUANT = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+ALL = (*QUANT, "F32", "F16", "BF16")
+
+
+def tensor(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[vt.WeightTensor, np.ndarray]:
+    """A GGML tensor of ``kind`` and its float32 values as the reference dequantizes them."""
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    qtype = GGMLQuantizationType[kind]
+    if kind == "BF16":
+        data = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        data = quantize_matrix(values, qtype).view(np.uint8)
+    t = vt.WeightTensor(f"w.{kind}", int(qtype), (rows, cols), data.reshape(-1))
+    return t, vt.reference.dequantize(t)
+
+
+def cols_for(kind: str) -> int:
+    return 512 if kind in ("Q4_K", "Q5_K", "Q6_K") else 96
+
+
+@pytest.fixture
+def cpu() -> Iterator[CpuBackend]:
+    backend = CpuBackend()
+    yield backend
+    backend.close()
+
+
+@pytest.mark.parametrize("kind", QUANT)
+def test_a_quantized_matrix_stays_in_its_blocks(kind: str) -> None:
+    t, _ = tensor(kind, 37, cols_for(kind))
+    w = weights.upload(t)
+    assert isinstance(w, weights.BlockWeight) and w.kind == kind
+    # the quantized bytes are the tensor's own (for a model file: the mmap), not a copy
+    assert np.shares_memory(w.arrays[0], t.data)
+    assert not w.arrays[0].flags.writeable
+    own = sum(a.nbytes for a in w.arrays[1:] if not np.shares_memory(a, t.data))
+    assert own <= 0.45 * t.data.nbytes  # float32 scales (and unpacked K scales) only
+    assert all(a.dtype != np.float32 or a.size < 37 * cols_for(kind) // 16 for a in w.arrays)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_dequantized_rows_equal_the_reference(kind: str) -> None:
+    t, ref = tensor(kind, 37, cols_for(kind), seed=1)
+    w = weights.upload(t)
+    rows = np.array([36, 0, 17, 17], np.int64)
+    out = np.full((4, w.cols), np.nan, np.float32)
+    w.dequantize_rows(rows, out)
+    assert np.array_equal(out, ref[rows])
+
+
+@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("n", [1, 3, 12])
+def test_matmuls_over_blocks_match_the_reference(kind: str, n: int) -> None:
+    t, ref = tensor(kind, 37, cols_for(kind), seed=2)
+    w = weights.upload(t)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, w.cols)).astype(np.float32)
+    res = rng.standard_normal((n, w.rows)).astype(np.float32)
+    want = x.astype(np.float64) @ ref.T.astype(np.float64)
+    bound = kernel_tolerance("matmul", kind)
+    for nchunk in (1, 2):
+        out = np.full((n, w.rows), np.nan, np.float32)
+        w.matvec(x, out, None, nchunk)
+        assert nmse(out, want) <= bound, (kind, n, nchunk)
+        acc = res.copy()  # out aliases the residual, as matmul_add(out=x, residual=x) does
+        w.matvec(x, acc, acc, nchunk)
+        assert nmse(acc, res + want) <= bound
+    tiled = np.full((n, w.rows), np.nan, np.float32)
+    owner = ThreadOwner(2)
+    try:
+        w.tiled(x, tiled, res, lambda step, fn: owner.tiles(5, w.rows, fn))
+    finally:
+        owner.close()
+    assert nmse(tiled, res + want) <= bound
+
+
+def test_choice_measures_both_ways_then_keeps_the_faster_and_retries_the_other() -> None:
+    c = Choice(explore=8)
+    picks = []
+    for _ in range(40):
+        way = c.pick()
+        picks.append(way)
+        c.record(way, 1.0 if way == 0 else 3.0)  # serial is faster
+    assert picks[:6].count(0) == 3 and picks[:6].count(1) == 3
+    later = picks[6:]
+    assert later.count(0) > 0.8 * len(later) and 1 in later  # exploits, and still explores
+
+
+def test_tiles_cover_every_row_once_across_threads() -> None:
+    owner = ThreadOwner(2)
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def fn(r0: int, r1: int) -> None:
+        with lock:
+            seen.append((r0, r1))
+
+    try:
+        owner.tiles(16, 100, fn)
+    finally:
+        owner.close()
+    assert sorted(seen) == [(r, min(100, r + 16)) for r in range(0, 100, 16)]
+
+
+def _blas_threads() -> dict[str, int]:
+    return {p["filepath"]: p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+
+def test_blas_is_held_to_one_thread_while_a_backend_is_open() -> None:
+    before = _blas_threads()
+    a, b = CpuBackend(), CpuBackend()
+    assert set(_blas_threads().values()) == {1}
+    a.close()
+    assert set(_blas_threads().values()) == {1}  # b still holds it
+    b.close()
+    if not any(p for p in before):  # pragma: no cover - no BLAS loaded
+        return
+    after = _blas_threads()
+    assert {k: after[k] for k in before} == before or set(before.values()) == {1}
+
+
+def test_a_graph_replays_as_one_queue_item_and_a_failure_names_its_op(cpu: CpuBackend) -> None:
+    s = cpu.create_stream("g")
+    try:
+        table = cpu.upload_weight(vt.WeightTensor("emb", 0, (4, 2), np.ones((4, 2), F32)))
+        ids, out = cpu.alloc(4), cpu.alloc(8)
+        cpu.copy_h2d(ids, np.array([1], np.int32))
+        cpu.begin_capture(s)
+        cpu.memset(out, 0, s)
+        cpu.launch("embedding", s, out=vt.Tensor.of(out, F32, 1, 2),
+                   ids=vt.Tensor.of(ids, I32, 1), table=table)  # fmt: skip
+        graph = cpu.end_capture(s)
+        gate, release = threading.Event(), threading.Event()
+        cpu.enqueue_host(s, "gate", lambda: (gate.set(), release.wait(10)))
+        assert gate.wait(10)
+        cpu.launch_graph(graph, s)
+        worker = s.handle
+        assert worker._queue.qsize() == 1  # the whole graph is one hand-off
+        release.set()
+        cpu.synchronize(s)
+        assert np.array_equal(cpu.host_view(out).view(np.float32), [1, 1])
+        cpu.copy_h2d(ids, np.array([7], np.int32))  # out of range: the replay fails there
+        cpu.launch_graph(graph, s)
+        with pytest.raises(StreamError, match=r"embedding failed: ValueError: .*token id 7"):
+            cpu.synchronize(s)
+        cpu.destroy_graph(graph)
+    finally:
+        cpu.destroy_stream(s)
+
+
+def test_kernels_compile_once_per_format_and_are_in_the_disk_cache() -> None:
+    kernels_compile.ensure_compiled("Q8_0")
+    assert kernels_compile.ensure_compiled("Q8_0") == 0.0  # done in this process
+    for kernel in kernels_compile._GROUPS["Q8_0"]:
+        assert kernels_compile._cached(kernel) is True
+    assert kernels_compile.threading_layer in ("omp", "tbb", "workqueue")
+
+
+def test_the_cache_goes_under_vt_home_when_the_package_is_not_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setattr(kernels, "_HERE", blocker)  # its __pycache__ cannot be created
+    monkeypatch.setattr(kernels.numba.config, "CACHE_DIR", "")
+    monkeypatch.setenv("VT_HOME", str(tmp_path / "home"))
+    assert kernels._cache_dir() == str(tmp_path / "home" / "numba-cache")
+    monkeypatch.setattr(kernels.numba.config, "CACHE_DIR", str(tmp_path / "mine"))
+    assert kernels._cache_dir() is None  # NUMBA_CACHE_DIR wins
+
+
+def test_fused_ops_are_native_and_a_subclass_can_narrow_to_the_reference(cpu: CpuBackend) -> None:
+    for op in ("matmul_add", "swiglu", "rope_kv_store", "embedding", "matmul", "rms_norm"):
+        assert cpu.supports(op), op
+
+    class PrimitiveOnly(CpuBackend):
+        reference_ops = vt.PRIMITIVE_OPS
+
+    narrow = PrimitiveOnly()
+    try:
+        assert not narrow.supports("swiglu") and narrow.supports("matmul")
+    finally:
+        narrow.close()
