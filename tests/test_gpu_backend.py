@@ -479,16 +479,20 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
     names = {
         "rms_norm", "rope", "kv_store", "attention", "silu_mul", "add", "gather_rows", "sample",
         "rope_kv_store", *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
-        *(f"{k}_{s}" for k in ("matmul_small", "matmul_tiled", "swiglu_small", "qkv_small")
+        *(f"{k}_{s}" for k in ("matmul_small1", "matmul_small4", "matmul_tiled",
+                               "swiglu_small1", "swiglu_small2", "qkv_small1", "qkv_small4")
           for s in ("f32", "f16", "bf16", "q")),
     }  # fmt: skip
     signatures = kernel_signatures()
     for name in names:
         prefix, _, suffix = name.rpartition("_")
-        if prefix in MACRO_KERNELS:  # instantiated by a macro
-            assert prefix in signatures
+        if prefix.rstrip("0124") in MACRO_KERNELS:  # instantiated by a macro
+            assert prefix.rstrip("0124") in signatures
             macro = "VT_EMBEDDING" if prefix == "embedding" else "VT_MATMUL"
             assert f"\n{macro}({suffix}, " in source, name
+            if prefix[-1].isdigit():  # a decode kernel per features per warp
+                kind = "SW" if prefix.startswith("swiglu") else "MM"
+                assert f"VT_DECODE_{kind}(SUFFIX, WT, {prefix[-1]})" in source, name
         else:
             assert name in signatures, name
 
@@ -496,11 +500,18 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
 MACRO_KERNELS = ("embedding", "matmul_small", "matmul_tiled", "swiglu_small", "qkv_small")
 
 
+def macro_prefix(kernel: str) -> str:
+    """``matmul_small4_q`` -> ``matmul_small``: the kernel's name in the macro."""
+    return kernel.rsplit("_", 1)[0].rstrip("0123456789")
+
+
 def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
     """kernels.cu's ``extern "C"`` kernels: name (without a macro's ``_##SUFFIX``) ->
     ``[(type, parameter name)]``."""
     source = kernel_source().replace("\\\n", " ")
-    found = re.findall(r'extern "C" __global__ void (\w+?)(?:_##SUFFIX)?\(([^)]*)\)', source)
+    found = re.findall(
+        r'extern "C" __global__ void (\w+?)(?:##NO##)?(?:_##SUFFIX)?\(([^)]*)\)', source
+    )
     out = {}
     for name, params in found:
         pairs = []
@@ -556,7 +567,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
             {"out": c.t("out", F32, 3, 6), "x": c.t("x", F32, 3, 32),
              "weight": c.w("proj", rng.standard_normal((6, 32)).astype(np.float32), "Q8_0"),
              "bias": c.w("bias", np.ones(6, np.float32))},
-            "matmul_small_q",
+            "matmul_small4_q",
             {"lg_block": 5, "n": 3, "N": 6, "K": 32, "rpb": 8},
         ),
         "rope": lambda: (
@@ -603,7 +614,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
             {"out": c.t("out", F32, 3, 6), "x": c.t("x", F32, 3, 32),
              "weight": c.w("proj", rng.standard_normal((6, 32)).astype(np.float32), "Q4_1"),
              "residual": c.t("residual", F32, 3, 6), "scratch": c.t("scratch", F32, 3, 6)},
-            "matmul_small_q",
+            "matmul_small4_q",
             {"lg_block": 5, "n": 3, "N": 6, "K": 32, "rpb": 8},
         ),
         "swiglu": lambda: (
@@ -611,7 +622,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "gate": c.w("gate", rng.standard_normal((6, 256)).astype(np.float32), "Q6_K"),
              "up": c.w("up", rng.standard_normal((6, 256)).astype(np.float32), "Q8_0"),
              "scratch_gate": c.t("sg", F32, 3, 6), "scratch_up": c.t("su", F32, 3, 6)},
-            "swiglu_small_q",
+            "swiglu_small2_q",
             {"glg": 4, "ulg": 5, "n": 3, "N": 6, "K": 256, "rpb": 8},
         ),
         "rope_kv_store": lambda: (
@@ -628,7 +639,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "wk": c.w("wk", rng.standard_normal((2, 256)).astype(np.float32), "Q4_0"),
              "wv": c.w("wv", rng.standard_normal((3, 256)).astype(np.float32), "Q6_K"),
              "bk": c.w("bk", np.ones(2, np.float32))},
-            "qkv_small_q",
+            "qkv_small4_q",
             {"lgq": 5, "lgk": 5, "lgv": 4, "n": 3, "Nq": 6, "Nk": 2, "Nv": 3, "K": 256, "rpb": 8},
         ),
     }  # fmt: skip
@@ -657,7 +668,7 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     assert launch.kernel == kernel and launch.stream == stream.handle
     weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
     macro = kernel.startswith(MACRO_KERNELS)  # one kernel per weight format
-    signature = kernel_signatures()[kernel.rsplit("_", 1)[0] if macro else kernel]
+    signature = kernel_signatures()[macro_prefix(kernel) if macro else kernel]
     assert len(launch.args) == len(signature), signature
     for (ctype, name), value, raw in zip(signature, launch.args, launch.ctypes_args, strict=True):
         if "*" in ctype and name in case.addresses:
@@ -694,9 +705,10 @@ def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
     h = weight.handle
     assert small5.args == [out.buffer.handle, x.buffer.handle, h.data, h.scales, 5, None, None,
                            5, 37, 96, 8]  # fmt: skip
-    # 8 warps per block: ceil(37 / 8) blocks of outputs, each block takes every row
-    assert (small5.kernel, small5.grid, small5.block) == ("matmul_small_q", (5, 1, 1), (256, 1, 1))
-    assert small1.grid == (5, 1, 1)
+    # 5 rows: 4 features per warp, 8 warps per block: ceil(37 / 32) blocks, each with every
+    # row; 1 row: one feature per warp, ceil(37 / 8) blocks
+    assert (small5.kernel, small5.grid, small5.block) == ("matmul_small4_q", (2, 1, 1), (256, 1, 1))
+    assert (small1.kernel, small1.grid) == ("matmul_small1_q", (5, 1, 1))
     assert (tiled.kernel, tiled.grid, tiled.block) == ("matmul_tiled_q", (1, 1, 1), (256, 1, 1))
     assert tiled.args[-4:] == [None, 5, 37, 96]  # no residual, then n, N, K
 
@@ -714,10 +726,12 @@ def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
         (launch,) = rt.launches
         return launch.grid, launch.args[-1]
 
-    assert grid(8 * 4096, 32) == ((4096, 1, 1), 32)  # enough blocks: each weight read once
-    assert grid(8 * 64, 32) == ((64, 4, 1), 8)  # 64 blocks: 4 row groups of 8
-    assert grid(8 * 100, 32) == ((100, 2, 1), 16)
-    assert grid(8 * 64, 3) == ((64, 1, 1), 8)
+    # 32 rows: 4 features per warp, 32 per block
+    assert grid(32 * 256, 32) == ((256, 1, 1), 32)  # enough blocks: each weight read once
+    assert grid(32 * 16, 32) == ((16, 4, 1), 8)  # 16 blocks: 4 row groups of 8
+    assert grid(32 * 100, 32) == ((100, 2, 1), 16)
+    assert grid(32 * 16, 3) == ((16, 1, 1), 8)
+    assert grid(8 * 16, 1) == ((16, 1, 1), 8)  # one row: one feature per warp
 
 
 def test_a_weight_is_one_allocation_freed_once() -> None:
@@ -825,11 +839,11 @@ def test_fused_ops_run_natively_or_as_their_decomposition() -> None:
                        scratch=case.t("s", F32, 2, 4))  # fmt: skip
         return [launch.kernel for launch in rt.launches]
 
-    assert matmul_add() == ["matmul_small_f32"]  # the residual add in the epilogue
+    assert matmul_add() == ["matmul_small4_f32"]  # the residual add in the epilogue
     assert rt.launches[0].args[6] == case.addresses["r"]
     backend.native_fused = frozenset()  # what a tool does to measure the fusion
     assert not backend.supports("matmul_add") and backend.supports("matmul")
-    assert matmul_add() == ["matmul_small_f32", "add"]
+    assert matmul_add() == ["matmul_small4_f32", "add"]
     assert rt.launches[1].args[:3] == [case.addresses[k] for k in ("out", "r", "s")]
 
 
@@ -864,6 +878,6 @@ def test_qkv_of_weights_of_different_kinds_is_three_launches() -> None:
         wk=case.w("wk", np.ones((4, 32), np.float32), "Q8_0"),
         wv=case.w("wv", np.ones((4, 32), np.float32), "Q8_0"),
     )  # fmt: skip
-    assert [launch.kernel for launch in rt.launches] == ["matmul_small_f16"] + [
-        "matmul_small_q"
+    assert [launch.kernel for launch in rt.launches] == ["matmul_small1_f16"] + [
+        "matmul_small1_q"
     ] * 2

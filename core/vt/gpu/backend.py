@@ -480,11 +480,17 @@ class GpuBackend(
         split = min(groups, max(1, -(-self.target_blocks // blocks_x)))
         return MM_R * -(-groups // split)
 
-    def _small_grid(self, n: int, features: int) -> tuple[tuple[int, int, int], int]:
+    def _small_grid(
+        self, n: int, features: int, most: int = 4
+    ) -> tuple[tuple[int, int, int], int, int]:
+        """Grid, rows per block and features per warp (NO) of a decode-path kernel: one
+        feature per warp for one row (bound by the weights' bandwidth), ``most`` for more
+        rows (so each x value read serves several weight rows)."""
+        per_warp = 1 if n == 1 else most
         warps = _THREADS // self._rt.warp_size()
-        blocks_x = -(-features // warps)
+        blocks_x = -(-features // (warps * per_warp))
         rpb = self._rows_per_block(n, blocks_x)
-        return (blocks_x, -(-n // rpb), 1), rpb
+        return (blocks_x, -(-n // rpb), 1), rpb, per_warp
 
     def _matmul(
         self,
@@ -506,8 +512,8 @@ class GpuBackend(
             grid = (-(-out_f // 64), -(-n // 64), 1)
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
         else:
-            grid, rpb = self._small_grid(n, out_f)
-            self._kernel(f"matmul_small_{w.suffix}", grid, _THREADS, stream, *args, I32(rpb))
+            grid, rpb, no = self._small_grid(n, out_f)
+            self._kernel(f"matmul_small{no}_{w.suffix}", grid, _THREADS, stream, *args, I32(rpb))
 
     def op_matmul(
         self, stream: Stream, out: Tensor, x: Tensor, weight: Weight, bias: Weight | None = None
@@ -544,9 +550,9 @@ class GpuBackend(
             self._matmul(stream, scratch_up, x, u)
             self.op_silu_mul(stream, out, scratch_gate, scratch_up)
             return
-        grid, rpb = self._small_grid(n, g.rows)
+        grid, rpb, no = self._small_grid(n, g.rows, most=2)
         self._kernel(
-            f"swiglu_small_{g.suffix}", grid, _THREADS, stream,
+            f"swiglu_small{no}_{g.suffix}", grid, _THREADS, stream,
             self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.lg_block), P(u.data),
             P(u.scales), I32(u.lg_block), I32(n), I32(g.rows), I32(dim), I32(rpb),
         )  # fmt: skip
@@ -567,12 +573,12 @@ class GpuBackend(
             for out, w, b in zip((q, k, v), ws, bs, strict=True):
                 self._matmul(stream, out, x, w, b)
             return
-        grid, rpb = self._small_grid(n, sum(w.rows for w in ws))
+        grid, rpb, no = self._small_grid(n, sum(w.rows for w in ws))
         per_weight: list[Any] = []
         for w, b in zip(ws, bs, strict=True):
             per_weight += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
         self._kernel(
-            f"qkv_small_{ws[0].suffix}", grid, _THREADS, stream,
+            f"qkv_small{no}_{ws[0].suffix}", grid, _THREADS, stream,
             self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(x), *per_weight, I32(n),
             *(I32(w.rows) for w in ws), I32(dim), I32(rpb),
         )  # fmt: skip

@@ -161,129 +161,171 @@ extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, 
 
 // ------------------------------------------------------------------------ matmul
 
-// Decode batches (n < tiled_min_rows): one warp per output feature; the rows of x are taken
-// MM_R at a time, and a block's rows are [blockIdx.y * rpb, (blockIdx.y + 1) * rpb), so with
-// grid.y = 1 a weight row is read from memory once for every row (later row groups find it
-// in L1). Quantized weights with K a multiple of 16 and x 16-byte aligned take the vector
-// path: each lane reads 16 int8 codes in one 128-bit load plus their (scale, offset) pair,
-// and x as float4s; anything else reads one element per lane per step. Dequantization is
-// the exact two-rounding form of vt_wload either way; accumulation is float32.
+// Decode batches (n < tiled_min_rows): one warp per NO output features (NO = 1, 2 or 4, the
+// host's choice: 1 for one row, where the weights' bandwidth is all that counts; more for
+// several rows, so that each x value read from L1 serves NO weight rows). The rows of x are
+// taken MM_R at a time, and a block's rows are [blockIdx.y * rpb, (blockIdx.y + 1) * rpb):
+// with grid.y = 1 a weight row is read from memory once for every row of x. Quantized
+// weights with K a multiple of 16 and x 16-byte aligned take the vector path: each lane
+// reads 8 int8 codes in one 64-bit load with their (scale, offset) pair, and x as float4s;
+// anything else reads one element per lane per step. Dequantization is the exact
+// two-rounding form of vt_wload either way; accumulation is float32.
 #define MM_R 8
-struct alignas(16) vt_v16 {
-    vt_u32 w[4];
+struct alignas(8) vt_v8 {
+    vt_u32 w[2];
+};
+struct alignas(8) vt_f2 {
+    float x, y;
 };
 struct alignas(16) vt_f4 {
     float x, y, z, w;
 };
 
-// acc[r] = sum_k dequant(W[o, k]) * x[r0 + r, k] for r < min(MM_R, n - r0), reduced over the
-// warp (every lane gets every sum).
-template <int WT>
-__device__ __forceinline__ void vt_mm_dot(const void* data, const float* sm, int lg_block,
-                                          int o, const float* x, int n, int K, int r0,
-                                          float* acc) {
+// One weight row of a decode kernel: its data, (scale, offset) pairs, block size and the
+// flat index of its first element.
+struct VtRow {
+    const void* data;
+    const float* sm;
+    int lg;
+    long long at;
+};
+
+// acc[i][r] = sum_k dequant(row i)[k] * x[r0 + r, k] for r < min(MM_R, n - r0), reduced over
+// the warp (every lane gets every sum).
+template <int WT, int NW>
+__device__ __forceinline__ void vt_mm_rows(const VtRow* w, const float* x, int n, int K, int r0,
+                                           float (*acc)[MM_R]) {
     int lane = threadIdx.x % VT_WARP;
     int nr = min(MM_R, n - r0);
 #pragma unroll
-    for (int r = 0; r < MM_R; ++r) acc[r] = 0.0f;
-    long long wrow = (long long)o * K;
+    for (int i = 0; i < NW; ++i)
+#pragma unroll
+        for (int r = 0; r < MM_R; ++r) acc[i][r] = 0.0f;
     const float* xr = x + (long long)r0 * K;
     if (WT == WT_Q && (K & 15) == 0 && (((unsigned long long)x) & 15ull) == 0) {
-        const vt_i8* q = (const vt_i8*)data + wrow;
-        for (int k = lane * 16; k < K; k += VT_WARP * 16) {
-            vt_v16 raw = *(const vt_v16*)(q + k);
-            long long b = (wrow + k) >> lg_block;  // 16 codes never straddle a block
-            float s = sm[2 * b], off = sm[2 * b + 1];
-            float w[16];
+#pragma unroll 2
+        for (int k = lane * 8; k < K; k += VT_WARP * 8) {
+            float wv[NW][8];
 #pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                int code = (int)(vt_i8)((raw.w[i >> 2] >> (8 * (i & 3))) & 0xffu);
-                w[i] = __fadd_rn(__fmul_rn(s, (float)code), off);
+            for (int i = 0; i < NW; ++i) {
+                long long at = w[i].at + k;
+                vt_v8 raw = *(const vt_v8*)((const vt_i8*)w[i].data + at);
+                vt_f2 so = *(const vt_f2*)(w[i].sm + 2 * (at >> w[i].lg));  // one block
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    int code = (int)(vt_i8)((raw.w[j >> 2] >> (8 * (j & 3))) & 0xffu);
+                    wv[i][j] = __fadd_rn(__fmul_rn(so.x, (float)code), so.y);
+                }
             }
 #pragma unroll
             for (int r = 0; r < MM_R; ++r) {
                 if (r < nr) {
                     const vt_f4* xp = (const vt_f4*)(xr + (long long)r * K + k);
-                    float a = acc[r];
+                    vt_f4 a = xp[0], b = xp[1];
+                    float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        vt_f4 xv = xp[j];
-                        a += w[4 * j] * xv.x;
-                        a += w[4 * j + 1] * xv.y;
-                        a += w[4 * j + 2] * xv.z;
-                        a += w[4 * j + 3] * xv.w;
+                    for (int i = 0; i < NW; ++i) {
+                        float s = acc[i][r];
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) s += wv[i][j] * xv[j];
+                        acc[i][r] = s;
                     }
-                    acc[r] = a;
                 }
             }
         }
     } else {
         for (int k = lane; k < K; k += VT_WARP) {
-            float w = vt_wload<WT>(data, sm, lg_block, wrow + k);
+            float wv[NW];
 #pragma unroll
-            for (int r = 0; r < MM_R; ++r)
-                if (r < nr) acc[r] += w * xr[(long long)r * K + k];
+            for (int i = 0; i < NW; ++i) wv[i] = vt_wload<WT>(w[i].data, w[i].sm, w[i].lg, w[i].at + k);
+#pragma unroll
+            for (int r = 0; r < MM_R; ++r) {
+                if (r < nr) {
+                    float xv = xr[(long long)r * K + k];
+#pragma unroll
+                    for (int i = 0; i < NW; ++i) acc[i][r] += wv[i] * xv;
+                }
+            }
         }
     }
 #pragma unroll
-    for (int r = 0; r < MM_R; ++r) acc[r] = vt_warp_sum(acc[r]);
+    for (int i = 0; i < NW; ++i)
+#pragma unroll
+        for (int r = 0; r < MM_R; ++r) acc[i][r] = vt_warp_sum(acc[i][r]);
 }
 
-// out = x @ W.T (+ bias) (+ residual: out may alias it), rows [y * rpb, ...) of this block.
-template <int WT>
+// out = x @ W.T (+ bias) (+ residual: out may alias it); this warp's NO features.
+template <int WT, int NO>
 __device__ void vt_matmul_small(float* out, const float* x, const void* data, const float* sm,
                                 int lg_block, const float* bias, const float* residual, int n,
                                 int N, int K, int rpb) {
     int warps = blockDim.x / VT_WARP;
     int lane = threadIdx.x % VT_WARP;
-    int o = blockIdx.x * warps + threadIdx.x / VT_WARP;
-    if (o >= N) return;  // a whole warp leaves: no barrier or shuffle is left out
-    int row_end = min(n, ((int)blockIdx.y + 1) * rpb);
-    float b = bias ? bias[o] : 0.0f;
-    for (int r0 = (int)blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
-        float acc[MM_R];
-        vt_mm_dot<WT>(data, sm, lg_block, o, x, row_end, K, r0, acc);
+    int o0 = (blockIdx.x * warps + threadIdx.x / VT_WARP) * NO;
+    if (o0 >= N) return;  // a whole warp leaves: no barrier or shuffle is left out
+    VtRow w[NO];
 #pragma unroll
-        for (int r = 0; r < MM_R; ++r) {
-            int row = r0 + r;
-            if (lane == r && row < row_end) {
-                long long at = (long long)row * N + o;
-                float v = bias ? acc[r] + b : acc[r];
-                out[at] = residual ? __fadd_rn(residual[at], v) : v;
+    for (int i = 0; i < NO; ++i) w[i] = {data, sm, lg_block, (long long)min(o0 + i, N - 1) * K};
+    int row_end = min(n, ((int)blockIdx.y + 1) * rpb);
+    for (int r0 = (int)blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
+        float acc[NO][MM_R];
+        vt_mm_rows<WT, NO>(w, x, row_end, K, r0, acc);
+#pragma unroll
+        for (int i = 0; i < NO; ++i) {
+            int o = o0 + i;
+#pragma unroll
+            for (int r = 0; r < MM_R; ++r) {
+                int row = r0 + r;
+                if (lane == r && row < row_end && o < N) {
+                    long long at = (long long)row * N + o;
+                    float v = bias ? acc[i][r] + bias[o] : acc[i][r];
+                    out[at] = residual ? __fadd_rn(residual[at], v) : v;
+                }
             }
         }
     }
 }
 
-// out = silu(x @ G.T) * (x @ U.T): gate and up read in one pass, the SiLU-mul epilogue
-// rounded as silu_mul rounds it.
-template <int WT>
+// out = silu(x @ G.T) * (x @ U.T): gate and up rows of this warp's NO features read in one
+// pass; the SiLU-mul epilogue rounded as silu_mul rounds it.
+template <int WT, int NO>
 __device__ void vt_swiglu_small(float* out, const float* x, const void* gdata, const float* gsm,
                                 int glg, const void* udata, const float* usm, int ulg, int n,
                                 int N, int K, int rpb) {
     int warps = blockDim.x / VT_WARP;
     int lane = threadIdx.x % VT_WARP;
-    int o = blockIdx.x * warps + threadIdx.x / VT_WARP;
-    if (o >= N) return;
+    int o0 = (blockIdx.x * warps + threadIdx.x / VT_WARP) * NO;
+    if (o0 >= N) return;
+    VtRow w[2 * NO];
+#pragma unroll
+    for (int i = 0; i < NO; ++i) {
+        long long at = (long long)min(o0 + i, N - 1) * K;
+        w[i] = {gdata, gsm, glg, at};
+        w[NO + i] = {udata, usm, ulg, at};
+    }
     int row_end = min(n, ((int)blockIdx.y + 1) * rpb);
     for (int r0 = (int)blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
-        float g[MM_R], u[MM_R];
-        vt_mm_dot<WT>(gdata, gsm, glg, o, x, row_end, K, r0, g);
-        vt_mm_dot<WT>(udata, usm, ulg, o, x, row_end, K, r0, u);
+        float acc[2 * NO][MM_R];
+        vt_mm_rows<WT, 2 * NO>(w, x, row_end, K, r0, acc);
 #pragma unroll
-        for (int r = 0; r < MM_R; ++r) {
-            int row = r0 + r;
-            if (lane == r && row < row_end) {
-                float denom = __fadd_rn(expf(-g[r]), 1.0f);
-                out[(long long)row * N + o] = __fdiv_rn(__fmul_rn(g[r], u[r]), denom);
+        for (int i = 0; i < NO; ++i) {
+            int o = o0 + i;
+#pragma unroll
+            for (int r = 0; r < MM_R; ++r) {
+                int row = r0 + r;
+                if (lane == r && row < row_end && o < N) {
+                    float g = acc[i][r], u = acc[NO + i][r];
+                    float denom = __fadd_rn(expf(-g), 1.0f);
+                    out[(long long)row * N + o] = __fdiv_rn(__fmul_rn(g, u), denom);
+                }
             }
         }
     }
 }
 
 // q, k, v = x @ Wq.T (+ bq), x @ Wk.T (+ bk), x @ Wv.T (+ bv): one launch over the Nq + Nk +
-// Nv output features; each warp takes its feature's weight (same kind, own block size).
-template <int WT>
+// Nv output features, NO per warp, each taking its own weight (same kind, own block size).
+template <int WT, int NO>
 __device__ void vt_qkv_small(float* q, float* k, float* v, const float* x, const void* wq,
                              const float* sq, int lgq, const float* bq, const void* wk,
                              const float* sk, int lgk, const float* bk, const void* wv,
@@ -291,28 +333,41 @@ __device__ void vt_qkv_small(float* q, float* k, float* v, const float* x, const
                              int Nv, int K, int rpb) {
     int warps = blockDim.x / VT_WARP;
     int lane = threadIdx.x % VT_WARP;
-    int g = blockIdx.x * warps + threadIdx.x / VT_WARP;
-    if (g >= Nq + Nk + Nv) return;
-    float* out = q;
-    const void* data = wq;
-    const float* sm = sq;
-    const float* bias = bq;
-    int lg = lgq, N = Nq, o = g;
-    if (g >= Nq + Nk) {
-        out = v, data = wv, sm = sv, bias = bv, lg = lgv, N = Nv, o = g - Nq - Nk;
-    } else if (g >= Nq) {
-        out = k, data = wk, sm = sk, bias = bk, lg = lgk, N = Nk, o = g - Nq;
+    int total = Nq + Nk + Nv;
+    int g0 = (blockIdx.x * warps + threadIdx.x / VT_WARP) * NO;
+    if (g0 >= total) return;
+    VtRow w[NO];
+    float* outs[NO];
+    const float* biases[NO];
+    int os[NO], Ns[NO];
+#pragma unroll
+    for (int i = 0; i < NO; ++i) {
+        int g = min(g0 + i, total - 1);
+        if (g >= Nq + Nk) {
+            os[i] = g - Nq - Nk, Ns[i] = Nv, outs[i] = v, biases[i] = bv;
+            w[i] = {wv, sv, lgv, (long long)os[i] * K};
+        } else if (g >= Nq) {
+            os[i] = g - Nq, Ns[i] = Nk, outs[i] = k, biases[i] = bk;
+            w[i] = {wk, sk, lgk, (long long)os[i] * K};
+        } else {
+            os[i] = g, Ns[i] = Nq, outs[i] = q, biases[i] = bq;
+            w[i] = {wq, sq, lgq, (long long)os[i] * K};
+        }
     }
     int row_end = min(n, ((int)blockIdx.y + 1) * rpb);
-    float b = bias ? bias[o] : 0.0f;
     for (int r0 = (int)blockIdx.y * rpb; r0 < row_end; r0 += MM_R) {
-        float acc[MM_R];
-        vt_mm_dot<WT>(data, sm, lg, o, x, row_end, K, r0, acc);
+        float acc[NO][MM_R];
+        vt_mm_rows<WT, NO>(w, x, row_end, K, r0, acc);
 #pragma unroll
-        for (int r = 0; r < MM_R; ++r) {
-            int row = r0 + r;
-            if (lane == r && row < row_end)
-                out[(long long)row * N + o] = bias ? acc[r] + b : acc[r];
+        for (int i = 0; i < NO; ++i) {
+#pragma unroll
+            for (int r = 0; r < MM_R; ++r) {
+                int row = r0 + r;
+                if (lane == r && row < row_end && g0 + i < total) {
+                    float b = biases[i] ? biases[i][os[i]] : 0.0f;
+                    outs[i][(long long)row * Ns[i] + os[i]] = biases[i] ? acc[i][r] + b : acc[i][r];
+                }
+            }
         }
     }
 }
@@ -367,29 +422,37 @@ __device__ void vt_matmul_tiled(float* out, const float* x, const void* data, co
     }
 }
 
-#define VT_MATMUL(SUFFIX, WT)                                                                 \
-    extern "C" __global__ void matmul_small_##SUFFIX(                                          \
+// Decode kernels per NO (features per warp): matmul_small1_q, matmul_small4_q, qkv_small1_q,
+// qkv_small4_q, swiglu_small1_q, swiglu_small2_q (2 features = 4 weight rows), ...
+#define VT_DECODE_MM(SUFFIX, WT, NO)                                                          \
+    extern "C" __global__ void matmul_small##NO##_##SUFFIX(                                   \
         float* out, const float* x, const void* data, const float* sm, int lg_block,          \
         const float* bias, const float* residual, int n, int N, int K, int rpb) {             \
-        vt_matmul_small<WT>(out, x, data, sm, lg_block, bias, residual, n, N, K, rpb);         \
+        vt_matmul_small<WT, NO>(out, x, data, sm, lg_block, bias, residual, n, N, K, rpb);     \
     }                                                                                          \
-    extern "C" __global__ void matmul_tiled_##SUFFIX(                                          \
-        float* out, const float* x, const void* data, const float* sm, int lg_block,          \
-        const float* bias, const float* residual, int n, int N, int K) {                      \
-        vt_matmul_tiled<WT>(out, x, data, sm, lg_block, bias, residual, n, N, K);              \
-    }                                                                                          \
-    extern "C" __global__ void swiglu_small_##SUFFIX(                                          \
-        float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
-        const void* udata, const float* usm, int ulg, int n, int N, int K, int rpb) {         \
-        vt_swiglu_small<WT>(out, x, gdata, gsm, glg, udata, usm, ulg, n, N, K, rpb);           \
-    }                                                                                          \
-    extern "C" __global__ void qkv_small_##SUFFIX(                                             \
+    extern "C" __global__ void qkv_small##NO##_##SUFFIX(                                      \
         float* q, float* k, float* v, const float* x, const void* wq, const float* sq,        \
         int lgq, const float* bq, const void* wk, const float* sk, int lgk, const float* bk,  \
         const void* wv, const float* sv, int lgv, const float* bv, int n, int Nq, int Nk,     \
         int Nv, int K, int rpb) {                                                              \
-        vt_qkv_small<WT>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, n, Nq, \
-                         Nk, Nv, K, rpb);                                                      \
+        vt_qkv_small<WT, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, n, \
+                             Nq, Nk, Nv, K, rpb);                                              \
+    }
+#define VT_DECODE_SW(SUFFIX, WT, NO)                                                          \
+    extern "C" __global__ void swiglu_small##NO##_##SUFFIX(                                   \
+        float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
+        const void* udata, const float* usm, int ulg, int n, int N, int K, int rpb) {         \
+        vt_swiglu_small<WT, NO>(out, x, gdata, gsm, glg, udata, usm, ulg, n, N, K, rpb);       \
+    }
+#define VT_MATMUL(SUFFIX, WT)                                                                 \
+    VT_DECODE_MM(SUFFIX, WT, 1)                                                                \
+    VT_DECODE_MM(SUFFIX, WT, 4)                                                                \
+    VT_DECODE_SW(SUFFIX, WT, 1)                                                                \
+    VT_DECODE_SW(SUFFIX, WT, 2)                                                                \
+    extern "C" __global__ void matmul_tiled_##SUFFIX(                                          \
+        float* out, const float* x, const void* data, const float* sm, int lg_block,          \
+        const float* bias, const float* residual, int n, int N, int K) {                      \
+        vt_matmul_tiled<WT>(out, x, data, sm, lg_block, bias, residual, n, N, K);              \
     }
 VT_MATMUL(f32, WT_F32)
 VT_MATMUL(f16, WT_F16)
@@ -497,9 +560,13 @@ extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
     }
 }
 
-// Causal attention, one block per (row i, query head h), ATT_THREADS threads (>= head_dim).
-// Positions 0..positions[i] of slot slots[i] in chunks of ATT_CHUNK with an online softmax
-// (running max and sum), so any context length works with fixed shared memory.
+// Causal attention, one block per (row i, query head h), ATT_THREADS threads (head_dim <=
+// 256). Positions 0..positions[i] of slot slots[i] in chunks of ATT_CHUNK with an online
+// softmax (running max and sum), so any context length works with fixed shared memory.
+// Scores: one warp per position at a time, its lanes across head_dim (a key row is one
+// coalesced read), reduced over the warp. Values: the threads form ATT_THREADS / head_dim
+// groups, each summing every group-th position for its element d, the groups' sums added at
+// the end (the correction of each chunk applies to every group alike).
 #define ATT_THREADS 256
 #define ATT_CHUNK 1024
 extern "C" __global__ void attention(float* out, const float* q, const float* cache,
@@ -510,6 +577,7 @@ extern "C" __global__ void attention(float* out, const float* q, const float* ca
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[ATT_THREADS];
     int i = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
+    int lane = t % VT_WARP, warp = t / VT_WARP, warps = blockDim.x / VT_WARP;
     int row = n_kv * head_dim;
     int kvh = h / (n_heads / n_kv);
     int slot = slots[i], pos = positions[i];
@@ -522,20 +590,23 @@ extern "C" __global__ void attention(float* out, const float* q, const float* ca
     long long kbase = ok ? vt_kv_index(0, slot, layer, 0, n_slots, n_layers, row) + kvh * head_dim
                          : 0;
     long long vbase = kbase + row;
+    int groups = max(1, (int)blockDim.x / head_dim);
+    int grp = t / head_dim, d = t % head_dim;
+    bool v_thread = grp < groups && t < groups * head_dim;
     float m = -__uint_as_float(0x7f800000u);  // -inf
     float l = 0.0f, acc = 0.0f;
     for (int c0 = 0; c0 < length; c0 += ATT_CHUNK) {
         int cn = min(ATT_CHUNK, length - c0);
         float cmax = -__uint_as_float(0x7f800000u);
-        for (int j = t; j < cn; j += blockDim.x) {
+        for (int j = warp; j < cn; j += warps) {
             const float* kp = cache + kbase + (long long)(c0 + j) * pos_stride;
             float s = 0.0f;
-            for (int d = 0; d < head_dim; ++d) s += qs[d] * kp[d];
-            s = s * scale;
-            sc[j] = s;
+            for (int e = lane; e < head_dim; e += VT_WARP) s += qs[e] * kp[e];
+            s = vt_warp_sum(s) * scale;
+            if (lane == 0) sc[j] = s;
             cmax = fmaxf(cmax, s);
         }
-        cmax = vt_block_max(cmax, red);
+        cmax = vt_block_max(cmax, red);  // its barriers also publish sc[]
         float new_m = fmaxf(m, cmax);
         float part = 0.0f;
         for (int j = t; j < cn; j += blockDim.x) {
@@ -546,16 +617,23 @@ extern "C" __global__ void attention(float* out, const float* q, const float* ca
         part = vt_block_sum(part, red);  // its barriers also publish sc[]
         float corr = expf(m - new_m);    // 0 on the first chunk (m = -inf)
         l = l * corr + part;
-        if (t < head_dim) {
+        if (v_thread) {
             float a = 0.0f;
-            const float* vp = cache + vbase + t;
-            for (int j = 0; j < cn; ++j) a += sc[j] * vp[(long long)(c0 + j) * pos_stride];
+            const float* vp = cache + vbase + d;
+            for (int j = grp; j < cn; j += groups) a += sc[j] * vp[(long long)(c0 + j) * pos_stride];
             acc = acc * corr + a;
         }
         m = new_m;
         __syncthreads();  // sc[] is rewritten by the next chunk
     }
-    if (t < head_dim) out[((long long)i * n_heads + h) * head_dim + t] = ok ? acc / l : vt_nan();
+    // the groups' sums for element d: through red[] (ATT_THREADS entries), group 0 adds
+    red[t] = v_thread ? acc : 0.0f;
+    __syncthreads();
+    if (t < head_dim) {
+        float total = 0.0f;
+        for (int g = 0; g < groups; ++g) total += red[g * head_dim + t];
+        out[((long long)i * n_heads + h) * head_dim + t] = ok ? total / l : vt_nan();
+    }
 }
 
 // ------------------------------------------------------------------------ elementwise
@@ -708,11 +786,26 @@ extern "C" __global__ void sample(int* out, const float* logits, const SamplePar
     const float* lg = logits + (long long)r * vocab;
     SampleParams p = params[r];
 
-    // 1. argmax (lowest id on ties) and the checks the reference makes.
+    // 1. argmax (lowest id on ties) and the checks the reference makes. Each thread walks
+    // its ids in increasing order (four at a time, one 128-bit load, where the row allows).
     float best = -__uint_as_float(0x7f800000u);
     int best_id = 0x7fffffff;
     int bad = 0;
-    for (int i = t; i < vocab; i += blockDim.x) {
+    int vec = ((vocab & 3) == 0 && (((unsigned long long)lg) & 15ull) == 0) ? vocab : 0;
+    for (int i4 = 4 * t; i4 < vec; i4 += 4 * blockDim.x) {
+        vt_f4 v4 = *(const vt_f4*)(lg + i4);
+        float vs[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float v = vs[j];
+            if (v != v || v == __uint_as_float(0x7f800000u)) bad = 1;
+            if (v > best || (v == best && i4 + j < best_id)) {
+                best = v;
+                best_id = i4 + j;
+            }
+        }
+    }
+    for (int i = vec + t; i < vocab; i += blockDim.x) {
         float v = lg[i];
         if (v != v || v == __uint_as_float(0x7f800000u)) bad = 1;
         if (v > best || (v == best && i < best_id)) {

@@ -9,7 +9,8 @@
 # Issue 9's steps (not in the default): cpuhead (plugins/cpu from .whl/cpu_head: the
 # committed cpu backend, whatever the working tree holds), models (random-weight GGUFs of
 # SmolLM2-135M Q4_1 and Llama-3.2-1B Q8_0 shapes, write_shape.py), batch MODEL (vt bench
-# --batch 1,8,32: as is, with the fused ops decomposed, and, for smol, with VT_GRAPHS=0),
+# --batch 1,8,32: as is, with the fused ops decomposed, and, for smol, with VT_GRAPHS=0;
+# batch1:MODEL only as is),
 # batch_old MODEL (the same on .whl/old), kprofile MODEL (profile_decode.py at batch 1 and
 # 32 with a per-kernel table); MODEL is smol or 1b, as in `batch:smol`.
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
@@ -112,6 +113,12 @@ EOF"
             && python3 plugins/cuda/tools/bench_variant.py --no-fused $B --json > $OUT/batch-$m-nofused.json \
             && if [ $m = smol ]; then VT_GRAPHS=0 python3 plugins/cuda/tools/bench_variant.py $B --json > $OUT/batch-$m-eager.json; fi; \
             python3 $ROOT/plugins/cuda/tools/batch_table.py $OUT/batch-$m*.json"
+        ;;
+    batch1:*)  # only the tree as it is
+        m=${s#batch1:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch 1,8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2"
+        step "batch1-$m" 300 "python3 plugins/cuda/tools/bench_variant.py $B --json > $OUT/batch-$m.json; \
+            python3 $ROOT/plugins/cuda/tools/batch_table.py $OUT/batch-$m.json"
         ;;
     batch_old:*)
         m=${s#batch_old:}
