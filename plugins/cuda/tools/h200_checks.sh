@@ -6,8 +6,9 @@
 # Steps (default: all but baseline, in this order): setup backends verify audit kit checks
 # bench profile, and baseline: the bench and profile on an older vt copied into .whl/old
 # (core/ and plugins/ of, say, `git worktree add /tmp/old 79b67e1`), same machine.
-# Issue 9's steps (not in the default): cpuhead (plugins/cpu from .whl/cpu_head: the
-# committed cpu backend, whatever the working tree holds), models (random-weight GGUFs of
+# Issue 9's steps (not in the default): cpuhead (plugins/cpu from .whl/cpu_head: a fixed cpu
+# backend to compare with, whatever the working tree holds; runs 7-8 used 4bf0636's, the
+# reference ops, plus an empty vt_cpu/kernels package for pyproject's list), models (random-weight GGUFs of
 # SmolLM2-135M Q4_1 and Llama-3.2-1B Q8_0 shapes, write_shape.py), batch MODEL (vt bench
 # --batch 1,8,32: as is, with the fused ops decomposed, and, for smol, with VT_GRAPHS=0;
 # batch1:MODEL only as is),
