@@ -117,15 +117,11 @@ class CpuOps(ReferenceOps):
         """A closure computing ``out = x @ w.T (+ res)``."""
         w, owner = p.weight, self.threads
         if x.shape[0] <= MATVEC_MAX_ROWS and w.kind in W.BLOCK_TYPES:
-            choice = p.choice
-
-            def serial() -> None:
-                w.matvec(x, out, res, 1)
-
-            def parallel(n: int) -> None:
-                w.matvec(x, out, res, n)
-
-            return lambda: owner.run(choice, serial, parallel)
+            serial, parallel = w.bind(x, out, res)
+            if owner.n <= 1:
+                return serial
+            choice, run = p.choice, owner.run
+            return lambda: run(choice, serial, parallel)
         step = w.tile_rows()
 
         def tiled() -> None:

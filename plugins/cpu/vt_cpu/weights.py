@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -69,35 +70,43 @@ class BlockWeight:
         return sum(int(a.nbytes) for a in self.arrays if isinstance(a, np.ndarray))
 
     # ---- decode: numba matrix-vector kernels
-    def matvec(
-        self, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, nchunk: int = 1
-    ) -> None:
-        """``out = x @ w.T`` (``+ res`` when given; ``res`` may be ``out``), on ``nchunk``
-        of numba's threads (1: no thread pool at all)."""
+    def bind(
+        self, x: np.ndarray, out: np.ndarray, res: np.ndarray | None
+    ) -> tuple[Callable[[], Any], Callable[[int], Any]]:
+        """``(serial, parallel)`` computing ``out = x @ w.T`` (``+ res`` when given; ``res``
+        may be ``out``): ``serial()`` on the calling thread alone, ``parallel(n)`` over n of
+        numba's threads. The views and the kernel are bound once (a captured graph replays
+        the same closures), so a call is one numba dispatch."""
         add = res is not None
         r = res if res is not None else out
         a, k = self.arrays, self.kind
         if k in FLOAT_TYPES:
-            self.tiled(x, out, res)
-            return
+            run = partial(self.tiled, x, out, res)
+            return run, lambda _n: run()
         xb = x.reshape(x.shape[0], -1, 32)
-        if nchunk <= 1:
-            if k == "Q8_0":
-                Q.mv1_q8_0(a[0], a[1], xb, out, r, add)
-            elif k in ("Q4_0", "Q4_1"):
-                Q.mv1_q4(a[0], a[1], a[2], xb, out, r, add, k == "Q4_1")
-            elif k in ("Q4_K", "Q5_K"):
-                Q.mv1_qk45(a[0], a[1], a[2], a[3], a[4], xb, out, r, add, k == "Q5_K")
-            else:  # Q6_K
-                Q.mv1_q6_k(a[0], a[1], a[2], xb, out, r, add)
-        elif k == "Q8_0":
-            Q.mv_q8_0(a[0], a[1], xb, out, r, add, nchunk)
+        if k == "Q8_0":
+            args: tuple[Any, ...] = (a[0], a[1], xb, out, r, add)
+            one, par, tail = Q.mv1_q8_0, Q.mv_q8_0, ()
         elif k in ("Q4_0", "Q4_1"):
-            Q.mv_q4(a[0], a[1], a[2], xb, out, r, add, nchunk, k == "Q4_1")
+            args = (a[0], a[1], a[2], xb, out, r, add)
+            one, par, tail = Q.mv1_q4, Q.mv_q4, (k == "Q4_1",)
         elif k in ("Q4_K", "Q5_K"):
-            Q.mv_qk45(a[0], a[1], a[2], a[3], a[4], xb, out, r, add, nchunk, k == "Q5_K")
+            args = (a[0], a[1], a[2], a[3], a[4], xb, out, r, add)
+            one, par, tail = Q.mv1_qk45, Q.mv_qk45, (k == "Q5_K",)
         else:  # Q6_K
-            Q.mv_q6_k(a[0], a[1], a[2], xb, out, r, add, nchunk)
+            args = (a[0], a[1], a[2], xb, out, r, add)
+            one, par, tail = Q.mv1_q6_k, Q.mv_q6_k, ()
+        return partial(one, *args, *tail), lambda n: par(*args, n, *tail)
+
+    def matvec(
+        self, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, nchunk: int = 1
+    ) -> None:
+        """``out = x @ w.T (+ res)`` now, on ``nchunk`` threads (1: no thread pool)."""
+        serial, parallel = self.bind(x, out, res)
+        if nchunk <= 1:
+            serial()
+        else:
+            parallel(nchunk)
 
     # ---- rows as float32
     def dequantize_rows(self, rows: np.ndarray, out: np.ndarray) -> None:

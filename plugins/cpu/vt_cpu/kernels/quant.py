@@ -145,13 +145,26 @@ def _nib(byte):
 
 
 @njit(**_KW)
-def _rows_q4(raw, d, m, x, xs, out, res, add, g0, g1, has_min):
-    """Q4_0 (``has_min`` False: value ``d * (q - 8)``, block ``[d, qs[16]]``, 18 bytes) and
-    Q4_1 (value ``d * q + m``, block ``[d, m, qs[16]]``, 20 bytes). ``m`` is ignored for
-    Q4_0. Low nibbles are elements 0..15 of a block, high nibbles 16..31."""
+def _hi_weights(x):
+    """``xd[t, b, j] = x[t, b, 16 + j] - 16 x[t, b, j]``: with ``lo = q - 16 hi`` a byte's two
+    nibbles contribute ``q x_lo + hi xd``, one operation less per byte than splitting both
+    (measured 6.4 -> 8.0 GB/s for Q4_1 in cache)."""
+    n, nb = x.shape[0], x.shape[1]
+    xd = np.empty((n, nb, 16), dtype=np.float32)
+    for t in range(n):
+        for b in range(nb):
+            for j in range(16):
+                xd[t, b, j] = x[t, b, 16 + j] - F(16.0) * x[t, b, j]
+    return xd
+
+
+@njit(**_KW)
+def _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, g0, g1):
+    """Q4_1: value ``d * q + m``, block ``[d, m, qs[16]]`` (20 bytes); low nibbles are
+    elements 0..15 of a block, high nibbles 16..31. (Q4_0 is a copy: a runtime flag in
+    the loop cost 20%.)"""
     n, nb = x.shape[0], x.shape[1]
     rows = out.shape[1]
-    off = 4 if has_min else 2
     for g in range(g0, g1):
         r = g * 4
         i0, i1, i2, i3 = _rows4(r, rows, nb)
@@ -167,41 +180,80 @@ def _rows_q4(raw, d, m, x, xs, out, res, add, g0, g1, has_min):
                 s3 = F(0.0)
                 for j in range(16):
                     xl = x[t, b, j]
-                    xh = x[t, b, 16 + j]
-                    lo, hi = _nib(raw[i0 + b, off + j])
-                    s0 += lo * xl + hi * xh
-                    lo, hi = _nib(raw[i1 + b, off + j])
-                    s1 += lo * xl + hi * xh
-                    lo, hi = _nib(raw[i2 + b, off + j])
-                    s2 += lo * xl + hi * xh
-                    lo, hi = _nib(raw[i3 + b, off + j])
-                    s3 += lo * xl + hi * xh
+                    xh = xd[t, b, j]
+                    q = F(raw[i0 + b, 4 + j])
+                    s0 += q * xl + np.floor(q * F(0.0625)) * xh
+                    q = F(raw[i1 + b, 4 + j])
+                    s1 += q * xl + np.floor(q * F(0.0625)) * xh
+                    q = F(raw[i2 + b, 4 + j])
+                    s2 += q * xl + np.floor(q * F(0.0625)) * xh
+                    q = F(raw[i3 + b, 4 + j])
+                    s3 += q * xl + np.floor(q * F(0.0625)) * xh
                 xb = xs[t, b]
-                if has_min:
-                    a0 += d[i0 + b] * s0 + m[i0 + b] * xb
-                    a1 += d[i1 + b] * s1 + m[i1 + b] * xb
-                    a2 += d[i2 + b] * s2 + m[i2 + b] * xb
-                    a3 += d[i3 + b] * s3 + m[i3 + b] * xb
-                else:
-                    a0 += d[i0 + b] * (s0 - F(8.0) * xb)
-                    a1 += d[i1 + b] * (s1 - F(8.0) * xb)
-                    a2 += d[i2 + b] * (s2 - F(8.0) * xb)
-                    a3 += d[i3 + b] * (s3 - F(8.0) * xb)
+                a0 += d[i0 + b] * s0 + m[i0 + b] * xb
+                a1 += d[i1 + b] * s1 + m[i1 + b] * xb
+                a2 += d[i2 + b] * s2 + m[i2 + b] * xb
+                a3 += d[i3 + b] * s3 + m[i3 + b] * xb
+            _store4(out, res, add, t, r, a0, a1, a2, a3)
+
+
+@njit(**_KW)
+def _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, g0, g1):
+    """Q4_0: value ``d * (q - 8)``, block ``[d, qs[16]]`` (18 bytes)."""
+    n, nb = x.shape[0], x.shape[1]
+    rows = out.shape[1]
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _rows4(r, rows, nb)
+        for t in range(n):
+            a0 = F(0.0)
+            a1 = F(0.0)
+            a2 = F(0.0)
+            a3 = F(0.0)
+            for b in range(nb):
+                s0 = F(0.0)
+                s1 = F(0.0)
+                s2 = F(0.0)
+                s3 = F(0.0)
+                for j in range(16):
+                    xl = x[t, b, j]
+                    xh = xd[t, b, j]
+                    q = F(raw[i0 + b, 2 + j])
+                    s0 += q * xl + np.floor(q * F(0.0625)) * xh
+                    q = F(raw[i1 + b, 2 + j])
+                    s1 += q * xl + np.floor(q * F(0.0625)) * xh
+                    q = F(raw[i2 + b, 2 + j])
+                    s2 += q * xl + np.floor(q * F(0.0625)) * xh
+                    q = F(raw[i3 + b, 2 + j])
+                    s3 += q * xl + np.floor(q * F(0.0625)) * xh
+                xb = xs[t, b]
+                a0 += d[i0 + b] * (s0 - F(8.0) * xb)
+                a1 += d[i1 + b] * (s1 - F(8.0) * xb)
+                a2 += d[i2 + b] * (s2 - F(8.0) * xb)
+                a3 += d[i3 + b] * (s3 - F(8.0) * xb)
             _store4(out, res, add, t, r, a0, a1, a2, a3)
 
 
 @njit(**_KW, parallel=True)
 def mv_q4(raw, d, m, x, out, res, add, nchunk, has_min):
-    xs = _block_sums(x)
+    xd, xs = _hi_weights(x), _block_sums(x)
     groups = (out.shape[1] + 3) // 4
     for c in prange(nchunk):
-        _rows_q4(raw, d, m, x, xs, out, res, add, c * groups // nchunk,
-                 (c + 1) * groups // nchunk, has_min)  # fmt: skip
+        g0, g1 = c * groups // nchunk, (c + 1) * groups // nchunk
+        if has_min:
+            _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, g0, g1)
+        else:
+            _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, g0, g1)
 
 
 @njit(**_KW)
 def mv1_q4(raw, d, m, x, out, res, add, has_min):
-    _rows_q4(raw, d, m, x, _block_sums(x), out, res, add, 0, (out.shape[1] + 3) // 4, has_min)
+    groups = (out.shape[1] + 3) // 4
+    xd, xs = _hi_weights(x), _block_sums(x)
+    if has_min:
+        _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, 0, groups)
+    else:
+        _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, 0, groups)
 
 
 @njit(**_KW)
