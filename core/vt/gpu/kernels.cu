@@ -167,12 +167,14 @@ extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, 
 // taken MM_R at a time, and a block's rows are [blockIdx.y * rpb, (blockIdx.y + 1) * rpb):
 // with grid.y = 1 a weight row is read from memory once for every row of x. Quantized
 // weights with K a multiple of 16 and x 16-byte aligned take the vector path: each lane
-// reads 8 int8 codes in one 64-bit load with their (scale, offset) pair, and x as float4s;
-// anything else reads one element per lane per step. Dequantization is the exact
+// reads CH int8 codes of a row in one load (16 in 128 bits where the warp reads one or two
+// weight rows, 8 in 64 bits for more, to hold the registers) with their (scale, offset)
+// pair, and x as float4s; anything else reads one element per lane per step. Dequantization is the exact
 // two-rounding form of vt_wload either way; accumulation is float32.
 #define MM_R 8
-struct alignas(8) vt_v8 {
-    vt_u32 w[2];
+template <int CH>  // CH int8 codes in one load
+struct alignas(CH) vt_codes {
+    vt_u32 w[CH / 4];
 };
 struct alignas(8) vt_f2 {
     float x, y;
@@ -203,16 +205,16 @@ __device__ __forceinline__ void vt_mm_rows(const VtRow* w, const float* x, int n
         for (int r = 0; r < MM_R; ++r) acc[i][r] = 0.0f;
     const float* xr = x + (long long)r0 * K;
     if (WT == WT_Q && (K & 15) == 0 && (((unsigned long long)x) & 15ull) == 0) {
-#pragma unroll 2
-        for (int k = lane * 8; k < K; k += VT_WARP * 8) {
-            float wv[NW][8];
+        constexpr int CH = NW <= 2 ? 16 : 8;
+        for (int k = lane * CH; k < K; k += VT_WARP * CH) {
+            float wv[NW][CH];
 #pragma unroll
             for (int i = 0; i < NW; ++i) {
                 long long at = w[i].at + k;
-                vt_v8 raw = *(const vt_v8*)((const vt_i8*)w[i].data + at);
+                vt_codes<CH> raw = *(const vt_codes<CH>*)((const vt_i8*)w[i].data + at);
                 vt_f2 so = *(const vt_f2*)(w[i].sm + 2 * (at >> w[i].lg));  // one block
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
+                for (int j = 0; j < CH; ++j) {
                     int code = (int)(vt_i8)((raw.w[j >> 2] >> (8 * (j & 3))) & 0xffu);
                     wv[i][j] = __fadd_rn(__fmul_rn(so.x, (float)code), so.y);
                 }
@@ -221,13 +223,18 @@ __device__ __forceinline__ void vt_mm_rows(const VtRow* w, const float* x, int n
             for (int r = 0; r < MM_R; ++r) {
                 if (r < nr) {
                     const vt_f4* xp = (const vt_f4*)(xr + (long long)r * K + k);
-                    vt_f4 a = xp[0], b = xp[1];
-                    float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    float xv[CH];
+#pragma unroll
+                    for (int c = 0; c < CH / 4; ++c) {
+                        vt_f4 a = xp[c];
+                        xv[4 * c] = a.x, xv[4 * c + 1] = a.y, xv[4 * c + 2] = a.z;
+                        xv[4 * c + 3] = a.w;
+                    }
 #pragma unroll
                     for (int i = 0; i < NW; ++i) {
                         float s = acc[i][r];
 #pragma unroll
-                        for (int j = 0; j < 8; ++j) s += wv[i][j] * xv[j];
+                        for (int j = 0; j < CH; ++j) s += wv[i][j] * xv[j];
                         acc[i][r] = s;
                     }
                 }
@@ -563,12 +570,13 @@ extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
 // Causal attention, one block per (row i, query head h), ATT_THREADS threads (head_dim <=
 // 256). Positions 0..positions[i] of slot slots[i] in chunks of ATT_CHUNK with an online
 // softmax (running max and sum), so any context length works with fixed shared memory.
-// Scores: one warp per position at a time, its lanes across head_dim (a key row is one
-// coalesced read), reduced over the warp. Values: the threads form ATT_THREADS / head_dim
+// Scores: each warp takes ATT_POS positions at a time, its lanes across head_dim (a key row
+// is one coalesced read; ATT_POS rows in flight), reduced over the warp. Values: the threads form ATT_THREADS / head_dim
 // groups, each summing every group-th position for its element d, the groups' sums added at
 // the end (the correction of each chunk applies to every group alike).
 #define ATT_THREADS 256
 #define ATT_CHUNK 1024
+#define ATT_POS 8
 extern "C" __global__ void attention(float* out, const float* q, const float* cache,
                                      const int* slots, const int* positions, int n, int n_heads,
                                      int n_kv, int head_dim, int n_slots, int n_layers,
@@ -598,13 +606,27 @@ extern "C" __global__ void attention(float* out, const float* q, const float* ca
     for (int c0 = 0; c0 < length; c0 += ATT_CHUNK) {
         int cn = min(ATT_CHUNK, length - c0);
         float cmax = -__uint_as_float(0x7f800000u);
-        for (int j = warp; j < cn; j += warps) {
-            const float* kp = cache + kbase + (long long)(c0 + j) * pos_stride;
-            float s = 0.0f;
-            for (int e = lane; e < head_dim; e += VT_WARP) s += qs[e] * kp[e];
-            s = vt_warp_sum(s) * scale;
-            if (lane == 0) sc[j] = s;
-            cmax = fmaxf(cmax, s);
+        for (int j0 = warp * ATT_POS; j0 < cn; j0 += warps * ATT_POS) {
+            const float* kp[ATT_POS];
+            float s[ATT_POS];
+#pragma unroll
+            for (int u = 0; u < ATT_POS; ++u) {  // past cn: a valid row, its score unused
+                kp[u] = cache + kbase + (long long)(c0 + min(j0 + u, cn - 1)) * pos_stride;
+                s[u] = 0.0f;
+            }
+            for (int e = lane; e < head_dim; e += VT_WARP) {
+                float qe = qs[e];
+#pragma unroll
+                for (int u = 0; u < ATT_POS; ++u) s[u] += qe * kp[u][e];
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_POS; ++u) {
+                float v = vt_warp_sum(s[u]) * scale;
+                if (j0 + u < cn) {
+                    if (lane == 0) sc[j0 + u] = v;
+                    cmax = fmaxf(cmax, v);
+                }
+            }
         }
         cmax = vt_block_max(cmax, red);  // its barriers also publish sc[]
         float new_m = fmaxf(m, cmax);
