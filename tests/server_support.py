@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -57,6 +58,29 @@ def request(
         return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, parsed)
     finally:
         conn.close()
+
+
+def post_big(port: int, path: str, body: bytes, timeout: float = 20) -> bytes:
+    """POST ``body`` on a raw socket; the server's answer even when it hangs up before the
+    body is sent (http.client would only report the broken pipe)."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            s.sendall(head + body)
+        except OSError:
+            pass  # answered and closed while we were still sending
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+                if b"\r\n\r\n" in answer and answer.endswith(b"}"):
+                    break
+        except OSError:
+            pass
+        return answer
 
 
 def solo(ref: vt.LLM, prompt: str, **kw: Any) -> Any:
@@ -164,7 +188,8 @@ class ServeProcess:
 
     @property
     def url(self) -> str:
-        seen = self.wait_for("listening on")
+        """The address, once the model is loaded and served."""
+        seen = self.wait_for("ready: serving")
         return seen.split("listening on ")[1].split()[0].removesuffix("/v1")
 
     @property

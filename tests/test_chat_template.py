@@ -4,12 +4,21 @@ keeps an untrusted GGUF's template from doing anything but produce text."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from vt import ModelError
-from vt.model import ChatTemplate, ChatTemplateError, Tokenizer, load_gguf, resolve_model
+from vt.model import (
+    ChatTemplate,
+    ChatTemplateError,
+    RenderLimits,
+    TemplateRenderer,
+    Tokenizer,
+    load_gguf,
+    resolve_model,
+)
 from vt.testing.tiny import write_tiny_gguf
 
 USER_HI = [{"role": "user", "content": "Hi"}]
@@ -150,3 +159,134 @@ def test_default_model_template_inserts_default_system_message() -> None:
     )
     ids = Tokenizer.from_model(mf).encode(ct.render(own))
     assert ids[:3] == [1, 9690, 198]  # <|im_start|> "system" "\n"
+
+
+# --------------------------------------------------------------------------- limits (issue 11)
+
+SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+HOSTILE = [
+    pytest.param(SPIN, "took longer than 0.5 s and was stopped", id="nested-loops"),
+    pytest.param("{{ lipsum(100000) }}", "'lipsum' is undefined", id="lipsum"),
+    pytest.param("{{ 'A' * 10**8 }}", "past the limit of 1000000", id="big-string"),
+    pytest.param("{{ [0] * 10**9 }}", "past the limit of 1000000", id="big-list"),
+    pytest.param("{{ range(10**9) | list }}", "Range too big", id="big-range"),
+    pytest.param(
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "recursed too deeply",
+        id="recursion",
+    ),
+    pytest.param("{{ 1 / 0 }}", "ZeroDivisionError: division by zero", id="division"),
+    pytest.param("{{ 'a'.center(10**9) }}", "'center' got 1000000000", id="center"),
+    pytest.param("{{ 'a' | center(10**9) }}", "filter 'center' got", id="center-filter"),
+    pytest.param("{{ '{:>999999999}'.format(1) }}", "asks for width", id="format-width"),
+    pytest.param("{{ '%0999999999d' % 1 }}", "asks for width", id="percent-width"),
+    pytest.param("{{ 7 ** (10**8) }}", "exponent 100000000", id="power"),
+    pytest.param(
+        "{% for i in range(20000) %}{{ 'x' * 100 }}{% endfor %}",
+        "the output passed 1000000 characters",
+        id="big-output",
+    ),
+    pytest.param(
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+        "{% endfor %}",
+        "'+' would make a value",
+        id="doubling",
+    ),
+]
+
+
+@pytest.mark.parametrize(("source", "message"), HOSTILE)
+def test_hostile_templates_stop_with_a_one_line_error(source: str, message: str) -> None:
+    template = ChatTemplate(source, limits=RenderLimits(timeout_s=0.5))
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError) as err:
+        template.render(USER_HI)
+    assert time.monotonic() - t0 < 3
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+    assert not err.value.refused
+
+
+def test_a_template_refusing_is_not_a_broken_template() -> None:
+    with pytest.raises(ChatTemplateError) as err:
+        _template("{{ raise_exception('no system messages') }}").render(USER_HI)
+    assert err.value.refused
+
+
+def test_renderer_processes_stop_runaway_and_memory_hungry_renders() -> None:
+    # A template that misbehaves only for some content passes the check at load; each
+    # bad render is stopped, and the next render works.
+    source = (
+        "{% for m in messages %}"
+        "{% if m.content == 'spin' %}" + SPIN + "{% endif %}"
+        "{% if m.content == 'grow' %}{% set ns = namespace(s='ab') %}"
+        "{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% endif %}"
+        "{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    )
+    limits = RenderLimits(timeout_s=1.0, memory_bytes=384 << 20, workers=1)
+    renderer = TemplateRenderer(ChatTemplate(source), limits)
+    try:
+        assert renderer.probe_error is None
+        assert renderer.render(USER_HI) == "user: Hi\n"
+        t0 = time.monotonic()
+        with pytest.raises(ChatTemplateError, match="took longer than 1 s and was stopped"):
+            renderer.render([{"role": "user", "content": "spin"}])
+        assert time.monotonic() - t0 < 4
+        with pytest.raises(ChatTemplateError, match="out of memory|process died"):
+            renderer.render([{"role": "user", "content": "grow"}])
+        assert renderer.render(USER_HI) == "user: Hi\n"
+        with pytest.raises(ChatTemplateError, match="ZeroDivisionError"):
+            TemplateRenderer(ChatTemplate("{{ 1/0 }}"), limits).render(USER_HI)
+    finally:
+        renderer.close()
+
+
+def test_renderer_checks_the_template_at_load() -> None:
+    limits = RenderLimits(timeout_s=0.5, workers=1)
+    broken = TemplateRenderer(ChatTemplate(SPIN), limits)
+    try:
+        assert broken.probe_error is not None and "took longer than 0.5 s" in broken.probe_error
+        t0 = time.monotonic()
+        with pytest.raises(ChatTemplateError, match="when the server checked it at load"):
+            broken.render(USER_HI)
+        assert time.monotonic() - t0 < 0.1  # not run again
+    finally:
+        broken.close()
+    picky = TemplateRenderer(
+        ChatTemplate(
+            "{% if messages | length > 1 %}{{ raise_exception('one only') }}{% endif %}"
+            "{{ messages[0].content }}"
+        ),  # fmt: skip
+        limits,
+    )
+    try:
+        assert picky.probe_error is None  # refusing a conversation is not being broken
+        assert picky.render(USER_HI) == "Hi"
+    finally:
+        picky.close()
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("{{ 1/0 }}", "the model's chat template failed: ZeroDivisionError: division by zero"),
+        ("{{ range(10**9) | list }}", "OverflowError: Range too big"),
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
+        ("{{ 'A' * 10**8 }}", "was stopped: '*' would make a value of 100000000 items"),
+        ("{% for m in messages %}", "the model's chat template is invalid (line 1)"),
+    ],
+)
+def test_vt_run_reports_template_errors_in_one_line(
+    tmp_path: Path, source: str, message: str
+) -> None:
+    from click.testing import CliRunner
+    from vt.frontends.cli import main
+
+    model = write_tiny_gguf(tmp_path / "t.gguf", chat_template=source)
+    result = CliRunner().invoke(main, ["run", "--model", str(model), "--backend", "cpu", "Hi"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
+    assert "Traceback" not in result.output
+    raw = ["run", "--model", str(model), "--backend", "cpu", "--raw", "-n", "2", "Hi"]
+    assert CliRunner().invoke(main, raw).exit_code == 0  # the model itself is fine

@@ -615,8 +615,9 @@ def test_vt_serve_command_serves_and_stops_on_a_signal(tiny: Path, stop_signal: 
     reader.start()
     try:
         seen = ""
-        while "listening on" not in seen:
+        while "ready: serving" not in seen:
             seen += lines.get(timeout=30)
+        assert seen.index("listening on") < seen.index("backend cpu")  # listens, then loads
         assert "backend cpu" in seen and "readback host_view" in seen
         assert "kv contiguous" in seen and "2 slot(s)" in seen
         url = seen.split("listening on ")[1].split()[0]

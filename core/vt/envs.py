@@ -98,6 +98,9 @@ _DECLARED = [
     Var("VT_CPU_VMM_GRANULARITY", "integer", None, "the `cpu` backend's VMM granularity in "
         "bytes (a power of two and a multiple of the page size, else the plugin is "
         "`broken` with that reason)", shown_default="2 MiB"),
+    Var("VT_API_KEY", "string", None, "`vt serve` requires this key as "
+        "`Authorization: Bearer KEY` on `/v1/*` (as `--api-key`, which wins)",
+        shown_default="none"),
     Var("VT_DEBUG", "boolean", "0", "`vt run`, `vt bench` and `vt serve` show the traceback "
         "instead of a one-line error; `vt backends` shows each broken plugin's traceback"),
 ]  # fmt: skip

@@ -90,6 +90,31 @@ class RequestOutput(BaseModel):
     timings: Timings = Timings()
 
 
+class _StopStrings:
+    """A request's stop strings, prepared once: what the per-token checks need.
+
+    The cost per token is bounded by the strings' lengths (the caller bounds those), never
+    by their product: the hold-back asks a set of every proper prefix, and only at
+    positions where a stop string could start.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self.longest = max((len(s) for s in stops), default=0)
+        self.first = frozenset(s[0] for s in stops)
+        self.prefixes = frozenset(s[:k] for s in stops for k in range(1, len(s)))
+
+    def holdback(self, text: str) -> int:
+        """The longest end of ``text`` that is a proper prefix of a stop string."""
+        n = len(text)
+        for k in range(min(self.longest - 1, n), 0, -1):
+            if text[n - k] in self.first and text[n - k :] in self.prefixes:
+                return k
+        return 0
+
+
+_NO_STOPS = _StopStrings([])
+
+
 @dataclass(eq=False)
 class _Request:
     id: str
@@ -113,6 +138,7 @@ class _Request:
     t_scheduled: float | None = None
     t_first: float | None = None
     t_last: float | None = None
+    stops: _StopStrings = _NO_STOPS
 
     @property
     def sampled(self) -> int:
@@ -204,6 +230,7 @@ class Engine:
             decoder=self.tokenizer.incremental_decoder(skip_special=True),
             prompt=prompt,
             t_arrival=time.perf_counter(),
+            stops=_StopStrings(list(params.stop)) if params.stop else _NO_STOPS,
         )
         self._requests[rid] = req
         self._waiting.append(req)
@@ -382,10 +409,10 @@ class Engine:
 
     def _check_stop_strings(self, req: _Request, previous: int) -> None:
         text = req.text
-        longest = max(len(s) for s in req.params.stop)
-        start = max(0, previous - longest + 1)
+        stops = req.stops
+        start = max(0, previous - stops.longest + 1)
         best: tuple[int, str] | None = None
-        for s in req.params.stop:
+        for s in req.params.stop:  # each search covers the new text plus len(s) - 1
             i = text.find(s, start)
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
@@ -398,14 +425,7 @@ class Engine:
         """Characters at the end of the text that could begin a stop string."""
         if req.finished or not req.params.stop:
             return 0
-        text = req.text
-        best = 0
-        for s in req.params.stop:
-            for k in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:k]):
-                    best = k
-                    break
-        return best
+        return req.stops.holdback(req.text)
 
     def _output(self, req: _Request) -> RequestOutput | None:
         end = len(req.text) - self._holdback(req)

@@ -15,7 +15,13 @@ from .cache import (
     resolve_model,
     vt_home,
 )
-from .chat import ChatTemplate, ChatTemplateError, validate_messages
+from .chat import (
+    ChatTemplate,
+    ChatTemplateError,
+    RenderLimits,
+    TemplateRenderer,
+    validate_messages,
+)
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .gguf_file import (
     SUPPORTED_TENSOR_TYPES,
@@ -44,6 +50,8 @@ __all__ = [
     "LayerTensors",
     "ModelConfig",
     "ModelFile",
+    "RenderLimits",
+    "TemplateRenderer",
     "TensorInfo",
     "Tokenizer",
     "load_gguf",

@@ -14,6 +14,7 @@ encodes as one id.
 from __future__ import annotations
 
 import codecs
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -266,6 +267,15 @@ class Tokenizer:
             first_text = False
             parts.append(piece)
         return b"".join(parts).decode("utf-8", errors="replace")
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token stands for: a text of ``n`` bytes has at least
+        ``n / max_token_bytes`` tokens (special tokens count with their text)."""
+        longest = 1
+        for i, text in enumerate(self.tokens):
+            longest = max(longest, len(self.token_bytes(i)), len(text.encode("utf-8")))
+        return longest
 
     def incremental_decoder(self, skip_special: bool = False) -> IncrementalDecoder:
         return IncrementalDecoder(self, skip_special=skip_special)

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import click
 
 from .run_cmd import _check_max_model_len, _clean_errors, _open_llm, model_options
 
 _MIB = 1 << 20
+# The defaults of vt.frontends.server.Limits and vt.model.RenderLimits (a test keeps them
+# equal), written out so that importing the CLI does not import the server.
+DEFAULT_MAX_REQUEST_BYTES = 16 * _MIB
+DEFAULT_MAX_WAITING = 256
+DEFAULT_REQUEST_TIMEOUT = 30.0
+DEFAULT_TEMPLATE_TIMEOUT = 5.0
 
 
 @click.command("serve")
@@ -54,6 +61,58 @@ _MIB = 1 << 20
     "name, the GGUF file's stem for a path, or the default model's name]",
 )
 @click.option(
+    "--api-key",
+    metavar="KEY",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); /health and "
+    "/metrics stay open.  [env: VT_API_KEY]",
+)
+@click.option(
+    "--allowed-hosts",
+    metavar="NAMES",
+    default=None,
+    help="Host header names accepted, comma separated ('*': any), against DNS rebinding.  "
+    "[default: the --host address and localhost; any when --host is 0.0.0.0 or ::]",
+)
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1024),
+    default=DEFAULT_MAX_REQUEST_BYTES,
+    show_default=True,
+    metavar="N",
+    help="Largest request body; a larger one is a 413.",
+)
+@click.option(
+    "--max-waiting",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_WAITING,
+    show_default=True,
+    metavar="N",
+    help="Requests (prompts) that may wait for a free slot; past that, 503 with Retry-After.",
+)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_REQUEST_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="A request's headers must arrive within a third of this (at most 10 s) and its "
+    "body within this; else 408 and the connection is closed.",
+)
+@click.option(
+    "--template-timeout",
+    type=click.FloatRange(min=0.01),
+    default=DEFAULT_TEMPLATE_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="Longest a chat template may take to render one conversation (a 400 past it).",
+)
+@click.option(
+    "--disable-metrics",
+    is_flag=True,
+    help="Do not serve GET /metrics (Prometheus).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(("debug", "info", "warning", "error")),
     default="info",
@@ -71,22 +130,32 @@ def serve(
     max_slots: int,
     max_batch_tokens: int,
     served_model_name: str | None,
+    api_key: str | None,
+    allowed_hosts: str | None,
+    max_request_bytes: int,
+    max_waiting: int,
+    request_timeout: float,
+    template_timeout: float,
+    disable_metrics: bool,
     log_level: str,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, with continuous batching.
 
     \b
     Endpoints (see docs/server.md):
-      GET  /health                 engine status, running and waiting requests
+      GET  /health                 engine status (503 while loading or unhealthy)
+      GET  /metrics                Prometheus metrics (unless --disable-metrics)
       GET  /v1/models              the served model
       POST /v1/completions         prompt: text, list of texts, or token ids
       POST /v1/chat/completions    messages through the model's chat template
     Both POST routes stream with "stream": true (server-sent events, then [DONE]).
 
     Every request joins the running batch at the next engine step; --max-slots of them
-    decode at once. On start, vt serve prints where it listens, the backend (why it was
-    chosen, whether it was verified), the readback path of sampled tokens and the KV cache.
-    Ctrl-C stops it: running requests end with an error and the model is released.
+    decode at once, --max-waiting more wait for a slot. vt serve listens before it loads
+    the model (/health says "loading" meanwhile), then prints the model, the backend (why
+    it was chosen, whether it was verified), the readback path and the KV cache. Binding
+    beyond loopback without --api-key prints a warning. Ctrl-C stops it: running requests
+    end with an error and the model is released.
 
     \b
     Examples:
@@ -99,43 +168,137 @@ def serve(
 
     Exit status: 0 after Ctrl-C, 1 on an error (one line on stderr, e.g. a busy port).
     """
-    from ..server import Server, bind, default_model_name
+    from ... import envs
+    from ...model.chat import RenderLimits
+    from ..server import Server, bind
+    from ..server.app import Limits
 
     with _clean_errors("vt serve"):
         _check_max_model_len(max_model_len)
+        key = api_key if api_key is not None else envs.get("VT_API_KEY")
+        hosts = None
+        if allowed_hosts is not None:
+            hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
+            if not hosts:
+                raise click.ClickException("--allowed-hosts needs at least one name (or '*')")
+        limits = Limits(
+            max_body_bytes=max_request_bytes,
+            body_timeout_s=request_timeout,
+            header_timeout_s=min(request_timeout / 3, 10.0),
+            max_waiting=max_waiting,
+        )
+        _check_model_early(model)
         # Bind first: a busy or privileged port fails before seconds of model loading.
         sock = bind(host, port)
         try:
-            llm = _open_llm(
-                model,
-                backend,
-                kv_cache,
-                max_model_len,
-                no_verify,
-                max_slots=max_slots,
-                max_batch_tokens=max_batch_tokens,
+            name = served_model_name or _name_before_loading(model)
+            server = Server(
+                None,
+                host=host,
+                port=port,
+                model_name=name,
+                log_level=log_level,
+                sock=sock,
+                api_key=key,
+                allowed_hosts=hosts,
+                metrics=not disable_metrics,
+                limits=limits,
+                render_limits=RenderLimits(timeout_s=template_timeout),
+                warn_exposure=False,  # printed below, as a vt serve line
             )
         except BaseException:
             sock.close()
             raise
-    with llm:
+    # SIGTERM (a service manager's stop) ends vt serve as Ctrl-C does, loading or serving.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        _serve(server, model, backend, kv_cache, max_model_len, no_verify, max_slots,
+               max_batch_tokens, key, host)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    click.echo("vt serve: stopped", err=True)
+
+
+def _check_model_early(model: str | None) -> None:
+    """A missing model file is an error before anything listens; a known model that is
+    not downloaded yet is pulled while the server says it is loading."""
+    from ...errors import ModelError
+    from ...model.cache import DEFAULT_MODEL, known_model, resolve_model
+
+    try:
+        resolve_model(model, pull_if_missing=False)
+    except ModelError:
+        try:
+            known_model(model or DEFAULT_MODEL)
+        except ModelError:
+            pass
+        else:
+            return
+        raise
+
+
+def _name_before_loading(model: str | None) -> str:
+    """The served name known before the model loads: ``--model``'s name or file stem."""
+    from pathlib import Path
+
+    from ..server import default_model_name
+
+    if model is None:
+        return default_model_name(None, Path())
+    return default_model_name(model, Path(model).expanduser())
+
+
+def _serve(
+    server: Any,
+    model: str | None,
+    backend: str | None,
+    kv_cache: str,
+    max_model_len: int | None,
+    no_verify: bool,
+    max_slots: int,
+    max_batch_tokens: int,
+    key: str | None,
+    host: str,
+) -> None:
+    """Listen at once (``/health``: loading), load the model, serve until Ctrl-C."""
+    from ..server.serve import exposure_warning
+
+    server.start()
+    click.echo(
+        f"vt serve: listening on {server.url}/v1 (loading the model: /health answers 503 "
+        "until it is ready)",
+        err=True,
+    )
+    if (warning := exposure_warning(host, key)) is not None:
+        click.echo(f"vt serve: warning: {warning}", err=True)
+    llm = None
+    try:
         with _clean_errors("vt serve"):
-            name = served_model_name or default_model_name(model, llm.model_path)
-            server = Server(
-                llm, host=host, port=port, model_name=name, log_level=log_level, sock=sock
-            )
+            try:
+                llm = _open_llm(
+                    model,
+                    backend,
+                    kv_cache,
+                    max_model_len,
+                    no_verify,
+                    max_slots=max_slots,
+                    max_batch_tokens=max_batch_tokens,
+                )
+            except BaseException as exc:
+                server.fail_loading(str(exc) or type(exc).__name__)
+                raise
+            server.attach(llm)
         for line in startup_lines(llm, server, max_slots, max_batch_tokens):
             click.echo(f"vt serve: {line}", err=True)
-        # uvicorn handles SIGINT and SIGTERM while it runs, then re-raises the signal it
-        # caught; as KeyboardInterrupt both end here, so the model is released either way.
-        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            server.run()
+            while not server.wait(0.5):
+                pass
         except KeyboardInterrupt:
             pass
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    click.echo("vt serve: stopped", err=True)
+    finally:
+        server.stop()
+        if llm is not None:
+            llm.close()
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -143,21 +306,27 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def startup_lines(llm: object, server: object, max_slots: int, max_batch_tokens: int) -> list[str]:
-    """What ``vt serve`` prints on start: the model, the backend summary, the address."""
-    from typing import Any
+    """What ``vt serve`` prints once the model is loaded: the model, the backend summary,
+    and that it is ready."""
 
     a: Any = llm
     s: Any = server
     kv = a.kv_cache_stats()
-    return [
+    renderer = getattr(s, "renderer", None)
+    if renderer is None or renderer.probe_error is None:
+        template = "chat template checked"
+    else:
+        template = f"chat template unusable ({renderer.probe_error}): chat requests get 400"
+    lines = [
         f"model {a.model_name} ({a.model_path}) | max_model_len {a.max_model_len} | "
-        f"{max_slots} slot(s) | {max_batch_tokens} tokens per step",
+        f"{max_slots} slot(s) | {max_batch_tokens} tokens per step | {template}",
         f"backend {a.backend_name} ({a.backend_reason}) | {a.verification.summary()} | "
         f"readback {a.readback} | "
         f"kv {kv['backend']} {kv['mapped_bytes'] / _MIB:.1f}/{kv['reserved_bytes'] / _MIB:.1f} "
         f"MiB mapped, {kv['segments']} segment(s)",
-        f"listening on {s.url}/v1 as model {s.model_name!r} (Ctrl-C stops)",
+        f"ready: serving model {s.model_name!r} on {s.url}/v1 (Ctrl-C stops)",
     ]
+    return lines
 
 
 COMMANDS = [serve]

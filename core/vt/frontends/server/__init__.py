@@ -10,8 +10,16 @@ See ``docs/server.md`` for the endpoints and the design.
 
 from __future__ import annotations
 
-from .app import ApiError, ServerState, create_app
-from .engine_loop import Delivery, EngineLoop, EngineStats, Prompt, ShuttingDown
+from .app import ApiError, Limits, ServerState, create_app
+from .engine_loop import (
+    Delivery,
+    EngineLoop,
+    EngineStats,
+    Prompt,
+    QueueFull,
+    ShuttingDown,
+    TooManyPrompts,
+)
 from .serve import Server, bind, default_model_name
 
 __all__ = [
@@ -19,10 +27,13 @@ __all__ = [
     "Delivery",
     "EngineLoop",
     "EngineStats",
+    "Limits",
     "Prompt",
+    "QueueFull",
     "Server",
     "ServerState",
     "ShuttingDown",
+    "TooManyPrompts",
     "bind",
     "create_app",
     "default_model_name",

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,14 @@ log = logging.getLogger("vt.frontends.server")
 
 class ShuttingDown(Exception):
     """The server stopped while the request was queued or running."""
+
+
+class QueueFull(Exception):
+    """No room in the waiting queue now (503 with Retry-After)."""
+
+
+class TooManyPrompts(ValueError):
+    """A request with more prompts than the server can ever hold at once (400)."""
 
 
 @dataclass
@@ -57,6 +66,7 @@ class _Group:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Delivery]
     rids: list[str] = field(default_factory=list)
+    live: int = 0  # prompts counted against the queue bound and not finished yet
 
     def deliver(self, item: Delivery) -> None:
         try:
@@ -74,10 +84,20 @@ class EngineStats:
 
 
 class EngineLoop:
-    """Owns ``engine`` on a daemon thread between :meth:`start` and :meth:`stop`."""
+    """Owns ``engine`` on a daemon thread between :meth:`start` and :meth:`stop`.
 
-    def __init__(self, engine: Any) -> None:
+    At most ``max_slots + max_waiting`` prompts are admitted at once (running or waiting
+    for a slot); past that :meth:`submit` refuses with :class:`QueueFull` at once.
+    ``metrics`` (a :class:`~vt.frontends.server.metrics.Metrics`) counts steps and tokens.
+    """
+
+    def __init__(self, engine: Any, max_waiting: int | None = None, metrics: Any = None) -> None:
         self.engine = engine
+        self.max_waiting = max_waiting
+        self.capacity = None if max_waiting is None else int(engine.max_slots) + max_waiting
+        self.metrics = metrics
+        self._admitted = 0  # prompts admitted and not finished (the queue bound counts them)
+        self._lock = threading.Lock()
         self.stats = EngineStats()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._groups: dict[str, _Group] = {}  # engine request id -> its group
@@ -109,7 +129,37 @@ class EngineLoop:
             reason = self.engine.unhealthy_reason
             group.deliver(Delivery(error=EngineUnhealthyError(f"the engine is unusable: {reason}")))
             return
+        n = len(prompts)
+        with self._lock:
+            if self.capacity is not None and self._admitted + n > self.capacity:
+                if n > self.capacity:
+                    error: Exception = TooManyPrompts(
+                        f"the request has {n} prompts but this server holds at most "
+                        f"{self.capacity} at once ({self.engine.max_slots} running, "
+                        f"{self.max_waiting} waiting); send fewer per request"
+                    )
+                else:
+                    error = QueueFull(
+                        f"the server is busy: {self._admitted} requests are running or "
+                        f"waiting (at most {self.capacity}); retry later"
+                    )
+                group.deliver(Delivery(error=error))
+                return
+            self._admitted += n
+            group.live = n
         self._commands.put(("add", group))
+
+    @property
+    def admitted(self) -> int:
+        """Prompts running or waiting (submitted and not finished)."""
+        return self._admitted
+
+    def _release(self, group: _Group, n: int | None = None) -> None:
+        """``n`` of the group's prompts are done (all that are left by default)."""
+        with self._lock:
+            k = group.live if n is None else min(n, group.live)
+            group.live -= k
+            self._admitted -= k
 
     def abort(self, request_id: str) -> None:
         """Stop every prompt of a request (its client went away); frees their KV slots."""
@@ -174,6 +224,7 @@ class EngineLoop:
                 if group.request_id == arg:
                     self.engine.abort(rid)
                     del self._groups[rid]
+                    self._release(group)
                     self._drain = True
 
     def _add(self, group: _Group) -> None:
@@ -190,6 +241,7 @@ class EngineLoop:
                 self.engine.abort(rid)
             if not isinstance(exc, (RequestError, EngineUnhealthyError)):
                 log.exception("adding request %s failed", group.request_id)
+            self._release(group)
             group.deliver(Delivery(error=exc))
             return
         group.rids = added
@@ -198,18 +250,30 @@ class EngineLoop:
         group.deliver(Delivery(accepted=True))
 
     def _step(self) -> None:
+        m = self.metrics
+        t0 = time.perf_counter()
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the engine dropped its requests; tell them
             self._step_failed(exc)
             self._update_stats(failed=1)
+            if m is not None:
+                m.failed_steps.inc()
             return
+        if m is not None:
+            m.steps.inc()
+            m.step_time.observe(time.perf_counter() - t0)
         for out in outputs:
+            if m is not None and out.delta_ids:
+                m.generation_tokens.inc(len(out.delta_ids))
             group = self._groups.get(out.request_id)
             if group is None:
                 continue  # aborted while its last step was in flight
             if out.finished:
                 del self._groups[out.request_id]
+                self._release(group, 1)
+                if m is not None:
+                    m.finish(out)
             group.deliver(Delivery(index=group.rids.index(out.request_id), output=out))
         self._update_stats()
 
@@ -232,6 +296,7 @@ class EngineLoop:
             for rid in group.rids:  # every prompt of a request, or none
                 self.engine.abort(rid)
                 self._groups.pop(rid, None)
+            self._release(group)
             group.deliver(Delivery(error=exc))
 
     @property
@@ -250,6 +315,7 @@ class EngineLoop:
                 self.engine.abort(rid)
         self._groups.clear()
         for group in failed.values():
+            self._release(group)
             group.deliver(Delivery(error=exc))
 
     def _update_stats(self, failed: int = 0) -> None:
@@ -268,6 +334,7 @@ class EngineLoop:
             self.engine.abort(rid)
             if id(group) not in notified:
                 notified.add(id(group))
+                self._release(group)
                 group.deliver(Delivery(error=error))
         self._groups.clear()
         while True:  # requests queued after the last step
@@ -276,6 +343,7 @@ class EngineLoop:
             except queue.Empty:
                 break
             if kind == "add":
+                self._release(arg)
                 arg.deliver(Delivery(error=error))
         try:
             while self.engine.has_unfinished():

@@ -1,9 +1,10 @@
 """The OpenAI-compatible payloads of ``vt serve``: requests, responses, stream chunks, errors.
 
 Requests forbid unknown fields (as OpenAI does), so a typo is a 400 that names the field
-instead of a silently ignored option. Fields OpenAI defines that vt does not implement are
-accepted only at their neutral value (``logprobs=null``, ``presence_penalty=0``, ...);
-anything else is a 400 saying it is not supported.
+instead of a silently ignored option, and types are strict (pydantic's strict mode):
+``"max_tokens": "10"``, ``"stream": "yes"`` or ``"max_tokens": true`` are 400s, not coerced.
+Fields OpenAI defines that vt does not implement are accepted only at their neutral value
+(``presence_penalty=0``, ...); anything else is a 400 saying it is not supported.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ class ErrorResponse(BaseModel):
 # --------------------------------------------------------------------------- requests
 
 
+#: Every request model: unknown fields refused, no coercion between JSON types.
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     include_usage: bool = False
 
@@ -45,7 +50,7 @@ class StreamOptions(BaseModel):
 class _GenerationRequest(BaseModel):
     """Fields completions and chat completions share."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     model: str | None = None
     temperature: float | None = None
@@ -167,7 +172,7 @@ class ChatMessage(BaseModel):
     """One message. ``content`` may be OpenAI's list of parts; only text parts are taken,
     joined into one string."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
