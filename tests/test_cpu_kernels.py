@@ -95,15 +95,30 @@ def test_matmuls_over_blocks_match_the_reference(kind: str, n: int) -> None:
 
 
 def test_choice_measures_both_ways_then_keeps_the_faster_and_retries_the_other() -> None:
-    c = Choice(explore=8)
-    picks = []
-    for _ in range(40):
-        way = c.pick()
-        picks.append(way)
-        c.record(way, 1.0 if way == 0 else 3.0)  # serial is faster
-    assert picks[:6].count(0) == 3 and picks[:6].count(1) == 3
-    later = picks[6:]
-    assert later.count(0) > 0.8 * len(later) and 1 in later  # exploits, and still explores
+    def run(parallel_cost: float, calls: int = 400) -> list[int]:
+        c = Choice(explore=8, warmup=2)
+        picks = []
+        for _ in range(calls):
+            way = c.pick()
+            picks.append(way)
+            c.record(way, 1.0 if way == 0 else parallel_cost)
+        return picks
+
+    picks = run(3.0)  # serial is faster
+    assert sorted(picks[:4]) == [0, 0, 1, 1]
+    later = picks[4:]
+    assert later.count(0) > 0.9 * len(later) and 1 in later  # exploits, and still explores
+    assert run(100.0)[4:].count(1) < run(3.0)[4:].count(1)  # a costly way is retried less
+    assert run(0.5)[4:].count(1) > 0.9 * 396  # parallel faster: kept
+
+
+def test_kernels_of_one_size_share_a_choice() -> None:
+    owner = ThreadOwner(2)
+    try:
+        assert owner.choice(600_000) is owner.choice(700_000)
+        assert owner.choice(600_000) is not owner.choice(60_000)
+    finally:
+        owner.close()
 
 
 def test_tiles_cover_every_row_once_across_threads() -> None:

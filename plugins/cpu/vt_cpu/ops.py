@@ -23,7 +23,7 @@ from vt.reference import attention as ref_attention
 from . import compile as kernels_compile
 from . import weights as W
 from .kernels import layers as L
-from .threads import Choice, ThreadOwner
+from .threads import ThreadOwner
 
 F32 = np.float32
 
@@ -43,13 +43,12 @@ def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray,
 
 
 class _Projection:
-    """One weight's matmuls with its serial/parallel choice (see :class:`Choice`)."""
+    """A matrix weight's handle: its :class:`vt_cpu.weights.BlockWeight`."""
 
-    __slots__ = ("weight", "choice", "__weakref__")
+    __slots__ = ("weight", "__weakref__")
 
     def __init__(self, weight: W.BlockWeight) -> None:
         self.weight = weight
-        self.choice = Choice()
 
 
 class CpuOps(ReferenceOps):
@@ -120,7 +119,7 @@ class CpuOps(ReferenceOps):
             serial, parallel = w.bind(x, out, res)
             if owner.n <= 1:
                 return serial
-            choice, run = p.choice, owner.run
+            choice, run = owner.choice(w.nbytes), owner.run
             return lambda: run(choice, serial, parallel)
         step = w.tile_rows()
 

@@ -9,8 +9,8 @@ prefill tiles run on the same ``n`` threads through :meth:`ThreadOwner.tiles`.
 Whether splitting pays depends on the machine *now*: on an idle machine two threads
 nearly halve a matrix-vector product, on a busy one every hand-off to a second thread
 waits for the scheduler (milliseconds) and the split costs far more than it saves.
-:class:`Choice` measures both ways per weight matrix as it runs (an exponential moving
-average of each, re-trying the slower one now and then) and uses the faster.
+:class:`Choice` measures both ways per size of weight matrix as it runs (an exponential
+moving average of each, re-trying the slower one now and then) and uses the faster.
 """
 
 from __future__ import annotations
@@ -34,27 +34,35 @@ def available_cpus() -> int:
 
 
 class Choice:
-    """Serial or parallel, for one kernel on one weight: the faster as measured.
+    """Serial or parallel, for kernels of one size: the faster as measured.
 
-    Each way keeps an exponential moving average of its time; the slower one is tried
-    again every ``explore`` calls (a machine's load changes), and each is tried
-    ``warmup`` times first.
+    Each way keeps an exponential moving average of its time; each is tried ``warmup``
+    times first, then the faster runs and the slower is tried again now and then (a
+    machine's load changes), the less often the more it costs: every ``explore`` calls
+    times the measured slowdown (a parallel call that waits milliseconds for a busy
+    scheduler is retried every few thousand calls, not every 64).
     """
 
-    __slots__ = ("times", "calls", "explore")
+    __slots__ = ("times", "calls", "explore", "warmup", "_next")
 
-    def __init__(self, explore: int = 64) -> None:
+    def __init__(self, explore: int = 64, warmup: int = 2) -> None:
         self.times = [0.0, 0.0]  # 0: serial, 1: parallel
         self.calls = [0, 0]
         self.explore = explore
+        self.warmup = warmup
+        self._next = 0  # calls until the slower way is tried again
 
     def pick(self) -> int:
         c0, c1 = self.calls
-        if c0 < 3 or c1 < 3:
+        if c0 < self.warmup or c1 < self.warmup:
             return 0 if c0 <= c1 else 1
         best = 0 if self.times[0] <= self.times[1] else 1
-        if (c0 + c1) % self.explore == 0:
+        if self._next <= 0:
+            slow, fast = self.times[1 - best], self.times[best]
+            ratio = min(64.0, slow / fast) if fast > 0 else 64.0
+            self._next = int(self.explore * max(1.0, ratio))
             return 1 - best
+        self._next -= 1
         return best
 
     def record(self, way: int, seconds: float) -> None:
@@ -103,6 +111,16 @@ class ThreadOwner:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self.parallel_lock: threading.Lock | None = None  # set for a non-thread-safe layer
+        self._choices: dict[int, Choice] = {}
+
+    def choice(self, nbytes: int) -> Choice:
+        """The serial/parallel choice shared by kernels over about ``nbytes`` of weights
+        (one per power of two), so it is learnt from every projection of that size."""
+        bucket = max(0, int(nbytes)).bit_length()
+        got = self._choices.get(bucket)
+        if got is None:
+            got = self._choices.setdefault(bucket, Choice())
+        return got
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
