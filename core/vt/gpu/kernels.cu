@@ -567,16 +567,11 @@ extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
     }
 }
 
-// Causal attention, one block per (row i, query head h), ATT_THREADS threads (head_dim <=
-// 256). Positions 0..positions[i] of slot slots[i] in chunks of ATT_CHUNK with an online
-// softmax (running max and sum), so any context length works with fixed shared memory.
-// Scores: each warp takes ATT_POS positions at a time, its lanes across head_dim (a key row
-// is one coalesced read; ATT_POS rows in flight), reduced over the warp. Values: the threads form ATT_THREADS / head_dim
-// groups, each summing every group-th position for its element d, the groups' sums added at
-// the end (the correction of each chunk applies to every group alike).
+// Causal attention, one block per (row i, query head h), ATT_THREADS threads (>= head_dim).
+// Positions 0..positions[i] of slot slots[i] in chunks of ATT_CHUNK with an online softmax
+// (running max and sum), so any context length works with fixed shared memory.
 #define ATT_THREADS 256
 #define ATT_CHUNK 1024
-#define ATT_POS 8
 extern "C" __global__ void attention(float* out, const float* q, const float* cache,
                                      const int* slots, const int* positions, int n, int n_heads,
                                      int n_kv, int head_dim, int n_slots, int n_layers,
@@ -585,7 +580,6 @@ extern "C" __global__ void attention(float* out, const float* q, const float* ca
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[ATT_THREADS];
     int i = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
-    int lane = t % VT_WARP, warp = t / VT_WARP, warps = blockDim.x / VT_WARP;
     int row = n_kv * head_dim;
     int kvh = h / (n_heads / n_kv);
     int slot = slots[i], pos = positions[i];
@@ -598,37 +592,20 @@ extern "C" __global__ void attention(float* out, const float* q, const float* ca
     long long kbase = ok ? vt_kv_index(0, slot, layer, 0, n_slots, n_layers, row) + kvh * head_dim
                          : 0;
     long long vbase = kbase + row;
-    int groups = max(1, (int)blockDim.x / head_dim);
-    int grp = t / head_dim, d = t % head_dim;
-    bool v_thread = grp < groups && t < groups * head_dim;
     float m = -__uint_as_float(0x7f800000u);  // -inf
     float l = 0.0f, acc = 0.0f;
     for (int c0 = 0; c0 < length; c0 += ATT_CHUNK) {
         int cn = min(ATT_CHUNK, length - c0);
         float cmax = -__uint_as_float(0x7f800000u);
-        for (int j0 = warp * ATT_POS; j0 < cn; j0 += warps * ATT_POS) {
-            const float* kp[ATT_POS];
-            float s[ATT_POS];
-#pragma unroll
-            for (int u = 0; u < ATT_POS; ++u) {  // past cn: a valid row, its score unused
-                kp[u] = cache + kbase + (long long)(c0 + min(j0 + u, cn - 1)) * pos_stride;
-                s[u] = 0.0f;
-            }
-            for (int e = lane; e < head_dim; e += VT_WARP) {
-                float qe = qs[e];
-#pragma unroll
-                for (int u = 0; u < ATT_POS; ++u) s[u] += qe * kp[u][e];
-            }
-#pragma unroll
-            for (int u = 0; u < ATT_POS; ++u) {
-                float v = vt_warp_sum(s[u]) * scale;
-                if (j0 + u < cn) {
-                    if (lane == 0) sc[j0 + u] = v;
-                    cmax = fmaxf(cmax, v);
-                }
-            }
+        for (int j = t; j < cn; j += blockDim.x) {
+            const float* kp = cache + kbase + (long long)(c0 + j) * pos_stride;
+            float s = 0.0f;
+            for (int d = 0; d < head_dim; ++d) s += qs[d] * kp[d];
+            s = s * scale;
+            sc[j] = s;
+            cmax = fmaxf(cmax, s);
         }
-        cmax = vt_block_max(cmax, red);  // its barriers also publish sc[]
+        cmax = vt_block_max(cmax, red);
         float new_m = fmaxf(m, cmax);
         float part = 0.0f;
         for (int j = t; j < cn; j += blockDim.x) {
@@ -639,23 +616,24 @@ extern "C" __global__ void attention(float* out, const float* q, const float* ca
         part = vt_block_sum(part, red);  // its barriers also publish sc[]
         float corr = expf(m - new_m);    // 0 on the first chunk (m = -inf)
         l = l * corr + part;
-        if (v_thread) {
-            float a = 0.0f;
-            const float* vp = cache + vbase + d;
-            for (int j = grp; j < cn; j += groups) a += sc[j] * vp[(long long)(c0 + j) * pos_stride];
-            acc = acc * corr + a;
+        if (t < head_dim) {  // four partial sums: four value rows in flight
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            const float* vp = cache + vbase + t;
+            int j = 0;
+            for (; j + 3 < cn; j += 4) {
+                const float* p = vp + (long long)(c0 + j) * pos_stride;
+                a0 += sc[j] * p[0];
+                a1 += sc[j + 1] * p[pos_stride];
+                a2 += sc[j + 2] * p[2 * pos_stride];
+                a3 += sc[j + 3] * p[3 * pos_stride];
+            }
+            for (; j < cn; ++j) a0 += sc[j] * vp[(long long)(c0 + j) * pos_stride];
+            acc = acc * corr + ((a0 + a1) + (a2 + a3));
         }
         m = new_m;
         __syncthreads();  // sc[] is rewritten by the next chunk
     }
-    // the groups' sums for element d: through red[] (ATT_THREADS entries), group 0 adds
-    red[t] = v_thread ? acc : 0.0f;
-    __syncthreads();
-    if (t < head_dim) {
-        float total = 0.0f;
-        for (int g = 0; g < groups; ++g) total += red[g * head_dim + t];
-        out[((long long)i * n_heads + h) * head_dim + t] = ok ? total / l : vt_nan();
-    }
+    if (t < head_dim) out[((long long)i * n_heads + h) * head_dim + t] = ok ? acc / l : vt_nan();
 }
 
 // ------------------------------------------------------------------------ elementwise
