@@ -23,7 +23,7 @@ from vt.reference import attention as ref_attention
 from . import compile as kernels_compile
 from . import weights as W
 from .kernels import layers as L
-from .threads import ThreadOwner
+from .threads import WORKQUEUE_LOCK, ThreadOwner
 
 F32 = np.float32
 
@@ -90,6 +90,8 @@ class CpuOps(ReferenceOps):
         handle = W.upload(tensor)
         if isinstance(handle, W.BlockWeight):
             kernels_compile.ensure_compiled(handle.kind)
+            if kernels_compile.threading_layer == "workqueue":
+                self.threads.parallel_lock = WORKQUEUE_LOCK
             handle = _Projection(handle)
         shape = tuple(int(s) for s in tensor.shape)
         return vt.Weight(tensor.name, shape, handle, tensor.ggml_type)

@@ -74,6 +74,9 @@ class Choice:
             self.times[way] += 0.2 * (seconds - self.times[way])
 
 
+#: Serializes parallel kernels when numba's threading layer is workqueue (not thread-safe:
+#: two streams launching at once would abort the process).
+WORKQUEUE_LOCK = threading.Lock()
 _blas_lock = threading.Lock()
 _blas_users = 0
 _blas_limits: threadpool_limits | None = None
