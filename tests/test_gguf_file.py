@@ -4,7 +4,9 @@ broken file refused with a ModelError that says what is wrong (never a crash or 
 from __future__ import annotations
 
 import struct
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from gguf.quants import dequantize
 from pydantic import ValidationError
 from vt import ModelError, RopeStyle, WeightTensor
 from vt.model import gguf_file as gguf_file_mod
-from vt.model import load_gguf, resolve_model
+from vt.model import load_gguf, resolve_model, scan_gguf
 from vt.testing.tiny import quantize_matrix, write_tiny_gguf
 
 K_DIMS = {"dim": 256, "ffn": 256}
@@ -388,14 +390,30 @@ def test_missing_tensor_and_wrong_shape(tmp_path: Path) -> None:
         load_gguf(p)
 
 
-def test_reader_errors_are_wrapped(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken_reader(*args: object, **kwargs: object) -> None:
-        raise IndexError("index 0 is out of bounds")
+def test_mapping_errors_are_wrapped(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_map(path: Path) -> None:
+        raise OSError("Cannot allocate memory")
 
-    monkeypatch.setattr(gguf_file_mod, "GGUFReader", broken_reader)
-    with pytest.raises(ModelError, match="GGUF reader failed: IndexError") as err:
+    monkeypatch.setattr(gguf_file_mod, "_map_file", broken_map)
+    with pytest.raises(ModelError, match="cannot map the file: OSError") as err:
         load_gguf(tiny)
     assert str(tiny) in str(err.value)
+
+
+def test_metadata_equals_the_gguf_readers(tmp_path: Path) -> None:
+    """vt reads the metadata itself; every value equals what gguf.GGUFReader reads."""
+    path = write_tiny_gguf(
+        tmp_path / "m.gguf",
+        metadata={"x.flag": True, "x.floats": [0.5, 1.25], "x.text": "héllo"},
+    )
+    mine = load_gguf(path).metadata
+    theirs = {
+        name: (value.item() if isinstance(value := f.contents(), np.generic) else value)
+        for name, f in GGUFReader(path).fields.items()
+        if not name.startswith("GGUF.")
+    }
+    assert mine == theirs
+    assert mine["x.flag"] is True and mine["x.floats"] == [0.5, 1.25]
 
 
 @pytest.mark.timeout(60)
@@ -423,3 +441,185 @@ def test_random_corruption_gives_model_error_or_a_model(tiny: Path, tmp_path: Pa
         except ModelError:
             outcomes["error"] += 1
     assert outcomes["error"] > 50 and outcomes["ok"] > 10
+
+
+# --------------------------------------------------------------------------- issue 11, items 5-6
+
+
+def _kv(key: str, vtype: int, payload: bytes) -> bytes:
+    k = key.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<I", vtype) + payload
+
+
+def _raw_gguf(path: Path, kvs: list[bytes], size: int | None = None) -> Path:
+    """A GGUF of these key/values and no tensors; ``size`` extends it with a hole (a
+    sparse file: the declared lengths fit without writing the bytes)."""
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs))
+    with open(path, "wb") as f:
+        f.write(head + b"".join(kvs))
+        if size is not None:
+            f.truncate(size)
+    return path
+
+
+def _array_head(item_type: int, count: int) -> bytes:
+    return struct.pack("<IQ", item_type, count)
+
+
+ARRAY, U8, STRING = 9, 0, 8
+
+
+@pytest.mark.timeout(20)
+def test_a_big_metadata_array_is_read_fast(tmp_path: Path) -> None:
+    # The issue's 2.1 MB file with a 2M-item u8 array took gguf.GGUFReader 96 s and 1.4 GB.
+    items = bytes(range(256)) * (2_000_000 // 256)
+    path = _raw_gguf(
+        tmp_path / "big.gguf", [_kv("x.big", ARRAY, _array_head(U8, len(items)) + items)]
+    )
+    t0 = time.monotonic()
+    layout = scan_gguf(path)
+    assert time.monotonic() - t0 < 1
+    assert layout.metadata["x.big"][:3] == [0, 1, 2] and len(layout.metadata["x.big"]) == len(items)
+    with pytest.raises(ModelError, match="'general.architecture' is missing"):
+        load_gguf(path)  # whole-file checks come after, as for any file
+
+
+@pytest.mark.timeout(20)
+def test_a_million_key_values_are_refused_at_once(tmp_path: Path) -> None:
+    # 1M small key/values took the reader 228 s and 3.2 GB.
+    kvs = [_kv(f"k{i}", U8, b"\0") for i in range(1_000_000)]
+    path = _raw_gguf(tmp_path / "keys.gguf", kvs)
+    t0 = time.monotonic()
+    with pytest.raises(ModelError, match="claims 1000000 metadata keys; vt reads at most 65536"):
+        load_gguf(path)
+    assert time.monotonic() - t0 < 1
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("kvs", "size", "message"),
+    [
+        # A 200M-item array was killed at 3.6 GB.
+        ([_kv("x.a", ARRAY, _array_head(U8, 200_000_000))], 210 << 20,
+         "'x.a' is an array of 200000000 items; vt reads at most"),
+        ([_kv("x.s", STRING, struct.pack("<Q", 300 << 20))], 310 << 20,
+         "more than 268435456 bytes of strings"),
+        ([_kv(f"x.{i}", ARRAY, _array_head(U8, 6 << 20) + bytes(6 << 20)) for i in range(3)],
+         None, "more than 16777216 array items"),
+        ([_kv("x.n", ARRAY, _array_head(ARRAY, 1) + _array_head(ARRAY, 1)
+              + _array_head(ARRAY, 1) + _array_head(ARRAY, 1))], None, "nests arrays too deeply"),
+    ],
+)  # fmt: skip
+def test_metadata_past_the_bounds_is_refused_before_it_is_read(
+    tmp_path: Path, kvs: list[bytes], size: int | None, message: str
+) -> None:
+    path = _raw_gguf(tmp_path / "m.gguf", kvs, size)
+    t0 = time.monotonic()
+    with pytest.raises(ModelError, match=message) as err:
+        load_gguf(path)
+    assert time.monotonic() - t0 < 3
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def _tensor_field(path: Path, index: int) -> tuple[int, int]:
+    """(offset of the tensor info's type field, of its offset field)."""
+    t = GGUFReader(path).tensors[index]
+    at = t.field.offset + 8 + len(t.name.encode()) + 4 + 8 * len(t.shape)
+    return at, at + 4
+
+
+def _relative_offset(path: Path, index: int) -> int:
+    reader = GGUFReader(path)
+    return reader.tensors[index].data_offset - reader.data_offset
+
+
+@pytest.mark.parametrize(
+    ("victim", "new_offset", "message"),
+    [
+        (1, lambda p: _relative_offset(p, 0), r"'blk.0.attn_norm.weight' .* overlaps it"),
+        (2, lambda p: _relative_offset(p, 1), r"'blk.0.attn_q.weight' .* overlaps it"),
+        (2, lambda p: _relative_offset(p, 2) + 64, r"'blk.0.attn_q.weight' .* leaves 64 bytes"),
+    ],
+)
+def test_overlapping_or_shared_tensor_offsets_are_refused(
+    tiny: Path, victim: int, new_offset: Any, message: str
+) -> None:
+    _, offset_at = _tensor_field(tiny, victim)
+    _patch(tiny, offset_at, "<Q", new_offset(tiny))
+    with pytest.raises(ModelError, match=message) as err:
+        load_gguf(tiny)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("victim", "new_type", "message"),
+    [
+        (2, GGMLQuantizationType.Q4_0, r"'blk.0.attn_k.weight' .* leaves 2048 bytes"),
+        (2, GGMLQuantizationType.F32, r"'blk.0.attn_k.weight' .* overlaps it"),
+        (-1, GGMLQuantizationType.F16, r"bytes after its last tensor 'output_norm.weight'"),
+    ],
+)
+def test_a_tensor_type_that_does_not_match_its_data_is_refused(
+    tiny: Path, victim: int, new_type: int, message: str
+) -> None:
+    type_at, _ = _tensor_field(tiny, victim)
+    _patch(tiny, type_at, "<I", int(new_type))
+    with pytest.raises(ModelError, match=message):
+        load_gguf(tiny)
+
+
+BAD_METADATA = [
+    ({"llama.rope.freq_base": float("inf")}, "'llama.rope.freq_base' must be a finite number"),
+    ({"llama.rope.freq_base": 1e-30}, "llama.rope.freq_base must be between 1 and 1e+12"),
+    ({"llama.rope.freq_base": float("nan")}, "must be a finite number, got nan"),
+    ({"llama.rope.scaling.factor": float("nan")}, "must be a finite number"),
+    ({"llama.attention.layer_norm_rms_epsilon": float("inf")}, "must be a finite number"),
+    ({"general.architecture": ["llama"]}, "'general.architecture' must be a string"),
+]
+BAD_TOKENIZER = [
+    ({"tokenizer.ggml.add_bos_token": "false"}, "'tokenizer.ggml.add_bos_token' must be a boolean"),
+    ({"tokenizer.ggml.add_eos_token": 1}, "'tokenizer.ggml.add_eos_token' must be a boolean"),
+    ({"tokenizer.ggml.pre": ["llama-bpe"]}, "'tokenizer.ggml.pre' must be a string"),
+    ({"tokenizer.ggml.token_type": ["1"] * 300}, "'tokenizer.ggml.token_type' must be an integer"),
+]
+
+
+@pytest.mark.parametrize(("metadata", "message"), BAD_METADATA + BAD_TOKENIZER)
+def test_inconsistent_metadata_is_refused_in_one_line(
+    tmp_path: Path, metadata: dict[str, Any], message: str
+) -> None:
+    from vt.model import Tokenizer
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", metadata=metadata)
+    with pytest.raises(ModelError) as err:
+        Tokenizer.from_model(load_gguf(path))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [BAD_METADATA[0], BAD_METADATA[1], BAD_TOKENIZER[0], BAD_TOKENIZER[2]],
+)
+def test_vt_run_refuses_inconsistent_files_in_one_line(
+    tmp_path: Path, metadata: dict[str, Any], message: str
+) -> None:
+    from click.testing import CliRunner
+    from vt.frontends.cli import main
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", metadata=metadata)
+    result = CliRunner().invoke(main, ["run", "--model", str(path), "--backend", "cpu", "Hi"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
+
+
+def test_vt_run_refuses_overlapping_tensors_in_one_line(tiny: Path) -> None:
+    from click.testing import CliRunner
+    from vt.frontends.cli import main
+
+    _, offset_at = _tensor_field(tiny, 1)
+    _patch(tiny, offset_at, "<Q", _relative_offset(tiny, 0))
+    result = CliRunner().invoke(main, ["run", "--model", str(tiny), "--backend", "cpu", "Hi"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {tiny}: tensor 'blk.0.attn_norm.weight'")
+    assert len(result.output.strip().splitlines()) == 1

@@ -19,6 +19,11 @@ SUPPORTED_ARCHITECTURES: dict[str, RopeStyle] = {
     "qwen3": RopeStyle.neox,
 }
 MAX_HEAD_DIM = 1024  # far above any real model; bounds work done before shapes are checked
+# RoPE's base: real models use 1e4 .. 1e7; outside these bounds the frequencies overflow or
+# vanish in float32 and every position looks alike.
+MIN_ROPE_BASE = 1.0
+MAX_ROPE_BASE = 1e12
+MAX_ROPE_FACTOR = 1e4
 
 
 class ModelConfig(BaseModel):
@@ -71,6 +76,8 @@ class _Meta:
         if kind is float:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
                 raise ModelError(f"metadata {full!r} must be a number, got {value!r}")
+            if not math.isfinite(float(value)):
+                raise ModelError(f"metadata {full!r} must be a finite number, got {value!r}")
             return float(value)
         if not isinstance(value, kind):
             raise ModelError(f"metadata {full!r} must be a {kind.__name__}, got {value!r}")
@@ -94,6 +101,8 @@ def config_from_gguf(
     arch = metadata.get("general.architecture")
     if arch is None:
         raise ModelError("required metadata 'general.architecture' is missing")
+    if not isinstance(arch, str):
+        raise ModelError(f"metadata 'general.architecture' must be a string, got {arch!r}"[:200])
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelError(
             f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
@@ -181,8 +190,11 @@ def config_from_gguf(
 
 def _rope_params(m: _Meta, head_dim: int, rope_freqs: np.ndarray | None) -> RopeParams:
     base = m.get("{arch}.rope.freq_base", float, 10000.0)
-    if base <= 0:
-        raise ModelError(f"{m.arch}.rope.freq_base must be > 0, got {base}")
+    if not MIN_ROPE_BASE <= base <= MAX_ROPE_BASE:
+        raise ModelError(
+            f"{m.arch}.rope.freq_base must be between {MIN_ROPE_BASE:g} and {MAX_ROPE_BASE:g}, "
+            f"got {base}"
+        )
     style = SUPPORTED_ARCHITECTURES[m.arch]
     scaling = m.get("{arch}.rope.scaling.type", str, "none")
     factor = m.get("{arch}.rope.scaling.factor", float, None)
@@ -190,8 +202,10 @@ def _rope_params(m: _Meta, head_dim: int, rope_freqs: np.ndarray | None) -> Rope
         factor = m.get("{arch}.rope.scale_linear", float, None)
         if factor is not None and scaling == "none":
             scaling = "linear"
-    if factor is not None and factor <= 0:
-        raise ModelError(f"{m.arch}.rope.scaling.factor must be > 0, got {factor}")
+    if factor is not None and not 0 < factor <= MAX_ROPE_FACTOR:
+        raise ModelError(
+            f"{m.arch}.rope.scaling.factor must be in (0, {MAX_ROPE_FACTOR:g}], got {factor}"
+        )
 
     inv_freq: tuple[float, ...] | None = None
     linear_factor = 1.0
@@ -228,8 +242,13 @@ def _llama3_inv_freq(m: _Meta, head_dim: int, base: float, factor: float) -> tup
     low = m.get("{arch}.rope.scaling.low_freq_factor", float, 1.0)
     high = m.get("{arch}.rope.scaling.high_freq_factor", float, 4.0)
     original = m.get("{arch}.rope.scaling.original_context_length", int, 8192)
-    if high <= low:
-        raise ModelError("rope.scaling.high_freq_factor must exceed low_freq_factor")
+    if not 0 < low < high:
+        raise ModelError(
+            "rope.scaling.high_freq_factor must exceed low_freq_factor, both > 0, got "
+            f"{high} and {low}"
+        )
+    if original <= 0:
+        raise ModelError(f"rope.scaling.original_context_length must be > 0, got {original}")
     low_wavelen, high_wavelen = original / low, original / high
     out = []
     for i in range(0, head_dim, 2):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -41,6 +42,9 @@ _QWEN2 = (
     r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"""
     r"""\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+#: SentencePiece merges are derived from tokens of at most this many characters.
+MAX_SPLIT_CHARS = 256
+
 #: tokenizer.ggml.pre -> the regexes applied in order (each splits the previous pieces).
 PRE_TOKENIZER_PATTERNS: dict[str, tuple[str, ...]] = {
     "gpt2": (_GPT2,),
@@ -95,6 +99,14 @@ def _as_list(metadata: Mapping[str, Any], key: str, required: bool = True) -> li
         return None
     if not isinstance(value, list):
         raise ModelError(f"metadata {key!r} must be an array, got {type(value).__name__}")
+    return value
+
+
+def _flag(metadata: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A boolean key: a GGUF bool, or absent (``default``); a string is not a boolean."""
+    value = metadata.get(key, default)
+    if not isinstance(value, bool):
+        raise ModelError(f"metadata {key!r} must be a boolean, got {value!r}"[:200])
     return value
 
 
@@ -164,6 +176,8 @@ class Tokenizer:
             types = [TOKEN_NORMAL] * n
         if len(types) != n:
             raise ModelError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+        if not all(type(t) is int for t in types):
+            raise ModelError("metadata 'tokenizer.ggml.token_type' must be an integer array")
         bos = _token_id(metadata, "tokenizer.ggml.bos_token_id", n)
         eos = _token_id(metadata, "tokenizer.ggml.eos_token_id", n)
         unk = _token_id(metadata, "tokenizer.ggml.unknown_token_id", n)
@@ -176,7 +190,7 @@ class Tokenizer:
             hf = _byte_level_bpe(metadata, tokens)
             default_bos, space_prefix = False, False
         elif model == "llama":
-            space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+            space_prefix = _flag(metadata, "tokenizer.ggml.add_space_prefix", True)
             hf = _sentencepiece_bpe(metadata, tokens, unk, space_prefix)
             default_bos = True
         else:
@@ -197,8 +211,8 @@ class Tokenizer:
             model,
             bos,
             eos,
-            bool(metadata.get("tokenizer.ggml.add_bos_token", default_bos)) and bos is not None,
-            bool(metadata.get("tokenizer.ggml.add_eos_token", False)) and eos is not None,
+            _flag(metadata, "tokenizer.ggml.add_bos_token", default_bos) and bos is not None,
+            _flag(metadata, "tokenizer.ggml.add_eos_token", False) and eos is not None,
             space_prefix,
             extra,
         )
@@ -327,6 +341,8 @@ def _byte_level_bpe(metadata: Mapping[str, Any], tokens: list[str]) -> HFTokeniz
             raise ModelError(f"tokenizer.ggml.merges[{k}] = {m!r} is not 'left right'")
         merges.append((parts[0], parts[1]))
     pre = metadata.get("tokenizer.ggml.pre", "default")
+    if not isinstance(pre, str):
+        raise ModelError(f"metadata 'tokenizer.ggml.pre' must be a string, got {pre!r}"[:200])
     patterns = PRE_TOKENIZER_PATTERNS.get(pre, PRE_TOKENIZER_PATTERNS["default"])
     try:
         # llama.cpp (and HF) take a whole pre-token that is in the vocabulary for Llama 3.
@@ -348,6 +364,8 @@ def _sentencepiece_bpe(
     vocab = {t: i for i, t in enumerate(tokens)}
     merges_raw = _as_list(metadata, "tokenizer.ggml.merges", required=False)
     if merges_raw is not None:
+        if not all(isinstance(m, str) and " " in m for m in merges_raw):
+            raise ModelError("metadata 'tokenizer.ggml.merges' must hold strings 'left right'")
         merges = [tuple(m.split(" ", 1)) for m in merges_raw]
     else:
         scores = _as_list(metadata, "tokenizer.ggml.scores")
@@ -356,6 +374,10 @@ def _sentencepiece_bpe(
             raise ModelError(
                 f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens"
             )
+        if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores):
+            raise ModelError("metadata 'tokenizer.ggml.scores' must be a number array")
+        if not all(math.isfinite(s) for s in scores):
+            raise ModelError("metadata 'tokenizer.ggml.scores' must hold finite numbers")
         merges = _merges_from_scores(tokens, [float(s) for s in scores], vocab)
     try:
         bpe = models.BPE(
@@ -381,9 +403,14 @@ def _sentencepiece_bpe(
 def _merges_from_scores(
     tokens: list[str], scores: list[float], vocab: Mapping[str, int]
 ) -> list[tuple[str, str]]:
-    """SentencePiece merges: every split of a token into two tokens, best merged score first."""
+    """SentencePiece merges: every split of a token into two tokens, best merged score first.
+
+    Tokens longer than ``MAX_SPLIT_CHARS`` are not split (no real vocabulary has one; the
+    splits of a hostile long token would cost its length squared)."""
     found: list[tuple[float, int, int, str, str]] = []
     for piece, pid in vocab.items():
+        if len(piece) > MAX_SPLIT_CHARS:
+            continue
         for cut in range(1, len(piece)):
             left, right = piece[:cut], piece[cut:]
             lid, rid = vocab.get(left), vocab.get(right)
