@@ -43,9 +43,10 @@ class Choice:
     scheduler is retried every few thousand calls, not every 64).
     """
 
-    __slots__ = ("times", "calls", "explore", "warmup", "_next")
+    __slots__ = ("times", "calls", "explore", "warmup", "timing_every", "_next")
 
-    def __init__(self, explore: int = 64, warmup: int = 2) -> None:
+    def __init__(self, explore: int = 64, warmup: int = 2, timing_every: int = 16) -> None:
+        self.timing_every = timing_every
         self.times = [0.0, 0.0]  # 0: serial, 1: parallel
         self.calls = [0, 0]
         self.explore = explore
@@ -53,17 +54,19 @@ class Choice:
         self._next = 0  # calls until the slower way is tried again
 
     def pick(self) -> int:
+        """The way to run next: 0 serial, 1 parallel; +2 when the call need not be timed
+        (the settled choice is timed one call in ``timing_every``)."""
         c0, c1 = self.calls
         if c0 < self.warmup or c1 < self.warmup:
             return 0 if c0 <= c1 else 1
         best = 0 if self.times[0] <= self.times[1] else 1
+        self._next -= 1
         if self._next <= 0:
             slow, fast = self.times[1 - best], self.times[best]
             ratio = min(64.0, slow / fast) if fast > 0 else 64.0
             self._next = int(self.explore * max(1.0, ratio))
             return 1 - best
-        self._next -= 1
-        return best
+        return best if self._next % self.timing_every == 0 else best + 2
 
     def record(self, way: int, seconds: float) -> None:
         n = self.calls[way]
@@ -148,6 +151,19 @@ class ThreadOwner:
             serial()
             return
         way = choice.pick()
+        if way >= 2:  # settled: run the faster way untimed
+            if way == 2:
+                serial()
+                return
+            way = 1
+            n = self.numba_threads()
+            lock = self.parallel_lock
+            if lock is None:
+                parallel(n)
+            else:
+                with lock:
+                    parallel(n)
+            return
         t0 = time.perf_counter()
         if way:
             n = self.numba_threads()
