@@ -7,11 +7,14 @@ float32 arrays (numba has no float16). K-quant sub-block scales are unpacked to 
 
 ``mv_*`` computes ``out[t, r] = sum_k x[t, k] * w[r, k] (+ res[t, r])`` for a few
 activation rows ``t`` (decode): each block is dequantized in registers and multiplied in
-float32 with float32 activations, accumulated in float32. Four weight rows run together
-(four independent accumulators share each activation load), the inner loops run over 16
-or 32 contiguous lanes so that LLVM vectorizes them, and nibbles are split with float
+float32 with float32 activations, accumulated in float32. Two weight rows run together
+(sharing each activation load); each row accumulates ``scale * q * x`` in 16 or 32 lanes
+across all its blocks, in a stack array that LLVM keeps in vector registers, and sums the
+lanes once at the end of the row (a sum per block cost a third of the time); the inner
+loops run over contiguous lanes so that LLVM vectorizes them; nibbles are split with float
 arithmetic (``hi = floor(q / 16)``, ``lo = q - 16 hi``, exact for bytes), which stays in
-32-bit lanes. ``nchunk`` splits the row groups over numba's threads (``prange``).
+32-bit lanes (numba widens integer arithmetic to 64 bits). ``mv1_*`` runs on the calling
+thread; ``mv_*`` splits the row pairs over ``nchunk`` of numba's threads (``prange``).
 
 ``dq_*`` dequantizes the listed rows into float32 (``embedding`` and the prefill tiles).
 Their results equal ``gguf``'s dequantization up to float32 rounding of ``d * q + m``.
@@ -43,39 +46,6 @@ def _block_sums(x):
                 s += x[t, b, j]
             xs[t, b] = s
     return xs
-
-
-@njit(**_KW, inline="always")
-def _store4(out, res, add, t, r, a0, a1, a2, a3):
-    rows = out.shape[1]
-    if add:
-        out[t, r] = a0 + res[t, r]
-        if r + 1 < rows:
-            out[t, r + 1] = a1 + res[t, r + 1]
-        if r + 2 < rows:
-            out[t, r + 2] = a2 + res[t, r + 2]
-        if r + 3 < rows:
-            out[t, r + 3] = a3 + res[t, r + 3]
-    else:
-        out[t, r] = a0
-        if r + 1 < rows:
-            out[t, r + 1] = a1
-        if r + 2 < rows:
-            out[t, r + 2] = a2
-        if r + 3 < rows:
-            out[t, r + 3] = a3
-
-
-@njit(**_KW, inline="always")
-def _rows4(r, rows, per_row):
-    """First block index of rows r..r+3 (past the end: the last row again)."""
-    last = rows - 1
-    return (
-        min(r, last) * per_row,
-        min(r + 1, last) * per_row,
-        min(r + 2, last) * per_row,
-        min(r + 3, last) * per_row,
-    )
 
 
 @intrinsic
@@ -320,62 +290,46 @@ def _pow2s(k):
     return F(0.5**k), F(0.5 ** (k + 1)), F(0.5 ** (k + 2))
 
 
-@njit(**_KW, inline="always")
-def _k_term(d, dm, sc, mn, i, s, lo_sum, hi_sum, xa, xb):
-    """One pair of sub-blocks' contribution: d (sc lo + sc' hi) - dmin (mn xa + mn' xb)."""
-    return d[i] * (F(sc[i, s]) * lo_sum + F(sc[i, s + 1]) * hi_sum) - dm[i] * (
-        F(mn[i, s]) * xa + F(mn[i, s + 1]) * xb
-    )
-
-
 @njit(**_KW)
 def _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
     n, nsub = x.shape[0], x.shape[1]
     nbk = nsub // 8
     rows = out.shape[1]
+    acc = carray(_stack_f32(64), 64)
     for g in range(g0, g1):
-        r = g * 4
-        i0, i1, i2, i3 = _rows4(r, rows, nbk)
+        r = g * 2
+        i0 = r * nbk
+        i1 = min(r + 1, rows - 1) * nbk
         for t in range(n):
-            a0 = F(0.0)
-            a1 = F(0.0)
-            a2 = F(0.0)
-            a3 = F(0.0)
+            for j in range(64):
+                acc[j] = F(0.0)
+            m0 = F(0.0)
+            m1 = F(0.0)
             for kb in range(nbk):
                 for h in range(4):
-                    sb = kb * 8 + 2 * h
-                    l0 = F(0.0)
-                    l1 = F(0.0)
-                    l2 = F(0.0)
-                    l3 = F(0.0)
-                    u0 = F(0.0)
-                    u1 = F(0.0)
-                    u2 = F(0.0)
-                    u3 = F(0.0)
+                    s = 2 * h
+                    sb = kb * 8 + s
+                    la0 = d[i0 + kb] * F(sc[i0 + kb, s])
+                    ha0 = d[i0 + kb] * F(sc[i0 + kb, s + 1])
+                    la1 = d[i1 + kb] * F(sc[i1 + kb, s])
+                    ha1 = d[i1 + kb] * F(sc[i1 + kb, s + 1])
                     for j in range(32):
                         xl = x[t, sb, j]
                         xh = x[t, sb + 1, j]
-                        o = 16 + 32 * h + j
-                        lo0, hi0 = _nib(raw[i0 + kb, o])
-                        lo1, hi1 = _nib(raw[i1 + kb, o])
-                        lo2, hi2 = _nib(raw[i2 + kb, o])
-                        lo3, hi3 = _nib(raw[i3 + kb, o])
-                        l0 += lo0 * xl
-                        u0 += hi0 * xh
-                        l1 += lo1 * xl
-                        u1 += hi1 * xh
-                        l2 += lo2 * xl
-                        u2 += hi2 * xh
-                        l3 += lo3 * xl
-                        u3 += hi3 * xh
+                        lo, hi = _nib(raw[i0 + kb, 16 + 32 * h + j])
+                        acc[j] += lo * xl * la0 + hi * xh * ha0
+                        lo, hi = _nib(raw[i1 + kb, 16 + 32 * h + j])
+                        acc[32 + j] += lo * xl * la1 + hi * xh * ha1
                     xa = xs[t, sb]
                     xb = xs[t, sb + 1]
-                    s = 2 * h
-                    a0 += _k_term(d, dm, sc, mn, i0 + kb, s, l0, u0, xa, xb)
-                    a1 += _k_term(d, dm, sc, mn, i1 + kb, s, l1, u1, xa, xb)
-                    a2 += _k_term(d, dm, sc, mn, i2 + kb, s, l2, u2, xa, xb)
-                    a3 += _k_term(d, dm, sc, mn, i3 + kb, s, l3, u3, xa, xb)
-            _store4(out, res, add, t, r, a0, a1, a2, a3)
+                    m0 += dm[i0 + kb] * (F(mn[i0 + kb, s]) * xa + F(mn[i0 + kb, s + 1]) * xb)
+                    m1 += dm[i1 + kb] * (F(mn[i1 + kb, s]) * xa + F(mn[i1 + kb, s + 1]) * xb)
+            a0 = -m0
+            a1 = -m1
+            for j in range(32):
+                a0 += acc[j]
+                a1 += acc[32 + j]
+            _store2(out, res, add, t, r, a0, a1)
 
 
 @njit(**_KW)
@@ -383,69 +337,55 @@ def _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
     n, nsub = x.shape[0], x.shape[1]
     nbk = nsub // 8
     rows = out.shape[1]
+    acc = carray(_stack_f32(64), 64)
     for g in range(g0, g1):
-        r = g * 4
-        i0, i1, i2, i3 = _rows4(r, rows, nbk)
+        r = g * 2
+        i0 = r * nbk
+        i1 = min(r + 1, rows - 1) * nbk
         for t in range(n):
-            a0 = F(0.0)
-            a1 = F(0.0)
-            a2 = F(0.0)
-            a3 = F(0.0)
+            for j in range(64):
+                acc[j] = F(0.0)
+            m0 = F(0.0)
+            m1 = F(0.0)
             for kb in range(nbk):
                 for h in range(4):
-                    p0, p1, p2 = _pow2s(2 * h)
-                    sb = kb * 8 + 2 * h
-                    l0 = F(0.0)
-                    l1 = F(0.0)
-                    l2 = F(0.0)
-                    l3 = F(0.0)
-                    u0 = F(0.0)
-                    u1 = F(0.0)
-                    u2 = F(0.0)
-                    u3 = F(0.0)
+                    s = 2 * h
+                    p0, p1, p2 = _pow2s(s)
+                    sb = kb * 8 + s
+                    la0 = d[i0 + kb] * F(sc[i0 + kb, s])
+                    ha0 = d[i0 + kb] * F(sc[i0 + kb, s + 1])
+                    la1 = d[i1 + kb] * F(sc[i1 + kb, s])
+                    ha1 = d[i1 + kb] * F(sc[i1 + kb, s + 1])
                     for j in range(32):
                         xl = x[t, sb, j]
                         xh = x[t, sb + 1, j]
-                        o = 48 + 32 * h + j
-                        lo0, hi0 = _nib(raw[i0 + kb, o])
-                        lo1, hi1 = _nib(raw[i1 + kb, o])
-                        lo2, hi2 = _nib(raw[i2 + kb, o])
-                        lo3, hi3 = _nib(raw[i3 + kb, o])
+                        lo, hi = _nib(raw[i0 + kb, 48 + 32 * h + j])
                         b0, c0 = _bits2(raw[i0 + kb, 16 + j], p0, p1, p2)
+                        lo += F(16.0) * b0
+                        hi += F(16.0) * c0
+                        acc[j] += lo * xl * la0 + hi * xh * ha0
+                        lo, hi = _nib(raw[i1 + kb, 48 + 32 * h + j])
                         b1, c1 = _bits2(raw[i1 + kb, 16 + j], p0, p1, p2)
-                        b2, c2 = _bits2(raw[i2 + kb, 16 + j], p0, p1, p2)
-                        b3, c3 = _bits2(raw[i3 + kb, 16 + j], p0, p1, p2)
-                        lo0 += F(16.0) * b0
-                        hi0 += F(16.0) * c0
-                        lo1 += F(16.0) * b1
-                        hi1 += F(16.0) * c1
-                        lo2 += F(16.0) * b2
-                        hi2 += F(16.0) * c2
-                        lo3 += F(16.0) * b3
-                        hi3 += F(16.0) * c3
-                        l0 += lo0 * xl
-                        u0 += hi0 * xh
-                        l1 += lo1 * xl
-                        u1 += hi1 * xh
-                        l2 += lo2 * xl
-                        u2 += hi2 * xh
-                        l3 += lo3 * xl
-                        u3 += hi3 * xh
+                        lo += F(16.0) * b1
+                        hi += F(16.0) * c1
+                        acc[32 + j] += lo * xl * la1 + hi * xh * ha1
                     xa = xs[t, sb]
                     xb = xs[t, sb + 1]
-                    s = 2 * h
-                    a0 += _k_term(d, dm, sc, mn, i0 + kb, s, l0, u0, xa, xb)
-                    a1 += _k_term(d, dm, sc, mn, i1 + kb, s, l1, u1, xa, xb)
-                    a2 += _k_term(d, dm, sc, mn, i2 + kb, s, l2, u2, xa, xb)
-                    a3 += _k_term(d, dm, sc, mn, i3 + kb, s, l3, u3, xa, xb)
-            _store4(out, res, add, t, r, a0, a1, a2, a3)
+                    m0 += dm[i0 + kb] * (F(mn[i0 + kb, s]) * xa + F(mn[i0 + kb, s + 1]) * xb)
+                    m1 += dm[i1 + kb] * (F(mn[i1 + kb, s]) * xa + F(mn[i1 + kb, s + 1]) * xb)
+            a0 = -m0
+            a1 = -m1
+            for j in range(32):
+                a0 += acc[j]
+                a1 += acc[32 + j]
+            _store2(out, res, add, t, r, a0, a1)
 
 
 @njit(**_KW, parallel=True)
 def mv_qk45(raw, d, dm, sc, mn, x, out, res, add, nchunk, five):
     """Q4_K (``five`` False, 144-byte blocks) and Q5_K (176-byte blocks)."""
     xs = _block_sums(x)
-    groups = (out.shape[1] + 3) // 4
+    groups = (out.shape[1] + 1) // 2
     for c in prange(nchunk):
         g0, g1 = c * groups // nchunk, (c + 1) * groups // nchunk
         if five:
@@ -457,7 +397,7 @@ def mv_qk45(raw, d, dm, sc, mn, x, out, res, add, nchunk, five):
 @njit(**_KW)
 def mv1_qk45(raw, d, dm, sc, mn, x, out, res, add, five):
     xs = _block_sums(x)
-    groups = (out.shape[1] + 3) // 4
+    groups = (out.shape[1] + 1) // 2
     if five:
         _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, 0, groups)
     else:
