@@ -174,7 +174,8 @@ class ServeProcess:
         )
         self._reader.start()
 
-    def wait_for(self, text: str, timeout: float = 30) -> str:
+    def wait_for(self, text: str, timeout: float = 150) -> str:
+        # Generous: a fresh process may compile the cpu backend's kernels first.
         deadline = time.monotonic() + timeout
         while text not in self.seen:
             left = deadline - time.monotonic()

@@ -609,8 +609,9 @@ def test_vt_run_refuses_inconsistent_files_in_one_line(
     path = write_tiny_gguf(tmp_path / "m.gguf", metadata=metadata)
     result = CliRunner().invoke(main, ["run", "--model", str(path), "--backend", "cpu", "Hi"])
     assert result.exit_code == 1
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
+    # One error line (a backend may also say it compiles its kernels on first use).
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in result.output
 
 
 def test_vt_run_refuses_overlapping_tensors_in_one_line(tiny: Path) -> None:
@@ -621,5 +622,5 @@ def test_vt_run_refuses_overlapping_tensors_in_one_line(tiny: Path) -> None:
     _patch(tiny, offset_at, "<Q", _relative_offset(tiny, 0))
     result = CliRunner().invoke(main, ["run", "--model", str(tiny), "--backend", "cpu", "Hi"])
     assert result.exit_code == 1
-    assert result.output.startswith(f"Error: {tiny}: tensor 'blk.0.attn_norm.weight'")
-    assert len(result.output.strip().splitlines()) == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"Error: {tiny}: tensor 'blk.0.attn_norm")

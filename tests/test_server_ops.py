@@ -159,3 +159,15 @@ def test_health_says_why_loading_failed() -> None:
         assert reply.status == 503 and "failed to load" in reply.body["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_cli_defaults_equal_the_servers() -> None:
+    from vt.frontends.cli import serve_cmd
+    from vt.model import RenderLimits
+
+    limits = Limits()
+    assert serve_cmd.DEFAULT_MAX_REQUEST_BYTES == limits.max_body_bytes
+    assert serve_cmd.DEFAULT_MAX_WAITING == limits.max_waiting
+    assert serve_cmd.DEFAULT_REQUEST_TIMEOUT == limits.body_timeout_s
+    assert serve_cmd.DEFAULT_MAX_LOGPROBS == limits.max_logprobs
+    assert serve_cmd.DEFAULT_TEMPLATE_TIMEOUT == RenderLimits().timeout_s

@@ -180,6 +180,7 @@ def test_types_are_strict(server: Server, ref: vt.LLM, change: dict[str, Any], p
     check_serves(server.port, ref, Authorization=f"Bearer {KEY}")
 
 
+@pytest.mark.timeout(300)
 def test_vt_serve_reads_the_key_from_vt_api_key_and_warns_beyond_loopback(
     tiny: Path, ref: vt.LLM
 ) -> None:

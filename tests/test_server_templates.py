@@ -151,6 +151,7 @@ def test_a_template_that_fails_its_check_at_load_makes_chats_400(
             assert ok.status == 200 and ok.body["choices"][0]["text"] == want
 
 
+@pytest.mark.timeout(300)
 def test_vt_serve_says_at_start_that_the_template_is_unusable(tmp_path: Path) -> None:
     model = write_tiny_gguf(tmp_path / "spin.gguf", tied=False, chat_template=SPIN)
     with serve_process(model, "--template-timeout", "0.5") as proc:

@@ -86,13 +86,27 @@ class OutputSlot:
     fork: Event
     ready: Event
     pending: StepOutput | None = None  # the step whose output is not read yet
+    logits: Buffer | None = None  # device float32[max_rows, vocab]: a copy for logprobs
+
+
+#: One sampled token's log-probabilities: its own, and the most likely ids with theirs.
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 
 class StepOutput:
-    """The sampled ids of one step; :meth:`get_output` may be called once."""
+    """The sampled ids of one step; :meth:`get_output` may be called once.
+
+    ``logprob_rows`` maps sampled rows (their index among the step's samples) to how many
+    alternatives they want; :meth:`get_logprobs` has them once the ids are read.
+    """
 
     def __init__(
-        self, pool: OutputPool, slot: OutputSlot, sampled_slots: tuple[int, ...], step: int
+        self,
+        pool: OutputPool,
+        slot: OutputSlot,
+        sampled_slots: tuple[int, ...],
+        step: int,
+        logprob_rows: dict[int, int] | None = None,
     ) -> None:
         self._pool = pool
         self._slot: OutputSlot | None = slot
@@ -101,6 +115,8 @@ class StepOutput:
         self._ids: np.ndarray | None = None
         self._error: Exception | None = None
         self._read = False
+        self._logprob_rows = logprob_rows or {}
+        self._logprobs: dict[int, TokenLogprobs] = {}
 
     def ready(self) -> bool:
         """True when :meth:`get_output` will not block (a non-blocking event query)."""
@@ -121,6 +137,12 @@ class StepOutput:
         assert self._ids is not None
         return {s: int(i) for s, i in zip(self.sampled_slots, self._ids, strict=True)}
 
+    def get_logprobs(self) -> dict[int, TokenLogprobs]:
+        """``{slot: (logprob of the sampled id, [(id, logprob), ...])}`` for the rows that
+        asked (after :meth:`get_output`): log-probabilities of the model's distribution,
+        computed on the host from a copy of the step's logits."""
+        return dict(self._logprobs)
+
     def _materialize(self) -> None:
         """Read the ids now and give the slot back to the pool.
 
@@ -134,6 +156,9 @@ class StepOutput:
             return
         try:
             self._ids = self._pool.read(slot, len(self.sampled_slots))
+            if self._logprob_rows:
+                self._logprobs = self._pool.read_logprobs(slot, self._ids, self._logprob_rows)
+                self._logprobs = {self.sampled_slots[j]: v for j, v in self._logprobs.items()}
         except Exception as exc:
             self._error = exc
             raise
@@ -242,6 +267,38 @@ class OutputPool:
             b.copy_d2h(out, slot.ids)
         return out
 
+    def enable_logits(self, vocab: int) -> None:
+        """Give every slot a device buffer for a copy of its step's logits (logprobs)."""
+        self.vocab = vocab
+        for slot in self.slots:
+            if slot.logits is None:
+                slot.logits = self.backend.alloc(self.max_rows * vocab * 4)
+
+    def read_logprobs(
+        self, slot: OutputSlot, ids: np.ndarray, rows: dict[int, int]
+    ) -> dict[int, TokenLogprobs]:
+        """The log-probabilities of ``rows`` (sampled row -> alternatives wanted) of the step
+        in ``slot``, whose ids were just read (so its logits copy is complete)."""
+        from ..reference.sampling import logprobs
+
+        assert slot.logits is not None
+        vocab = self.vocab
+        n = max(rows) + 1
+        if self.path is ReadbackPath.host_view:
+            raw = self.backend.host_view(slot.logits)[: n * vocab * 4]
+            logits = raw.view(np.float32).reshape(n, vocab)
+        else:
+            logits = np.empty((n, vocab), dtype=np.float32)
+            self.backend.copy_d2h(logits, slot.logits)
+        picked = sorted(rows)
+        k = max(rows.values())
+        chosen, top_ids, top_lp = logprobs(logits[picked], ids[picked], k)
+        out: dict[int, TokenLogprobs] = {}
+        for i, j in enumerate(picked):
+            top = [(int(t), float(v)) for t, v in zip(top_ids[i], top_lp[i], strict=True)]
+            out[j] = (float(chosen[i]), top[: rows[j]])
+        return out
+
     def reset(self, error: Exception) -> None:
         """Forget every step still pending (after a failed step, once the streams have
         drained): its :meth:`StepOutput.get_output` raises ``error``, and every slot is
@@ -267,6 +324,8 @@ class OutputPool:
         slots, self.slots = self.slots, []
         for slot in slots:
             b.free(slot.ids)
+            if slot.logits is not None:
+                b.free(slot.logits)
             b.free_pinned(slot.inputs)
             if slot.host_ids is not None:
                 b.free_pinned(slot.host_ids)

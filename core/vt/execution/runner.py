@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import VtError
 from ..model.graph import ARCHITECTURE_OPS, LlamaGraph, StepInputs, check_backend
 from ..protocol.backend import SAMPLE_PARAMS_DTYPE, Backend, Buffer, HostBuffer, KVLayout
+from ..reference.sampling import MAX_TOP_LOGPROBS
 from .memory.kv import KVCache
 from .readback import (
     OutputAlreadyReadError,
@@ -86,6 +87,7 @@ class SeqChunk:
     top_k: int = 0
     seed: int = 0
     counter: int = 0
+    logprobs: int | None = None  # the sampled id's logprob and this many alternatives
 
     @property
     def n_tokens(self) -> int:
@@ -191,6 +193,8 @@ class ModelRunner:
         self.readback: str = path.value
         self.readback_reason = reason if enabled else f"{reason} ({why})"
         self.async_scheduling = enabled
+        self.logprobs_enabled = False  # enable_logprobs() allocates what logprobs need
+        self.max_logprobs = 0
         self.layout = KVLayout(
             n_layers=config.n_layers,
             n_slots=max_slots,
@@ -284,6 +288,18 @@ class ModelRunner:
             "evictions": g.evictions,
             "invalidations": g.invalidations,
         }
+
+    def enable_logprobs(self, max_logprobs: int = MAX_TOP_LOGPROBS) -> None:
+        """Let chunks ask for logprobs (``SeqChunk.logprobs`` up to ``max_logprobs``): each
+        output slot gets a device buffer for a copy of its step's logits (``max_rows *
+        vocab`` floats), read back only for steps that ask. Call it between steps."""
+        self._check_open()
+        if not 0 <= max_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"max_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {max_logprobs}")
+        assert self._pool is not None
+        self._pool.enable_logits(self.config.vocab_size)
+        self.max_logprobs = max(self.max_logprobs, max_logprobs)
+        self.logprobs_enabled = True
 
     def recover(self) -> None:
         """After a failed step: bring the runner back to a known-good state, or raise.
@@ -429,9 +445,18 @@ class ModelRunner:
                 b.copy_d2d(slot.ids, ids, n_rows * 4, main)
         else:
             forward(slot.ids)
+        want = {
+            j: c.logprobs
+            for j, c in enumerate(plan.chunks[k] for k in plan.sampled)
+            if c.logprobs is not None
+        }
+        if want:  # the next step overwrites the logits: keep this step's for its readback
+            assert slot.logits is not None
+            nbytes = (max(want) + 1) * self.config.vocab_size * 4
+            b.copy_d2d(slot.logits, act.logits, nbytes, main)
         self._pool.publish(slot)
         sampled_slots = tuple(plan.chunks[k].slot for k in plan.sampled)
-        out = StepOutput(self._pool, slot, sampled_slots, self._step)
+        out = StepOutput(self._pool, slot, sampled_slots, self._step, want)
         slot.pending = out
         self._prev = (slot, {s: j for j, s in enumerate(sampled_slots)})
         for chunk in plan.chunks:
@@ -575,6 +600,18 @@ class ModelRunner:
             )
         if c.sample:
             _check_sampling(c)
+        if c.logprobs is not None:
+            if not self.logprobs_enabled:
+                raise InvalidStepError(
+                    f"slot {slot}: logprobs were asked for but are not enabled on this "
+                    "runner (enable_logprobs())"
+                )
+            if not c.sample or not _is_int(c.logprobs):
+                raise InvalidStepError(f"slot {slot}: logprobs need a sampled chunk")
+            if not 0 <= c.logprobs <= self.max_logprobs:
+                raise InvalidStepError(
+                    f"slot {slot}: logprobs={c.logprobs} must be in 0..{self.max_logprobs}"
+                )
         return tok
 
 

@@ -69,6 +69,23 @@ class Timings(BaseModel):
     decode_tok_s: float | None = None  # (generated_tokens - 1) / decode_s
 
 
+class Logprob(BaseModel):
+    """One token and its log-probability under the model (before temperature, top-k and
+    top-p)."""
+
+    token_id: int
+    logprob: float
+
+
+class TokenLogprobs(BaseModel):
+    """A generated token's log-probability and the ``SamplingParams.logprobs`` most likely
+    tokens at its position (most likely first)."""
+
+    token_id: int
+    logprob: float
+    top: list[Logprob] = []
+
+
 class RequestOutput(BaseModel):
     """A request's state after a step: everything so far plus what this step added.
 
@@ -88,6 +105,9 @@ class RequestOutput(BaseModel):
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     timings: Timings = Timings()
+    #: One entry per id of ``ids`` when ``SamplingParams.logprobs`` is set, else None.
+    logprobs: list[TokenLogprobs] | None = None
+    delta_logprobs: list[TokenLogprobs] | None = None  # the entries of ``delta_ids``
 
 
 class _StopStrings:
@@ -127,6 +147,7 @@ class _Request:
     slot: int | None = None
     num_prefilled: int = 0  # prompt tokens submitted
     output_ids: list[int] = field(default_factory=list)  # sampled ids read back
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # when params.logprobs
     pending: int = 0  # samples submitted but not yet read back (0 or 1)
     text: str = ""  # detokenized text (stop strings trimmed once finished)
     emitted: int = 0  # characters of ``text`` already handed out
@@ -215,6 +236,8 @@ class Engine:
                 "it must be shorter to leave room for at least one generated token "
                 "(raise --max-model-len or shorten the prompt)"
             )
+        if params.logprobs is not None:
+            self._enable_logprobs(params.logprobs)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise RequestError(f"request id {rid!r} is already in use")
@@ -235,6 +258,16 @@ class Engine:
         self._requests[rid] = req
         self._waiting.append(req)
         return rid
+
+    def _enable_logprobs(self, k: int) -> None:
+        runner = self.runner
+        if not getattr(runner, "logprobs_enabled", False):
+            enable = getattr(runner, "enable_logprobs", None)
+            if enable is None:
+                raise RequestError("logprobs: this engine's runner cannot compute them")
+            enable()  # between steps: allocates the logits copies once
+        if k > runner.max_logprobs:
+            raise RequestError(f"logprobs: at most {runner.max_logprobs} alternatives, got {k}")
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; returns False if it is unknown or already finished."""
@@ -350,6 +383,7 @@ class Engine:
                     top_k=p.top_k,
                     seed=req.seed,
                     counter=req.sampled,
+                    logprobs=p.logprobs if samples else None,
                 )
             )
             if req.t_scheduled is None:
@@ -367,6 +401,7 @@ class Engine:
     def _collect(self, step: _Step) -> list[RequestOutput]:
         self._failing = [r[0] for r in step.rows]
         sampled = step.output.get_output()
+        logprobs = step.output.get_logprobs() if hasattr(step.output, "get_logprobs") else {}
         self._failing = []
         now = time.perf_counter()
         outputs: list[RequestOutput] = []
@@ -378,6 +413,15 @@ class Engine:
             if req.finished:
                 continue  # the wasted row of a request that stopped one step earlier
             token = int(sampled[slot])
+            if req.params.logprobs is not None and slot in logprobs:
+                lp, top = logprobs[slot]
+                req.logprobs.append(
+                    TokenLogprobs.model_construct(
+                        token_id=token,
+                        logprob=lp,
+                        top=[Logprob.model_construct(token_id=t, logprob=v) for t, v in top],
+                    )
+                )
             self._accept(req, token, now)
             touched.append(req)
         self._free_deferred(step.seq)
@@ -435,6 +479,8 @@ class Engine:
         delta_ids = req.output_ids[req.emitted_ids :]
         if not delta_text and not delta_ids and not req.finished:
             return None
+        wants = req.params.logprobs is not None
+        delta_logprobs = req.logprobs[req.emitted_ids :] if wants else None
         req.emitted = end
         req.emitted_ids = len(req.output_ids)
         if req.finished:
@@ -451,6 +497,8 @@ class Engine:
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,
             timings=self._timings(req),
+            logprobs=list(req.logprobs) if wants else None,
+            delta_logprobs=delta_logprobs,
         )
 
     def _timings(self, req: _Request) -> Timings:

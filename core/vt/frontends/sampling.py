@@ -19,6 +19,8 @@ MIN_TOP_P = float(np.finfo(np.float32).tiny)
 #: Below this a temperature is greedy (as in vLLM): dividing logits by a smaller one
 #: overflows float32 and would turn the probabilities into NaN.
 MIN_TEMPERATURE = 1e-5
+#: The most alternatives ``logprobs`` may ask for (OpenAI's ``top_logprobs`` limit).
+MAX_LOGPROBS = 20
 #: The largest temperature float32 holds (``logits / temperature`` runs in float32).
 MAX_TEMPERATURE = float(np.finfo(np.float32).max)
 
@@ -47,6 +49,10 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list, description="strings that end generation")
     stop_token_ids: list[int] = Field(default_factory=list, description="ids that end it")
     ignore_eos: bool = Field(default=False, description="keep going past end-of-turn tokens")
+    logprobs: int | None = Field(
+        default=None,
+        description=f"report each token's logprob and this many alternatives (0..{MAX_LOGPROBS})",
+    )
 
     @field_validator("max_tokens")
     @classmethod
@@ -103,6 +109,13 @@ class SamplingParams(BaseModel):
             v = [v]
         if isinstance(v, (list, tuple)) and any(isinstance(s, str) and s == "" for s in v):
             raise ValueError("stop strings must not be empty")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {v}")
         return v
 
     @field_validator("stop_token_ids")

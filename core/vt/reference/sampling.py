@@ -102,3 +102,42 @@ def _sample_row(row: np.ndarray, p: np.void, r: int) -> int:
     u = uniform(int(p["seed"]), int(p["counter"]))
     j = int(np.searchsorted(cdf, np.float32(u) * cdf[-1], side="right"))
     return int(ids[min(j, int(np.count_nonzero(probs)) - 1)])
+
+
+#: The most alternatives :func:`logprobs` reports per token (OpenAI's ``top_logprobs``).
+MAX_TOP_LOGPROBS = 20
+
+
+def logprobs(
+    logits: np.ndarray, ids: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Log-probabilities of the model's distribution (the raw logits: before temperature,
+    top-k or top-p), per row of ``logits[n, vocab]``.
+
+    Returns ``(chosen[n], top_ids[n, k], top_logprobs[n, k])``: the log-probability of
+    ``ids[r]`` in row ``r``, and the ``k`` most likely ids with theirs, most likely first
+    (ties: the lower id first). Computed as ``l - max - log(sum(exp(l - max)))`` in float64.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] == 0:
+        raise ValueError(f"logprobs: logits must be [n, vocab], got {x.shape}")
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.shape[0] != x.shape[0] or not 0 <= k <= x.shape[1]:
+        raise ValueError(f"logprobs: {ids.shape[0]} ids and k={k} for logits {x.shape}")
+    peak = x.max(axis=1, keepdims=True)
+    lp = x - peak - np.log(np.exp(x - peak).sum(axis=1, keepdims=True))
+    chosen = lp[np.arange(x.shape[0]), ids]
+    if k == 0:
+        empty = np.zeros((x.shape[0], 0))
+        return chosen, empty.astype(np.int64), empty
+    part = np.argpartition(-lp, k - 1, axis=1)[:, :k] if k < x.shape[1] else None
+    top_ids = np.empty((x.shape[0], k), dtype=np.int64)
+    for r in range(x.shape[0]):
+        cand = part[r] if part is not None else np.arange(x.shape[1])
+        # Ties at the k-th value: every id with it competes, lower ids first.
+        if part is not None:
+            kth = lp[r, cand].min()
+            cand = np.union1d(cand, np.flatnonzero(lp[r] == kth))
+        order = np.lexsort((cand, -lp[r, cand]))
+        top_ids[r] = cand[order[:k]]
+    return chosen, top_ids, np.take_along_axis(lp, top_ids, axis=1)

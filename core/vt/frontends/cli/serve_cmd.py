@@ -16,6 +16,7 @@ DEFAULT_MAX_REQUEST_BYTES = 16 * _MIB
 DEFAULT_MAX_WAITING = 256
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_TEMPLATE_TIMEOUT = 5.0
+DEFAULT_MAX_LOGPROBS = 20
 
 
 @click.command("serve")
@@ -108,6 +109,16 @@ DEFAULT_TEMPLATE_TIMEOUT = 5.0
     help="Longest a chat template may take to render one conversation (a 400 past it).",
 )
 @click.option(
+    "--max-logprobs",
+    type=click.IntRange(0, 20),
+    default=DEFAULT_MAX_LOGPROBS,
+    show_default=True,
+    metavar="N",
+    help="Most alternatives a request's logprobs/top_logprobs may ask for; 0 turns logprobs "
+    "off (and saves a copy of each step's logits: --max-slots x vocabulary floats per "
+    "output slot).",
+)
+@click.option(
     "--disable-metrics",
     is_flag=True,
     help="Do not serve GET /metrics (Prometheus).",
@@ -136,6 +147,7 @@ def serve(
     max_waiting: int,
     request_timeout: float,
     template_timeout: float,
+    max_logprobs: int,
     disable_metrics: bool,
     log_level: str,
 ) -> None:
@@ -186,6 +198,7 @@ def serve(
             body_timeout_s=request_timeout,
             header_timeout_s=min(request_timeout / 3, 10.0),
             max_waiting=max_waiting,
+            max_logprobs=max_logprobs,
         )
         _check_model_early(model)
         # Bind first: a busy or privileged port fails before seconds of model loading.

@@ -38,13 +38,17 @@ from .protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
+    ChatLogprobs,
+    ChatTokenLogprob,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ErrorInfo,
     ErrorResponse,
     ModelCard,
     ModelList,
+    TopLogprob,
     Usage,
     new_id,
 )
@@ -70,6 +74,7 @@ class Limits:
     max_stop_chars: int = 256  # characters per stop string
     max_stop_token_ids: int = 256
     max_waiting: int | None = 256  # prompts waiting for a slot; past it 503 + Retry-After
+    max_logprobs: int = 20  # top_logprobs / logprobs at most this; 0: logprobs are off
     retry_after_s: int = 1
 
 
@@ -368,8 +373,22 @@ def check_stops(req: Any, limits: Limits) -> None:
         )
 
 
+def check_logprobs(k: int | None, limits: Limits, param: str) -> int | None:
+    """The number of alternatives a request asks for, within the server's limit."""
+    if k is None:
+        return None
+    if limits.max_logprobs == 0:
+        raise ApiError(400, f"{param}: logprobs are turned off on this server", param)
+    if k > limits.max_logprobs:
+        raise ApiError(400, f"{param}: at most {limits.max_logprobs} alternatives, got {k}", param)
+    return k
+
+
 def sampling_params(
-    req: Any, max_tokens: int | None, max_tokens_field: str = "max_tokens"
+    req: Any,
+    max_tokens: int | None,
+    max_tokens_field: str = "max_tokens",
+    logprobs: int | None = None,
 ) -> SamplingParams:
     """The engine's :class:`SamplingParams` of a request (OpenAI's defaults where unset);
     ``max_tokens_field`` is the name the request gave the limit."""
@@ -382,6 +401,7 @@ def sampling_params(
         "stop": req.stop or [],
         "stop_token_ids": req.stop_token_ids or [],
         "ignore_eos": req.ignore_eos,
+        "logprobs": logprobs,
     }
     try:
         return SamplingParams(**values)
@@ -570,7 +590,8 @@ async def completions(request: Request, state: ServerState) -> Response:
     req = await parse(request, CompletionRequest, state.limits)
     check_model(state, req.model)
     check_stops(req, state.limits)
-    params = sampling_params(req, req.max_tokens)
+    logprobs = check_logprobs(req.logprobs, state.limits, "logprobs")
+    params = sampling_params(req, req.max_tokens, logprobs=logprobs)
     prompts: list[Prompt] = []
     n = len(req.prompt)
     fields = ["prompt" if n == 1 else f"prompt[{i}]" for i in range(n)]
@@ -596,10 +617,17 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     req = await parse(request, ChatCompletionRequest, state.limits)
     check_model(state, req.model)
     check_stops(req, state.limits)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError(400, "top_logprobs: needs 'logprobs': true", "top_logprobs")
+    logprobs = None
+    if req.logprobs:
+        param = "top_logprobs" if req.top_logprobs is not None else "logprobs"
+        logprobs = check_logprobs(req.top_logprobs or 0, state.limits, param)
     if req.max_completion_tokens is not None:
-        params = sampling_params(req, req.max_completion_tokens, "max_completion_tokens")
+        limit, name = req.max_completion_tokens, "max_completion_tokens"
     else:
-        params = sampling_params(req, req.max_tokens)
+        limit, name = req.max_tokens, "max_tokens"
+    params = sampling_params(req, limit, name, logprobs)
     messages = [{"role": m.role, "content": m.content or ""} for m in req.messages]
     content = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in messages)
     check_prompt_bytes(state, content, "messages", "messages")
@@ -729,11 +757,53 @@ class _Run:
             prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
         )
 
+    # ---- logprobs (token-aligned: one entry per generated id, the stop token included)
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        raw = self.state.llm.tokenizer.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def _completion_logprobs(
+        self, entries: list[Any] | None, offset: int = 0
+    ) -> CompletionLogprobs | None:
+        if entries is None or self.params.logprobs is None:
+            return None
+        tokens, values, tops, offsets = [], [], [], []
+        for e in entries:
+            text, _ = self._token(e.token_id)
+            top: dict[str, float] = {}
+            for t in e.top:  # two ids may print alike (partial UTF-8): the likelier stays
+                top.setdefault(self._token(t.token_id)[0], t.logprob)
+            top.setdefault(text, e.logprob)  # the sampled token is always listed
+            tokens.append(text)
+            values.append(e.logprob)
+            tops.append(top)
+            offsets.append(offset)
+            offset += len(text)
+        return CompletionLogprobs(
+            tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets
+        )
+
+    def _chat_logprobs(self, entries: list[Any] | None) -> ChatLogprobs | None:
+        if entries is None or self.params.logprobs is None:
+            return None
+        content = []
+        for e in entries:
+            text, raw = self._token(e.token_id)
+            top = []
+            for t in e.top:
+                t_text, t_raw = self._token(t.token_id)
+                top.append(TopLogprob(token=t_text, logprob=t.logprob, bytes=t_raw))
+            content.append(
+                ChatTokenLogprob(token=text, logprob=e.logprob, bytes=raw, top_logprobs=top)
+            )
+        return ChatLogprobs(content=content)
+
     def _completion_body(self) -> dict[str, Any]:
         choices = [
             CompletionChoice(
                 index=i,
                 text=out.text,
+                logprobs=self._completion_logprobs(out.logprobs),
                 finish_reason=out.finish_reason,
                 stop_reason=out.stop_reason,
             )
@@ -758,6 +828,7 @@ class _Run:
                 ChatChoice(
                     index=0,
                     message=AssistantMessage(content=out.text),
+                    logprobs=self._chat_logprobs(out.logprobs),
                     finish_reason=out.finish_reason,
                     stop_reason=out.stop_reason,
                 )
@@ -769,15 +840,23 @@ class _Run:
     # ---- stream events
     async def _completion_events(self, include_usage: bool) -> AsyncIterator[BaseModel]:
         name = self.state.model_name
+        held: dict[int, list[Any]] = {}  # logprobs of tokens whose text is not out yet
+        offsets: dict[int, int] = {}
         while not self.done:
             item = await self._next()
             out = item.output
             assert out is not None
+            held.setdefault(item.index, []).extend(out.delta_logprobs or [])
             if not out.delta_text and not out.finished:
                 continue
+            entries = held.pop(item.index, [])
+            logprobs = self._completion_logprobs(entries, offsets.get(item.index, 0))
+            if logprobs is not None:
+                offsets[item.index] = offsets.get(item.index, 0) + sum(map(len, logprobs.tokens))
             choice = CompletionChoice(
                 index=item.index,
                 text=out.delta_text,
+                logprobs=logprobs,
                 finish_reason=out.finish_reason if out.finished else None,
                 stop_reason=out.stop_reason if out.finished else None,
             )
@@ -790,11 +869,14 @@ class _Run:
     async def _chat_events(self, include_usage: bool) -> AsyncIterator[BaseModel]:
         name = self.state.model_name
 
-        def chunk(delta: ChatDelta, out: RequestOutput | None = None) -> ChatCompletionChunk:
+        def chunk(
+            delta: ChatDelta, out: RequestOutput | None = None, logprobs: Any = None
+        ) -> ChatCompletionChunk:
             finished = out is not None and out.finished
             choice = ChatChunkChoice(
                 index=0,
                 delta=delta,
+                logprobs=logprobs,
                 finish_reason=out.finish_reason if finished and out else None,
                 stop_reason=out.stop_reason if finished and out else None,
             )
@@ -803,14 +885,17 @@ class _Run:
             )
 
         yield chunk(ChatDelta(role="assistant", content=""))
+        held: list[Any] = []  # logprobs of tokens whose text is not out yet
         while not self.done:
             item = await self._next()
             out = item.output
             assert out is not None
+            held.extend(out.delta_logprobs or [])
             if out.delta_text:
-                yield chunk(ChatDelta(content=out.delta_text))
+                yield chunk(ChatDelta(content=out.delta_text), None, self._chat_logprobs(held))
+                held = []
             if out.finished:
-                yield chunk(ChatDelta(), out)
+                yield chunk(ChatDelta(), out, self._chat_logprobs(held) if held else None)
         if include_usage:
             yield ChatCompletionChunk(
                 id=self.id, created=self.created, model=name, choices=[], usage=self._usage()

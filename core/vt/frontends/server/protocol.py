@@ -13,7 +13,13 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+)
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -125,8 +131,8 @@ class CompletionRequest(_GenerationRequest):
     @field_validator("logprobs")
     @classmethod
     def _logprobs(cls, v: int | None) -> int | None:
-        if v is not None:
-            raise ValueError("logprobs are not supported yet")
+        if v is not None and v < 0:
+            raise ValueError(f"logprobs must be >= 0, got {v}")
         return v
 
     @field_validator("suffix")
@@ -208,18 +214,11 @@ class ChatCompletionRequest(_GenerationRequest):
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("logprobs are not supported yet")
-        return v
-
     @field_validator("top_logprobs")
     @classmethod
     def _top_logprobs(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError("logprobs are not supported yet")
+        if v is not None and v < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {v}")
         return v
 
     @field_validator("tools")
@@ -253,10 +252,33 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions ``logprobs`` object: one entry per generated token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # vLLM extension: the stop string or token id
 
@@ -280,7 +302,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 
@@ -307,7 +329,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 

@@ -224,6 +224,9 @@ class Server:
         template = getattr(llm, "chat_template", None)
         if template is not None:
             self.renderer = TemplateRenderer(template, self.render_limits)
+        runner = getattr(llm, "runner", None)
+        if self.limits.max_logprobs and hasattr(runner, "enable_logprobs"):
+            runner.enable_logprobs(self.limits.max_logprobs)  # before the engine thread runs
         engine_loop = EngineLoop(llm.engine, self.limits.max_waiting, self.metrics)
         self.engine_loop = engine_loop
         if self.metrics is not None:
