@@ -38,7 +38,7 @@ TRAPPED = (
     "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-LIMITS = RenderLimits(timeout_s=1.0, memory_bytes=384 << 20)
+LIMITS = RenderLimits(timeout_s=0.5, memory_bytes=384 << 20)
 CHAT = [{"role": "user", "content": "hello there, how are you today?"}]
 
 
@@ -84,7 +84,7 @@ def check_chat(port: int, ref: vt.LLM) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("spin", "took longer than 1 s and was stopped"),
+        ("spin", "took longer than 0.5 s and was stopped"),
         ("grow", "out of memory|process died"),
         ("lipsum", "'lipsum' is undefined"),
         ("divide", "ZeroDivisionError: division by zero"),
@@ -97,7 +97,7 @@ def test_a_template_that_fails_on_a_request_is_a_400_and_the_server_goes_on(
 ) -> None:
     import re
 
-    for stream in (False, True):
+    for stream in (False, True) if content != "spin" else (True,):
         reply = chat(server.port, content, stream=stream)
         assert reply.status == 400, reply.body
         error = reply.body["error"]
@@ -111,12 +111,12 @@ def test_a_runaway_render_does_not_block_other_requests(server: Server, ref: vt.
     results: dict[str, Any] = {}
     t = threading.Thread(target=lambda: results.update(spin=chat(server.port, "spin")))
     t.start()
-    time.sleep(0.2)  # rendering now, for a second
+    time.sleep(0.1)  # rendering now, for half a second
     t0 = time.monotonic()
     assert request(server.port, "GET", "/health").status == 200
     check_serves(server.port, ref)
     check_chat(server.port, ref)  # the other worker renders it
-    assert time.monotonic() - t0 < 0.9
+    assert time.monotonic() - t0 < 0.4
     t.join(10)
     assert results["spin"].status == 400
 
@@ -124,7 +124,7 @@ def test_a_runaway_render_does_not_block_other_requests(server: Server, ref: vt.
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        (SPIN, "took longer than 1 s and was stopped"),
+        (SPIN, "took longer than 0.5 s and was stopped"),
         ("{% for m in messages %}", "the model's chat template is invalid (line 1)"),
         ("{{ messages[0]['content'] + 1 }}", "TypeError"),
     ],
