@@ -15,7 +15,7 @@ from vt.testing.tiny import quantize_matrix
 from vt.testing.tolerances import kernel_tolerance, nmse
 from vt_cpu import CpuBackend, StreamError, kernels, weights
 from vt_cpu import compile as kernels_compile
-from vt_cpu.threads import Choice, ThreadOwner
+from vt_cpu.threads import Choice, Idle, ThreadOwner
 
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
 QUANT = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -113,6 +113,20 @@ def test_choice_measures_both_ways_then_keeps_the_faster_and_retries_the_other()
     assert later.count(0) > 0.9 * len(later) and 1 in later  # exploits, and still explores
     assert run(100.0)[4:].count(1) < run(3.0)[4:].count(1)  # a costly way is retried less
     assert run(0.5)[4:].count(1) > 0.9 * 396  # parallel faster: kept
+
+
+def test_idle_says_whether_other_threads_leave_a_core_free(tmp_path: Path) -> None:
+    loadavg = tmp_path / "loadavg"
+    idle = Idle(cpus=2, period=0.0, path=str(loadavg))
+    loadavg.write_text("0.50 0.40 0.30 1/300 1234\n")  # only the reader runs
+    assert idle()
+    loadavg.write_text("4.00 3.00 2.00 3/300 1234\n")  # two others keep both cores busy
+    assert not any([idle() for _ in range(10)][5:])
+    for _ in range(30):
+        loadavg.write_text("0.50 0.40 0.30 1/300 1234\n")
+        free = idle()
+    assert free  # they stopped: a core is free again
+    assert Idle(cpus=2, path=str(tmp_path / "missing"))()  # no /proc: Choice decides
 
 
 def test_kernels_of_one_size_share_a_choice() -> None:

@@ -8,9 +8,11 @@ prefill tiles run on the same ``n`` threads through :meth:`ThreadOwner.tiles`.
 
 Whether splitting pays depends on the machine *now*: on an idle machine two threads
 nearly halve a matrix-vector product, on a busy one every hand-off to a second thread
-waits for the scheduler (milliseconds) and the split costs far more than it saves.
-:class:`Choice` measures both ways per size of weight matrix as it runs (an exponential
-moving average of each, re-trying the slower one now and then) and uses the faster.
+waits for the scheduler (milliseconds) and the split costs far more than it saves. While
+other threads keep every other core busy (:class:`Idle`, from the kernel's runnable count)
+kernels run serially; otherwise :class:`Choice` measures both ways per size of weight
+matrix as it runs (an exponential moving average of each, re-trying the slower one now and
+then) and uses the faster.
 """
 
 from __future__ import annotations
@@ -105,6 +107,39 @@ def _release_blas() -> None:
             _blas_limits = None
 
 
+class Idle:
+    """Whether the machine has a core to spare for a second thread, sampled every
+    ``period`` seconds from the kernel's count of runnable threads (``/proc/loadavg``),
+    smoothed: the others' runnable threads (not counting the reader) must leave a core idle.
+    Without ``/proc`` (not Linux) it always says yes and :class:`Choice` alone decides."""
+
+    def __init__(self, cpus: int, period: float = 0.25, path: str = "/proc/loadavg") -> None:
+        self.cpus = cpus
+        self.period = period
+        self.path = path
+        self.others = 0.0  # smoothed count of other runnable threads
+        self._at = -1.0e9
+
+    def sample(self) -> float | None:
+        try:
+            with open(self.path, "rb") as f:
+                running = int(f.read().split()[3].split(b"/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return float(max(0, running - 1))
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._at >= self.period:
+            self._at = now
+            got = self.sample()
+            if got is None:
+                self.others = 0.0
+            else:
+                self.others += 0.3 * (got - self.others)
+        return self.others <= self.cpus - 1.5
+
+
 class ThreadOwner:
     """The backend's threads: ``n`` of them for numba's pool and for prefill tiles; BLAS
     is held to one thread for the process's lifetime of the backend."""
@@ -118,6 +153,7 @@ class ThreadOwner:
         self._lock = threading.Lock()
         self.parallel_lock: threading.Lock | None = None  # set for a non-thread-safe layer
         self._choices: dict[int, Choice] = {}
+        self.idle = Idle(self.n)
 
     def choice(self, nbytes: int) -> Choice:
         """The serial/parallel choice shared by kernels over about ``nbytes`` of weights
@@ -146,8 +182,9 @@ class ThreadOwner:
     def run(
         self, choice: Choice, serial: Callable[[], None], parallel: Callable[[int], None]
     ) -> None:
-        """Run one kernel serially or over the pool, as ``choice`` says; time it."""
-        if self.n <= 1:
+        """Run one kernel serially or over the pool, as ``choice`` says; time it. While the
+        machine has no idle core the kernel runs serially without asking."""
+        if self.n <= 1 or not self.idle():
             serial()
             return
         way = choice.pick()
@@ -179,9 +216,10 @@ class ThreadOwner:
 
     def tiles(self, step: int, total: int, fn: Callable[[int, int], None]) -> None:
         """Run ``fn(r0, r1)`` over ``[0, total)`` in tiles of ``step``, on up to ``n``
-        threads that take tiles as they go (a descheduled helper delays only its tile)."""
+        threads that take tiles as they go (a descheduled helper delays only its tile), or
+        on the calling thread alone while the machine has no idle core."""
         starts = list(range(0, total, step))
-        if self.n <= 1 or len(starts) < 2:
+        if self.n <= 1 or len(starts) < 2 or not self.idle():
             for r0 in starts:
                 fn(r0, min(total, r0 + step))
             return
