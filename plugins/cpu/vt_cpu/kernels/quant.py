@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 F = np.float32
@@ -64,6 +65,44 @@ def _stack_f32(typingctx, n):
     return types.CPointer(types.float32)(n), codegen
 
 
+@intrinsic
+def _prefetch(typingctx, arr, offset):
+    """Ask the CPU to bring byte ``offset`` of ``arr``'s data into the caches (a hint: no
+    fault, no effect on results). Decode streams every weight once per token, and the
+    hardware prefetcher alone left the kernels waiting on memory (Q8_0 49152x576 from DRAM:
+    6.8 -> 10.8 GB/s with these hints)."""
+    sig = types.void(arr, offset)
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.gep(builder.bitcast(ary.data, ir.IntType(8).as_pointer()), [args[1]])
+        name = "llvm.prefetch.p0" if str(ptr.type) == "ptr" else "llvm.prefetch.p0i8"
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+        # read, high temporal locality, data cache
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+#: How far ahead of the rows being multiplied the kernels prefetch, in bytes.
+PREFETCH_AHEAD = 6144
+
+
+@njit(**_KW, inline="always")
+def _prefetch_rows(raw, first_block, nblocks):
+    """Prefetch the ``nblocks`` blocks that start ``PREFETCH_AHEAD`` bytes after block
+    ``first_block`` of ``raw[blocks, block_bytes]`` (clipped to the array)."""
+    bb = raw.shape[1]
+    total = raw.shape[0] * bb
+    start = first_block * bb + PREFETCH_AHEAD
+    stop = min(total, start + nblocks * bb)
+    for o in range(start, stop, 64):
+        _prefetch(raw, o)
+
+
 @njit(**_KW, inline="always")
 def _store2(out, res, add, t, r, a0, a1):
     rows = out.shape[1]
@@ -91,6 +130,7 @@ def _rows_q8_0(q, d, x, out, res, add, g0, g1):
         r = g * 2
         i0 = r * nb
         i1 = min(r + 1, rows - 1) * nb
+        _prefetch_rows(q, i0, 2 * nb)
         for t in range(n):
             for j in range(64):
                 acc[j] = F(0.0)
@@ -170,6 +210,7 @@ def _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, g0, g1):
         r = g * 2
         i0 = r * nb
         i1 = min(r + 1, rows - 1) * nb
+        _prefetch_rows(raw, i0, 2 * nb)
         for t in range(n):
             for j in range(32):
                 acc[j] = F(0.0)
@@ -206,6 +247,7 @@ def _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, g0, g1):
         r = g * 2
         i0 = r * nb
         i1 = min(r + 1, rows - 1) * nb
+        _prefetch_rows(raw, i0, 2 * nb)
         for t in range(n):
             for j in range(32):
                 acc[j] = F(0.0)
@@ -300,6 +342,7 @@ def _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
         r = g * 2
         i0 = r * nbk
         i1 = min(r + 1, rows - 1) * nbk
+        _prefetch_rows(raw, i0, 2 * nbk)
         for t in range(n):
             for j in range(64):
                 acc[j] = F(0.0)
@@ -342,6 +385,7 @@ def _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
         r = g * 2
         i0 = r * nbk
         i1 = min(r + 1, rows - 1) * nbk
+        _prefetch_rows(raw, i0, 2 * nbk)
         for t in range(n):
             for j in range(64):
                 acc[j] = F(0.0)
@@ -466,6 +510,7 @@ def _rows_q6_k(raw, sc, d, x, out, res, add, r0, r1):
     nbk = nsub // 8
     for r in range(r0, r1):
         i0 = r * nbk
+        _prefetch_rows(raw, i0, nbk)
         for t in range(n):
             a = F(0.0)
             for kb in range(nbk):
