@@ -50,12 +50,9 @@ def test_a_quantized_matrix_stays_in_its_blocks(kind: str) -> None:
     t, _ = tensor(kind, 37, cols_for(kind))
     w = weights.upload(t)
     assert isinstance(w, weights.BlockWeight) and w.kind == kind
-    # the quantized bytes are the tensor's own (for a model file: the mmap), not a copy
-    assert np.shares_memory(w.arrays[0], t.data)
-    assert not w.arrays[0].flags.writeable
-    own = sum(a.nbytes for a in w.arrays[1:] if not np.shares_memory(a, t.data))
-    assert own <= 0.45 * t.data.nbytes  # float32 scales (and unpacked K scales) only
-    assert all(a.dtype != np.float32 or a.size < 37 * cols_for(kind) // 16 for a in w.arrays)
+    # the blocks, scales included, are the tensor's own bytes (for a model file: the mmap)
+    for a in w.arrays:
+        assert np.shares_memory(a, t.data) and not a.flags.writeable
 
 
 @pytest.mark.parametrize("kind", ALL)

@@ -47,30 +47,29 @@ def _warm_kind(kind: str) -> None:
     rows = np.zeros(1, np.int64)
     x = np.zeros((1, 8, 32), F32)  # one activation row of 256 values
     out, res = np.zeros((1, 4), F32), np.zeros((1, 4), F32)
-    f = np.zeros(32, F32)
     deq = np.zeros((1, 256), F32)
     if kind == "Q8_0":
-        q8 = _ro(_blocks(34, 32).view(np.int8))
-        Q.mv_q8_0(q8, f, x, out, res, True, 2)
-        Q.mv1_q8_0(q8, f, x, out, res, True)
-        Q.dq_q8_0(q8, f, rows, deq)
+        q8 = _blocks(34, 32)
+        q8s = _ro(q8.view(np.int8))
+        Q.mv_q8_0(q8s, q8, x, out, res, True, 2)
+        Q.mv1_q8_0(q8s, q8, x, out, res, True)
+        Q.dq_q8_0(q8s, q8, rows, deq)
     elif kind in ("Q4_0", "Q4_1"):
         q4 = _blocks(20, 32)
-        Q.mv_q4(q4, f, f, x, out, res, True, 2, True)
-        Q.mv1_q4(q4, f, f, x, out, res, True, True)
-        Q.dq_q4(q4, f, f, rows, deq, True)
+        Q.mv_q4(q4, x, out, res, True, 2, True)
+        Q.mv1_q4(q4, x, out, res, True, True)
+        Q.dq_q4(q4, rows, deq, True)
     elif kind in ("Q4_K", "Q5_K"):
         qk = _blocks(176, 4)
-        sc = np.zeros((4, 8), np.uint8)
-        Q.mv_qk45(qk, f, f, sc, sc, x, out, res, True, 2, True)
-        Q.mv1_qk45(qk, f, f, sc, sc, x, out, res, True, True)
-        Q.dq_qk45(qk, f, f, sc, sc, rows, deq, True)
+        Q.mv_qk45(qk, x, out, res, True, 2, True)
+        Q.mv1_qk45(qk, x, out, res, True, True)
+        Q.dq_qk45(qk, rows, deq, True)
     elif kind == "Q6_K":
         q6 = _blocks(210, 4)
         q6s = _ro(q6.view(np.int8))
-        Q.mv_q6_k(q6, q6s, f, x, out, res, True, 2)
-        Q.mv1_q6_k(q6, q6s, f, x, out, res, True)
-        Q.dq_q6_k(q6, q6s, f, rows, deq)
+        Q.mv_q6_k(q6, q6s, x, out, res, True, 2)
+        Q.mv1_q6_k(q6, q6s, x, out, res, True)
+        Q.dq_q6_k(q6, q6s, rows, deq)
 
 
 def _warm_layers() -> None:

@@ -1,9 +1,8 @@
 """Weights in their file's block formats, and the matmuls and row gathers over them.
 
-:func:`upload` keeps a matrix as it is stored: the quantized bytes stay where they are (a
-read-only view of the tensor's bytes, for a model file the mmapped file itself), and only
-the per-block float16 scales are converted into small float32 arrays (numba has no
-float16; K-quant 6-bit sub-block scales are unpacked to uint8). Float matrices stay in
+:func:`upload` keeps a matrix as it is stored: its blocks, scales included, stay where
+they are (a read-only view of the tensor's bytes, for a model file the mmapped file
+itself; the kernels decode the float16 scales as they read them). Float matrices stay in
 their type (F16 and BF16 are widened tile by tile when used). Vectors (norms, biases) are
 float32 arrays.
 
@@ -42,20 +41,6 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 TILE_ELEMENTS = 1 << 17
 
 
-def _f16_to_f32(raw: np.ndarray, start: int) -> np.ndarray:
-    """The float16 at byte ``start`` of each row of ``raw[nblocks, nbytes]``, as float32."""
-    return np.ascontiguousarray(raw[:, start : start + 2]).view(np.float16).astype(F32).ravel()
-
-
-def _k_scales(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The 8 six-bit scales and mins of each Q4_K/Q5_K block (bytes 4..16), as uint8."""
-    s = raw[:, 4:16].reshape(-1, 3, 4)
-    d, m, md = s[:, 0], s[:, 1], s[:, 2]
-    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=1)
-    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=1)
-    return np.ascontiguousarray(sc, np.uint8), np.ascontiguousarray(mn, np.uint8)
-
-
 @dataclass(eq=False)
 class BlockWeight:
     """A ``[rows, cols]`` matrix in format ``kind``; ``arrays`` are the kernel's operands."""
@@ -84,17 +69,14 @@ class BlockWeight:
             run = partial(self.tiled, x, out, res)
             return run, lambda _n: run()
         xb = x.reshape(x.shape[0], -1, 32)
+        args: tuple[Any, ...] = (*a, xb, out, r, add)
         if k == "Q8_0":
-            args: tuple[Any, ...] = (a[0], a[1], xb, out, r, add)
             one, par, tail = Q.mv1_q8_0, Q.mv_q8_0, ()
         elif k in ("Q4_0", "Q4_1"):
-            args = (a[0], a[1], a[2], xb, out, r, add)
             one, par, tail = Q.mv1_q4, Q.mv_q4, (k == "Q4_1",)
         elif k in ("Q4_K", "Q5_K"):
-            args = (a[0], a[1], a[2], a[3], a[4], xb, out, r, add)
             one, par, tail = Q.mv1_qk45, Q.mv_qk45, (k == "Q5_K",)
         else:  # Q6_K
-            args = (a[0], a[1], a[2], xb, out, r, add)
             one, par, tail = Q.mv1_q6_k, Q.mv_q6_k, ()
         return partial(one, *args, *tail), lambda n: par(*args, n, *tail)
 
@@ -121,11 +103,11 @@ class BlockWeight:
         elif k == "Q8_0":
             Q.dq_q8_0(a[0], a[1], rows, out)
         elif k in ("Q4_0", "Q4_1"):
-            Q.dq_q4(a[0], a[1], a[2], rows, out, k == "Q4_1")
+            Q.dq_q4(a[0], rows, out, k == "Q4_1")
         elif k in ("Q4_K", "Q5_K"):
-            Q.dq_qk45(a[0], a[1], a[2], a[3], a[4], rows, out, k == "Q5_K")
+            Q.dq_qk45(a[0], rows, out, k == "Q5_K")
         else:
-            Q.dq_q6_k(a[0], a[1], a[2], rows, out)
+            Q.dq_q6_k(a[0], a[1], rows, out)
 
     def tile_rows(self) -> int:
         return max(16, min(self.rows, TILE_ELEMENTS // max(1, self.cols)))
@@ -191,16 +173,10 @@ def upload(tensor: vt.WeightTensor) -> BlockWeight | np.ndarray:
         dtype = {"F32": F32, "F16": np.float16, "BF16": np.uint16}[kind]
         return BlockWeight(kind, rows, cols, (raw.view(dtype).reshape(rows, cols),))
     blocks = raw.reshape(rows * (cols // block), block_bytes)
-    if kind == "Q8_0":
-        arrays: tuple[Any, ...] = (blocks.view(np.int8), _f16_to_f32(blocks, 0))
-    elif kind == "Q4_0":
-        d = _f16_to_f32(blocks, 0)
-        arrays = (blocks, d, d)
-    elif kind == "Q4_1":
-        arrays = (blocks, _f16_to_f32(blocks, 0), _f16_to_f32(blocks, 2))
-    elif kind in ("Q4_K", "Q5_K"):
-        sc, mn = _k_scales(blocks)
-        arrays = (blocks, _f16_to_f32(blocks, 0), _f16_to_f32(blocks, 2), sc, mn)
-    else:  # Q6_K: [ql 128, qh 64, scales 16 (int8), d]
-        arrays = (blocks, blocks.view(np.int8), _f16_to_f32(blocks, 208))
+    if kind == "Q8_0":  # the int8 quants and the uint8 bytes of the scales: one memory
+        arrays: tuple[Any, ...] = (blocks.view(np.int8), blocks)
+    elif kind == "Q6_K":  # [ql 128, qh 64, scales 16 (int8), d]
+        arrays = (blocks, blocks.view(np.int8))
+    else:
+        arrays = (blocks,)
     return BlockWeight(kind, rows, cols, arrays)

@@ -2,8 +2,10 @@
 
 Weights stay in their file's blocks: ``raw`` is the tensor's bytes as a 2-D array of one
 block per row (``[rows * blocks_per_row, block_bytes]``, a view of the mmapped file, never
-copied), and the per-block float16 scales were converted once, at upload, into small
-float32 arrays (numba has no float16). K-quant sub-block scales are unpacked to uint8.
+copied), scales included: numba has no float16, so the kernels read a block's float16
+scales as two bytes and convert them through a 65536-entry table (:data:`F16_TO_F32`),
+and unpack K-quant 6-bit sub-block scales as they go. No copy of any scale is kept
+(float32 scale arrays cost 12-40% of a model's size, and were no faster).
 
 ``mv_*`` computes ``out[t, r] = sum_k x[t, k] * w[r, k] (+ res[t, r])`` for a few
 activation rows ``t`` (decode): each block is dequantized in registers and multiplied in
@@ -103,6 +105,30 @@ def _prefetch_rows(raw, first_block, nblocks):
         _prefetch(raw, o)
 
 
+#: float16 -> float32 for every bit pattern (256 KiB, shared by all kernels): the block
+#: scales stay in the file's bytes (no float32 copies of them), and numba has no float16.
+F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(F)
+
+
+@njit(**_KW, inline="always")
+def _f16(raw, i, o):
+    """The float16 at bytes ``o, o + 1`` of block ``i`` of ``raw`` (uint8), as float32."""
+    return F16_TO_F32[np.int64(raw[i, o]) | (np.int64(raw[i, o + 1]) << 8)]
+
+
+@njit(**_KW, inline="always")
+def _k_scale_min(raw, i, j):
+    """Sub-block ``j``'s 6-bit scale and min of a Q4_K/Q5_K block (bytes 4..15), as float32
+    (``gguf``'s ``get_scale_min``)."""
+    if j < 4:
+        sc = np.int64(raw[i, 4 + j]) & 63
+        mn = np.int64(raw[i, 8 + j]) & 63
+    else:
+        sc = (np.int64(raw[i, 8 + j]) & 15) | ((np.int64(raw[i, j]) >> 6) << 4)
+        mn = (np.int64(raw[i, 8 + j]) >> 4) | ((np.int64(raw[i, 4 + j]) >> 6) << 4)
+    return F(sc), F(mn)
+
+
 @njit(**_KW, inline="always")
 def _store2(out, res, add, t, r, a0, a1):
     rows = out.shape[1]
@@ -120,7 +146,7 @@ def _store2(out, res, add, t, r, a0, a1):
 
 
 @njit(**_KW)
-def _rows_q8_0(q, d, x, out, res, add, g0, g1):
+def _rows_q8_0(q, raw, x, out, res, add, g0, g1):
     """Rows ``2 g0 .. 2 g1`` (two at a time): lane ``j`` of a row accumulates
     ``d_b q_bj x_bj`` over all blocks ``b`` in a register, summed across lanes once per row."""
     n, nb = x.shape[0], x.shape[1]
@@ -135,8 +161,8 @@ def _rows_q8_0(q, d, x, out, res, add, g0, g1):
             for j in range(64):
                 acc[j] = F(0.0)
             for b in range(nb):
-                d0 = d[i0 + b]
-                d1 = d[i1 + b]
+                d0 = _f16(raw, i0 + b, 0)
+                d1 = _f16(raw, i1 + b, 0)
                 for j in range(32):
                     xj = x[t, b, j]
                     acc[j] += F(q[i0 + b, 2 + j]) * xj * d0
@@ -150,25 +176,25 @@ def _rows_q8_0(q, d, x, out, res, add, g0, g1):
 
 
 @njit(**_KW, parallel=True)
-def mv_q8_0(q, d, x, out, res, add, nchunk):
-    """``q``: int8 view ``[rows * nb, 34]``; ``d``: float32 ``[rows * nb]``."""
+def mv_q8_0(q, raw, x, out, res, add, nchunk):
+    """``q``: int8 view ``[rows * nb, 34]`` of the blocks, ``raw`` the uint8 one."""
     groups = (out.shape[1] + 1) // 2
     for c in prange(nchunk):
-        _rows_q8_0(q, d, x, out, res, add, c * groups // nchunk, (c + 1) * groups // nchunk)
+        _rows_q8_0(q, raw, x, out, res, add, c * groups // nchunk, (c + 1) * groups // nchunk)
 
 
 @njit(**_KW)
-def mv1_q8_0(q, d, x, out, res, add):
-    _rows_q8_0(q, d, x, out, res, add, 0, (out.shape[1] + 1) // 2)
+def mv1_q8_0(q, raw, x, out, res, add):
+    _rows_q8_0(q, raw, x, out, res, add, 0, (out.shape[1] + 1) // 2)
 
 
 @njit(**_KW)
-def dq_q8_0(q, d, rows, out):
+def dq_q8_0(q, raw, rows, out):
     nb = out.shape[1] // 32
     for k in range(rows.shape[0]):
         i = rows[k] * nb
         for b in range(nb):
-            db = d[i + b]
+            db = _f16(raw, i + b, 0)
             for j in range(32):
                 out[k, b * 32 + j] = db * F(q[i + b, 2 + j])
 
@@ -199,7 +225,7 @@ def _hi_weights(x):
 
 
 @njit(**_KW)
-def _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, g0, g1):
+def _rows_q4_1(raw, x, xd, xs, out, res, add, g0, g1):
     """Q4_1: value ``d * q + m``, block ``[d, m, qs[16]]`` (20 bytes); low nibbles are
     elements 0..15 of a block, high nibbles 16..31. Two rows at a time, 16 register lanes
     each (as for Q8_0); the mins' term ``m_b sum(x_b)`` is a scalar per block."""
@@ -217,8 +243,8 @@ def _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, g0, g1):
             mb0 = F(0.0)
             mb1 = F(0.0)
             for b in range(nb):
-                d0 = d[i0 + b]
-                d1 = d[i1 + b]
+                d0 = _f16(raw, i0 + b, 0)
+                d1 = _f16(raw, i1 + b, 0)
                 for j in range(16):
                     xl = x[t, b, j]
                     xh = xd[t, b, j]
@@ -227,8 +253,8 @@ def _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, g0, g1):
                     q = F(raw[i1 + b, 4 + j])
                     acc[16 + j] += (q * xl + np.floor(q * F(0.0625)) * xh) * d1
                 xb = xs[t, b]
-                mb0 += m[i0 + b] * xb
-                mb1 += m[i1 + b] * xb
+                mb0 += _f16(raw, i0 + b, 2) * xb
+                mb1 += _f16(raw, i1 + b, 2) * xb
             a0 = mb0
             a1 = mb1
             for j in range(16):
@@ -238,7 +264,7 @@ def _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, g0, g1):
 
 
 @njit(**_KW)
-def _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, g0, g1):
+def _rows_q4_0(raw, x, xd, xs, out, res, add, g0, g1):
     """Q4_0: value ``d * (q - 8)``, block ``[d, qs[16]]`` (18 bytes)."""
     n, nb = x.shape[0], x.shape[1]
     rows = out.shape[1]
@@ -254,8 +280,8 @@ def _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, g0, g1):
             mb0 = F(0.0)
             mb1 = F(0.0)
             for b in range(nb):
-                d0 = d[i0 + b]
-                d1 = d[i1 + b]
+                d0 = _f16(raw, i0 + b, 0)
+                d1 = _f16(raw, i1 + b, 0)
                 for j in range(16):
                     xl = x[t, b, j]
                     xh = xd[t, b, j]
@@ -275,36 +301,36 @@ def _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, g0, g1):
 
 
 @njit(**_KW, parallel=True)
-def mv_q4(raw, d, m, x, out, res, add, nchunk, has_min):
+def mv_q4(raw, x, out, res, add, nchunk, has_min):
     xd, xs = _hi_weights(x), _block_sums(x)
     groups = (out.shape[1] + 1) // 2
     for c in prange(nchunk):
         g0, g1 = c * groups // nchunk, (c + 1) * groups // nchunk
         if has_min:
-            _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, g0, g1)
+            _rows_q4_1(raw, x, xd, xs, out, res, add, g0, g1)
         else:
-            _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, g0, g1)
+            _rows_q4_0(raw, x, xd, xs, out, res, add, g0, g1)
 
 
 @njit(**_KW)
-def mv1_q4(raw, d, m, x, out, res, add, has_min):
+def mv1_q4(raw, x, out, res, add, has_min):
     groups = (out.shape[1] + 1) // 2
     xd, xs = _hi_weights(x), _block_sums(x)
     if has_min:
-        _rows_q4_1(raw, d, m, x, xd, xs, out, res, add, 0, groups)
+        _rows_q4_1(raw, x, xd, xs, out, res, add, 0, groups)
     else:
-        _rows_q4_0(raw, d, m, x, xd, xs, out, res, add, 0, groups)
+        _rows_q4_0(raw, x, xd, xs, out, res, add, 0, groups)
 
 
 @njit(**_KW)
-def dq_q4(raw, d, m, rows, out, has_min):
+def dq_q4(raw, rows, out, has_min):
     nb = out.shape[1] // 32
     off = 4 if has_min else 2
     for k in range(rows.shape[0]):
         i = rows[k] * nb
         for b in range(nb):
-            db = d[i + b]
-            mb = m[i + b] if has_min else F(-8.0) * db
+            db = _f16(raw, i + b, 0)
+            mb = _f16(raw, i + b, 2) if has_min else F(-8.0) * db
             for j in range(16):
                 lo, hi = _nib(raw[i + b, off + j])
                 out[k, b * 32 + j] = db * lo + mb
@@ -333,7 +359,7 @@ def _pow2s(k):
 
 
 @njit(**_KW)
-def _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
+def _rows_q4_k(raw, x, xs, out, res, add, g0, g1):
     n, nsub = x.shape[0], x.shape[1]
     nbk = nsub // 8
     rows = out.shape[1]
@@ -349,13 +375,21 @@ def _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
             m0 = F(0.0)
             m1 = F(0.0)
             for kb in range(nbk):
+                d0 = _f16(raw, i0 + kb, 0)
+                dm0 = _f16(raw, i0 + kb, 2)
+                d1 = _f16(raw, i1 + kb, 0)
+                dm1 = _f16(raw, i1 + kb, 2)
                 for h in range(4):
                     s = 2 * h
                     sb = kb * 8 + s
-                    la0 = d[i0 + kb] * F(sc[i0 + kb, s])
-                    ha0 = d[i0 + kb] * F(sc[i0 + kb, s + 1])
-                    la1 = d[i1 + kb] * F(sc[i1 + kb, s])
-                    ha1 = d[i1 + kb] * F(sc[i1 + kb, s + 1])
+                    sa0, ma0 = _k_scale_min(raw, i0 + kb, s)
+                    sb0, mb0 = _k_scale_min(raw, i0 + kb, s + 1)
+                    sa1, ma1 = _k_scale_min(raw, i1 + kb, s)
+                    sb1, mb1 = _k_scale_min(raw, i1 + kb, s + 1)
+                    la0 = d0 * sa0
+                    ha0 = d0 * sb0
+                    la1 = d1 * sa1
+                    ha1 = d1 * sb1
                     for j in range(32):
                         xl = x[t, sb, j]
                         xh = x[t, sb + 1, j]
@@ -365,8 +399,8 @@ def _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
                         acc[32 + j] += lo * xl * la1 + hi * xh * ha1
                     xa = xs[t, sb]
                     xb = xs[t, sb + 1]
-                    m0 += dm[i0 + kb] * (F(mn[i0 + kb, s]) * xa + F(mn[i0 + kb, s + 1]) * xb)
-                    m1 += dm[i1 + kb] * (F(mn[i1 + kb, s]) * xa + F(mn[i1 + kb, s + 1]) * xb)
+                    m0 += dm0 * (ma0 * xa + mb0 * xb)
+                    m1 += dm1 * (ma1 * xa + mb1 * xb)
             a0 = -m0
             a1 = -m1
             for j in range(32):
@@ -376,7 +410,7 @@ def _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
 
 
 @njit(**_KW)
-def _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
+def _rows_q5_k(raw, x, xs, out, res, add, g0, g1):
     n, nsub = x.shape[0], x.shape[1]
     nbk = nsub // 8
     rows = out.shape[1]
@@ -392,14 +426,22 @@ def _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
             m0 = F(0.0)
             m1 = F(0.0)
             for kb in range(nbk):
+                d0 = _f16(raw, i0 + kb, 0)
+                dm0 = _f16(raw, i0 + kb, 2)
+                d1 = _f16(raw, i1 + kb, 0)
+                dm1 = _f16(raw, i1 + kb, 2)
                 for h in range(4):
                     s = 2 * h
                     p0, p1, p2 = _pow2s(s)
                     sb = kb * 8 + s
-                    la0 = d[i0 + kb] * F(sc[i0 + kb, s])
-                    ha0 = d[i0 + kb] * F(sc[i0 + kb, s + 1])
-                    la1 = d[i1 + kb] * F(sc[i1 + kb, s])
-                    ha1 = d[i1 + kb] * F(sc[i1 + kb, s + 1])
+                    sa0, ma0 = _k_scale_min(raw, i0 + kb, s)
+                    sb0, mb0 = _k_scale_min(raw, i0 + kb, s + 1)
+                    sa1, ma1 = _k_scale_min(raw, i1 + kb, s)
+                    sb1, mb1 = _k_scale_min(raw, i1 + kb, s + 1)
+                    la0 = d0 * sa0
+                    ha0 = d0 * sb0
+                    la1 = d1 * sa1
+                    ha1 = d1 * sb1
                     for j in range(32):
                         xl = x[t, sb, j]
                         xh = x[t, sb + 1, j]
@@ -415,8 +457,8 @@ def _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
                         acc[32 + j] += lo * xl * la1 + hi * xh * ha1
                     xa = xs[t, sb]
                     xb = xs[t, sb + 1]
-                    m0 += dm[i0 + kb] * (F(mn[i0 + kb, s]) * xa + F(mn[i0 + kb, s + 1]) * xb)
-                    m1 += dm[i1 + kb] * (F(mn[i1 + kb, s]) * xa + F(mn[i1 + kb, s + 1]) * xb)
+                    m0 += dm0 * (ma0 * xa + mb0 * xb)
+                    m1 += dm1 * (ma1 * xa + mb1 * xb)
             a0 = -m0
             a1 = -m1
             for j in range(32):
@@ -426,30 +468,30 @@ def _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1):
 
 
 @njit(**_KW, parallel=True)
-def mv_qk45(raw, d, dm, sc, mn, x, out, res, add, nchunk, five):
+def mv_qk45(raw, x, out, res, add, nchunk, five):
     """Q4_K (``five`` False, 144-byte blocks) and Q5_K (176-byte blocks)."""
     xs = _block_sums(x)
     groups = (out.shape[1] + 1) // 2
     for c in prange(nchunk):
         g0, g1 = c * groups // nchunk, (c + 1) * groups // nchunk
         if five:
-            _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1)
+            _rows_q5_k(raw, x, xs, out, res, add, g0, g1)
         else:
-            _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, g0, g1)
+            _rows_q4_k(raw, x, xs, out, res, add, g0, g1)
 
 
 @njit(**_KW)
-def mv1_qk45(raw, d, dm, sc, mn, x, out, res, add, five):
+def mv1_qk45(raw, x, out, res, add, five):
     xs = _block_sums(x)
     groups = (out.shape[1] + 1) // 2
     if five:
-        _rows_q5_k(raw, d, dm, sc, mn, x, xs, out, res, add, 0, groups)
+        _rows_q5_k(raw, x, xs, out, res, add, 0, groups)
     else:
-        _rows_q4_k(raw, d, dm, sc, mn, x, xs, out, res, add, 0, groups)
+        _rows_q4_k(raw, x, xs, out, res, add, 0, groups)
 
 
 @njit(**_KW)
-def dq_qk45(raw, d, dm, sc, mn, rows, out, five):
+def dq_qk45(raw, rows, out, five):
     nbk = out.shape[1] // 256
     qoff = 48 if five else 16
     for k in range(rows.shape[0]):
@@ -458,10 +500,12 @@ def dq_qk45(raw, d, dm, sc, mn, rows, out, five):
             for h in range(4):
                 s = 2 * h
                 p0, p1, p2 = _pow2s(s)
-                d0 = d[i + kb] * F(sc[i + kb, s])
-                d1 = d[i + kb] * F(sc[i + kb, s + 1])
-                m0 = dm[i + kb] * F(mn[i + kb, s])
-                m1 = dm[i + kb] * F(mn[i + kb, s + 1])
+                sa, ma = _k_scale_min(raw, i + kb, s)
+                sb, mb = _k_scale_min(raw, i + kb, s + 1)
+                d0 = _f16(raw, i + kb, 0) * sa
+                d1 = _f16(raw, i + kb, 0) * sb
+                m0 = _f16(raw, i + kb, 2) * ma
+                m1 = _f16(raw, i + kb, 2) * mb
                 base = kb * 256 + 64 * h
                 for j in range(32):
                     lo, hi = _nib(raw[i + kb, qoff + 32 * h + j])
@@ -503,8 +547,8 @@ def _q6(a, b, qh):
 
 
 @njit(**_KW)
-def _rows_q6_k(raw, sc, d, x, out, res, add, r0, r1):
-    """``raw``: uint8 ``[rows * nbk, 210]``; ``sc``: its int8 view; ``d``: float32. One
+def _rows_q6_k(raw, sc, x, out, res, add, r0, r1):
+    """``raw``: uint8 ``[rows * nbk, 210]``; ``sc``: its int8 view. One
     row at a time: the four groups of a half already give four independent sums."""
     n, nsub = x.shape[0], x.shape[1]
     nbk = nsub // 8
@@ -533,7 +577,7 @@ def _rows_q6_k(raw, sc, d, x, out, res, add, r0, r1):
                             s2 += v2 * x[t, sb + 2, j]
                             s3 += v3 * x[t, sb + 3, j]
                         gs = 192 + 8 * h + half
-                        a += d[i] * (
+                        a += _f16(raw, i, 208) * (
                             F(sc[i, gs]) * s0 + F(sc[i, gs + 2]) * s1
                             + F(sc[i, gs + 4]) * s2 + F(sc[i, gs + 6]) * s3
                         )  # fmt: skip
@@ -544,19 +588,19 @@ def _rows_q6_k(raw, sc, d, x, out, res, add, r0, r1):
 
 
 @njit(**_KW, parallel=True)
-def mv_q6_k(raw, sc, d, x, out, res, add, nchunk):
+def mv_q6_k(raw, sc, x, out, res, add, nchunk):
     rows = out.shape[1]
     for c in prange(nchunk):
-        _rows_q6_k(raw, sc, d, x, out, res, add, c * rows // nchunk, (c + 1) * rows // nchunk)
+        _rows_q6_k(raw, sc, x, out, res, add, c * rows // nchunk, (c + 1) * rows // nchunk)
 
 
 @njit(**_KW)
-def mv1_q6_k(raw, sc, d, x, out, res, add):
-    _rows_q6_k(raw, sc, d, x, out, res, add, 0, out.shape[1])
+def mv1_q6_k(raw, sc, x, out, res, add):
+    _rows_q6_k(raw, sc, x, out, res, add, 0, out.shape[1])
 
 
 @njit(**_KW)
-def dq_q6_k(raw, sc, d, rows, out):
+def dq_q6_k(raw, sc, rows, out):
     nbk = out.shape[1] // 256
     for k in range(rows.shape[0]):
         i0 = rows[k] * nbk
@@ -568,7 +612,8 @@ def dq_q6_k(raw, sc, d, rows, out):
                     v0, v1, v2, v3 = _q6(raw[i, 64 * h + j], raw[i, 64 * h + 32 + j],
                                          raw[i, 128 + 32 * h + j])  # fmt: skip
                     gs = 192 + 8 * h + j // 16
-                    out[k, base + j] = d[i] * F(sc[i, gs]) * v0
-                    out[k, base + 32 + j] = d[i] * F(sc[i, gs + 2]) * v1
-                    out[k, base + 64 + j] = d[i] * F(sc[i, gs + 4]) * v2
-                    out[k, base + 96 + j] = d[i] * F(sc[i, gs + 6]) * v3
+                    di = _f16(raw, i, 208)
+                    out[k, base + j] = di * F(sc[i, gs]) * v0
+                    out[k, base + 32 + j] = di * F(sc[i, gs + 2]) * v1
+                    out[k, base + 64 + j] = di * F(sc[i, gs + 4]) * v2
+                    out[k, base + 96 + j] = di * F(sc[i, gs + 6]) * v3
