@@ -119,10 +119,10 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False) -> float:
 
         def announce() -> None:
             if not finished.wait(0.0 if missing else 2.0) and not quiet:
-                where = kernels.CACHE_DIR or str(kernels._HERE / "__pycache__")
+                where = numba.config.CACHE_DIR or str(kernels._HERE / "__pycache__")
                 print(
-                    f"vt cpu: compiling numba kernels for {kind} (first run only, 10-30 s per "
-                    f"weight format on 2 cores; cached in {where})...",
+                    f"vt cpu: compiling numba kernels for {kind} (first run only; cached in "
+                    f"{where})...",
                     file=sys.stderr,
                     flush=True,
                 )
