@@ -27,9 +27,12 @@ from .threads import WORKQUEUE_LOCK, ThreadOwner
 
 F32 = np.float32
 
-#: Activation rows up to which a projection runs the matrix-vector kernels (each weight
-#: block read once for all rows); more rows (prefill) multiply dequantized tiles with BLAS.
-MATVEC_MAX_ROWS = 8
+#: Activation rows up to which a projection runs the matrix-vector kernels (each block is
+#: dequantized again for every row, so their time grows with the rows); more rows multiply
+#: dequantized tiles with BLAS. Measured crossovers (one thread): Q4_1 1536x576 between 8
+#: and 16 rows, Q8_0 49152x576 at 8, Q4_K 8192x2048 between 2 and 4.
+MATVEC_MAX_ROWS: dict[str, int] = {"Q8_0": 8, "Q4_0": 8, "Q4_1": 8}
+MATVEC_MAX_ROWS_K = 2  # Q4_K, Q5_K, Q6_K
 
 
 def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray, max_len: int,
@@ -117,7 +120,8 @@ class CpuOps(ReferenceOps):
     ) -> Callable[[], None]:
         """A closure computing ``out = x @ w.T (+ res)``."""
         w, owner = p.weight, self.threads
-        if x.shape[0] <= MATVEC_MAX_ROWS and w.kind in W.BLOCK_TYPES:
+        rows = MATVEC_MAX_ROWS.get(w.kind, MATVEC_MAX_ROWS_K)
+        if x.shape[0] <= rows and w.kind in W.BLOCK_TYPES:
             serial, parallel = w.bind(x, out, res)
             if owner.n <= 1:
                 return serial
