@@ -13,9 +13,14 @@ A measurement: N threads, each with its own official ``openai`` client, send cha
 completions (``temperature 0``, ``max_tokens``, ``ignore_eos`` so that both servers
 generate exactly ``max_tokens`` tokens per request) one after another until
 ``requests-per-client * N`` requests were sent or ``--time-limit-s`` passed (no new
-request after that; each request's own timeout is the same limit). Every request has its
+request after that; the answers in flight are waited for, each up to
+``--request-timeout-s``). Every request has its
 own user message (the same sequence for both servers), so no prompt is served from a
-cache. Before each measurement N short requests warm the server up. Reported:
+cache. Before each measurement N short requests warm the server up, then it waits (at
+most ``--quiet-wait-s``) until the rest of the machine keeps less than ``--quiet-below``
+of the CPUs busy; ``others_cpu_share`` says how busy other processes (not the two
+servers, not the clients) kept the CPUs during the measurement, and a measurement with
+more than ``--quiet-below`` is taken again, up to ``--retry-noisy`` times (all are kept). Reported:
 completion tokens (the servers' ``usage``) per second of wall time from the first
 request to the last answer, mean request latency, and vt/llama-server ratios.
 
@@ -44,6 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from machine import busy_cpu_s, wait_quiet
 from openai import OpenAI
 
 MODEL_NAME = "bench"
@@ -114,6 +120,22 @@ class Server:
         Path(self.log.name).unlink(missing_ok=True)
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a process (all its threads) has used so far (Linux ``/proc``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s(servers: list[Server]) -> float:
+    """CPU seconds of this benchmark's processes: the clients here and both servers."""
+    t = os.times()
+    own = t.user + t.system
+    return own + sum(process_cpu_s(s.proc.pid) for s in servers if s.proc is not None)
+
+
 def chat(client: OpenAI, k: int, max_tokens: int) -> dict[str, Any]:
     topic = TOPICS[k % len(TOPICS)]
     t0 = time.perf_counter()
@@ -132,9 +154,11 @@ def chat(client: OpenAI, k: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def load(server: Server, clients: int, n_requests: int, max_tokens: int, limit: float) -> dict:
+def load(
+    server: Server, clients: int, n_requests: int, max_tokens: int, limit: float, timeout: float
+) -> dict:
     """``clients`` threads share ``n_requests`` requests (numbered, so both servers get the
-    same prompts); none starts after ``limit`` seconds."""
+    same prompts); none starts after ``limit`` seconds, each may take ``timeout``."""
     lock = threading.Lock()
     next_k = [0]
     results: list[dict[str, Any]] = []
@@ -143,7 +167,7 @@ def load(server: Server, clients: int, n_requests: int, max_tokens: int, limit: 
 
     def worker() -> None:
         client = OpenAI(
-            base_url=server.base_url + "/v1", api_key="unused", timeout=limit, max_retries=0
+            base_url=server.base_url + "/v1", api_key="unused", timeout=timeout, max_retries=0
         )
         while True:
             with lock:
@@ -153,7 +177,7 @@ def load(server: Server, clients: int, n_requests: int, max_tokens: int, limit: 
                 next_k[0] += 1
             try:
                 res = chat(client, k, max_tokens)
-            except Exception as e:  # noqa: BLE001 - any failure is reported, not raised
+            except Exception as e:  # any failure is reported, not raised
                 with lock:
                     errors.append(f"{type(e).__name__}: {e}"[:300])
                 continue
@@ -165,7 +189,7 @@ def load(server: Server, clients: int, n_requests: int, max_tokens: int, limit: 
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=2 * limit + 30)
+        t.join(timeout=limit + timeout + 30)
     wall = max((r["end_s"] for r in results), default=time.perf_counter() - t0)
     tokens = sum(r["completion_tokens"] for r in results)
     return {
@@ -179,6 +203,23 @@ def load(server: Server, clients: int, n_requests: int, max_tokens: int, limit: 
             round(sum(r["latency_s"] for r in results) / len(results), 2) if results else None
         ),
     }
+
+
+def measure(servers: dict[str, Server], name: str, n: int, args: argparse.Namespace) -> dict:
+    """Warm ``name`` up, wait for a quiet machine, then one measurement with ``n`` clients."""
+    limits = (args.time_limit_s, args.request_timeout_s)
+    load(servers[name], n, n, 4, *limits)  # warm-up
+    gate = wait_quiet(args.quiet_below, args.quiet_wait_s)
+    every = list(servers.values())
+    busy0, own0 = busy_cpu_s(), own_cpu_s(every)
+    res = load(servers[name], n, n * args.requests_per_client, args.max_tokens, *limits)
+    busy1, own1 = busy_cpu_s(), own_cpu_s(every)
+    if busy0 is not None and busy1 is not None and res["wall_s"]:
+        others = max(0.0, busy1 - busy0 - (own1 - own0))
+        res["others_cpu_share"] = round(others / (res["wall_s"] * (os.cpu_count() or 1)), 3)
+    res["quiet_gate"] = gate
+    res["loadavg"] = round(os.getloadavg()[0], 2)
+    return res
 
 
 def find_binary(given: str | None, env: str, name: str) -> str:
@@ -203,7 +244,12 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=16, help="llama-server -np, vt --max-slots")
     ap.add_argument("--ctx-per-slot", type=int, default=1024, help="vt --max-model-len")
     ap.add_argument("--time-limit-s", type=float, default=300, help="per measurement")
+    ap.add_argument("--quiet-below", type=float, default=0.15, help="see vs_llama_cpp.py")
+    ap.add_argument("--retry-noisy", type=int, default=1, help="see vs_llama_cpp.py (1)")
+    ap.add_argument("--quiet-wait-s", type=float, default=120, help="longest wait; 0: off")
+    ap.add_argument("--request-timeout-s", type=float, default=600)
     ap.add_argument("--start-timeout-s", type=float, default=600)
+    ap.add_argument("--label", default="", help="free text kept in the JSON (vt's commit)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args()
     argv = sys.argv[1:]
@@ -244,25 +290,26 @@ def main() -> None:
         for server in servers.values():
             server.start(args.start_timeout_s)
             print(f"{server.name} ready in {server.ready_s:.1f} s", file=sys.stderr, flush=True)
+        turn = 0
         for n in levels:
             samples: dict[str, list[dict]] = {name: [] for name in servers}
             for rnd in range(args.rounds):
-                order = list(servers) if (rnd + len(samples) * n) % 2 == 0 else list(servers)[::-1]
+                order = list(servers) if turn % 2 == 0 else list(servers)[::-1]
+                turn += 1
                 for name in order:
-                    load(servers[name], n, n, 4, args.time_limit_s)  # warm-up
-                    res = load(
-                        servers[name], n, n * args.requests_per_client, args.max_tokens,
-                        args.time_limit_s,
-                    )  # fmt: skip
-                    res["round"] = rnd
-                    res["loadavg"] = round(os.getloadavg()[0], 2)
-                    samples[name].append(res)
-                    print(
-                        f"{n} clients, round {rnd + 1}: {name} {res['completion_tok_s']} tok/s"
-                        f" ({res['requests']} requests, {len(res['errors'])} errors)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    for attempt in range(1 + args.retry_noisy):
+                        res = measure(servers, name, n, args)
+                        res["round"], res["attempt"] = rnd, attempt
+                        samples[name].append(res)
+                        print(
+                            f"{n} clients, round {rnd + 1}: {name} {res['completion_tok_s']}"
+                            f" tok/s ({res['requests']} requests, {len(res['errors'])} errors,"
+                            f" others {res.get('others_cpu_share')})",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        if res.get("others_cpu_share", 0) <= args.quiet_below:
+                            break
             best = {
                 name: max(runs, key=lambda r: r["completion_tok_s"] or 0)
                 for name, runs in samples.items()
@@ -280,6 +327,7 @@ def main() -> None:
 
     out = {
         "command": shlex.join(["python", "benchmarks/serve_vs_llama_server.py", *argv]),
+        "label": args.label,
         "started_utc": started.isoformat(timespec="seconds"),
         "seconds": round((datetime.now(timezone.utc) - started).total_seconds()),
         "model": {"path": model, "file_bytes": Path(model).stat().st_size},
