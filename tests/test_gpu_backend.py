@@ -3,7 +3,7 @@
 What HIP and CUDA share is tested here: memory and copies over the runtime, pinned memory,
 host views by capability, graphs, the VMM bookkeeping (access over the mapped prefix,
 retries after failed releases), kernel compilation, and every op's launch against the
-kernel's signature in kernels.cu. The vendor plugins' tests (``plugins/*/tests``) cover
+kernel's signature in core/vt/gpu/kernels/. The vendor plugins' tests (``plugins/*/tests``) cover
 only how their adapters translate runtime calls into HIP or CUDA calls.
 """
 
@@ -506,7 +506,7 @@ def macro_prefix(kernel: str) -> str:
 
 
 def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
-    """kernels.cu's ``extern "C"`` kernels: name (without a macro's ``_##SUFFIX``) ->
+    """the kernel source's ``extern "C"`` kernels: name (without a macro's ``_##SUFFIX``) ->
     ``[(type, parameter name)]``."""
     source = kernel_source().replace("\\\n", " ")
     found = re.findall(

@@ -1,6 +1,6 @@
 """vt.gpu's weight formats: what the GPU kernels dequantize equals vt.reference bit for bit.
 
-The kernels read ``scale * q + offset`` per value (kernels.cu ``vt_wload``); ``PackedWeight.
+The kernels read ``scale * q + offset`` per value (kernels/common.cu ``vt_wload``); ``PackedWeight.
 values()`` mirrors it in numpy, so these tests pin the repacking without a GPU.
 """
 

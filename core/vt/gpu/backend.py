@@ -1,4 +1,4 @@
-"""GpuBackend: the vt.Backend protocol over a :class:`GpuRuntime` and kernels.cu.
+"""GpuBackend: the vt.Backend protocol over a :class:`GpuRuntime` and kernels/*.cu.
 
 Written once for every GPU vendor: a plugin subclasses it with a name and a probe (whose
 capability function declares the device's physical facts), and hands it its runtime
@@ -61,12 +61,12 @@ MAX_HEAD_DIM = 256
 _THREADS = 256
 _SAMPLE_THREADS = 512
 _MAX_BLOCKS = 65535
-#: Rows of x per pass of the decode-path matmul kernels (MM_R in kernels.cu).
+#: Rows of x per pass of the decode-path matmul kernels (MM_R in kernels/matmul.cu).
 MM_R = 8
 
 
 class RopeTable(ctypes.Structure):
-    """kernels.cu's RopeTable: inverse frequencies in float64, passed by value."""
+    """kernels/rope_kv.cu's RopeTable: inverse frequencies in float64, passed by value."""
 
     _fields_ = [("inv", ctypes.c_double * (MAX_HEAD_DIM // 2))]
 
@@ -96,10 +96,24 @@ def rope_table(params: RopeParams) -> RopeTable:
     return table
 
 
+#: The kernel source's parts (``kernels/`` beside this module), in the order they join:
+#: ``common.cu`` first (macros and helpers every other part uses).
+KERNEL_PARTS: tuple[str, ...] = (
+    "common.cu",
+    "embedding_norm.cu",
+    "matmul.cu",
+    "rope_kv.cu",
+    "attention.cu",
+    "elementwise.cu",
+    "sample.cu",
+)
+
+
 @lru_cache(maxsize=1)
 def kernel_source() -> str:
-    """The one kernel source (kernels.cu beside this module)."""
-    return resources.files(__package__).joinpath("kernels.cu").read_text(encoding="utf-8")
+    """The one kernel source: the parts of ``kernels/`` joined, compiled as one unit."""
+    folder = resources.files(__package__).joinpath("kernels")
+    return "".join(folder.joinpath(part).read_text(encoding="utf-8") for part in KERNEL_PARTS)
 
 
 @dataclass(eq=False)

@@ -23,7 +23,7 @@ from ..errors import ModelError
 from ..protocol.backend import WeightTensor
 from ..reference.quant import SUPPORTED_TYPES, dequantize, ggml_type_name
 
-#: Kernel weight kinds (the WT_* constants of kernels.cu) and their kernel name suffixes.
+#: Kernel weight kinds (the WT_* constants of kernels/common.cu) and their kernel name suffixes.
 WT_F32, WT_F16, WT_BF16, WT_Q = 0, 1, 2, 3
 SUFFIX = {WT_F32: "f32", WT_F16: "f16", WT_BF16: "bf16", WT_Q: "q"}
 

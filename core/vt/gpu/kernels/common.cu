@@ -1,0 +1,120 @@
+// vt's GPU kernels: ONE source for CUDA (nvrtc) and HIP (hiprtc).
+//
+// Compiled at run time with -DVT_WARP=<warp size> (32 on NVIDIA, 32 or 64 on AMD). No
+// #include: nvrtc and hiprtc find no system headers, and every helper needed is here.
+// Conventions (see vt.backend): activations float32, ids/positions/slots int32, row-major.
+// Every kernel is written so that no thread returns before a barrier or a shuffle: a thread
+// outside the problem computes on clamped indices and skips only its final store.
+//
+// Weight formats (what GpuBackend.upload_weight makes of a GGUF tensor):
+//   WT_F32, WT_F16, WT_BF16: the file's values, row-major [rows, cols].
+//   WT_Q: int8 codes [rows, cols] plus one (scale, offset) float pair per block of
+//         2**lg_block values along a row; value = scale * q + offset, rounded exactly as
+//         gguf's dequantization rounds it (every GGML block type vt reads fits this form).
+
+#if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
+#define VT_HIP 1
+#endif
+
+#ifndef VT_WARP
+#error "compile with -DVT_WARP=<the device's warp size>"
+#endif
+
+#ifndef VT_EMULATE
+#ifdef VT_HIP
+#define VT_SHFL_XOR(v, m) __shfl_xor((v), (m), VT_WARP)
+#else
+#define VT_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), VT_WARP)
+#endif
+#define VT_DYN_SHARED(T, name) extern __shared__ T name[]
+#endif
+
+typedef unsigned int vt_u32;
+typedef unsigned long long vt_u64;
+typedef unsigned short vt_u16;
+typedef signed char vt_i8;
+
+#define WT_F32 0
+#define WT_F16 1
+#define WT_BF16 2
+#define WT_Q 3
+
+// ------------------------------------------------------------------------ helpers
+
+__device__ __forceinline__ float vt_nan() { return __uint_as_float(0x7fc00000u); }
+
+// IEEE half to float, exact for every value (normals, subnormals, inf, NaN).
+__device__ __forceinline__ float vt_half_to_float(vt_u16 h) {
+    vt_u32 sign = ((vt_u32)h & 0x8000u) << 16;
+    vt_u32 exp = ((vt_u32)h >> 10) & 0x1fu;
+    vt_u32 mant = (vt_u32)h & 0x3ffu;
+    if (exp == 0u) {
+        float f = (float)mant * 5.9604644775390625e-08f;  // mant * 2**-24, exact
+        return sign ? -f : f;
+    }
+    if (exp == 31u) return __uint_as_float(sign | 0x7f800000u | (mant << 13));
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+__device__ __forceinline__ float vt_bf16_to_float(vt_u16 h) {
+    return __uint_as_float((vt_u32)h << 16);
+}
+
+// One weight element. Quantized: scale * q + offset with two roundings, as numpy does.
+template <int WT>
+__device__ __forceinline__ float vt_wload(const void* data, const float* sm, int lg_block,
+                                          long long idx) {
+    if (WT == WT_F32) return ((const float*)data)[idx];
+    if (WT == WT_F16) return vt_half_to_float(((const vt_u16*)data)[idx]);
+    if (WT == WT_BF16) return vt_bf16_to_float(((const vt_u16*)data)[idx]);
+    long long b = idx >> lg_block;
+    float q = (float)((const vt_i8*)data)[idx];
+    return __fadd_rn(__fmul_rn(sm[2 * b], q), sm[2 * b + 1]);
+}
+
+// Block-wide reductions over shared scratch of blockDim.x entries (blockDim a power of 2).
+// Every thread gets the result. Fixed tree order: deterministic run to run.
+__device__ float vt_block_sum(float v, float* red) {
+    int t = threadIdx.x;
+    red[t] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) red[t] = red[t] + red[t + s];
+        __syncthreads();
+    }
+    float r = red[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ float vt_block_max(float v, float* red) {
+    int t = threadIdx.x;
+    red[t] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) red[t] = fmaxf(red[t], red[t + s]);
+        __syncthreads();
+    }
+    float r = red[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ unsigned int vt_block_sum_u(unsigned int v, unsigned int* red) {
+    int t = threadIdx.x;
+    red[t] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) red[t] = red[t] + red[t + s];
+        __syncthreads();
+    }
+    unsigned int r = red[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float vt_warp_sum(float v) {
+    for (int m = VT_WARP / 2; m > 0; m >>= 1) v += VT_SHFL_XOR(v, m);
+    return v;
+}
+

@@ -1,0 +1,41 @@
+// ------------------------------------------------------------------------ embedding
+
+// out[i, :] = dequant(table[ids[i], :]); an id outside [0, vocab) yields a NaN row.
+template <int WT>
+__device__ void vt_embedding(float* out, const void* data, const float* sm, int lg_block,
+                             const int* ids, int n, int vocab, int dim) {
+    int i = blockIdx.x;
+    int id = ids[i];
+    bool ok = id >= 0 && id < vocab;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        out[(long long)i * dim + d] =
+            ok ? vt_wload<WT>(data, sm, lg_block, (long long)id * dim + d) : vt_nan();
+    }
+}
+
+#define VT_EMBEDDING(SUFFIX, WT)                                                            \
+    extern "C" __global__ void embedding_##SUFFIX(float* out, const void* data,             \
+                                                  const float* sm, int lg_block,             \
+                                                  const int* ids, int n, int vocab, int dim) { \
+        vt_embedding<WT>(out, data, sm, lg_block, ids, n, vocab, dim);                       \
+    }
+VT_EMBEDDING(f32, WT_F32)
+VT_EMBEDDING(f16, WT_F16)
+VT_EMBEDDING(bf16, WT_BF16)
+VT_EMBEDDING(q, WT_Q)
+
+// ------------------------------------------------------------------------ rms_norm
+
+// out[i] = x[i] * (1 / sqrt(mean(x[i]**2) + eps)) * w, one block per row.
+extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, int n, int dim,
+                                    float eps) {
+    __shared__ float red[256];
+    const float* xr = x + (long long)blockIdx.x * dim;
+    float* o = out + (long long)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(xr[d], xr[d]));
+    ss = vt_block_sum(ss, red);
+    float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) o[d] = (xr[d] * scale) * w[d];
+}
+

@@ -1,0 +1,101 @@
+// ------------------------------------------------------------------------ rope
+
+// Per-pair inverse frequencies, already divided by the linear factor, in float64 (the
+// reference computes theta in float64); passed by value so a step uploads nothing.
+#define ROPE_MAX_PAIRS 128
+struct RopeTable {
+    double inv[ROPE_MAX_PAIRS];
+};
+
+// x[n, n_heads, head_dim] rotated in place. neox: pairs (i, i + d/2); else (2i, 2i+1).
+extern "C" __global__ void rope(float* x, const int* positions, int n, int n_heads,
+                                int head_dim, int neox, RopeTable table) {
+    int half = head_dim / 2;
+    long long total = (long long)n * n_heads * half;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        int i = (int)(e % half);
+        long long rh = e / half;  // row * n_heads + head
+        int row = (int)(rh / n_heads);
+        double theta = (double)positions[row] * table.inv[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        float* v = x + rh * head_dim;
+        int ia = neox ? i : 2 * i;
+        int ib = neox ? i + half : 2 * i + 1;
+        float a = v[ia], b = v[ib];
+        v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        v[ib] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+}
+
+// ------------------------------------------------------------------------ KV cache
+
+// Element (pos, slot, layer, kv, head, d) of the position-major cache (vt.KVLayout).
+__device__ __forceinline__ long long vt_kv_index(int pos, int slot, int layer, int kv,
+                                                 int n_slots, int n_layers, int row) {
+    return ((((long long)pos * n_slots + slot) * n_layers + layer) * 2 + kv) * row;
+}
+
+// cache[positions[i], slots[i], layer, 0|1] = k[i] | v[i]; rows with an out-of-range slot
+// or position are skipped (the backend checks host-visible inputs before launching).
+extern "C" __global__ void kv_store(float* cache, const float* k, const float* v,
+                                    const int* slots, const int* positions, int n, int row,
+                                    int n_slots, int n_layers, int max_len, int layer) {
+    long long total = (long long)n * row;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        int i = (int)(e / row), j = (int)(e % row);
+        int slot = slots[i], pos = positions[i];
+        if (slot < 0 || slot >= n_slots || pos < 0 || pos >= max_len) continue;
+        long long base = vt_kv_index(pos, slot, layer, 0, n_slots, n_layers, row);
+        cache[base + j] = k[e];
+        cache[base + row + j] = v[e];
+    }
+}
+
+// rope(q) and rope(k) in place, then k and v into the cache: one thread per rotated pair of
+// the n * (n_heads + n_kv) heads. A K head's thread also stores its roped pair and the same
+// two elements of v (so every element of k and v is stored once); rounding as rope's, and a
+// row with an out-of-range slot or position is roped but not stored (as kv_store).
+extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
+                                         const int* positions, const int* slots, float* cache,
+                                         int n, int n_heads, int n_kv, int head_dim, int neox,
+                                         int n_slots, int n_layers, int max_len, int layer,
+                                         RopeTable table) {
+    int half = head_dim / 2;
+    int heads = n_heads + n_kv;
+    int row_w = n_kv * head_dim;
+    long long total = (long long)n * heads * half;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        int i = (int)(e % half);
+        long long rh = e / half;  // row * heads + head
+        int row = (int)(rh / heads), hh = (int)(rh % heads);
+        int pos = positions[row];
+        double theta = (double)pos * table.inv[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        bool is_q = hh < n_heads;
+        int kh = hh - n_heads;
+        float* vec = is_q ? q + ((long long)row * n_heads + hh) * head_dim
+                          : k + (long long)row * row_w + (long long)kh * head_dim;
+        int ia = neox ? i : 2 * i;
+        int ib = neox ? i + half : 2 * i + 1;
+        float a = vec[ia], b = vec[ib];
+        float ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        float rb = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        vec[ia] = ra;
+        vec[ib] = rb;
+        if (!is_q) {
+            int slot = slots[row];
+            if (slot < 0 || slot >= n_slots || pos < 0 || pos >= max_len) continue;
+            long long base = vt_kv_index(pos, slot, layer, 0, n_slots, n_layers, row_w) +
+                             (long long)kh * head_dim;
+            const float* vr = v + (long long)row * row_w + (long long)kh * head_dim;
+            cache[base + ia] = ra;
+            cache[base + ib] = rb;
+            cache[base + row_w + ia] = vr[ia];
+            cache[base + row_w + ib] = vr[ib];
+        }
+    }
+}
+
