@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType
 from threadpoolctl import threadpool_info
 from vt.testing.tiny import quantize_matrix
 from vt.testing.tolerances import kernel_tolerance, nmse
-from vt_cpu import CpuBackend, StreamError, kernels, weights
+from vt_cpu import CpuBackend, StreamError, kernels, ops, weights
 from vt_cpu import compile as kernels_compile
 from vt_cpu.threads import Choice, Idle, ThreadOwner
 
@@ -65,8 +65,18 @@ def test_dequantized_rows_equal_the_reference(kind: str) -> None:
     assert np.array_equal(out, ref[rows])
 
 
+#: Activation rows around every boundary: row kernels (1), tile kernels from
+#: ``MM_MIN_ROWS`` (2-3) with full and partial tiles of 4, up to ``KERNEL_MAX_ROWS`` (8-32)
+#: and one past it (BLAS tiles).
+ROWS = sorted(
+    {1, 2, 3, 4, 5, 12}
+    | set(weights.MM_MIN_ROWS.values())
+    | {m + d for m in ops.KERNEL_MAX_ROWS.values() for d in (0, 1)}
+)
+
+
 @pytest.mark.parametrize("kind", ALL)
-@pytest.mark.parametrize("n", [1, 3, 12])
+@pytest.mark.parametrize("n", ROWS)
 def test_matmuls_over_blocks_match_the_reference(kind: str, n: int) -> None:
     t, ref = tensor(kind, 37, cols_for(kind), seed=2)
     w = weights.upload(t)
@@ -82,6 +92,16 @@ def test_matmuls_over_blocks_match_the_reference(kind: str, n: int) -> None:
         acc = res.copy()  # out aliases the residual, as matmul_add(out=x, residual=x) does
         w.matvec(x, acc, acc, nchunk)
         assert nmse(acc, res + want) <= bound
+    if kind in QUANT:  # the kernel of the other kind (row or tile) gives the same
+        serial, parallel, flags = w.kernels(1 if n >= weights.MM_MIN_ROWS[kind] else 32)
+        xb = x.reshape(n, -1, 32)
+        for nchunk in (1, 2):
+            out = np.full((n, w.rows), np.nan, np.float32)
+            if nchunk == 1:
+                serial(*w.arrays, xb, out, out, False, *flags)
+            else:
+                parallel(*w.arrays, xb, out, out, False, nchunk, *flags)
+            assert nmse(out, want) <= bound, (kind, n, nchunk)
     tiled = np.full((n, w.rows), np.nan, np.float32)
     owner = ThreadOwner(2)
     try:

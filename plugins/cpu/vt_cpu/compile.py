@@ -53,22 +53,30 @@ def _warm_kind(kind: str) -> None:
         q8s = _ro(q8.view(np.int8))
         Q.mv_q8_0(q8s, q8, x, out, res, True, 2)
         Q.mv1_q8_0(q8s, q8, x, out, res, True)
+        Q.mm_q8_0(q8s, q8, x, out, res, True, 2)
+        Q.mm1_q8_0(q8s, q8, x, out, res, True)
         Q.dq_q8_0(q8s, q8, rows, deq)
     elif kind in ("Q4_0", "Q4_1"):
         q4 = _blocks(20, 32)
         Q.mv_q4(q4, x, out, res, True, 2, True)
         Q.mv1_q4(q4, x, out, res, True, True)
+        Q.mm_q4(q4, x, out, res, True, 2, True)
+        Q.mm1_q4(q4, x, out, res, True, True)
         Q.dq_q4(q4, rows, deq, True)
     elif kind in ("Q4_K", "Q5_K"):
         qk = _blocks(176, 4)
         Q.mv_qk45(qk, x, out, res, True, 2, True)
         Q.mv1_qk45(qk, x, out, res, True, True)
+        Q.mm_qk45(qk, x, out, res, True, 2, True)
+        Q.mm1_qk45(qk, x, out, res, True, True)
         Q.dq_qk45(qk, rows, deq, True)
     elif kind == "Q6_K":
         q6 = _blocks(210, 4)
         q6s = _ro(q6.view(np.int8))
         Q.mv_q6_k(q6, q6s, x, out, res, True, 2)
         Q.mv1_q6_k(q6, q6s, x, out, res, True)
+        Q.mm_q6_k(q6, q6s, x, out, res, True, 2)
+        Q.mm1_q6_k(q6, q6s, x, out, res, True)
         Q.dq_q6_k(q6, q6s, rows, deq)
 
 
@@ -86,12 +94,12 @@ def _warm_layers() -> None:
 #: The kernels each group needs (to tell a first compile from a load from the cache).
 _GROUPS: dict[str, tuple[Any, ...]] = {
     "layers": (L.rms_norm, L.first_bad, L.rope_kv_store, L.silu_mul),
-    "Q8_0": (Q.mv_q8_0, Q.mv1_q8_0, Q.dq_q8_0),
-    "Q4_0": (Q.mv_q4, Q.mv1_q4, Q.dq_q4),
-    "Q4_1": (Q.mv_q4, Q.mv1_q4, Q.dq_q4),
-    "Q4_K": (Q.mv_qk45, Q.mv1_qk45, Q.dq_qk45),
-    "Q5_K": (Q.mv_qk45, Q.mv1_qk45, Q.dq_qk45),
-    "Q6_K": (Q.mv_q6_k, Q.mv1_q6_k, Q.dq_q6_k),
+    "Q8_0": (Q.mv_q8_0, Q.mv1_q8_0, Q.mm_q8_0, Q.mm1_q8_0, Q.dq_q8_0),
+    "Q4_0": (Q.mv_q4, Q.mv1_q4, Q.mm_q4, Q.mm1_q4, Q.dq_q4),
+    "Q4_1": (Q.mv_q4, Q.mv1_q4, Q.mm_q4, Q.mm1_q4, Q.dq_q4),
+    "Q4_K": (Q.mv_qk45, Q.mv1_qk45, Q.mm_qk45, Q.mm1_qk45, Q.dq_qk45),
+    "Q5_K": (Q.mv_qk45, Q.mv1_qk45, Q.mm_qk45, Q.mm1_qk45, Q.dq_qk45),
+    "Q6_K": (Q.mv_q6_k, Q.mv1_q6_k, Q.mm_q6_k, Q.mm1_q6_k, Q.dq_q6_k),
 }
 
 

@@ -27,12 +27,13 @@ from .threads import WORKQUEUE_LOCK, ThreadOwner
 
 F32 = np.float32
 
-#: Activation rows up to which a projection runs the matrix-vector kernels (each block is
-#: dequantized again for every row, so their time grows with the rows); more rows multiply
-#: dequantized tiles with BLAS. Measured crossovers (one thread): Q4_1 1536x576 between 8
-#: and 16 rows, Q8_0 49152x576 at 8, Q4_K 8192x2048 between 2 and 4.
-MATVEC_MAX_ROWS: dict[str, int] = {"Q8_0": 8, "Q4_0": 8, "Q4_1": 8}
-MATVEC_MAX_ROWS_K = 2  # Q4_K, Q5_K, Q6_K
+#: Activation rows up to which a projection runs the numba kernels (one row: the row
+#: kernels; several: the tile kernels, see ``vt_cpu.weights.MM_MIN_ROWS``); more rows
+#: (prefill) multiply dequantized tiles with BLAS. Measured crossovers of the tile kernels
+#: with the BLAS tiles (one thread, 1536x768, ``docs/benchmarks.md``).
+KERNEL_MAX_ROWS: dict[str, int] = {
+    "Q8_0": 32, "Q4_0": 16, "Q4_1": 32, "Q4_K": 8, "Q5_K": 32, "Q6_K": 32,
+}  # fmt: skip
 
 
 def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray, max_len: int,
@@ -120,12 +121,13 @@ class CpuOps(ReferenceOps):
     ) -> Callable[[], None]:
         """A closure computing ``out = x @ w.T (+ res)``."""
         w, owner = p.weight, self.threads
-        rows = MATVEC_MAX_ROWS.get(w.kind, MATVEC_MAX_ROWS_K)
-        if x.shape[0] <= rows and w.kind in W.BLOCK_TYPES:
+        n = x.shape[0]
+        if n <= KERNEL_MAX_ROWS.get(w.kind, 0):
             serial, parallel = w.bind(x, out, res)
             if owner.n <= 1:
                 return serial
-            choice, run = owner.choice(w.nbytes), owner.run
+            # one serial/parallel choice per amount of work (bytes x activation rows)
+            choice, run = owner.choice(w.nbytes * n), owner.run
             return lambda: run(choice, serial, parallel)
         step = w.tile_rows()
 

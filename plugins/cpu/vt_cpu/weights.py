@@ -9,7 +9,8 @@ float32 arrays.
 A :class:`BlockWeight` runs ``out = x @ w.T (+ res)`` two ways:
 
 - :meth:`BlockWeight.matvec`: the numba kernels of :mod:`vt_cpu.kernels.quant`, reading
-  each block once for all rows of ``x`` (decode: one row per sequence);
+  each block once for all rows of ``x`` (decode: one row per sequence), the row kernels
+  for one row and the tile kernels (a block dequantized once per 4 rows) for several;
 - :meth:`BlockWeight.tiled`: dequantize a tile of weight rows to float32 and multiply it
   with BLAS (prefill: many rows of ``x``), tile by tile, so the matrix is never expanded
   as a whole.
@@ -36,6 +37,11 @@ T = GGMLQuantizationType
 #: dequantize with its message.
 BLOCK_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"})
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+
+#: Activation rows from which :meth:`BlockWeight.bind` runs the tile kernels (``mm_*``:
+#: each block dequantized once per 4 activation rows) instead of the row kernels
+#: (``mv_*``: once per row). Measured, one thread, 1536x768 (``docs/benchmarks.md``).
+MM_MIN_ROWS: dict[str, int] = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 2, "Q4_K": 3, "Q5_K": 2, "Q6_K": 2}
 
 #: Rows of weights dequantized per BLAS tile in :meth:`BlockWeight.tiled`.
 TILE_ELEMENTS = 1 << 17
@@ -70,15 +76,23 @@ class BlockWeight:
             return run, lambda _n: run()
         xb = x.reshape(x.shape[0], -1, 32)
         args: tuple[Any, ...] = (*a, xb, out, r, add)
-        if k == "Q8_0":
-            one, par, tail = Q.mv1_q8_0, Q.mv_q8_0, ()
-        elif k in ("Q4_0", "Q4_1"):
-            one, par, tail = Q.mv1_q4, Q.mv_q4, (k == "Q4_1",)
-        elif k in ("Q4_K", "Q5_K"):
-            one, par, tail = Q.mv1_qk45, Q.mv_qk45, (k == "Q5_K",)
-        else:  # Q6_K
-            one, par, tail = Q.mv1_q6_k, Q.mv_q6_k, ()
+        one, par, tail = self.kernels(x.shape[0])
         return partial(one, *args, *tail), lambda n: par(*args, n, *tail)
+
+    def kernels(self, n: int) -> tuple[Callable[..., Any], Callable[..., Any], tuple[Any, ...]]:
+        """``(serial, parallel, flags)``: the kernels for ``n`` activation rows — the row
+        kernels (``mv_*``) below :data:`MM_MIN_ROWS`, else the tile kernels (``mm_*``)."""
+        k = self.kind
+        tile = n >= MM_MIN_ROWS[k]
+        if k == "Q8_0":
+            return (Q.mm1_q8_0, Q.mm_q8_0, ()) if tile else (Q.mv1_q8_0, Q.mv_q8_0, ())
+        if k in ("Q4_0", "Q4_1"):
+            flags = (k == "Q4_1",)
+            return (Q.mm1_q4, Q.mm_q4, flags) if tile else (Q.mv1_q4, Q.mv_q4, flags)
+        if k in ("Q4_K", "Q5_K"):
+            flags = (k == "Q5_K",)
+            return (Q.mm1_qk45, Q.mm_qk45, flags) if tile else (Q.mv1_qk45, Q.mv_qk45, flags)
+        return (Q.mm1_q6_k, Q.mm_q6_k, ()) if tile else (Q.mv1_q6_k, Q.mv_q6_k, ())
 
     def matvec(
         self, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, nchunk: int = 1

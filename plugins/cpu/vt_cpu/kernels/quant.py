@@ -692,3 +692,308 @@ def dq_q6_k(raw, sc, rows, out):
                     out[k, base + 32 + j] = di * F(sc[i, gs + 2]) * v1
                     out[k, base + 64 + j] = di * F(sc[i, gs + 4]) * v2
                     out[k, base + 96 + j] = di * F(sc[i, gs + 6]) * v3
+
+
+# --------------------------------------------------------------------------- batched decode
+# ``mm_*`` computes the same product as ``mv_*`` for several activation rows (a decode
+# step of several sequences): a tile of 4 weight rows x 4 activation rows. Each value of
+# the 4 weight rows is dequantized once per tile, in registers, and multiplied with the 4
+# activation rows, accumulating in 16 lanes per (activation row, weight row) pair: 256
+# float32 in ``acc`` (16 AVX-512 registers), lane ``j`` of pair ``(k, rr)`` at
+# ``acc[64 k + 16 rr + j]``, summed across lanes once per tile. The blocks of a group of
+# weight rows (a few KiB) stay in L1 while the activation rows pass by 4 at a time, so a
+# block comes from memory once per step and is dequantized once per 4 activation rows
+# (``mv_*`` dequantizes it once per row). A last group of fewer than 4 activation rows
+# repeats its last row (computed, not stored). ``mm1_*`` runs on the calling thread,
+# ``mm_*`` splits the weight row groups over ``nchunk`` of numba's threads.
+
+
+@njit(**_KW, inline="always")
+def _acc4(acc, lane, w0, b0, j0, w1, b1, j1, x, ta, tb, tc, td):
+    """Add two dequantized values of one weight row, ``w0`` (element ``j0`` of sub-block
+    ``b0``) and ``w1``, times the 4 activation rows ``ta..td`` to lane ``lane`` of the row's
+    4 pairs."""
+    acc[lane] += w0 * x[ta, b0, j0] + w1 * x[ta, b1, j1]
+    acc[lane + 64] += w0 * x[tb, b0, j0] + w1 * x[tb, b1, j1]
+    acc[lane + 128] += w0 * x[tc, b0, j0] + w1 * x[tc, b1, j1]
+    acc[lane + 192] += w0 * x[td, b0, j0] + w1 * x[td, b1, j1]
+
+
+@njit(**_KW, inline="always")
+def _tile_rows(t0, n):
+    """The 4 activation rows of the tile at ``t0``, the last repeated past ``n``."""
+    return t0, min(t0 + 1, n - 1), min(t0 + 2, n - 1), min(t0 + 3, n - 1)
+
+
+@njit(**_KW, inline="always")
+def _row_blocks(r, rows, nb):
+    """First blocks of weight rows ``r .. r + 3`` (the last repeated past ``rows``)."""
+    return (r * nb, min(r + 1, rows - 1) * nb, min(r + 2, rows - 1) * nb,
+            min(r + 3, rows - 1) * nb)  # fmt: skip
+
+
+@njit(**_KW, inline="always")
+def _store_tile(acc, out, t0, r):
+    n, rows = out.shape
+    for k in range(4):
+        t = t0 + k
+        for rr in range(4):
+            s = F(0.0)
+            for j in range(16):
+                s += acc[64 * k + 16 * rr + j]
+            if t < n and r + rr < rows:
+                out[t, r + rr] = s
+
+
+@njit(**_KW)
+def _tile_q8_0(q, raw, x, out, g0, g1):
+    n, nb = x.shape[0], x.shape[1]
+    rows = out.shape[1]
+    acc = carray(_stack_f32(256), 256)
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _row_blocks(r, rows, nb)
+        _prefetch_rows(raw, i0, 4 * nb)
+        for t0 in range(0, n, 4):
+            ta, tb, tc, td = _tile_rows(t0, n)
+            for j in range(256):
+                acc[j] = F(0.0)
+            for b in range(nb):
+                d0 = _f16(raw, i0 + b, 0)
+                d1 = _f16(raw, i1 + b, 0)
+                d2 = _f16(raw, i2 + b, 0)
+                d3 = _f16(raw, i3 + b, 0)
+                for j in range(16):
+                    w0, w1 = d0 * F(q[i0 + b, 2 + j]), d0 * F(q[i0 + b, 18 + j])
+                    _acc4(acc, j, w0, b, j, w1, b, 16 + j, x, ta, tb, tc, td)
+                    w0, w1 = d1 * F(q[i1 + b, 2 + j]), d1 * F(q[i1 + b, 18 + j])
+                    _acc4(acc, 16 + j, w0, b, j, w1, b, 16 + j, x, ta, tb, tc, td)
+                    w0, w1 = d2 * F(q[i2 + b, 2 + j]), d2 * F(q[i2 + b, 18 + j])
+                    _acc4(acc, 32 + j, w0, b, j, w1, b, 16 + j, x, ta, tb, tc, td)
+                    w0, w1 = d3 * F(q[i3 + b, 2 + j]), d3 * F(q[i3 + b, 18 + j])
+                    _acc4(acc, 48 + j, w0, b, j, w1, b, 16 + j, x, ta, tb, tc, td)
+            _store_tile(acc, out, t0, r)
+
+
+@njit(**_KW, parallel=True)
+def mm_q8_0(q, raw, x, out, res, add, nchunk):
+    tgt = _target(out, add)
+    groups = (out.shape[1] + 3) // 4
+    for c in prange(nchunk):
+        _tile_q8_0(q, raw, x, tgt, c * groups // nchunk, (c + 1) * groups // nchunk)
+    _finish(out, tgt, res, add)
+
+
+@njit(**_KW)
+def mm1_q8_0(q, raw, x, out, res, add):
+    tgt = _target(out, add)
+    _tile_q8_0(q, raw, x, tgt, 0, (out.shape[1] + 3) // 4)
+    _finish(out, tgt, res, add)
+
+
+@njit(**_KW, inline="always")
+def _q4_scales(raw, i, has_min):
+    """A Q4_0/Q4_1 block's ``(d, m)``: its value is ``d q + m`` (Q4_0: ``m = -8 d``)."""
+    d = _f16(raw, i, 0)
+    return d, (_f16(raw, i, 2) if has_min else F(-8.0) * d)
+
+
+@njit(**_KW, inline="always")
+def _q4_pair(raw, i, off, j, d, m):
+    lo, hi = _nib(raw[i, off + j])
+    return d * lo + m, d * hi + m
+
+
+@njit(**_KW)
+def _tile_q4(raw, x, out, g0, g1, has_min):
+    """Q4_0 and Q4_1 (the flag only changes a block's scales and the quants' offset)."""
+    n, nb = x.shape[0], x.shape[1]
+    rows = out.shape[1]
+    off = 4 if has_min else 2
+    acc = carray(_stack_f32(256), 256)
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _row_blocks(r, rows, nb)
+        _prefetch_rows(raw, i0, 4 * nb)
+        for t0 in range(0, n, 4):
+            ta, tb, tc, td = _tile_rows(t0, n)
+            for j in range(256):
+                acc[j] = F(0.0)
+            for b in range(nb):
+                d0, m0 = _q4_scales(raw, i0 + b, has_min)
+                d1, m1 = _q4_scales(raw, i1 + b, has_min)
+                d2, m2 = _q4_scales(raw, i2 + b, has_min)
+                d3, m3 = _q4_scales(raw, i3 + b, has_min)
+                for j in range(16):
+                    w0, w1 = _q4_pair(raw, i0 + b, off, j, d0, m0)
+                    _acc4(acc, j, w0, b, j, w1, b, 16 + j, x, ta, tb, tc, td)
+                    w0, w1 = _q4_pair(raw, i1 + b, off, j, d1, m1)
+                    _acc4(acc, 16 + j, w0, b, j, w1, b, 16 + j, x, ta, tb, tc, td)
+                    w0, w1 = _q4_pair(raw, i2 + b, off, j, d2, m2)
+                    _acc4(acc, 32 + j, w0, b, j, w1, b, 16 + j, x, ta, tb, tc, td)
+                    w0, w1 = _q4_pair(raw, i3 + b, off, j, d3, m3)
+                    _acc4(acc, 48 + j, w0, b, j, w1, b, 16 + j, x, ta, tb, tc, td)
+            _store_tile(acc, out, t0, r)
+
+
+@njit(**_KW, parallel=True)
+def mm_q4(raw, x, out, res, add, nchunk, has_min):
+    tgt = _target(out, add)
+    groups = (out.shape[1] + 3) // 4
+    for c in prange(nchunk):
+        _tile_q4(raw, x, tgt, c * groups // nchunk, (c + 1) * groups // nchunk, has_min)
+    _finish(out, tgt, res, add)
+
+
+@njit(**_KW)
+def mm1_q4(raw, x, out, res, add, has_min):
+    tgt = _target(out, add)
+    _tile_q4(raw, x, tgt, 0, (out.shape[1] + 3) // 4, has_min)
+    _finish(out, tgt, res, add)
+
+
+@njit(**_KW, inline="always")
+def _qk_scales(raw, i, s):
+    """Sub-blocks ``s, s + 1`` of a Q4_K/Q5_K block: ``(d sc_s, dmin mn_s, d sc_s+1,
+    dmin mn_s+1)``; a value is ``d sc q - dmin mn``."""
+    d, dm = _f16(raw, i, 0), _f16(raw, i, 2)
+    sa, ma = _k_scale_min(raw, i, s)
+    sb, mb = _k_scale_min(raw, i, s + 1)
+    return d * sa, dm * ma, d * sb, dm * mb
+
+
+@njit(**_KW, inline="always")
+def _qk_pair(raw, i, h, j, p0, p1, p2, five, la, ma, lb, mb):
+    """Element ``j`` of sub-blocks ``2h`` and ``2h + 1`` of a Q4_K/Q5_K block."""
+    if five:
+        lo, hi = _nib(raw[i, 48 + 32 * h + j])
+        e0, e1 = _bits2(raw[i, 16 + j], p0, p1, p2)
+        lo += F(16.0) * e0
+        hi += F(16.0) * e1
+    else:
+        lo, hi = _nib(raw[i, 16 + 32 * h + j])
+    return la * lo - ma, lb * hi - mb
+
+
+@njit(**_KW)
+def _tile_qk45(raw, x, out, g0, g1, five):
+    """Q4_K (``five`` False) and Q5_K: per block, the 4 weight rows' sub-block pairs
+    ``(2h, 2h + 1)``, elements ``j`` and ``16 + j`` in lane ``j``."""
+    n, nsub = x.shape[0], x.shape[1]
+    nbk = nsub // 8
+    rows = out.shape[1]
+    acc = carray(_stack_f32(256), 256)
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _row_blocks(r, rows, nbk)
+        _prefetch_rows(raw, i0, 4 * nbk)
+        for t0 in range(0, n, 4):
+            ta, tb, tc, td = _tile_rows(t0, n)
+            for j in range(256):
+                acc[j] = F(0.0)
+            for kb in range(nbk):
+                for h in range(4):
+                    s = 2 * h
+                    sb = kb * 8 + s
+                    p0, p1, p2 = _pow2s(s)
+                    la0, ma0, lb0, mb0 = _qk_scales(raw, i0 + kb, s)
+                    la1, ma1, lb1, mb1 = _qk_scales(raw, i1 + kb, s)
+                    la2, ma2, lb2, mb2 = _qk_scales(raw, i2 + kb, s)
+                    la3, ma3, lb3, mb3 = _qk_scales(raw, i3 + kb, s)
+                    for half in range(2):
+                        for jj in range(16):
+                            j = 16 * half + jj
+                            w0, w1 = _qk_pair(raw, i0 + kb, h, j, p0, p1, p2, five,
+                                              la0, ma0, lb0, mb0)  # fmt: skip
+                            _acc4(acc, jj, w0, sb, j, w1, sb + 1, j, x, ta, tb, tc, td)
+                            w0, w1 = _qk_pair(raw, i1 + kb, h, j, p0, p1, p2, five,
+                                              la1, ma1, lb1, mb1)  # fmt: skip
+                            _acc4(acc, 16 + jj, w0, sb, j, w1, sb + 1, j, x, ta, tb, tc, td)
+                            w0, w1 = _qk_pair(raw, i2 + kb, h, j, p0, p1, p2, five,
+                                              la2, ma2, lb2, mb2)  # fmt: skip
+                            _acc4(acc, 32 + jj, w0, sb, j, w1, sb + 1, j, x, ta, tb, tc, td)
+                            w0, w1 = _qk_pair(raw, i3 + kb, h, j, p0, p1, p2, five,
+                                              la3, ma3, lb3, mb3)  # fmt: skip
+                            _acc4(acc, 48 + jj, w0, sb, j, w1, sb + 1, j, x, ta, tb, tc, td)
+            _store_tile(acc, out, t0, r)
+
+
+@njit(**_KW, parallel=True)
+def mm_qk45(raw, x, out, res, add, nchunk, five):
+    tgt = _target(out, add)
+    groups = (out.shape[1] + 3) // 4
+    for c in prange(nchunk):
+        _tile_qk45(raw, x, tgt, c * groups // nchunk, (c + 1) * groups // nchunk, five)
+    _finish(out, tgt, res, add)
+
+
+@njit(**_KW)
+def mm1_qk45(raw, x, out, res, add, five):
+    tgt = _target(out, add)
+    _tile_qk45(raw, x, tgt, 0, (out.shape[1] + 3) // 4, five)
+    _finish(out, tgt, res, add)
+
+
+@njit(**_KW, inline="always")
+def _q6_quad(raw, sc, i, h, j, d):
+    """Element ``j`` of the 4 sub-blocks of half ``h`` of a Q6_K block, dequantized."""
+    v0, v1, v2, v3 = _q6(raw[i, 64 * h + j], raw[i, 64 * h + 32 + j], raw[i, 128 + 32 * h + j])
+    gs = 192 + 8 * h + j // 16
+    return (d * F(sc[i, gs]) * v0, d * F(sc[i, gs + 2]) * v1, d * F(sc[i, gs + 4]) * v2,
+            d * F(sc[i, gs + 6]) * v3)  # fmt: skip
+
+
+@njit(**_KW)
+def _tile_q6_k(raw, sc, x, out, g0, g1):
+    """Q6_K: per half of a block, element ``j`` of its 4 sub-blocks in lane ``j % 16``."""
+    n, nsub = x.shape[0], x.shape[1]
+    nbk = nsub // 8
+    rows = out.shape[1]
+    acc = carray(_stack_f32(256), 256)
+    for g in range(g0, g1):
+        r = g * 4
+        i0, i1, i2, i3 = _row_blocks(r, rows, nbk)
+        _prefetch_rows(raw, i0, 4 * nbk)
+        for t0 in range(0, n, 4):
+            ta, tb, tc, td = _tile_rows(t0, n)
+            for j in range(256):
+                acc[j] = F(0.0)
+            for kb in range(nbk):
+                d0 = _f16(raw, i0 + kb, 208)
+                d1 = _f16(raw, i1 + kb, 208)
+                d2 = _f16(raw, i2 + kb, 208)
+                d3 = _f16(raw, i3 + kb, 208)
+                for h in range(2):
+                    sb = kb * 8 + 4 * h
+                    for half in range(2):
+                        for jj in range(16):
+                            j = 16 * half + jj
+                            v0, v1, v2, v3 = _q6_quad(raw, sc, i0 + kb, h, j, d0)
+                            _acc4(acc, jj, v0, sb, j, v1, sb + 1, j, x, ta, tb, tc, td)
+                            _acc4(acc, jj, v2, sb + 2, j, v3, sb + 3, j, x, ta, tb, tc, td)
+                            v0, v1, v2, v3 = _q6_quad(raw, sc, i1 + kb, h, j, d1)
+                            _acc4(acc, 16 + jj, v0, sb, j, v1, sb + 1, j, x, ta, tb, tc, td)
+                            _acc4(acc, 16 + jj, v2, sb + 2, j, v3, sb + 3, j, x, ta, tb, tc, td)
+                            v0, v1, v2, v3 = _q6_quad(raw, sc, i2 + kb, h, j, d2)
+                            _acc4(acc, 32 + jj, v0, sb, j, v1, sb + 1, j, x, ta, tb, tc, td)
+                            _acc4(acc, 32 + jj, v2, sb + 2, j, v3, sb + 3, j, x, ta, tb, tc, td)
+                            v0, v1, v2, v3 = _q6_quad(raw, sc, i3 + kb, h, j, d3)
+                            _acc4(acc, 48 + jj, v0, sb, j, v1, sb + 1, j, x, ta, tb, tc, td)
+                            _acc4(acc, 48 + jj, v2, sb + 2, j, v3, sb + 3, j, x, ta, tb, tc, td)
+            _store_tile(acc, out, t0, r)
+
+
+@njit(**_KW, parallel=True)
+def mm_q6_k(raw, sc, x, out, res, add, nchunk):
+    tgt = _target(out, add)
+    groups = (out.shape[1] + 3) // 4
+    for c in prange(nchunk):
+        _tile_q6_k(raw, sc, x, tgt, c * groups // nchunk, (c + 1) * groups // nchunk)
+    _finish(out, tgt, res, add)
+
+
+@njit(**_KW)
+def mm1_q6_k(raw, sc, x, out, res, add):
+    tgt = _target(out, add)
+    _tile_q6_k(raw, sc, x, tgt, 0, (out.shape[1] + 3) // 4)
+    _finish(out, tgt, res, add)
