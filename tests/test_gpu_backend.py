@@ -478,6 +478,7 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
     assert includes == []  # nvrtc and hiprtc find no system headers
     names = {
         "rms_norm", "rope", "kv_store", "attention", "silu_mul", "add", "gather_rows", "sample",
+        "logprobs",
         "rope_kv_store", *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
         *(f"{k}_{s}" for k in ("matmul_small1", "matmul_small4", "matmul_tiled",
                                "swiglu_small1", "swiglu_small2", "qkv_small1", "qkv_small4")
@@ -609,6 +610,13 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "params": c.t("params", vt.SAMPLE_PARAMS_DTYPE, 3)},
             "sample",
             {"n": 3, "vocab": 7},
+        ),
+        "logprobs": lambda: (
+            {"chosen": c.t("chosen", F32, 2), "top_ids": c.t("top_ids", I32, 2, 5),
+             "top_logprobs": c.t("top_lp", F32, 2, 5), "logits": c.t("logits", F32, 3, 11),
+             "ids": c.t("ids", I32, 3), "rows": c.t("rows", I32, 2)},
+            "logprobs",
+            {"m": 2, "k": 5, "n": 3, "vocab": 11},
         ),
         "matmul_add": lambda: (
             {"out": c.t("out", F32, 3, 6), "x": c.t("x", F32, 3, 32),
@@ -805,9 +813,17 @@ def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any
         ("sample", lambda w, b: {"out": _i32(b, 1), "logits": _f32(b, 1, 0),
                                  "params": vt.Tensor(b, vt.SAMPLE_PARAMS_DTYPE, (1,))},
          r"vocab must be in \[1, 2\*\*24\)"),
+        ("logprobs", lambda w, b: {"chosen": _f32(b, 1), "top_ids": _i32(b, 1, 21),
+                                   "top_logprobs": _f32(b, 1, 21), "logits": _f32(b, 1, 40),
+                                   "ids": _i32(b, 1), "rows": _i32(b, 1)},
+         r"k=21 alternatives exceed the kernel's 20"),
+        ("logprobs", lambda w, b: {"chosen": _f32(b, 1), "top_ids": _i32(b, 1, 5),
+                                   "top_logprobs": _f32(b, 1, 5), "logits": _f32(b, 1, 4),
+                                   "ids": _i32(b, 1), "rows": _i32(b, 1)},
+         r"k=5 alternatives exceed the vocabulary of 4"),
     ],
     ids=["matmul-x", "gqa", "layer", "rope-odd", "rope-head-dim", "kv-head-dim",
-         "attention-head-dim", "vocab"],
+         "attention-head-dim", "vocab", "logprobs-k", "logprobs-vocab"],
 )  # fmt: skip
 def test_bad_op_arguments_fail_before_launching(op: str, args: Callable, message: str) -> None:
     backend, rt = make()

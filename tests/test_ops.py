@@ -22,7 +22,15 @@ def test_every_op_has_a_reference_and_fused_ops_decompose_into_table_ops() -> No
             assert any(a.kind in ("out", "inout") for a in op.args)
         else:
             assert not op.parts
-    assert set(vt.PRIMITIVE_OPS) | set(vt.FUSED_OPS) == set(OPS)
+    assert set(vt.PRIMITIVE_OPS) | set(vt.FUSED_OPS) | set(vt.OPTIONAL_OPS) == set(OPS)
+    assert vt.OPTIONAL_OPS == ("logprobs",) and OPS["logprobs"].fallback
+
+
+def test_an_optional_op_is_a_fallback_never_missing() -> None:
+    plan = op_plan(set(vt.PRIMITIVE_OPS).__contains__)
+    assert plan["logprobs"] == "fallback" and "missing" not in plan.values()
+    assert plan_text(plan).endswith("fallback: logprobs")
+    assert op_plan(set(OPS).__contains__)["logprobs"] == "native"
 
 
 def test_each_architecture_declares_ops_of_the_table() -> None:
@@ -44,7 +52,7 @@ def test_plan_native_decomposed_and_missing() -> None:
     assert no_rope["swiglu"] == "decomposed"
     assert plan_text(no_rope).startswith("native: embedding")
     assert "missing: rope, rope_kv_store" in plan_text(no_rope)
-    assert plan_text(op_plan(lambda _op: False)).startswith("missing: embedding")
+    assert plan_text(op_plan(lambda _op: False)).startswith("fallback: logprobs; missing: embed")
 
 
 def test_closure_expands_only_what_the_backend_lacks() -> None:
@@ -61,6 +69,7 @@ def test_vt_backends_and_audit_show_each_backends_ops() -> None:
     assert table.exit_code == 0, table.output
     assert "ops: native: embedding" in table.output
     assert "decomposed: matmul_add, swiglu, rope_kv_store" in table.output  # tt_stub
+    assert "fallback: logprobs" in table.output  # tt_stub: the host computes logprobs
     listed = {e["name"]: e for e in json.loads(runner.invoke(main, ["backends", "--json"]).output)}
     assert listed["cpu"]["ops"] == list(OPS) and listed["tt_stub"]["ops"] == list(vt.PRIMITIVE_OPS)
     audit = runner.invoke(main, ["audit", "--backend", "tt_stub", "--json"])

@@ -47,7 +47,7 @@ from .protocol.mixins import (
     PinnedHostMemory,
     VirtualMemory,
 )
-from .protocol.ops import FUSED_OPS, OPS, PRIMITIVE_OPS, Arg, OpDef
+from .protocol.ops import FUSED_OPS, OPS, OPTIONAL_OPS, PRIMITIVE_OPS, Arg, OpDef
 
 __version__ = "0.1.0"
 
@@ -75,6 +75,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "FUSED_OPS",
     "OPS",
+    "OPTIONAL_OPS",
     "PRIMITIVE_OPS",
     "SAMPLE_PARAMS_DTYPE",
     "Arg",

@@ -16,6 +16,14 @@ read ``hipMalloc`` memory on the CPU in the original bug):
     the host synchronises the main stream, then copies with ``copy_d2h``. Never
     ``host_view``.
 
+A step whose rows ask for logprobs carries them the same way. Where the backend implements
+the op ``logprobs``, the step launches it on the device after sampling, into the slot's
+``lp`` buffer: ``m * (1 + 2k)`` 4-byte values for ``m`` asking rows and ``k``
+alternatives (chosen logprob, top ids, top logprobs), which travel the ids' path (read
+through ``host_view``, copied on the copy stream into ``host_lp``, or copied after a
+synchronize). Elsewhere (the op's fallback) the step copies the asking rows' logits into the
+slot's ``logits`` buffer, and the host reads them back and computes the logprobs.
+
 Each slot also carries the pinned staging of its step's host inputs; a slot is reused only
 after its previous step's output has been read (or read eagerly on reuse), which also proves
 the step consumed its staging, so an async host-to-device copy is never overwritten in flight.
@@ -86,11 +94,49 @@ class OutputSlot:
     fork: Event
     ready: Event
     pending: StepOutput | None = None  # the step whose output is not read yet
-    logits: Buffer | None = None  # device float32[max_rows, vocab]: a copy for logprobs
+    logits: Buffer | None = None  # device float32[max_rows, vocab]: the host fallback's copy
+    lp: Buffer | None = None  # device: the logprobs op's results (see LogprobLayout)
+    host_lp: HostBuffer | None = None  # pinned landing of ``lp`` (async_d2h only)
 
 
 #: One sampled token's log-probabilities: its own, and the most likely ids with theirs.
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class LogprobLayout:
+    """Where the logprobs op writes a step's results in the slot's ``lp`` buffer: the
+    asking sampled rows in ascending order (``picked``), ``k`` alternatives for all of
+    them (the most any asked for); chosen float32[m], top ids int32[m, k], top logprobs
+    float32[m, k], back to back."""
+
+    picked: tuple[int, ...]
+    k: int
+
+    @classmethod
+    def of(cls, rows: dict[int, int]) -> LogprobLayout:
+        return cls(tuple(sorted(rows)), max(rows.values()))
+
+    @property
+    def m(self) -> int:
+        return len(self.picked)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.m * (1 + 2 * self.k)
+
+    def parse(self, raw: np.ndarray, rows: dict[int, int]) -> dict[int, TokenLogprobs]:
+        """``{sampled row: (chosen, [(id, logprob), ...])}`` from the op's bytes."""
+        m, k = self.m, self.k
+        chosen = raw[: 4 * m].view(np.float32)
+        top_ids = raw[4 * m : 4 * m * (1 + k)].view(np.int32).reshape(m, k)
+        top_lp = raw[4 * m * (1 + k) : self.nbytes].view(np.float32).reshape(m, k)
+        out: dict[int, TokenLogprobs] = {}
+        for i, j in enumerate(self.picked):
+            n = rows[j]
+            top = [(int(t), float(v)) for t, v in zip(top_ids[i, :n], top_lp[i, :n], strict=True)]
+            out[j] = (float(chosen[i]), top)
+        return out
 
 
 class StepOutput:
@@ -140,7 +186,7 @@ class StepOutput:
     def get_logprobs(self) -> dict[int, TokenLogprobs]:
         """``{slot: (logprob of the sampled id, [(id, logprob), ...])}`` for the rows that
         asked (after :meth:`get_output`): log-probabilities of the model's distribution,
-        computed on the host from a copy of the step's logits."""
+        from the device op ``logprobs`` or (its fallback) a copy of the step's logits."""
         return dict(self._logprobs)
 
     def _materialize(self) -> None:
@@ -194,6 +240,10 @@ class OutputPool:
         self.max_rows = max_rows
         self.copy_stream: Stream | None = None
         self.slots: list[OutputSlot] = []
+        self.vocab = 0
+        self.lp_on_device = False
+        #: Bytes of logprob data read back to the host so far (results, or logits copies).
+        self.lp_bytes_read = 0
         self._next = 0
         # Without real events, waiting on an event means waiting on its stream.
         self.has_events = backend.capabilities.events
@@ -233,14 +283,20 @@ class OutputPool:
                 slot.pending._materialize()
         return slot
 
-    def publish(self, slot: OutputSlot) -> None:
-        """Enqueue the readback of ``slot.ids`` after the step's sampling on the main stream."""
+    def publish(self, slot: OutputSlot, lp_nbytes: int = 0) -> None:
+        """Enqueue the readback of ``slot.ids`` (and of the first ``lp_nbytes`` of
+        ``slot.lp``) after the step's sampling on the main stream."""
         b = self.backend
         if self.path is ReadbackPath.async_d2h:
             assert self.copy_stream is not None and slot.host_ids is not None
             b.record_event(slot.fork, self.main)
             b.stream_wait_event(self.copy_stream, slot.fork)
             b.copy_d2h_async(slot.host_ids, slot.ids, self.copy_stream)
+            if lp_nbytes:
+                assert slot.lp is not None and slot.host_lp is not None
+                h = slot.host_lp
+                part = HostBuffer(h.array[:lp_nbytes], handle=h.handle, pinned=h.pinned)
+                b.copy_d2h_async(part, slot.lp, self.copy_stream)
             b.record_event(slot.ready, self.copy_stream)
         else:
             b.record_event(slot.ready, self.main)
@@ -267,18 +323,38 @@ class OutputPool:
             b.copy_d2h(out, slot.ids)
         return out
 
-    def enable_logits(self, vocab: int) -> None:
-        """Give every slot a device buffer for a copy of its step's logits (logprobs)."""
+    def enable_logprobs(self, vocab: int, max_k: int, on_device: bool) -> None:
+        """Give every slot what a step's logprobs need: a device buffer for the logprobs
+        op's results (``on_device``; pinned landing on the async path) or for a copy of the
+        step's logits (the host fallback). Call it between steps."""
+        b = self.backend
         self.vocab = vocab
+        self.lp_on_device = on_device
+        lp_bytes = max(4 * self.max_rows * (1 + 2 * max_k), 4)
         for slot in self.slots:
-            if slot.logits is None:
-                slot.logits = self.backend.alloc(self.max_rows * vocab * 4)
+            if not on_device:
+                if slot.logits is None:
+                    slot.logits = b.alloc(self.max_rows * vocab * 4)
+                continue
+            if slot.lp is not None and slot.lp.nbytes >= lp_bytes:
+                continue
+            if slot.lp is not None:
+                b.free(slot.lp)
+                slot.lp = None
+            if slot.host_lp is not None:
+                b.free_pinned(slot.host_lp)
+                slot.host_lp = None
+            slot.lp = b.alloc(lp_bytes)
+            if self.path is ReadbackPath.async_d2h:
+                slot.host_lp = b.alloc_pinned(lp_bytes)
 
     def read_logprobs(
         self, slot: OutputSlot, ids: np.ndarray, rows: dict[int, int]
     ) -> dict[int, TokenLogprobs]:
         """The log-probabilities of ``rows`` (sampled row -> alternatives wanted) of the step
-        in ``slot``, whose ids were just read (so its logits copy is complete)."""
+        in ``slot``, whose ids were just read (so its results or logits copy are complete)."""
+        if self.lp_on_device:
+            return self._read_device_logprobs(slot, rows)
         from ..reference.sampling import logprobs
 
         assert slot.logits is not None
@@ -290,6 +366,7 @@ class OutputPool:
         else:
             logits = np.empty((n, vocab), dtype=np.float32)
             self.backend.copy_d2h(logits, slot.logits)
+        self.lp_bytes_read += logits.nbytes
         picked = sorted(rows)
         k = max(rows.values())
         chosen, top_ids, top_lp = logprobs(logits[picked], ids[picked], k)
@@ -298,6 +375,23 @@ class OutputPool:
             top = [(int(t), float(v)) for t, v in zip(top_ids[i], top_lp[i], strict=True)]
             out[j] = (float(chosen[i]), top[: rows[j]])
         return out
+
+    def _read_device_logprobs(
+        self, slot: OutputSlot, rows: dict[int, int]
+    ) -> dict[int, TokenLogprobs]:
+        layout = LogprobLayout.of(rows)
+        n = layout.nbytes
+        assert slot.lp is not None
+        if self.path is ReadbackPath.host_view:
+            raw = self.backend.host_view(slot.lp)[:n]
+        elif self.path is ReadbackPath.async_d2h:
+            assert slot.host_lp is not None
+            raw = slot.host_lp.array[:n]
+        else:
+            raw = np.empty(n, dtype=np.uint8)
+            self.backend.copy_d2h(raw, slot.lp)
+        self.lp_bytes_read += n
+        return layout.parse(raw, rows)
 
     def reset(self, error: Exception) -> None:
         """Forget every step still pending (after a failed step, once the streams have
@@ -326,6 +420,10 @@ class OutputPool:
             b.free(slot.ids)
             if slot.logits is not None:
                 b.free(slot.logits)
+            if slot.lp is not None:
+                b.free(slot.lp)
+            if slot.host_lp is not None:
+                b.free_pinned(slot.host_lp)
             b.free_pinned(slot.inputs)
             if slot.host_ids is not None:
                 b.free_pinned(slot.host_ids)

@@ -26,12 +26,15 @@ import numpy as np
 
 from ..errors import VtError
 from ..model.graph import ARCHITECTURE_OPS, LlamaGraph, StepInputs, check_backend
-from ..protocol.backend import SAMPLE_PARAMS_DTYPE, Backend, Buffer, HostBuffer, KVLayout
+from ..protocol.backend import SAMPLE_PARAMS_DTYPE, Backend, Buffer, HostBuffer, KVLayout, Tensor
+from ..protocol.handles import F32, I32
 from ..reference.sampling import MAX_TOP_LOGPROBS
 from .memory.kv import KVCache
 from .readback import (
+    LogprobLayout,
     OutputAlreadyReadError,
     OutputPool,
+    OutputSlot,
     ReadbackPath,
     StepOutput,
     async_scheduling_enabled,
@@ -121,11 +124,13 @@ class _InputLayout:
     slots: int
     rows: int
     params: int
+    lp_rows: int  # the sampled rows whose logprobs the step computes on the device
     nbytes: int
 
     @classmethod
     def for_sizes(cls, max_tokens: int, max_rows: int) -> _InputLayout:
         sizes = [max_tokens * 4] * 3 + [max_rows * 4, max_rows * SAMPLE_PARAMS_DTYPE.itemsize]
+        sizes.append(max_rows * 4)
         offsets, at = [], 0
         for size in sizes:
             offsets.append(at)
@@ -195,6 +200,7 @@ class ModelRunner:
         self.async_scheduling = enabled
         self.logprobs_enabled = False  # enable_logprobs() allocates what logprobs need
         self.max_logprobs = 0
+        self.logprobs_on_device = False  # the backend's logprobs op, else the host fallback
         self.layout = KVLayout(
             n_layers=config.n_layers,
             n_slots=max_slots,
@@ -237,6 +243,7 @@ class ModelRunner:
             rows=self._inputs.view(i.rows, self.max_rows * 4),
             params=self._inputs.view(i.params, self.max_rows * SAMPLE_PARAMS_DTYPE.itemsize),
         )
+        self._lp_rows = self._inputs.view(i.lp_rows, self.max_rows * 4)
 
     # ---- public API
     def execute(self, chunks: list[SeqChunk]) -> StepOutput:
@@ -289,16 +296,30 @@ class ModelRunner:
             "invalidations": g.invalidations,
         }
 
-    def enable_logprobs(self, max_logprobs: int = MAX_TOP_LOGPROBS) -> None:
-        """Let chunks ask for logprobs (``SeqChunk.logprobs`` up to ``max_logprobs``): each
-        output slot gets a device buffer for a copy of its step's logits (``max_rows *
-        vocab`` floats), read back only for steps that ask. Call it between steps."""
+    def enable_logprobs(
+        self, max_logprobs: int = MAX_TOP_LOGPROBS, on_device: bool | None = None
+    ) -> None:
+        """Let chunks ask for logprobs (``SeqChunk.logprobs`` up to ``max_logprobs``). Call
+        it between steps.
+
+        Where the backend runs the op ``logprobs`` (``on_device`` None: whenever it says it
+        supports it), a step that asks launches it after sampling, for the asking rows
+        only, and reads back ``4 * (1 + 2k)`` bytes per row with the sampled ids. Else (the
+        op's fallback) each output slot gets a device buffer for a copy of its step's logits
+        (``max_rows * vocab`` floats), read back and reduced on the host for steps that ask.
+        """
         self._check_open()
         if not 0 <= max_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"max_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {max_logprobs}")
+        device = self.backend.supports("logprobs") if on_device is None else bool(on_device)
+        if device and not self.backend.supports("logprobs"):
+            raise ValueError(f"backend {self.backend.name!r} does not implement the op logprobs")
+        if self.logprobs_enabled and device != self.logprobs_on_device:
+            raise ValueError("logprobs are already enabled on the other path")
         assert self._pool is not None
-        self._pool.enable_logits(self.config.vocab_size)
         self.max_logprobs = max(self.max_logprobs, max_logprobs)
+        self._pool.enable_logprobs(self.config.vocab_size, self.max_logprobs, device)
+        self.logprobs_on_device = device
         self.logprobs_enabled = True
 
     def recover(self) -> None:
@@ -416,8 +437,13 @@ class ModelRunner:
         # Growth maps on the host now; the zeroing of fresh memory goes on the main stream,
         # ahead of this step, so it does not wait for steps still in flight.
         self.kv.ensure_positions(plan.max_end, main)
+        want = {
+            j: c.logprobs
+            for j, c in enumerate(plan.chunks[k] for k in plan.sampled)
+            if c.logprobs is not None
+        }
         slot = self._pool.acquire()
-        self._stage(slot.inputs, plan)
+        self._stage(slot.inputs, plan, want)
         b.copy_h2d_async(self._inputs, slot.inputs, main)
         if plan.copies:
             assert self._prev is not None
@@ -445,16 +471,8 @@ class ModelRunner:
                 b.copy_d2d(slot.ids, ids, n_rows * 4, main)
         else:
             forward(slot.ids)
-        want = {
-            j: c.logprobs
-            for j, c in enumerate(plan.chunks[k] for k in plan.sampled)
-            if c.logprobs is not None
-        }
-        if want:  # the next step overwrites the logits: keep this step's for its readback
-            assert slot.logits is not None
-            nbytes = (max(want) + 1) * self.config.vocab_size * 4
-            b.copy_d2d(slot.logits, act.logits, nbytes, main)
-        self._pool.publish(slot)
+        lp_nbytes = self._logprobs(slot, want, n_rows) if want else 0
+        self._pool.publish(slot, lp_nbytes)
         sampled_slots = tuple(plan.chunks[k].slot for k in plan.sampled)
         out = StepOutput(self._pool, slot, sampled_slots, self._step, want)
         slot.pending = out
@@ -463,6 +481,33 @@ class ModelRunner:
             self._seq_len[chunk.slot] = chunk.start_pos + chunk.n_tokens
         self._step += 1
         return out, plan
+
+    def _logprobs(self, slot: OutputSlot, want: dict[int, int], n_rows: int) -> int:
+        """Enqueue what the step's logprobs need; the bytes of ``slot.lp`` to read back.
+
+        On the device: one ``logprobs`` launch over the asking rows, after the forward pass
+        (captured or not: it runs eagerly after a graph replay, as the ids' copy does, so
+        graphs never depend on who asked). Else: keep the step's logits for the host (the
+        next step overwrites them)."""
+        assert self._act is not None and self.stream is not None
+        b, main, act, vocab = self.backend, self.stream, self._act, self.config.vocab_size
+        if not self.logprobs_on_device:
+            assert slot.logits is not None
+            b.copy_d2d(slot.logits, act.logits, (max(want) + 1) * vocab * 4, main)
+            return 0
+        layout = LogprobLayout.of(want)
+        m, k = layout.m, layout.k
+        assert slot.lp is not None
+        b.launch(
+            "logprobs", main,
+            chosen=Tensor(slot.lp.view(0, 4 * m), F32, (m,)),
+            top_ids=Tensor(slot.lp.view(4 * m, 4 * m * k), I32, (m, k)),
+            top_logprobs=Tensor(slot.lp.view(4 * m * (1 + k), 4 * m * k), F32, (m, k)),
+            logits=Tensor(act.logits, F32, (n_rows, vocab)),
+            ids=Tensor(slot.ids, I32, (n_rows,)),
+            rows=Tensor(self._lp_rows, I32, (m,)),
+        )  # fmt: skip
+        return layout.nbytes
 
     def _pad(self, plan: _Plan) -> None:
         """Pad a decode step to its bucket (:mod:`vt.execution.step_graphs` says why the
@@ -476,9 +521,12 @@ class ModelRunner:
         plan.rows, plan.pad = rows, pad
         plan.max_end = max(plan.max_end, pad[1] + 1)
 
-    def _stage(self, inputs: HostBuffer, plan: _Plan) -> None:
+    def _stage(self, inputs: HostBuffer, plan: _Plan, want: dict[int, int]) -> None:
         """Write the step's host inputs into ``inputs`` (its output slot's pinned staging)."""
         lay, raw = self._in, inputs.array
+        if want and self.logprobs_on_device:
+            picked = LogprobLayout.of(want).picked
+            raw[lay.lp_rows : lay.lp_rows + 4 * len(picked)].view(np.int32)[:] = picked
         n, s = plan.n_tokens, len(plan.sampled)
         if plan.pad is not None:  # rows n.. are padding: token 0, one slot, sampled greedily
             n = s = plan.rows

@@ -106,6 +106,7 @@ KERNEL_PARTS: tuple[str, ...] = (
     "attention.cu",
     "elementwise.cu",
     "sample.cu",
+    "logprobs.cu",
 )
 
 
@@ -706,3 +707,21 @@ class GpuBackend(
         if n:
             self._kernel("sample", (n, 1, 1), _SAMPLE_THREADS, stream, self._ptr(out),
                          self._ptr(logits), self._ptr(params), I32(n), I32(vocab))  # fmt: skip
+
+    def op_logprobs(
+        self, stream: Stream, chosen: Tensor, top_ids: Tensor, top_logprobs: Tensor,
+        logits: Tensor, ids: Tensor, rows: Tensor,
+    ) -> None:  # fmt: skip
+        """One block of 256 threads (LP_THREADS) per requested row; k up to 20 (LP_MAX_K in
+        kernels/logprobs.cu): only the chosen logprob and k (id, logprob) pairs per row are
+        written, for the runner to read back instead of the logits."""
+        m, k = top_ids.shape
+        n, vocab = logits.shape
+        if k > 20:
+            raise ValueError(f"logprobs: k={k} alternatives exceed the kernel's 20 (LP_MAX_K)")
+        if m:
+            self._kernel(
+                "logprobs", (m, 1, 1), 256, stream, self._ptr(chosen),
+                self._ptr(top_ids), self._ptr(top_logprobs), self._ptr(logits), self._ptr(ids),
+                self._ptr(rows), I32(m), I32(k), I32(n), I32(vocab),
+            )  # fmt: skip

@@ -12,6 +12,11 @@ Scratch arguments belong to fused ops: the caller allocates them so that a decom
 never allocates (a step must stay capturable in a graph); a native implementation may
 ignore them. A collective (an ``all_reduce`` over a device group for tensor parallelism)
 fits the same table: an ``inout`` tensor plus a ``group`` attribute.
+
+An *optional* op (``fallback`` set) is one no model needs: a backend that lacks it runs
+every model, and the runner does what ``fallback`` says instead (``logprobs``: the host
+computes them from a copy of the logits). It is never "missing" (:func:`op_plan` says
+``fallback``), and the conformance kit reports it "not declared" where a backend lacks it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy as np
 
 from ..errors import KernelNotImplementedError
 from ..reference import kernels as K
+from ..reference.sampling import logprobs_op as _logprobs
 from ..reference.sampling import sample as _sample
 from .handles import F32, I32, SAMPLE_PARAMS_DTYPE, KVLayout, RopeParams, Tensor, Weight
 
@@ -68,10 +74,15 @@ class OpDef:
     decompose: Callable[[Launch, Stream, dict[str, Any]], None] | None = None
     parts: tuple[str, ...] = ()  # the ops the decomposition launches
     check: Callable[[dict[str, Any]], str | None] | None = None  # cross-argument rule
+    fallback: str = ""  # optional ops only: what the caller does on a backend without it
 
     @property
     def fused(self) -> bool:
         return self.decompose is not None
+
+    @property
+    def optional(self) -> bool:
+        return bool(self.fallback)
 
     @property
     def weights(self) -> tuple[str, ...]:
@@ -186,6 +197,15 @@ def _rope_kv_check(a: dict[str, Any]) -> str | None:
     if problem or a["params"].head_dim != a["layout"].head_dim:
         return problem or "rope head_dim differs from the layout's head_dim"
     return _cache_check(a, "k")
+
+
+def _logprobs_check(a: dict[str, Any]) -> str | None:
+    k, vocab = a["top_ids"].shape[1], a["logits"].shape[1]
+    if k > vocab:
+        return f"k={k} alternatives exceed the vocabulary of {vocab}"
+    if vocab >= 1 << 24:
+        return f"vocab {vocab} must be below 2**24"
+    return None
 
 
 # --------------------------------------------------------------------------- references
@@ -342,6 +362,22 @@ OPS: dict[str, OpDef] = {
              _t("params", "in", ("r",), "sample_params")),
             lambda a: _sample(a["logits"], a["params"], out=a["out"]),
         ),
+        # ---- optional ops: a backend that lacks one runs every model (see ``fallback``)
+        OpDef(
+            "logprobs",
+            "log-softmax of the raw logits of the rows ``rows`` (float64-faithful, rounded "
+            "to float32): chosen[i] = the logprob of ids[rows[i]] (NaN where that id is "
+            "outside the vocabulary); top_ids[i] / top_logprobs[i] = the k most likely ids "
+            "and theirs, by (logprob desc, id asc; equal logits tie); ids equal to "
+            "vt.reference.sampling.logprobs_op",
+            (_t("chosen", "out", ("m",)), _t("top_ids", "out", ("m", "k"), "i32"),
+             _t("top_logprobs", "out", ("m", "k")), _t("logits", "in", ("r", "vocab")),
+             _t("ids", "in", ("r",), "i32"), _t("rows", "in", ("m",), "i32")),
+            _logprobs,
+            check=_logprobs_check,
+            fallback="the runner copies the rows' logits to the host and computes them there "
+            "(vt.reference.sampling.logprobs)",
+        ),
         # ---- fused ops: a backend that lacks one runs its decomposition
         OpDef(
             "matmul_add",
@@ -395,8 +431,12 @@ OPS: dict[str, OpDef] = {
     )
 }  # fmt: skip
 
-PRIMITIVE_OPS: tuple[str, ...] = tuple(n for n, op in OPS.items() if not op.fused)
+PRIMITIVE_OPS: tuple[str, ...] = tuple(
+    n for n, op in OPS.items() if not op.fused and not op.optional
+)
 FUSED_OPS: tuple[str, ...] = tuple(n for n, op in OPS.items() if op.fused)
+#: Ops no model needs; the caller falls back (``OpDef.fallback``) where a backend lacks one.
+OPTIONAL_OPS: tuple[str, ...] = tuple(n for n, op in OPS.items() if op.optional)
 
 
 def get_op(name: str) -> OpDef:
@@ -427,11 +467,14 @@ def closure(ops: Iterable[str], supports: Callable[[str], bool]) -> tuple[set[st
 
 def op_plan(supports: Callable[[str], bool]) -> dict[str, str]:
     """How a backend runs each op of the table: ``native``, ``decomposed`` (a fused op
-    whose parts all run) or ``missing``."""
+    whose parts all run), ``fallback`` (an optional op it lacks: the caller's fallback
+    runs) or ``missing``."""
     plan: dict[str, str] = {}
     for name, op in OPS.items():
         if supports(name):
             plan[name] = "native"
+        elif op.optional:
+            plan[name] = "fallback"
         elif op.fused and not closure([name], supports)[1]:
             plan[name] = "decomposed"
         else:
@@ -440,9 +483,10 @@ def op_plan(supports: Callable[[str], bool]) -> dict[str, str]:
 
 
 def plan_text(plan: dict[str, str]) -> str:
-    """One line: ``native: a, b; decomposed: c; missing: d`` (empty groups left out)."""
+    """One line: ``native: a, b; decomposed: c; fallback: d; missing: e`` (empty groups
+    left out)."""
     groups = {kind: [n for n, k in plan.items() if k == kind] for kind in
-              ("native", "decomposed", "missing")}  # fmt: skip
+              ("native", "decomposed", "fallback", "missing")}  # fmt: skip
     return "; ".join(f"{k}: {', '.join(v)}" for k, v in groups.items() if v) or "none"
 
 

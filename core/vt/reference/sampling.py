@@ -19,6 +19,8 @@ can differ only where ``u * c[-1]`` lies within rounding of a boundary of ``c``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..protocol.handles import SAMPLE_PARAMS_DTYPE
@@ -112,32 +114,50 @@ def logprobs(
     logits: np.ndarray, ids: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Log-probabilities of the model's distribution (the raw logits: before temperature,
-    top-k or top-p), per row of ``logits[n, vocab]``.
+    top-k or top-p), per row of float32 ``logits[n, vocab]``.
 
-    Returns ``(chosen[n], top_ids[n, k], top_logprobs[n, k])``: the log-probability of
-    ``ids[r]`` in row ``r``, and the ``k`` most likely ids with theirs, most likely first
-    (ties: the lower id first). Computed as ``l - max - log(sum(exp(l - max)))`` in float64.
+    Returns float64 ``(chosen[n], top_ids[n, k], top_logprobs[n, k])``: the log-probability
+    of ``ids[r]`` in row ``r`` (NaN for an id outside the vocabulary), and the ``k`` most
+    likely ids with theirs, most likely first. Computed as ``l - max - log(sum(exp(l -
+    max)))`` in float64. The order is by the logit, descending (a logprob is the logit less
+    one constant per row), equal logits by ascending id: exact, whatever the rounding.
     """
-    x = np.asarray(logits, dtype=np.float64)
+    x = np.asarray(logits, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] == 0:
         raise ValueError(f"logprobs: logits must be [n, vocab], got {x.shape}")
+    n, vocab = x.shape
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    if ids.shape[0] != x.shape[0] or not 0 <= k <= x.shape[1]:
+    if ids.shape[0] != n or not 0 <= k <= vocab:
         raise ValueError(f"logprobs: {ids.shape[0]} ids and k={k} for logits {x.shape}")
-    peak = x.max(axis=1, keepdims=True)
-    lp = x - peak - np.log(np.exp(x - peak).sum(axis=1, keepdims=True))
-    chosen = lp[np.arange(x.shape[0]), ids]
-    if k == 0:
-        empty = np.zeros((x.shape[0], 0))
-        return chosen, empty.astype(np.int64), empty
-    part = np.argpartition(-lp, k - 1, axis=1)[:, :k] if k < x.shape[1] else None
-    top_ids = np.empty((x.shape[0], k), dtype=np.int64)
-    for r in range(x.shape[0]):
-        cand = part[r] if part is not None else np.arange(x.shape[1])
-        # Ties at the k-th value: every id with it competes, lower ids first.
-        if part is not None:
-            kth = lp[r, cand].min()
-            cand = np.union1d(cand, np.flatnonzero(lp[r] == kth))
-        order = np.lexsort((cand, -lp[r, cand]))
-        top_ids[r] = cand[order[:k]]
+    x64 = x.astype(np.float64)
+    peak = x64.max(axis=1, keepdims=True)
+    lp = x64 - peak - np.log(np.exp(x64 - peak).sum(axis=1, keepdims=True))
+    valid = (ids >= 0) & (ids < vocab)
+    chosen = np.where(valid, lp[np.arange(n), np.where(valid, ids, 0)], np.nan)
+    top_ids = np.empty((n, k), dtype=np.int64)
+    if k:
+        for r in range(n):
+            if k < vocab:
+                cand = np.argpartition(-x[r], k - 1)[:k]
+                # Ties at the k-th value: every id with it competes, lower ids first.
+                cand = np.union1d(cand, np.flatnonzero(x[r] == x[r, cand].min()))
+            else:
+                cand = np.arange(vocab)
+            order = np.lexsort((cand, -x[r, cand]))
+            top_ids[r] = cand[order[:k]]
     return chosen, top_ids, np.take_along_axis(lp, top_ids, axis=1)
+
+
+def logprobs_op(a: dict[str, Any]) -> None:
+    """The reference of the op ``logprobs`` (:data:`vt.OPS`): :func:`logprobs` of the rows
+    ``a["rows"]`` of ``a["logits"]`` and ``a["ids"]``, into float32 ``chosen``,
+    ``top_logprobs`` and int32 ``top_ids``."""
+    logits, rows = a["logits"], np.asarray(a["rows"], dtype=np.int64).reshape(-1)
+    bad = rows[(rows < 0) | (rows >= logits.shape[0])]
+    if bad.size:
+        raise ValueError(f"logprobs: row {int(bad[0])} is outside 0..{logits.shape[0] - 1}")
+    k = a["top_ids"].shape[1]
+    chosen, top_ids, top_lp = logprobs(logits[rows], np.asarray(a["ids"])[rows], k)
+    a["chosen"][...] = chosen
+    a["top_ids"][...] = top_ids
+    a["top_logprobs"][...] = top_lp

@@ -122,13 +122,15 @@ def how_it_runs(backend: Backend, op: str, wtype: str = "") -> str:
 
 
 def op_support(backend: Backend) -> dict[str, str]:
-    """How ``backend`` runs each op of the table: native, decomposed or not declared."""
+    """How ``backend`` runs each op of the table: native, decomposed, fallback (an
+    optional op it lacks: the caller's fallback runs, its cases are not declared) or not
+    declared."""
     out = {}
     for op in OPS:
         try:
             out[op] = how_it_runs(backend, op).split(" into ")[0]
         except NotDeclared:
-            out[op] = "not declared"
+            out[op] = "fallback" if OPS[op].optional else "not declared"
     return out
 
 
@@ -551,6 +553,59 @@ def _sample(
         return compare(ctx, title, "sample", "F32", got, want["out"])
 
 
+# --------------------------------------------------------------------------- logprobs
+
+
+def _logprobs(
+    ctx: KitContext, title: str, n: int, vocab: int, rows: list[int], k: int, edges: bool
+) -> str:
+    logits = _normal((n, vocab), "logprobs", n, vocab, scale=3.0)
+    ids = _rng("logprobs-ids", n, vocab).integers(0, vocab, n).astype(I32)
+    if edges:  # ties at the top and across the k-th place, -inf logits, a failed draw
+        top = logits[0].max()
+        logits[0, [5, 2, vocab - 1]] = top + 1.0
+        logits[0, [40, 9, 100]] = top + 0.5  # k=5 keeps 9 and 40 of these three
+        logits[1, ::2] = -np.inf
+        logits[1, [7, 3, 11]] = 4.0  # equal logits: the lower id first
+        ids[2] = -1  # a row whose draw failed (the sampler writes -1): chosen is NaN
+    r = np.asarray(rows, dtype=I32)
+    m = len(rows)
+    outs = {"chosen": np.zeros(m, F32), "top_ids": np.zeros((m, k), I32),
+            "top_logprobs": np.zeros((m, k), F32)}  # fmt: skip
+    want = reference("logprobs", **outs, logits=logits, ids=ids, rows=r)
+    with CaseBuffers(ctx, title) as io:
+        chosen = io.output("chosen", F32, (m,))
+        top_ids, top_lp = io.output("top_ids", I32, (m, k)), io.output("top_lp", F32, (m, k))
+        _launch(ctx, "logprobs", chosen=chosen, top_ids=top_ids, top_logprobs=top_lp,
+                logits=io.input("logits", logits), ids=io.input("ids", ids),
+                rows=io.input("rows", r))  # fmt: skip
+        got_c = io.result("chosen", F32, (m,))
+        nan = np.isnan(want["chosen"])
+        if not np.array_equal(np.isnan(got_c), nan):
+            raise KitFailure(f"{title}: chosen is NaN exactly where the id is outside the "
+                             f"vocabulary: got {got_c!r}, want {want['chosen']!r}")  # fmt: skip
+        parts = [compare(ctx, title, "logprobs", "F32", got_c[~nan], want["chosen"][~nan],
+                         "chosen"),
+                 compare(ctx, title, "logprobs", "I32", io.result("top_ids", I32, (m, k)),
+                         want["top_ids"], "top_ids"),
+                 compare(ctx, title, "logprobs", "F32", io.result("top_lp", F32, (m, k)),
+                         want["top_logprobs"], "top_logprobs")]  # fmt: skip
+        return "; ".join(parts)
+
+
+def _logprobs_cases() -> list[KitCase]:
+    specs = [
+        ("n=1,k=0", 1, 301, [0], 0, False),
+        ("n=4,rows=3,k=5,ties", 4, 301, [2, 0, 1], 5, True),
+        ("n=3,k=20,vocab=70001", 3, 70001, [0, 1, 2], 20, False),
+        ("n=2,k=vocab", 2, 7, [1], 7, False),
+    ]
+    return [
+        _case("logprobs", label, "F32", _logprobs, n=n, vocab=v, rows=r, k=k, edges=e)
+        for label, n, v, r, k, e in specs
+    ]
+
+
 # --------------------------------------------------------------------------- the cases
 
 
@@ -673,6 +728,7 @@ def op_cases() -> list[KitCase]:
         for r in ([3], [4, 0, 4, 2])
     ]
     cases += _sample_cases()
+    cases += _logprobs_cases()
     # fused ops: run natively, or as their decomposition where the backend lacks them
     cases += [
         _case("matmul_add", f"{wt},n=5,37x{in_features(wt)},in-place", wt, _matmul_add,

@@ -117,7 +117,7 @@ class BackendMatrix(BaseModel):
     tested: bool
     reason: str = ""  # why it was not tested
     capabilities: dict[str, object] = {}
-    ops: dict[str, str] = {}  # op -> native, decomposed or not declared
+    ops: dict[str, str] = {}  # op -> native, decomposed, fallback or not declared
     results: list[CaseResult] = []
 
     @property

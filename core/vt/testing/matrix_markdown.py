@@ -109,8 +109,10 @@ def render_markdown(matrix: SupportMatrix) -> str:
         "backend. `pass (n)` means n cases passed; `not declared` means the backend does not "
         "declare the capability or does not support the op, so its cases did not apply; `-` "
         "means no case. An op *runs* `native` (the backend implements it), `decomposed` (a "
-        "fused op the backend lacks, run as the ops of its decomposition) or is `not "
-        "declared`; `upload_weight` and `copy_d2d` are core methods, checked like ops. See "
+        "fused op the backend lacks, run as the ops of its decomposition), `fallback` (an "
+        "optional op the backend lacks: the runner computes its result another way, and "
+        "its cases are `not declared`) or is `not declared`; `upload_weight` and "
+        "`copy_d2d` are core methods, checked like ops. See "
         "`docs/plugins.md` for the kit and `docs/cli.md` for the command.",
         "",
     ]

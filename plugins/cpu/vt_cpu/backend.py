@@ -16,6 +16,7 @@ import vt
 from vt.reference import HostMemory
 
 from . import vmm
+from .logprobs import LogprobsOp
 from .ops import CpuOps
 from .streams import CpuEvent, StreamError, WorkerStream
 from .threads import ThreadOwner
@@ -96,6 +97,7 @@ class _Pinned:
 class CpuBackend(
     HostMemory,
     CpuOps,
+    LogprobsOp,
     vt.HostAddressable,
     vt.Events,
     vt.PinnedHostMemory,
