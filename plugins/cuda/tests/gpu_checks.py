@@ -344,3 +344,83 @@ def test_graph_replay_gives_the_ids_of_eager_steps(tiny: Any) -> None:
     assert results[True] == results[False]
     assert stats[True]["captures"] == 3 and stats[True]["replays"] == 3 * (8 - 1)
     assert stats[False]["replays"] == 0
+
+
+# --------------------------------------------------------------------------- logprobs
+
+
+@pytest.mark.parametrize("vocab", [49152, 128256, 151936])
+def test_logprobs_op_equals_the_reference_on_real_vocabularies(cuda: Any, vocab: int) -> None:
+    """The logprobs kernel against vt.reference.sampling.logprobs_op: ids exact (ties at
+    the top and across the 20th place, masked logits, a failed draw), values in float64."""
+    from vt.reference.sampling import logprobs_op
+
+    rng = np.random.default_rng(vocab)
+    logits = (rng.standard_normal((6, vocab)) * 4.0).astype(np.float32)
+    logits[1, ::7] = -np.inf
+    logits[2, [9, 4, vocab - 1, 100]] = logits[2].max() + 1.0  # ties at the top
+    logits[3, rng.choice(vocab, 30, replace=False)] = 30.0  # 30 equal: the 20 lowest ids
+    ids = rng.integers(0, vocab, 6).astype(np.int32)
+    ids[4] = -1  # a failed draw: chosen is NaN
+    rows = np.array([5, 0, 3, 2, 4, 1], dtype=np.int32)
+    m, k = len(rows), 20
+    want = {"chosen": np.zeros(m, np.float32), "top_ids": np.zeros((m, k), np.int32),
+            "top_logprobs": np.zeros((m, k), np.float32)}  # fmt: skip
+    logprobs_op({**want, "logits": logits, "ids": ids, "rows": rows})
+    io = IO(cuda)
+    try:
+        chosen, top_ids, top_lp = io.empty(m * 4), io.empty(m * k * 4), io.empty(m * k * 4)
+        stream = cuda.create_stream()
+        cuda.launch(
+            "logprobs", stream, chosen=f32(chosen, m), top_ids=i32(top_ids, m, k),
+            top_logprobs=f32(top_lp, m, k), logits=f32(io.put(logits), *logits.shape),
+            ids=i32(io.put(ids), 6), rows=i32(io.put(rows), m),
+        )  # fmt: skip
+        cuda.synchronize(stream)
+        got_c = io.get(chosen, np.float32, (m,))
+        assert np.array_equal(np.isnan(got_c), np.isnan(want["chosen"]))
+        ok = ~np.isnan(got_c)
+        tol = kernel_tolerance("logprobs", "F32")
+        assert nmse(got_c[ok], want["chosen"][ok]) <= tol
+        assert io.get(top_ids, np.int32, (m, k)).tolist() == want["top_ids"].tolist()
+        assert nmse(io.get(top_lp, np.float32, (m, k)), want["top_logprobs"]) <= tol
+    finally:
+        io.close()
+
+
+def test_runner_logprobs_on_the_device_equal_cpu(tiny: Any) -> None:
+    """Greedy decode asking for 5 alternatives on every row: cuda (the op, async readback,
+    graphs) against cpu; only m * (1 + 2k) values per step come back, never logits."""
+    prompts = {0: [3, 17, 42, 5, 9], 1: [8, 2, 50]}
+    results = {}
+    for name in ("cpu", "cuda"):
+        backend = make(name)
+        try:
+            with ModelRunner(backend, tiny, max_slots=2, max_model_len=64) as r:
+                r.enable_logprobs(5)
+                assert r.logprobs_on_device
+                out = r.execute(
+                    [SeqChunk(slot=s, start_pos=0, token_ids=p, logprobs=5)
+                     for s, p in prompts.items()]
+                )  # fmt: skip
+                steps = [(out.get_output(), out.get_logprobs())]
+                pos = {s: len(p) for s, p in prompts.items()}
+                for _ in range(8):
+                    out = r.execute(
+                        [SeqChunk(slot=s, start_pos=pos[s], token_ids=None, from_previous=True,
+                                  logprobs=5) for s in prompts]
+                    )  # fmt: skip
+                    steps.append((out.get_output(), out.get_logprobs()))
+                    pos = {s: p + 1 for s, p in pos.items()}
+                if name == "cuda":
+                    assert r.readback == "async_d2h" and r.graph_stats["replays"] > 0
+                    assert r._pool.lp_bytes_read == 9 * 4 * 2 * (1 + 2 * 5)
+                results[name] = steps
+        finally:
+            backend.close()
+    for (ids_c, lp_c), (ids_g, lp_g) in zip(results["cpu"], results["cuda"], strict=True):
+        assert ids_g == ids_c
+        for s, (chosen, top) in lp_g.items():
+            assert top[0][0] == ids_g[s]  # greedy: the sampled id is the most likely
+            assert chosen == pytest.approx(lp_c[s][0], abs=1e-4)
+            assert [v for _, v in top] == pytest.approx([v for _, v in lp_c[s][1]], abs=1e-4)
