@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import sys
+import threading
 from typing import Any
 
 import click
@@ -223,12 +225,17 @@ def serve(
             sock.close()
             raise
     # SIGTERM (a service manager's stop) ends vt serve as Ctrl-C does, loading or serving.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stop = _StopSignal()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         _serve(server, model, backend, kv_cache, max_model_len, no_verify, max_slots,
-               max_batch_tokens, key, host)  # fmt: skip
+               max_batch_tokens, key, host, stop)  # fmt: skip
+    except KeyboardInterrupt:  # a second signal while stopping: give up waiting
+        click.echo("vt serve: interrupted", err=True)
+        sys.exit(130)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     click.echo("vt serve: stopped", err=True)
 
 
@@ -272,6 +279,7 @@ def _serve(
     max_batch_tokens: int,
     key: str | None,
     host: str,
+    stop: _StopSignal,
 ) -> None:
     """Listen at once (``/health``: loading), load the model, serve until Ctrl-C."""
     from ..server.serve import exposure_warning
@@ -301,12 +309,10 @@ def _serve(
                 server.fail_loading(str(exc) or type(exc).__name__)
                 raise
             server.attach(llm)
+            stop.serving = True  # from now on a signal only sets stop.requested
         for line in startup_lines(llm, server, max_slots, max_batch_tokens):
             click.echo(f"vt serve: {line}", err=True)
-        try:
-            while not server.wait(0.5):
-                pass
-        except KeyboardInterrupt:
+        while not stop.requested.is_set() and not server.wait(0.2):
             pass
     finally:
         server.stop()
@@ -314,8 +320,25 @@ def _serve(
             llm.close()
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+class _StopSignal:
+    """The SIGINT/SIGTERM handler of ``vt serve``.
+
+    While the model loads, a signal raises KeyboardInterrupt (the load stops at once:
+    "interrupted", exit 130). Once serving, it only sets :attr:`requested`, which the main
+    loop polls: raised there, it could land between any two statements after the "ready"
+    line (a busy machine deschedules the main thread right after printing it), outside the
+    loop's handler, and click ended the process with "Aborted!" and exit 1. A second
+    signal while stopping raises, to stop waiting for the shutdown.
+    """
+
+    def __init__(self) -> None:
+        self.serving = False
+        self.requested = threading.Event()
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if not self.serving or self.requested.is_set():
+            raise KeyboardInterrupt
+        self.requested.set()
 
 
 def startup_lines(llm: object, server: object, max_slots: int, max_batch_tokens: int) -> list[str]:
