@@ -184,3 +184,72 @@ def test_bad_logprobs_requests_are_refused_before_anything_runs(model: vt.model.
             assert r.execute([chunk]).get_output()  # still works
     finally:
         be.close()
+
+
+# --------------------------------------------------------------------------- prompt logprobs
+
+
+def _prefix_logprobs(ref: vt.LLM, ids: list[int]) -> list[float]:
+    """logprob of ids[i] given ids[:i], for i >= 1: one prefill per prefix, float64."""
+    runner = ref.runner
+    out = []
+    for i in range(1, len(ids)):
+        x = runner.compute_logits([SeqChunk(slot=0, start_pos=0, token_ids=ids[:i])])[0]
+        runner.free_slot(0)
+        x = x.astype(np.float64)
+        out.append(float(x[ids[i]] - x.max() - np.log(np.exp(x - x.max()).sum())))
+    return out
+
+
+@pytest.mark.parametrize("name", ["cpu", "tt_stub"])
+def test_prompt_logprobs_score_every_prompt_token_a_few_rows_a_step(
+    tiny: Path, name: str
+) -> None:
+    """max_slots=2: two rows of logits a step, so a 9-token prompt is scored over 5 steps
+    while another request decodes beside it; each entry is the logprob of that prompt token
+    given the ones before it (the device op on cpu, the host fallback on tt_stub)."""
+    prompt = [3, 17, 42, 5, 9, 60, 1, 33, 21]
+    with vt.LLM(model=tiny, backend="cpu", max_slots=1) as ref:
+        want = _prefix_logprobs(ref, prompt)
+        ids = {"prompt_token_ids": prompt}
+        plain = ref.generate(ids, vt.SamplingParams(temperature=0, max_tokens=4))[0]
+    with vt.LLM(model=tiny, backend=name, max_slots=2) as llm:
+        params = vt.SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=3, logprobs=1)
+        other = vt.SamplingParams(temperature=0, max_tokens=12)
+        both = llm.generate([{"prompt_token_ids": [8, 2, 50]}, ids], [other, params])
+        got = both[1]
+    assert got.ids == plain.ids  # scoring the prompt changes nothing generated
+    lp = got.prompt_logprobs
+    assert lp is not None and len(lp) == len(prompt) and lp[0] is None
+    assert [e.token_id for e in lp[1:]] == prompt[1:]
+    assert [e.logprob for e in lp[1:]] == pytest.approx(want, abs=1e-5)
+    for e in lp[1:]:
+        assert len(e.top) == 3 and e.top[0].logprob >= e.logprob - 1e-6
+    assert both[0].prompt_logprobs is None and len(got.logprobs) == len(got.ids)
+
+
+def test_bad_prompt_scoring_chunks_are_refused(model: vt.model.ModelFile) -> None:
+    be = backend("cpu")
+    try:
+        with ModelRunner(be, model, max_slots=2) as r:
+            r.enable_logprobs(2)
+            bad = [
+                (dict(prompt_logprobs=1, prompt_targets=[1]), "2 scored rows"),
+                (dict(prompt_logprobs=3, prompt_targets=[1, 2]), "must be in 0..2"),
+                (dict(prompt_logprobs=1, prompt_targets=[1, 10**6]), "outside the vocabulary"),
+                (dict(prompt_logprobs=1), "need a prompt chunk"),
+            ]
+            for kw, message in bad:
+                chunk = SeqChunk(slot=0, start_pos=0, token_ids=[1, 2, 3], **kw)
+                with pytest.raises(vt.execution.runner.InvalidStepError, match=message):
+                    r.execute([chunk])
+            many = SeqChunk(slot=0, start_pos=0, token_ids=[1, 2, 3, 4], sample=False,
+                            prompt_logprobs=0, prompt_targets=[2, 3, 4, 5])  # fmt: skip
+            with pytest.raises(vt.execution.runner.InvalidStepError, match="rows of logits"):
+                r.execute([many])
+            out = r.execute([SeqChunk(slot=0, start_pos=0, token_ids=[1, 2], sample=False,
+                                      prompt_logprobs=0, prompt_targets=[2, 3])])  # fmt: skip
+            assert out.get_output() == {}
+            assert [t for t, _, _ in out.get_prompt_logprobs()[0]] == [2, 3]
+    finally:
+        be.close()

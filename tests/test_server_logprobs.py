@@ -168,3 +168,84 @@ def test_logprobs_agree_on_every_readback_path(
     for a, b in zip(got.logprobs, want.logprobs, strict=True):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
         assert [t.token_id for t in a.top] == [t.token_id for t in b.top]
+
+
+# --------------------------------------------------------------------------- echo
+
+
+def test_echo_prepends_the_prompt_text(server: Server, ref: vt.LLM) -> None:
+    want = offline(ref, PROMPT, 5, 0).text
+    c = client(server.url)
+    got = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0,
+                               echo=True, extra_body={"ignore_eos": True})  # fmt: skip
+    assert got.choices[0].text == PROMPT + want and got.choices[0].logprobs is None
+    assert got.usage.completion_tokens == 5
+    ids = ref.encode(PROMPT)
+    as_ids = c.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0,
+                                  echo=True, extra_body={"ignore_eos": True})  # fmt: skip
+    assert as_ids.choices[0].text == ref.tokenizer.decode(ids) + want
+    streamed = c.completions.create(model=MODEL, prompt=[PROMPT, "Hello"], max_tokens=5,
+                                    temperature=0, echo=True, stream=True,
+                                    extra_body={"ignore_eos": True})  # fmt: skip
+    texts = {0: "", 1: ""}
+    for chunk in streamed:
+        for ch in chunk.choices:
+            texts[ch.index] += ch.text
+    assert texts[0] == PROMPT + want and texts[1].startswith("Hello")
+
+
+def test_echo_with_logprobs_scores_the_prompt(server: Server, ref: vt.LLM) -> None:
+    """OpenAI's legacy shape: one entry per prompt token (the first null), then one per
+    generated token; the prompt's entries are each token's logprob given the ones before
+    it, the generated ones those of the same request without echo."""
+    c = client(server.url)
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 4, "temperature": 0, "logprobs": 2,
+                          "extra_body": {"ignore_eos": True}}  # fmt: skip
+    got = c.completions.create(prompt=PROMPT, echo=True, **kw)
+    plain = c.completions.create(prompt=PROMPT, **kw)
+    lp, ids = got.choices[0].logprobs, ref.encode(PROMPT)
+    n = len(ids)
+    assert len(lp.tokens) == n + 4 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    tok = ref.tokenizer
+    assert lp.tokens[:n] == [tok.token_bytes(i).decode("utf-8", "replace") for i in ids]
+    assert lp.tokens[n:] == plain.choices[0].logprobs.tokens
+    assert lp.token_logprobs[n:] == pytest.approx(plain.choices[0].logprobs.token_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(n + 4)]
+    want = ref.generate(PROMPT, vt.SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2))
+    scored = want[0].prompt_logprobs
+    assert lp.token_logprobs[1:n] == pytest.approx([e.logprob for e in scored[1:]], abs=1e-5)
+    for top, e, t in zip(lp.top_logprobs[1:n], scored[1:], lp.tokens[1:n], strict=True):
+        assert t in top and len(top) <= 3 and top[t] == pytest.approx(e.logprob, abs=1e-5)
+    assert got.choices[0].text == PROMPT + plain.choices[0].text
+    streamed = c.completions.create(prompt=PROMPT, echo=True, stream=True, **kw)
+    values = [v for ch in streamed if ch.choices and ch.choices[0].logprobs
+              for v in ch.choices[0].logprobs.token_logprobs]  # fmt: skip
+    assert values == lp.token_logprobs
+
+
+def test_an_echo_request_beside_others_changes_no_answer(server: Server, ref: vt.LLM) -> None:
+    """Scoring a long prompt takes a few rows of logits a step (max_slots=2 here) while
+    another request decodes; both answers equal their solo runs, then a normal request."""
+    import threading
+
+    c = client(server.url)
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    results: dict[str, Any] = {}
+
+    def echo() -> None:
+        results["echo"] = c.completions.create(
+            model=MODEL, prompt=long_prompt, max_tokens=3, temperature=0, echo=True,
+            logprobs=1, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+
+    t = threading.Thread(target=echo)
+    t.start()
+    other = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                 extra_body={"ignore_eos": True})  # fmt: skip
+    t.join(30)
+    assert other.choices[0].text == offline(ref, PROMPT, 12, 0).text
+    got = results["echo"].choices[0]
+    assert got.text == long_prompt + offline(ref, long_prompt, 3, 0).text
+    assert len(got.logprobs.tokens) == len(ref.encode(long_prompt)) + 3
+    assert all(v is not None for v in got.logprobs.token_logprobs[1:])
+    check_serves(server.port, ref)

@@ -153,6 +153,7 @@ class StepOutput:
         sampled_slots: tuple[int, ...],
         step: int,
         logprob_rows: dict[int, int] | None = None,
+        targets: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self._pool = pool
         self._slot: OutputSlot | None = slot
@@ -163,6 +164,8 @@ class StepOutput:
         self._read = False
         self._logprob_rows = logprob_rows or {}
         self._logprobs: dict[int, TokenLogprobs] = {}
+        self._targets = targets  # (kv slot, next prompt id) of each scored row, in order
+        self._prompt: dict[int, list[tuple[int, float, list[tuple[int, float]]]]] = {}
 
     def ready(self) -> bool:
         """True when :meth:`get_output` will not block (a non-blocking event query)."""
@@ -189,6 +192,11 @@ class StepOutput:
         from the device op ``logprobs`` or (its fallback) a copy of the step's logits."""
         return dict(self._logprobs)
 
+    def get_prompt_logprobs(self) -> dict[int, list[tuple[int, float, list[tuple[int, float]]]]]:
+        """``{slot: [(prompt id, its logprob, [(id, logprob), ...]), ...]}`` for the scored
+        prompt rows of the step (after :meth:`get_output`), in position order."""
+        return {s: list(v) for s, v in self._prompt.items()}
+
     def _materialize(self) -> None:
         """Read the ids now and give the slot back to the pool.
 
@@ -203,8 +211,16 @@ class StepOutput:
         try:
             self._ids = self._pool.read(slot, len(self.sampled_slots))
             if self._logprob_rows:
-                self._logprobs = self._pool.read_logprobs(slot, self._ids, self._logprob_rows)
-                self._logprobs = {self.sampled_slots[j]: v for j, v in self._logprobs.items()}
+                n = len(self.sampled_slots)
+                ids = self._ids
+                if self._targets:
+                    extra = np.array([t for _, t in self._targets], dtype=np.int32)
+                    ids = np.concatenate([ids, extra])
+                got = self._pool.read_logprobs(slot, ids, self._logprob_rows)
+                self._logprobs = {self.sampled_slots[j]: v for j, v in got.items() if j < n}
+                for i, (kv_slot, target) in enumerate(self._targets):
+                    chosen, top = got[n + i]
+                    self._prompt.setdefault(kv_slot, []).append((target, chosen, top))
         except Exception as exc:
             self._error = exc
             raise

@@ -91,6 +91,12 @@ class SeqChunk:
     seed: int = 0
     counter: int = 0
     logprobs: int | None = None  # the sampled id's logprob and this many alternatives
+    #: Score the chunk's prompt tokens (echo): each scored row's logprob of the token that
+    #: follows it, and this many alternatives. The rows are all of a non-sampled chunk and
+    #: all but the last (the sampled one) of a sampled chunk; ``prompt_targets`` holds the
+    #: ids that follow them (the next prompt tokens), one per scored row.
+    prompt_logprobs: int | None = None
+    prompt_targets: list[int] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -113,6 +119,9 @@ class _Plan:
     decode: bool = False  # every chunk one sampled token (from the device or the host)
     rows: int = 0  # rows the forward pass runs: n_tokens, or a decode step's padded bucket
     pad: tuple[int, int] | None = None  # (slot, position) of the padding rows
+    #: Scored prompt rows, in logits order after the sampled ones: (chunk index, token row,
+    #: target id, alternatives).
+    scored: list[tuple[int, int, int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,12 +134,13 @@ class _InputLayout:
     rows: int
     params: int
     lp_rows: int  # the sampled rows whose logprobs the step computes on the device
+    lp_ids: int  # the ids that follow the scored prompt rows (echo)
     nbytes: int
 
     @classmethod
     def for_sizes(cls, max_tokens: int, max_rows: int) -> _InputLayout:
         sizes = [max_tokens * 4] * 3 + [max_rows * 4, max_rows * SAMPLE_PARAMS_DTYPE.itemsize]
-        sizes.append(max_rows * 4)
+        sizes += [max_rows * 4, max_rows * 4]
         offsets, at = [], 0
         for size in sizes:
             offsets.append(at)
@@ -244,6 +254,7 @@ class ModelRunner:
             params=self._inputs.view(i.params, self.max_rows * SAMPLE_PARAMS_DTYPE.itemsize),
         )
         self._lp_rows = self._inputs.view(i.lp_rows, self.max_rows * 4)
+        self._lp_ids = self._inputs.view(i.lp_ids, self.max_rows * 4)
 
     # ---- public API
     def execute(self, chunks: list[SeqChunk]) -> StepOutput:
@@ -442,6 +453,9 @@ class ModelRunner:
             for j, c in enumerate(plan.chunks[k] for k in plan.sampled)
             if c.logprobs is not None
         }
+        scored = plan.scored or []
+        n_rows = len(plan.sampled)
+        want.update({n_rows + i: kk for i, (_, _, _, kk) in enumerate(scored)})
         slot = self._pool.acquire()
         self._stage(slot.inputs, plan, want)
         b.copy_h2d_async(self._inputs, slot.inputs, main)
@@ -455,12 +469,11 @@ class ModelRunner:
                     count * 4,
                     main,
                 )
-        n_rows = len(plan.sampled)
         graph, act, io, kv = self.graph, self._act, self._io, self.kv.buffer
         rows = plan.rows or plan.n_tokens  # padding rows are sampled too, never read
 
         def forward(out_ids: Buffer) -> None:
-            sampled = rows if plan.pad else n_rows
+            sampled = rows if plan.pad else n_rows + len(scored)  # scored rows: logits too
             graph.forward(act, io, kv, self.layout, rows, sampled, out_ids, main)
 
         if plan.decode and self.graphs:
@@ -471,10 +484,11 @@ class ModelRunner:
                 b.copy_d2d(slot.ids, ids, n_rows * 4, main)
         else:
             forward(slot.ids)
-        lp_nbytes = self._logprobs(slot, want, n_rows) if want else 0
+        lp_nbytes = self._logprobs(slot, want, n_rows, len(scored)) if want else 0
         self._pool.publish(slot, lp_nbytes)
         sampled_slots = tuple(plan.chunks[k].slot for k in plan.sampled)
-        out = StepOutput(self._pool, slot, sampled_slots, self._step, want)
+        targets = tuple((plan.chunks[k].slot, t) for k, _, t, _ in scored)
+        out = StepOutput(self._pool, slot, sampled_slots, self._step, want, targets)
         slot.pending = out
         self._prev = (slot, {s: j for j, s in enumerate(sampled_slots)})
         for chunk in plan.chunks:
@@ -482,8 +496,10 @@ class ModelRunner:
         self._step += 1
         return out, plan
 
-    def _logprobs(self, slot: OutputSlot, want: dict[int, int], n_rows: int) -> int:
+    def _logprobs(self, slot: OutputSlot, want: dict[int, int], n_rows: int, n_scored: int) -> int:
         """Enqueue what the step's logprobs need; the bytes of ``slot.lp`` to read back.
+        Logits rows ``n_rows..`` are the ``n_scored`` scored prompt rows: their "chosen"
+        ids (the next prompt tokens, staged with the inputs) go after the sampled ids.
 
         On the device: one ``logprobs`` launch over the asking rows, after the forward pass
         (captured or not: it runs eagerly after a graph replay, as the ids' copy does, so
@@ -497,14 +513,17 @@ class ModelRunner:
             return 0
         layout = LogprobLayout.of(want)
         m, k = layout.m, layout.k
+        n_logits = n_rows + n_scored
         assert slot.lp is not None
+        if n_scored:  # never read back as ids: get_output reads the first n_rows
+            b.copy_d2d(slot.ids.view(4 * n_rows, 4 * n_scored), self._lp_ids, 4 * n_scored, main)
         b.launch(
             "logprobs", main,
             chosen=Tensor(slot.lp.view(0, 4 * m), F32, (m,)),
             top_ids=Tensor(slot.lp.view(4 * m, 4 * m * k), I32, (m, k)),
             top_logprobs=Tensor(slot.lp.view(4 * m * (1 + k), 4 * m * k), F32, (m, k)),
-            logits=Tensor(act.logits, F32, (n_rows, vocab)),
-            ids=Tensor(slot.ids, I32, (n_rows,)),
+            logits=Tensor(act.logits, F32, (n_logits, vocab)),
+            ids=Tensor(slot.ids, I32, (n_logits,)),
             rows=Tensor(self._lp_rows, I32, (m,)),
         )  # fmt: skip
         return layout.nbytes
@@ -527,6 +546,16 @@ class ModelRunner:
         if want and self.logprobs_on_device:
             picked = LogprobLayout.of(want).picked
             raw[lay.lp_rows : lay.lp_rows + 4 * len(picked)].view(np.int32)[:] = picked
+        scored = plan.scored or []
+        if scored:
+            s0 = len(plan.sampled)
+            at = lay.rows + 4 * s0
+            raw[at : at + 4 * len(scored)].view(np.int32)[:] = [row for _, row, _, _ in scored]
+            at = lay.params + SAMPLE_PARAMS_DTYPE.itemsize * s0
+            p = raw[at : at + SAMPLE_PARAMS_DTYPE.itemsize * len(scored)]
+            p.view(SAMPLE_PARAMS_DTYPE)[:] = (0.0, 1.0, 0, 0, 0)  # greedy, never read
+            ids = raw[lay.lp_ids : lay.lp_ids + 4 * len(scored)].view(np.int32)
+            ids[:] = [t for _, _, t, _ in scored]
         n, s = plan.n_tokens, len(plan.sampled)
         if plan.pad is not None:  # rows n.. are padding: token 0, one slot, sampled greedily
             n = s = plan.rows
@@ -578,6 +607,18 @@ class ModelRunner:
         for c in order:
             row0.append(at)
             at += c.n_tokens
+        sampled = [k for k, c in enumerate(order) if c.sample]
+        scored = [
+            (k, row0[k] + i, int(t), int(c.prompt_logprobs))
+            for k, c in enumerate(order)
+            if c.prompt_logprobs is not None and c.prompt_targets
+            for i, t in enumerate(c.prompt_targets)
+        ]
+        if len(sampled) + len(scored) > self.max_rows:
+            raise InvalidStepError(
+                f"the step has {len(sampled)} sampled and {len(scored)} scored prompt rows, "
+                f"more than the {self.max_rows} rows of logits a step holds (max_rows)"
+            )
         copies: list[tuple[int, int, int]] = []
         for row, c in enumerate(follow):  # each from_previous chunk is one row
             index = prev[c.slot]
@@ -591,10 +632,11 @@ class ModelRunner:
             row0=row0,
             ids=[ids[id(c)] for c in order],
             n_tokens=total,
-            sampled=[k for k, c in enumerate(order) if c.sample],
+            sampled=sampled,
             copies=copies,
             max_end=max(c.start_pos + c.n_tokens for c in order),
-            decode=all(c.n_tokens == 1 and c.sample for c in order),
+            decode=not scored and all(c.n_tokens == 1 and c.sample for c in order),
+            scored=scored,
         )
 
     def _check_chunk(self, c: SeqChunk, seen: set[int], prev: dict[int, int]) -> np.ndarray | None:
@@ -660,7 +702,33 @@ class ModelRunner:
                 raise InvalidStepError(
                     f"slot {slot}: logprobs={c.logprobs} must be in 0..{self.max_logprobs}"
                 )
+        if c.prompt_logprobs is not None or c.prompt_targets is not None:
+            self._check_scoring(c, tok)
         return tok
+
+    def _check_scoring(self, c: SeqChunk, tok: np.ndarray | None) -> None:
+        where = f"slot {c.slot}"
+        k, targets = c.prompt_logprobs, c.prompt_targets
+        if not self.logprobs_enabled:
+            raise InvalidStepError(f"{where}: prompt logprobs need enable_logprobs()")
+        if tok is None or targets is None or not _is_int(k):
+            raise InvalidStepError(
+                f"{where}: prompt logprobs need a prompt chunk (token_ids), prompt_logprobs "
+                "and prompt_targets"
+            )
+        if not 0 <= k <= self.max_logprobs:  # type: ignore[operator]
+            raise InvalidStepError(
+                f"{where}: prompt_logprobs={k} must be in 0..{self.max_logprobs}"
+            )
+        want = tok.shape[0] - (1 if c.sample else 0)
+        if len(targets) != want:
+            raise InvalidStepError(
+                f"{where}: {len(targets)} prompt_targets for {want} scored rows (every row of "
+                "the chunk but a sampled last one)"
+            )
+        vocab = self.config.vocab_size
+        if any(not _is_int(t) or not 0 <= t < vocab for t in targets):
+            raise InvalidStepError(f"{where}: a prompt target is outside the vocabulary")
 
 
 def _is_int(value: object) -> bool:

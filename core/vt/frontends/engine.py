@@ -108,6 +108,9 @@ class RequestOutput(BaseModel):
     #: One entry per id of ``ids`` when ``SamplingParams.logprobs`` is set, else None.
     logprobs: list[TokenLogprobs] | None = None
     delta_logprobs: list[TokenLogprobs] | None = None  # the entries of ``delta_ids``
+    #: One entry per prompt id when ``SamplingParams.prompt_logprobs`` is set (the first is
+    #: None: nothing predicts it), complete from the first output with an id; else None.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class _StopStrings:
@@ -148,6 +151,7 @@ class _Request:
     num_prefilled: int = 0  # prompt tokens submitted
     output_ids: list[int] = field(default_factory=list)  # sampled ids read back
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # when params.logprobs
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     pending: int = 0  # samples submitted but not yet read back (0 or 1)
     text: str = ""  # detokenized text (stop strings trimmed once finished)
     emitted: int = 0  # characters of ``text`` already handed out
@@ -191,6 +195,8 @@ class Engine:
         self.max_model_len: int = int(runner.max_model_len)
         self.max_batch_tokens: int = int(runner.max_batch_tokens)
         self.vocab_size: int = int(runner.config.vocab_size)
+        #: Rows of logits a step holds (sampled rows plus scored prompt rows).
+        self.max_rows: int = int(getattr(runner, "max_rows", self.max_slots))
         self.async_scheduling: bool = runner.readback != "sync"
         self._eos_ids = frozenset(int(i) for i in tokenizer.stop_ids)
         self._ids = itertools.count()
@@ -236,8 +242,9 @@ class Engine:
                 "it must be shorter to leave room for at least one generated token "
                 "(raise --max-model-len or shorten the prompt)"
             )
-        if params.logprobs is not None:
-            self._enable_logprobs(params.logprobs)
+        for k in (params.logprobs, params.prompt_logprobs):
+            if k is not None:
+                self._enable_logprobs(k)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise RequestError(f"request id {rid!r} is already in use")
@@ -254,6 +261,7 @@ class Engine:
             prompt=prompt,
             t_arrival=time.perf_counter(),
             stops=_StopStrings(list(params.stop)) if params.stop else _NO_STOPS,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else [],
         )
         self._requests[rid] = req
         self._waiting.append(req)
@@ -336,16 +344,26 @@ class Engine:
             else:
                 rows.append((req, pos, [req.output_ids[-1]], 1, True))
             budget -= 1
-        for req in self._running:  # then prompt chunks, first come first served
+        # then prompt chunks, first come first served; a prompt whose tokens are scored
+        # (prompt_logprobs) needs a row of logits per token, so it goes last and takes at
+        # most the rows of logits the others left (max_rows a step).
+        prefilling = [r for r in self._running if not r.prefill_done and not r.finished]
+        scoring = [r for r in prefilling if r.params.prompt_logprobs is not None]
+        logit_rows = self.max_rows - sum(1 for r in rows if r[4])
+        for req in [r for r in prefilling if r.params.prompt_logprobs is None] + scoring:
             if budget == 0:
                 break
-            if req.prefill_done or req.finished:
-                continue
             start = req.num_prefilled
-            chunk = req.prompt_ids[start : start + budget]
+            take = budget
+            if req.params.prompt_logprobs is not None:
+                take = min(take, logit_rows)
+                if take == 0:
+                    continue
+            chunk = req.prompt_ids[start : start + take]
             last = start + len(chunk) == len(req.prompt_ids)
             rows.append((req, start, chunk, len(chunk), last))
             budget -= len(chunk)
+            logit_rows -= len(chunk) if req.params.prompt_logprobs is not None else int(last)
         return rows
 
     def _will_finish(self, req: _Request) -> bool:
@@ -371,6 +389,8 @@ class Engine:
         for req, pos, ids, n, samples in rows:
             assert req.slot is not None
             p = req.params
+            scored = p.prompt_logprobs is not None and ids is not None and not req.prefill_done
+            targets = req.prompt_ids[pos + 1 : pos + n + (0 if samples else 1)] if scored else None
             chunks.append(
                 SeqChunk(
                     slot=req.slot,
@@ -384,6 +404,8 @@ class Engine:
                     seed=req.seed,
                     counter=req.sampled,
                     logprobs=p.logprobs if samples else None,
+                    prompt_logprobs=p.prompt_logprobs if scored else None,
+                    prompt_targets=targets,
                 )
             )
             if req.t_scheduled is None:
@@ -402,11 +424,21 @@ class Engine:
         self._failing = [r[0] for r in step.rows]
         sampled = step.output.get_output()
         logprobs = step.output.get_logprobs() if hasattr(step.output, "get_logprobs") else {}
+        prompt_lp = getattr(step.output, "get_prompt_logprobs", dict)()
         self._failing = []
         now = time.perf_counter()
         outputs: list[RequestOutput] = []
         touched: list[_Request] = []
         for req, slot, samples in step.rows:
+            if slot in prompt_lp and req.params.prompt_logprobs is not None:
+                req.prompt_logprobs += [
+                    TokenLogprobs.model_construct(
+                        token_id=t,
+                        logprob=lp,
+                        top=[Logprob.model_construct(token_id=i, logprob=v) for i, v in top],
+                    )
+                    for t, lp, top in prompt_lp[slot]
+                ]
             if not samples:
                 continue
             req.pending -= 1
@@ -499,6 +531,9 @@ class Engine:
             timings=self._timings(req),
             logprobs=list(req.logprobs) if wants else None,
             delta_logprobs=delta_logprobs,
+            prompt_logprobs=list(req.prompt_logprobs)
+            if req.params.prompt_logprobs is not None
+            else None,
         )
 
     def _timings(self, req: _Request) -> Timings:

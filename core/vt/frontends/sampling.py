@@ -7,7 +7,14 @@ Differences from vLLM worth knowing: ``max_tokens`` defaults to 256 (vLLM: 16), 
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 #: Largest seed the device sampler takes (seeds are uint32, see ``SAMPLE_PARAMS_DTYPE``).
 MAX_SEED = 2**32 - 1
@@ -52,6 +59,11 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(
         default=None,
         description=f"report each token's logprob and this many alternatives (0..{MAX_LOGPROBS})",
+    )
+    prompt_logprobs: int | None = Field(
+        default=None,
+        description="report each prompt token's logprob (after the first) and this many "
+        f"alternatives (0..{MAX_LOGPROBS}); the prompt is then prefilled a few rows a step",
     )
 
     @field_validator("max_tokens")
@@ -111,11 +123,11 @@ class SamplingParams(BaseModel):
             raise ValueError("stop strings must not be empty")
         return v
 
-    @field_validator("logprobs")
+    @field_validator("logprobs", "prompt_logprobs")
     @classmethod
-    def _logprobs(cls, v: int | None) -> int | None:
+    def _logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
         if v is not None and not 0 <= v <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {v}")
+            raise ValueError(f"{info.field_name} must be between 0 and {MAX_LOGPROBS}, got {v}")
         return v
 
     @field_validator("stop_token_ids")

@@ -592,6 +592,8 @@ async def completions(request: Request, state: ServerState) -> Response:
     check_stops(req, state.limits)
     logprobs = check_logprobs(req.logprobs, state.limits, "logprobs")
     params = sampling_params(req, req.max_tokens, logprobs=logprobs)
+    if req.echo and logprobs is not None:  # the prompt's tokens are scored too
+        params = params.model_copy(update={"prompt_logprobs": logprobs})
     prompts: list[Prompt] = []
     n = len(req.prompt)
     fields = ["prompt" if n == 1 else f"prompt[{i}]" for i in range(n)]
@@ -605,7 +607,7 @@ async def completions(request: Request, state: ServerState) -> Response:
             prompts.append(await tokenize(state, p, field_name, "prompt"))
         else:
             prompts.append(Prompt(list(p)))
-    stream = _Run(state, request, new_id("cmpl"), prompts, params)
+    stream = _Run(state, request, new_id("cmpl"), prompts, params, echo=req.echo)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await stream.respond(req.stream, include_usage, chat=False)
 
@@ -670,8 +672,10 @@ class _Run:
         request_id: str,
         prompts: list[Prompt],
         params: SamplingParams,
+        echo: bool = False,
     ) -> None:
         _, self.engine_loop = state.ready()
+        self.echo = echo  # completions: the prompt's text (and logprobs) come first
         self.state = state
         self.request = request
         self.id = request_id
@@ -762,21 +766,49 @@ class _Run:
         raw = self.state.llm.tokenizer.token_bytes(token_id)
         return raw.decode("utf-8", errors="replace"), list(raw)
 
+    def _echo_text(self, index: int) -> str:
+        """The prompt as the choice's text starts with it (``echo``)."""
+        p = self.prompts[index]
+        return p.text if p.text is not None else self.state.llm.tokenizer.decode(p.ids)
+
+    def _prompt_entries(self, out: RequestOutput) -> tuple[list[str], list[Any], list[Any]]:
+        """``echo`` with logprobs: the prompt's tokens, logprobs (the first is None: nothing
+        predicts it) and alternatives, as the legacy object lists them."""
+        tokens, values, tops = [], [], []
+        entries = out.prompt_logprobs or [None] * len(out.prompt_ids)
+        for tid, e in zip(out.prompt_ids, entries, strict=True):
+            tokens.append(self._token(tid)[0])
+            values.append(None if e is None else e.logprob)
+            tops.append(None if e is None else self._top(e, tokens[-1]))
+        return tokens, values, tops
+
+    def _top(self, e: Any, text: str) -> dict[str, float]:
+        top: dict[str, float] = {}
+        for t in e.top:  # two ids may print alike (partial UTF-8): the likelier stays
+            top.setdefault(self._token(t.token_id)[0], t.logprob)
+        top.setdefault(text, e.logprob)  # the sampled (or prompt) token is always listed
+        return top
+
     def _completion_logprobs(
-        self, entries: list[Any] | None, offset: int = 0
+        self, entries: list[Any] | None, offset: int = 0, echo: RequestOutput | None = None
     ) -> CompletionLogprobs | None:
+        """The legacy logprobs object of ``entries``; ``echo``: the prompt's first."""
         if entries is None or self.params.logprobs is None:
             return None
-        tokens, values, tops, offsets = [], [], [], []
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        if echo is not None:
+            tokens, values, tops = self._prompt_entries(echo)
+            for t in tokens:
+                offsets.append(offset)
+                offset += len(t)
         for e in entries:
             text, _ = self._token(e.token_id)
-            top: dict[str, float] = {}
-            for t in e.top:  # two ids may print alike (partial UTF-8): the likelier stays
-                top.setdefault(self._token(t.token_id)[0], t.logprob)
-            top.setdefault(text, e.logprob)  # the sampled token is always listed
             tokens.append(text)
             values.append(e.logprob)
-            tops.append(top)
+            tops.append(self._top(e, text))
             offsets.append(offset)
             offset += len(text)
         return CompletionLogprobs(
@@ -802,8 +834,8 @@ class _Run:
         choices = [
             CompletionChoice(
                 index=i,
-                text=out.text,
-                logprobs=self._completion_logprobs(out.logprobs),
+                text=(self._echo_text(i) if self.echo else "") + out.text,
+                logprobs=self._completion_logprobs(out.logprobs, 0, out if self.echo else None),
                 finish_reason=out.finish_reason,
                 stop_reason=out.stop_reason,
             )
@@ -842,6 +874,7 @@ class _Run:
         name = self.state.model_name
         held: dict[int, list[Any]] = {}  # logprobs of tokens whose text is not out yet
         offsets: dict[int, int] = {}
+        echoed: set[int] = set()  # choices whose first chunk (with the prompt) went out
         while not self.done:
             item = await self._next()
             out = item.output
@@ -850,12 +883,16 @@ class _Run:
             if not out.delta_text and not out.finished:
                 continue
             entries = held.pop(item.index, [])
-            logprobs = self._completion_logprobs(entries, offsets.get(item.index, 0))
+            echo = self.echo and item.index not in echoed
+            echoed.add(item.index)
+            logprobs = self._completion_logprobs(
+                entries, offsets.get(item.index, 0), out if echo else None
+            )
             if logprobs is not None:
                 offsets[item.index] = offsets.get(item.index, 0) + sum(map(len, logprobs.tokens))
             choice = CompletionChoice(
                 index=item.index,
-                text=out.delta_text,
+                text=(self._echo_text(item.index) if echo else "") + out.delta_text,
                 logprobs=logprobs,
                 finish_reason=out.finish_reason if out.finished else None,
                 stop_reason=out.stop_reason if out.finished else None,

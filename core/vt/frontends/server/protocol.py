@@ -121,13 +121,6 @@ class CompletionRequest(_GenerationRequest):
     def _prompt(cls, v: Any) -> list[str | list[int]]:
         return normalize_prompt(v)
 
-    @field_validator("echo")
-    @classmethod
-    def _echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported yet")
-        return v
-
     @field_validator("logprobs")
     @classmethod
     def _logprobs(cls, v: int | None) -> int | None:
@@ -253,11 +246,12 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """The legacy completions ``logprobs`` object: one entry per generated token."""
+    """The legacy completions ``logprobs`` object: one entry per generated token (with
+    ``echo``, first one per prompt token: the first prompt token's entries are null)."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
