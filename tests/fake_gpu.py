@@ -46,8 +46,11 @@ class FakeRuntime(GpuRuntime):
 
     vendor = "fake"
 
-    def __init__(self, warp: int = 32, vmm_granularity: int | None = GRANULARITY) -> None:
+    def __init__(
+        self, warp: int = 32, vmm_granularity: int | None = GRANULARITY, blas: str | None = None
+    ) -> None:
         self.warp = warp
+        self.blas_name = blas
         self.granularity = vmm_granularity
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.fail: dict[str, int] = {}
@@ -224,6 +227,19 @@ class FakeRuntime(GpuRuntime):
         self._call("launch", fn, grid, block, shared_mem, stream)
         values = [getattr(a, "value", a) for a in args]
         record = Launch(fn, grid, block, stream, values, tuple(args))
+        self._enqueue(stream, lambda: self.launches.append(record))
+
+    # ---- vendor BLAS (only with ``blas=``): a gemm is recorded in ``launches`` as "gemm"
+    def blas(self) -> str | None:
+        return self.blas_name
+
+    def gemm(
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
+    ) -> None:
+        if self.blas_name is None:
+            return super().gemm(stream, n, m, k, x, w, out, accumulate)
+        self._call("gemm", n, m, k, x, w, out, accumulate)
+        record = Launch("blas:gemm", (1, 1, 1), (1, 1, 1), stream, [n, m, k, x, w, out, accumulate])
         self._enqueue(stream, lambda: self.launches.append(record))
 
     # ---- graphs

@@ -284,9 +284,10 @@ def test_a_decode_step_is_one_graph_launch_after_warm_up_and_capture(tmp_path: P
 
         eager, captured, replayed = step(3), step(4), step(5)
         per_step = eager.count("launch")
-        # embedding; per layer rms_norm, qkv, rope_kv_store, attention, matmul_add, rms_norm,
-        # swiglu, matmul_add; then gather_rows, rms_norm, matmul, sample
-        assert per_step == 1 + 8 * model.config.n_layers + 4
+        # embedding; per layer rms_norm, qkv, rope_kv_store, attention (split over positions
+        # and combined: two launches), matmul_add, rms_norm, swiglu, matmul_add; then
+        # gather_rows, rms_norm, matmul, sample
+        assert per_step == 1 + 9 * model.config.n_layers + 4
         assert "graph_begin_capture" not in eager and "graph_launch" not in eager
         begin, end = captured.index("graph_begin_capture"), captured.index("graph_end_capture")
         assert captured[begin:end].count("launch") == per_step
@@ -477,9 +478,10 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
     includes = [line for line in source.splitlines() if line.lstrip().startswith("#include")]
     assert includes == []  # nvrtc and hiprtc find no system headers
     names = {
-        "rms_norm", "rope", "kv_store", "attention", "silu_mul", "add", "gather_rows", "sample",
-        "logprobs",
-        "rope_kv_store", *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
+        "rms_norm", "rope", "kv_store", "attention_split", "attention_combine", "silu_mul",
+        "add", "gather_rows", "sample", "logprobs",
+        "rope_kv_store", "bias_add", *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
+        *(f"dequantize_{s}" for s in ("f16", "bf16", "q")),
         *(f"{k}_{s}" for k in ("matmul_small1", "matmul_small4", "matmul_tiled",
                                "swiglu_small1", "swiglu_small2", "qkv_small1", "qkv_small4")
           for s in ("f32", "f16", "bf16", "q")),
@@ -489,7 +491,9 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
         prefix, _, suffix = name.rpartition("_")
         if prefix.rstrip("0124") in MACRO_KERNELS:  # instantiated by a macro
             assert prefix.rstrip("0124") in signatures
-            macro = "VT_EMBEDDING" if prefix == "embedding" else "VT_MATMUL"
+            macro = {"embedding": "VT_EMBEDDING", "dequantize": "VT_DEQUANTIZE"}.get(
+                prefix, "VT_MATMUL"
+            )
             assert f"\n{macro}({suffix}, " in source, name
             if prefix[-1].isdigit():  # a decode kernel per features per warp
                 kind = "SW" if prefix.startswith("swiglu") else "MM"
@@ -498,7 +502,9 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
             assert name in signatures, name
 
 
-MACRO_KERNELS = ("embedding", "matmul_small", "matmul_tiled", "swiglu_small", "qkv_small")
+MACRO_KERNELS = (
+    "embedding", "dequantize", "matmul_small", "matmul_tiled", "swiglu_small", "qkv_small",
+)  # fmt: skip
 
 
 def macro_prefix(kernel: str) -> str:
@@ -585,9 +591,10 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
         "attention": lambda: (
             {**kv(), "out": c.t("out", F32, 3, 48), "q": c.t("q", F32, 3, 48), "n_heads": 6,
              "scale": 0.5},
-            "attention",
+            "attention_split",
             {"n": 3, "n_heads": 6, "n_kv": 1, "head_dim": 8, "n_slots": 7, "n_layers": 4,
-             "max_len": 5, "layer": 2, "scale": 0.5},
+             "max_len": 5, "layer": 2, "scale": 0.5, "gb": 6, "splits": 32,
+             "min_per_split": 16},
         ),
         "silu_mul": lambda: (
             {"out": c.t("out", F32, *rows), "gate": c.t("gate", F32, *rows),
@@ -672,7 +679,11 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     args, kernel, scalars = _case(case, op)
     stream = backend.create_stream()
     backend.launch(op, stream, **args)
-    (launch,) = rt.launches
+    if op == "attention":  # split over positions, then the partials combined
+        launch, combine = rt.launches
+        assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
+    else:
+        (launch,) = rt.launches
     assert launch.kernel == kernel and launch.stream == stream.handle
     weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
     macro = kernel.startswith(MACRO_KERNELS)  # one kernel per weight format
@@ -686,6 +697,8 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
             assert (value or 0) == {"data": w.data, "sm": w.scales}[name], name
         elif "*" in ctype and name == "w":
             assert value == weights["weight"].data, name
+        elif "*" in ctype and name == "part":  # the backend's scratch for split partials
+            assert value, name
         elif "*" in ctype and name in WEIGHT_POINTERS:  # a weight's data, scales, a bias
             arg, attr = WEIGHT_POINTERS[name]
             want = getattr(weights[arg], attr) if arg in weights else 0
@@ -697,6 +710,75 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
         else:
             assert value == pytest.approx(scalars.pop(name)), name
     assert scalars == {}  # every scalar the case expects was passed
+
+
+def test_attention_splits_positions_only_while_the_grid_is_small() -> None:
+    """Few rows: positions split over blocks, partials combined, in a scratch buffer kept
+    until close (a captured graph may hold it). Many rows: one launch, no partials."""
+    backend, rt = make()
+    layout = vt.KVLayout(n_layers=1, n_slots=256, n_kv_heads=2, head_dim=64, max_len=8)
+    cache = vt.Tensor.of(backend.alloc(layout.nbytes), F32, *layout.shape)
+    stream = backend.create_stream()
+    sizes = []
+    for n in (1, 2, 1, 256):
+        buf = backend.alloc(n * 8 * 64 * 4)
+        ints = backend.alloc(n * 4)
+        rt.launches.clear()
+        backend.launch(
+            "attention", stream, out=vt.Tensor.of(buf, F32, n, 8 * 64),
+            q=vt.Tensor.of(buf, F32, n, 8 * 64), cache=cache, slots=vt.Tensor.of(ints, I32, n),
+            positions=vt.Tensor.of(ints, I32, n), layout=layout, layer=0, n_heads=8, scale=0.1,
+        )  # fmt: skip
+        kernels = [launch.kernel for launch in rt.launches]
+        if n < 256:
+            assert kernels == ["attention_split", "attention_combine"]
+            assert rt.launches[0].grid == (n, 2, min(32, 128 // n))  # 4 heads per block
+        else:
+            assert kernels == ["attention_split"] and not rt.launches[0].args[1]
+        sizes.append(len(backend._scratch))
+    assert sizes == [1, 2, 2, 2]  # n=2 needs a larger one; n=1 again reuses the first
+    backend.close()
+    assert backend._scratch == []
+
+
+@pytest.mark.parametrize("wtype", ["F32", "Q4_1"])
+def test_many_rows_go_to_the_vendor_blas_over_a_float32_copy_of_the_weight(wtype: str) -> None:
+    backend, rt = make(blas="fake BLAS")
+    values = np.random.default_rng(0).standard_normal((40, 64)).astype(np.float32)
+    weight = backend.upload_weight(weight_tensor("w", values, wtype))
+    bias = backend.upload_weight(weight_tensor("b", np.ones(40, np.float32), "F32"))
+    w: GpuWeight = weight.handle
+    stream = backend.create_stream()
+    n = backend.blas_min_rows
+    x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+    out = vt.Tensor.of(backend.alloc(n * 40 * 4), F32, n, 40)
+    res = vt.Tensor.of(backend.alloc(n * 40 * 4), F32, n, 40)
+    xp, op, rp = (t.buffer.handle + t.buffer.offset for t in (x, out, res))
+    rt.launches.clear()
+    backend.launch("matmul", stream, out=out, x=x, weight=weight, bias=bias)
+    kernels = [launch.kernel for launch in rt.launches]
+    gemm = rt.launches[kernels.index("gemm")].args
+    if wtype == "F32":  # the weight as it is
+        assert kernels == ["gemm", "bias_add"] and gemm == [n, 40, 64, xp, w.data, op, False]
+    else:  # dequantized into scratch first, on the same stream
+        assert kernels == ["dequantize_q", "gemm", "bias_add"]
+        scratch = rt.launches[0].args[0]
+        assert gemm == [n, 40, 64, xp, scratch, op, False] and scratch != w.data
+        assert rt.launches[0].args[-1] == 40 * 64
+    # the residual is the accumulator: in place, or copied into out first
+    rt.launches.clear()
+    rt.calls.clear()
+    backend.launch("matmul_add", stream, out=out, x=x, weight=weight, residual=out, scratch=res)
+    assert rt.launches[-1].args[-1] is True and "memcpy_d2d" not in rt.names()
+    backend.launch("matmul_add", stream, out=out, x=x, weight=weight, residual=res, scratch=res)
+    assert rt.args("memcpy_d2d")[0][:3] == (op, rp, n * 40 * 4)
+    # one row fewer: the backend's own decode kernel
+    rt.launches.clear()
+    small = vt.Tensor.of(x.buffer, F32, n - 1, 64)
+    backend.launch("matmul", stream, out=vt.Tensor.of(out.buffer, F32, n - 1, 40), x=small,
+                   weight=weight)  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == [f"matmul_small4_{w.suffix}"]
+    backend.close()
 
 
 def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:

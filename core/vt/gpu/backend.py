@@ -54,7 +54,7 @@ from ..protocol.ops import FUSED_OPS
 from . import weights as W
 from .runtime import GpuCallError, GpuRuntime, host_array
 
-P, I32, F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
+P, I32, I64, F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 
 #: Largest head_dim the rope and attention kernels take (ROPE_MAX_PAIRS, qs[256]).
 MAX_HEAD_DIM = 256
@@ -63,6 +63,9 @@ _SAMPLE_THREADS = 512
 _MAX_BLOCKS = 65535
 #: Rows of x per pass of the decode-path matmul kernels (MM_R in kernels/matmul.cu).
 MM_R = 8
+#: Threads and query heads per block of attention_split (FA_THREADS, FA_MAXG in attention.cu).
+_FA_THREADS = 128
+_FA_MAXG = 8
 
 
 class RopeTable(ctypes.Structure):
@@ -179,11 +182,18 @@ class GpuBackend(
     #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one
     #: (every decode batch up to 32 rows reads each weight once through the warp kernels).
     tiled_min_rows: int = 64
+    #: Batches of at least this many rows go to the vendor BLAS when the runtime has one
+    #: (``GpuRuntime.blas``): the tensor cores, over a float32 copy of the weight.
+    blas_min_rows: int = 64
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
     #: a tool clears it to measure what the fusion buys.
     native_fused: frozenset[str] = frozenset({"matmul_add", "swiglu", "rope_kv_store", "qkv"})
+    #: Attention splits a row's positions over at most this many blocks (flash-decoding)
+    #: while the grid has fewer than ``target_blocks``, each split at least this long.
+    attention_max_splits: int = 32
+    attention_min_split: int = 16
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
@@ -191,6 +201,7 @@ class GpuBackend(
         self._functions: dict[str, Any] = {}
         self._granularity: int | None = None
         self._lock = threading.Lock()
+        self._scratch: list[tuple[int, Buffer]] = []
 
     @property
     def runtime(self) -> GpuRuntime:
@@ -198,6 +209,8 @@ class GpuBackend(
 
     def close(self) -> None:
         """Forget the kernels and let the adapter release its context (idempotent)."""
+        while self._scratch:
+            self._free(self._scratch.pop()[1])
         self._functions.clear()
         self._kernels = None
         self._rt.close()
@@ -523,12 +536,37 @@ class GpuBackend(
         res = P(0) if residual is None else self._ptr(residual)
         args = (self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.lg_block), P(bias),
                 res, I32(n), I32(out_f), I32(in_f))  # fmt: skip
-        if n >= self.tiled_min_rows:
+        if n >= self.blas_min_rows and self._rt.blas():
+            self._blas_matmul(stream, out, x, w, bias, residual)
+        elif n >= self.tiled_min_rows:
             grid = (-(-out_f // 64), -(-n // 64), 1)
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
         else:
             grid, rpb, no = self._small_grid(n, out_f)
             self._kernel(f"matmul_small{no}_{w.suffix}", grid, _THREADS, stream, *args, I32(rpb))
+
+    def _blas_matmul(
+        self, stream: Stream, out: Tensor, x: Tensor, w: GpuWeight, bias: int,
+        residual: Tensor | None,
+    ) -> None:  # fmt: skip
+        """The vendor BLAS path (``GpuRuntime.gemm``): a float32 copy of a non-F32 weight in
+        scratch (``dequantize``, bit-exact), one GEMM with the residual as its accumulator
+        (copied into ``out`` first unless ``out`` is the residual), then the bias."""
+        n, (m, k) = x.shape[0], (w.rows, w.cols)
+        wptr = w.data
+        if w.kind != W.WT_F32:
+            total = m * k
+            wptr = self._scratch_at_least(total * 4, slot=0)
+            self._kernel(f"dequantize_{w.suffix}", (_blocks(total), 1, 1), _THREADS, stream,
+                         P(wptr), P(w.data), P(w.scales), I32(w.lg_block), I64(total))  # fmt: skip
+        xp, op = self._ptr(x).value or 0, self._ptr(out).value or 0
+        accumulate = residual is not None
+        if residual is not None and (rp := self._ptr(residual).value or 0) != op:
+            self._rt.memcpy_d2d(op, rp, n * m * 4, stream.handle)
+        self._rt.gemm(stream.handle, n, m, k, xp, wptr, op, accumulate)
+        if bias:
+            self._kernel("bias_add", (_blocks(n * m), 1, 1), _THREADS, stream, self._ptr(out),
+                         P(bias), I32(n), I32(m))  # fmt: skip
 
     def op_matmul(
         self, stream: Stream, out: Tensor, x: Tensor, weight: Weight, bias: Weight | None = None
@@ -672,14 +710,41 @@ class GpuBackend(
     ) -> None:
         self._head_dim(layout, "attention")
         n = q.shape[0]
-        if n:
+        if n == 0:
+            return
+        n_kv, hd = layout.n_kv_heads, layout.head_dim
+        group = n_heads // n_kv
+        gb = max(g for g in range(1, min(group, _FA_MAXG) + 1) if group % g == 0)
+        blocks = n * n_kv * (group // gb)
+        splits = max(1, min(self.attention_max_splits, -(-self.target_blocks // blocks)))
+        part = 0
+        if splits > 1:
+            part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot=1)
+        self._kernel(
+            "attention_split", (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
+            self._ptr(out), P(part), self._ptr(q), self._ptr(cache), self._ptr(slots),
+            self._ptr(positions), I32(n), I32(n_heads), I32(n_kv), I32(hd),
+            I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
+            F32(scale), I32(gb), I32(splits), I32(self.attention_min_split),
+        )  # fmt: skip
+        if splits > 1:
             self._kernel(
-                "attention", (n, n_heads, 1), _THREADS, stream,
-                self._ptr(out), self._ptr(q), self._ptr(cache), self._ptr(slots),
-                self._ptr(positions), I32(n), I32(n_heads), I32(layout.n_kv_heads),
-                I32(layout.head_dim), I32(layout.n_slots), I32(layout.n_layers),
-                I32(layout.max_len), I32(layer), F32(scale),
+                "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
+                self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
+                I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
             )  # fmt: skip
+
+    def _scratch_at_least(self, nbytes: int, slot: int) -> int:
+        """The address of a scratch buffer of at least ``nbytes`` (slot 0: the BLAS path's
+        float32 weight; slot 1: attention's split partials). Outgrown buffers are kept until
+        close (a captured graph may hold any of them); the first step of every shape runs
+        eagerly, so none is allocated during a capture."""
+        for s, buf in self._scratch:
+            if s == slot and buf.nbytes >= nbytes:
+                return self._addr(buf)
+        buf = self._alloc(nbytes)
+        self._scratch.append((slot, buf))
+        return self._addr(buf)
 
     def op_silu_mul(self, stream: Stream, out: Tensor, gate: Tensor, up: Tensor) -> None:
         n = out.size

@@ -198,6 +198,19 @@ class GpuRuntime(abc.ABC):
     def graph_destroy(self, graph: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not capture graphs")
 
+    # ---- vendor BLAS (optional: GpuBackend runs matmuls of many rows through it when
+    # ``blas()`` names a library, else through its own tiled kernel)
+    def blas(self) -> str | None:
+        """What ``gemm`` runs on ("cuBLAS, TF32 tensor cores ..."), or None without one."""
+        return None
+
+    def gemm(
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
+    ) -> None:
+        """``out[n, m] = x[n, k] @ w[m, k].T (+ out if accumulate)``, all float32 row-major,
+        enqueued on ``stream``."""
+        raise NotImplementedError(f"{type(self).__name__} has no BLAS")
+
 
 def kernel_params(args: Sequence[KernelArg]) -> tuple[ctypes.Array, int]:
     """The ``void**`` array of a launch: pointers to each argument's bytes.

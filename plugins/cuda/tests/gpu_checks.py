@@ -97,9 +97,23 @@ def test_capabilities_are_the_discrete_device_facts(cuda: Any) -> None:
         cuda.host_view(cuda.alloc(16))
 
 
+def test_the_device_run_has_cublas(cuda: Any) -> None:
+    """The device run carries nvmath-python, so the BLAS path below is really taken."""
+    assert "TF32" in (cuda.runtime.blas() or "")
+
+
+@pytest.fixture(params=["own", "blas"])
+def path(request: pytest.FixtureRequest, cuda: Any) -> Any:
+    """The backend's own tiled kernel, or cuBLAS (TF32) from blas_min_rows rows."""
+    saved = cuda.blas_min_rows
+    cuda.blas_min_rows = 64 if request.param == "blas" else 1 << 30
+    yield request.param
+    cuda.blas_min_rows = saved
+
+
 @pytest.mark.parametrize("wtype", ["F32", "F16", "BF16", "Q8_0", "Q4_1", "Q4_K", "Q6_K"])
-@pytest.mark.parametrize("n", [16, 70])
-def test_tiled_matmul_path(cuda: Any, wtype: str, n: int) -> None:
+@pytest.mark.parametrize("n", [16, 70, 300])
+def test_tiled_matmul_path(cuda: Any, wtype: str, n: int, path: str) -> None:
     in_f = 512 if wtype.endswith("_K") else 96 if wtype.startswith("Q") else 67
     rng = np.random.default_rng(n)
     tensor, ref = weight_tensor("w", rng.standard_normal((131, in_f)).astype(np.float32), wtype)
@@ -121,23 +135,30 @@ def test_tiled_matmul_path(cuda: Any, wtype: str, n: int) -> None:
         io.close()
 
 
-@pytest.mark.parametrize("length", [1, 1024, 1025, 3000])
-def test_attention_past_one_chunk(cuda: Any, length: int) -> None:
-    layout = vt.KVLayout(n_layers=2, n_slots=2, max_len=3000, n_kv_heads=3, head_dim=64)
+@pytest.mark.parametrize("length", [1, 17, 127, 129, 1024, 1025, 3000])
+@pytest.mark.parametrize(
+    ("n_kv", "hd", "rows"), [(3, 64, 2), (1, 128, 1), (2, 256, 3), (8, 64, 70)]
+)
+def test_attention_past_one_chunk(cuda: Any, length: int, n_kv: int, hd: int, rows: int) -> None:
+    """Split over positions (few rows) or not (70 rows), GQA groups of 3, 9, 4 and 1 heads,
+    head_dim 64 to 256; the second row's context is half the first's."""
+    n_heads = 9 if n_kv in (1, 3) else 8
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=3000, n_kv_heads=n_kv, head_dim=hd)
     rng = np.random.default_rng(length)
     cache = rng.standard_normal(layout.shape).astype(np.float32)
-    slots = np.array([1, 0], dtype=np.int32)
-    pos = np.array([length - 1, length // 2], dtype=np.int32)
-    q = rng.standard_normal((2, 9 * 64)).astype(np.float32)
-    want = R.attention(q, cache, layout, 1, slots, pos, 9, 0.125)
+    slots = (np.arange(rows, dtype=np.int32) + 1) % 4
+    pos = np.array([length - 1, length // 2, 0][:rows] + [length - 1] * (rows - 3), np.int32)
+    q = rng.standard_normal((rows, n_heads * hd)).astype(np.float32)
+    want = R.attention(q, cache, layout, 1, slots, pos, n_heads, 0.125)
     io = IO(cuda)
     try:
         out = io.empty(q.nbytes)
         stream = cuda.create_stream()
         cuda.launch(
             "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
-            cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), 2),
-            positions=i32(io.put(pos), 2), layout=layout, layer=1, n_heads=9, scale=0.125,
+            cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), rows),
+            positions=i32(io.put(pos), rows), layout=layout, layer=1, n_heads=n_heads,
+            scale=0.125,
         )  # fmt: skip
         cuda.synchronize(stream)
         got = io.get(out, np.float32, q.shape)
@@ -265,7 +286,9 @@ def test_greedy_ids_equal_cpu_with_graphs_and_async_on_and_off(
     kw: dict[str, Any] = {"dim": 256, "ffn": 512, "n_heads": 4} if wtype.endswith("_K") else {}
     path = write_tiny_gguf(tmp_path / f"{arch}-{wtype}.gguf", arch=arch, weight_type=wtype,
                            n_layers=2, **kw)  # fmt: skip
-    prompts = {0: [3, 17, 42, 5, 9, 60, 1, 33, 21] * 2, 1: [8, 2, 50], 2: [7]}  # 22 rows: tiled
+    # 22 rows (tiled kernel), then 90 (cuBLAS): the second prefill is a step of its own
+    prompts = {0: [3, 17, 42, 5, 9, 60, 1, 33, 21] * 2, 1: [8, 2, 50], 2: [7]}
+    long_prompt = {3: [(7 * i + 3) % 60 + 1 for i in range(90)]}
     results, stats = {}, {}
     with load_gguf(path) as model:
         for name in ("cpu", "cuda/graphs/async", "cuda/graphs/sync", "cuda/eager/async",
@@ -275,12 +298,12 @@ def test_greedy_ids_equal_cpu_with_graphs_and_async_on_and_off(
             if name != "cpu":
                 kwargs = {"graphs": "/graphs/" in name, "async_scheduling": name.endswith("async")}
             try:
-                with ModelRunner(backend, model, max_slots=4, max_model_len=64, **kwargs) as r:
+                with ModelRunner(backend, model, max_slots=4, max_model_len=128, **kwargs) as r:
                     if name != "cpu":
                         assert r.graphs is kwargs["graphs"], r.graphs_reason
                         want = "async_d2h" if kwargs["async_scheduling"] else "sync"
                         assert r.readback == want, r.readback_reason
-                    results[name] = greedy(r, prompts, 12)
+                    results[name] = greedy(r, prompts, 12), greedy(r, long_prompt, 6)
                     stats[name] = r.graph_stats
             finally:
                 backend.close()

@@ -2,10 +2,11 @@
 
     python plugins/cuda/tools/bench_variant.py --no-fused bench --backend cuda --batch 1,8,32
 
-``--no-fused``: ``GpuBackend.native_fused`` is emptied, so ``matmul_add``, ``swiglu``,
-``rope_kv_store`` and ``qkv`` run as their decompositions (the launches of before the fused
-kernels); graphs on/off is ``VT_GRAPHS``. Everything after the options is ``vt``'s command
-line.
+``--blas-min-rows N``: matmuls of N rows or more go to the vendor BLAS (a huge N: never, so
+the backend's own tiled kernel runs prefill). ``--no-fused``: ``GpuBackend.native_fused``
+is emptied, so ``matmul_add``, ``swiglu``, ``rope_kv_store`` and ``qkv`` run as their
+decompositions (the launches of before the fused kernels); graphs on/off is ``VT_GRAPHS``.
+Everything after the options is ``vt``'s command line.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from vt.gpu import GpuBackend
 
 def main() -> None:
     args = sys.argv[1:]
-    if args[:1] == ["--no-fused"]:
-        GpuBackend.native_fused = frozenset()
-        args = args[1:]
+    while args[:1] in (["--no-fused"], ["--blas-min-rows"]):
+        if args[0] == "--no-fused":
+            GpuBackend.native_fused = frozenset()
+            args = args[1:]
+        else:
+            GpuBackend.blas_min_rows = int(args[1])
+            args = args[2:]
     sys.argv = ["vt", *args]
     cli.main()
 

@@ -129,6 +129,29 @@ EOF"
             bench --backend cuda --model /tmp/$m.gguf --batch 1,8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json > $OUT/batch-$m-old.json; \
             python3 $ROOT/plugins/cuda/tools/batch_table.py $OUT/batch-$m-old.json"
         ;;
+    prefill:*)  # pp512 through vt bench: cuBLAS (TF32) against the own tiled kernel
+        m=${s#prefill:}
+        B="bench --backend cuda --model /tmp/$m.gguf --prompt-tokens 512 --gen-tokens 16 --repeat 3 --max-model-len 1024"
+        step "prefill-$m" 300 "python3 plugins/cuda/tools/bench_variant.py $B --json > $OUT/prefill-$m.json \
+            && python3 plugins/cuda/tools/bench_variant.py --blas-min-rows 1000000000 $B --json > $OUT/prefill-$m-own.json; \
+            grep -h -o '\"prefill_tok_s\": *[0-9.]*' $OUT/prefill-$m*.json"
+        ;;
+    blasbatch:*)  # decode batches from 32 rows on cuBLAS too (is the dequantized copy worth it?)
+        m=${s#blasbatch:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch 8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2"
+        step "blasbatch-$m" 300 "python3 plugins/cuda/tools/bench_variant.py --blas-min-rows 8 $B --json > $OUT/batch-$m-blas8.json; \
+            python3 $ROOT/plugins/cuda/tools/batch_table.py $OUT/batch-$m-blas8.json"
+        ;;
+    llama_bg)  # build llama.cpp (CUDA) in the background, in its own session (outlives the call)
+        setsid nohup python3 benchmarks/gpu_vs_llama_cpp.py --llama-src .llama/llama-src.tar.xz \
+            --build-only > /tmp/llama-build.log 2>&1 < /dev/null &
+        echo "llama.cpp build started in the background: /tmp/llama-build.log" | tee -a "$OUT/log.txt"
+        ;;
+    vsllama:*)  # wait (at most N s) for that build, then vt and llama.cpp side by side
+        w=${s#vsllama:}
+        step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
+            tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build --out $OUT/gpu_vs_llama_cpp.json"
+        ;;
     kprofile:*)
         m=${s#kprofile:}
         step "kprofile-$m" 400 "for b in 1 32; do python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --steps 64 --batch \$b --kernels --no-cprofile; done"

@@ -21,6 +21,9 @@ from typing import Any, ClassVar
 from vt import VmmError
 from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params
 
+from .blas import INSTALL_HINT as BLAS_HINT
+from .blas import PRECISION as BLAS_PRECISION
+from .blas import Cublas, import_cublas
 from .caps import ATTRIBUTES, DeviceProfile, use_managed_alloc
 
 INSTALL_HINT = "pip install 'vt-cuda[cu13]', or 'vt-cuda[cu12]' for a CUDA 12 driver"
@@ -75,6 +78,7 @@ class CudaRuntime(GpuRuntime):
         platform: str | None = None,
         *,
         context: bool = True,
+        cublas: Cublas | None = None,
     ) -> None:
         """``context=False`` reads the device profile only (a cheap probe: no context)."""
         self.cu = driver
@@ -82,6 +86,7 @@ class CudaRuntime(GpuRuntime):
         self.device = device
         self._tls = threading.local()
         self._ctx: Any = None
+        self._blas: Cublas | None | bool = cublas  # None: not looked for yet; False: absent
         self.call("cuInit", 0)
         self.device_count = int(self.call("cuDeviceGetCount"))
         if device >= self.device_count:
@@ -99,6 +104,9 @@ class CudaRuntime(GpuRuntime):
 
     def close(self) -> None:
         """Release the primary context this runtime retained (idempotent)."""
+        if self._blas:
+            blas, self._blas = self._blas, None
+            blas.close()
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             self.cu.cuDevicePrimaryCtxRelease(self._dev)
@@ -373,6 +381,27 @@ class CudaRuntime(GpuRuntime):
         params, address = kernel_params(args)
         self.call("cuLaunchKernel", fn, *grid, *block, shared_mem, stream, address, 0)
         del params  # kept alive until the driver has copied the arguments
+
+    # ---- vendor BLAS: cuBLAS through nvmath-python, when installed
+    def _cublas(self) -> Cublas | None:
+        if self._blas is None:
+            try:
+                self._blas = Cublas(import_cublas(), self)
+            except ImportError:
+                self._blas = False
+        return self._blas or None
+
+    def blas(self) -> str | None:
+        return BLAS_PRECISION if self._cublas() else None
+
+    def gemm(
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
+    ) -> None:
+        cublas = self._cublas()
+        if cublas is None:
+            raise NotImplementedError(f"no cuBLAS: {BLAS_HINT}")
+        self._bind()
+        cublas.gemm(stream, n, m, k, x, w, out, accumulate)
 
     # ---- graphs: stream capture in this thread's mode, so another thread's unrelated CUDA
     # calls (a second runner, a server thread) do not invalidate the capture

@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 from vt import VmmError
 from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params
 
+from .blas import PRECISION as BLAS_PRECISION
+from .blas import Hipblas, import_hipblas
 from .caps import DeviceProfile, use_managed_alloc
 
 INSTALL_HINT = "pip install 'vt[rocm]'"
@@ -61,6 +63,33 @@ class HipRuntime(GpuRuntime):
         self._hiprtc = hiprtc
         self.profile: DeviceProfile | None = None
         self._managed = False
+        self._blas: Hipblas | None | bool = None  # None: not looked for yet; False: absent
+
+    def close(self) -> None:
+        """Destroy the hipBLAS handle, if one was made (idempotent)."""
+        if self._blas:
+            blas, self._blas = self._blas, None
+            blas.close()
+
+    # ---- vendor BLAS: hipBLAS through hip-python, when it has the module
+    def _hipblas(self) -> Hipblas | None:
+        if self._blas is None:
+            try:
+                self._blas = Hipblas(import_hipblas())
+            except ImportError:
+                self._blas = False
+        return self._blas or None
+
+    def blas(self) -> str | None:
+        return BLAS_PRECISION if self._hipblas() else None
+
+    def gemm(
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
+    ) -> None:
+        hipblas = self._hipblas()
+        if hipblas is None:
+            raise NotImplementedError("hip-python has no hipblas module here")
+        hipblas.gemm(stream, n, m, k, x, w, out, accumulate)
 
     @classmethod
     def load(cls, device: int = 0) -> HipRuntime:

@@ -1,69 +1,181 @@
-// Causal attention, one block per (row i, query head h), ATT_THREADS threads (>= head_dim).
-// Positions 0..positions[i] of slot slots[i] in chunks of ATT_CHUNK with an online softmax
-// (running max and sum), so any context length works with fixed shared memory.
-#define ATT_THREADS 256
-#define ATT_CHUNK 1024
-extern "C" __global__ void attention(float* out, const float* q, const float* cache,
-                                     const int* slots, const int* positions, int n, int n_heads,
-                                     int n_kv, int head_dim, int n_slots, int n_layers,
-                                     int max_len, int layer, float scale) {
-    __shared__ float qs[256];
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float red[ATT_THREADS];
-    int i = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
+// Causal attention, split over positions (flash-decoding): one block per (row i, group of
+// GB query heads sharing one KV head, split s of the row's positions). The positions 0..positions[i] are cut into
+// `splits` ranges; a block scores its range FA_CHUNK positions at a time (one position per
+// thread, each K row read once for the GB heads), keeps a running max and sum per head
+// (online softmax) and accumulates its V rows. With splits == 1 it writes the output; else
+// it writes its unnormalized partial (acc[head_dim], max, sum) for attention_combine. So a
+// single row at a long context fills the GPU (the positions are spread over blocks), and
+// the KV rows of a group are read once for its GB heads. The split ranges come from the
+// device-side positions, so a captured graph stays valid as the context grows.
+#define FA_THREADS 128
+#define FA_CHUNK 128  // == FA_THREADS: one position per thread per pass
+#define FA_MAXG 8     // query heads per block (the host picks a divisor of the group size)
+extern "C" __global__ void attention_split(float* out, float* part, const float* q,
+                                           const float* cache, const int* slots,
+                                           const int* positions, int n, int n_heads, int n_kv,
+                                           int head_dim, int n_slots, int n_layers,
+                                           int max_len, int layer, float scale, int gb,
+                                           int splits, int min_per_split) {
+    __shared__ float qs[FA_MAXG * 256];
+    __shared__ float sc[FA_MAXG * FA_CHUNK];
+    __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
+    int i = blockIdx.x, s = blockIdx.z, t = threadIdx.x;
+    int lane = t % VT_WARP, warp = t / VT_WARP, warps = FA_THREADS / VT_WARP;
+    int group = n_heads / n_kv, subs = group / gb;
+    int kvh = blockIdx.y / subs;
+    int h0 = kvh * group + (blockIdx.y % subs) * gb;
     int row = n_kv * head_dim;
-    int kvh = h / (n_heads / n_kv);
     int slot = slots[i], pos = positions[i];
     bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
     int length = ok ? pos + 1 : 0;
-    const float* qi = q + ((long long)i * n_heads + h) * head_dim;
-    for (int d = t; d < head_dim; d += blockDim.x) qs[d] = qi[d];
+    int per = max((length + splits - 1) / splits, min_per_split);
+    int p0 = min(length, s * per), p1 = min(length, p0 + per);
+    for (int e = t; e < gb * head_dim; e += FA_THREADS) {
+        int g = e / head_dim, d = e % head_dim;
+        qs[g * 256 + d] = q[((long long)i * n_heads + h0 + g) * head_dim + d];
+    }
+    if (t < FA_MAXG) {
+        ms[t] = -__uint_as_float(0x7f800000u);
+        ls[t] = 0.0f;
+    }
     __syncthreads();
     long long pos_stride = (long long)n_slots * n_layers * 2 * row;
     long long kbase = ok ? vt_kv_index(0, slot, layer, 0, n_slots, n_layers, row) + kvh * head_dim
                          : 0;
     long long vbase = kbase + row;
-    float m = -__uint_as_float(0x7f800000u);  // -inf
-    float l = 0.0f, acc = 0.0f;
-    for (int c0 = 0; c0 < length; c0 += ATT_CHUNK) {
-        int cn = min(ATT_CHUNK, length - c0);
-        float cmax = -__uint_as_float(0x7f800000u);
-        for (int j = t; j < cn; j += blockDim.x) {
-            const float* kp = cache + kbase + (long long)(c0 + j) * pos_stride;
-            float s = 0.0f;
-            for (int d = 0; d < head_dim; ++d) s += qs[d] * kp[d];
-            s = s * scale;
-            sc[j] = s;
-            cmax = fmaxf(cmax, s);
-        }
-        cmax = vt_block_max(cmax, red);
-        float new_m = fmaxf(m, cmax);
-        float part = 0.0f;
-        for (int j = t; j < cn; j += blockDim.x) {
-            float p = expf(sc[j] - new_m);
-            sc[j] = p;
-            part += p;
-        }
-        part = vt_block_sum(part, red);  // its barriers also publish sc[]
-        float corr = expf(m - new_m);    // 0 on the first chunk (m = -inf)
-        l = l * corr + part;
-        if (t < head_dim) {  // four partial sums: four value rows in flight
-            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-            const float* vp = cache + vbase + t;
-            int j = 0;
-            for (; j + 3 < cn; j += 4) {
-                const float* p = vp + (long long)(c0 + j) * pos_stride;
-                a0 += sc[j] * p[0];
-                a1 += sc[j + 1] * p[pos_stride];
-                a2 += sc[j + 2] * p[2 * pos_stride];
-                a3 += sc[j + 3] * p[3 * pos_stride];
+    // Values: thread t owns element d = t % hd_lanes (and d + 128 for head_dim > 128) and the
+    // positions j with j % R == t / hd_lanes; R partial sums are added at the end.
+    int hd_lanes = head_dim <= FA_THREADS && FA_THREADS % head_dim == 0 ? head_dim : FA_THREADS;
+    int R = FA_THREADS / hd_lanes, r = t / hd_lanes, d0 = t % hd_lanes;
+    float acc[2][FA_MAXG];
+#pragma unroll
+    for (int g = 0; g < FA_MAXG; ++g) acc[0][g] = acc[1][g] = 0.0f;
+    for (int c0 = p0; c0 < p1; c0 += FA_CHUNK) {
+        int cn = min(FA_CHUNK, p1 - c0);
+        float sg[FA_MAXG];
+#pragma unroll
+        for (int g = 0; g < FA_MAXG; ++g) sg[g] = 0.0f;
+        if (t < cn) {
+            const float* kp = cache + kbase + (long long)(c0 + t) * pos_stride;
+            int d = 0;
+            if (((head_dim | row) & 3) == 0 && ((vt_u64)cache & 15) == 0) {  // 16-byte loads
+                for (; d < head_dim; d += 4) {
+                    vt_f4 k4 = *(const vt_f4*)(kp + d);
+#pragma unroll
+                    for (int g = 0; g < FA_MAXG; ++g)
+                        if (g < gb) {
+                            const float* qg = qs + g * 256 + d;
+                            sg[g] += qg[0] * k4.x;
+                            sg[g] += qg[1] * k4.y;
+                            sg[g] += qg[2] * k4.z;
+                            sg[g] += qg[3] * k4.w;
+                        }
+                }
             }
-            for (; j < cn; ++j) a0 += sc[j] * vp[(long long)(c0 + j) * pos_stride];
-            acc = acc * corr + ((a0 + a1) + (a2 + a3));
+            for (; d < head_dim; ++d) {
+                float kd = kp[d];
+#pragma unroll
+                for (int g = 0; g < FA_MAXG; ++g)
+                    if (g < gb) sg[g] += qs[g * 256 + d] * kd;
+            }
         }
-        m = new_m;
-        __syncthreads();  // sc[] is rewritten by the next chunk
+#pragma unroll
+        for (int g = 0; g < FA_MAXG; ++g)
+            if (g < gb) sc[g * FA_CHUNK + t] = t < cn ? sg[g] * scale : -__uint_as_float(0x7f800000u);
+        __syncthreads();
+        // Warp w updates heads w, w + warps, ...: chunk max, exp, sum, correction.
+        for (int g = warp; g < gb; g += warps) {
+            float mx = -__uint_as_float(0x7f800000u);
+            for (int j = lane; j < cn; j += VT_WARP) mx = fmaxf(mx, sc[g * FA_CHUNK + j]);
+            for (int m = VT_WARP / 2; m > 0; m >>= 1) mx = fmaxf(mx, VT_SHFL_XOR(mx, m));
+            float old = ms[g], nm = fmaxf(old, mx);
+            float sum = 0.0f;
+            for (int j = lane; j < cn; j += VT_WARP) {
+                float p = expf(sc[g * FA_CHUNK + j] - nm);
+                sc[g * FA_CHUNK + j] = p;
+                sum += p;
+            }
+            sum = vt_warp_sum(sum);
+            if (lane == 0) {
+                float corr = expf(old - nm);  // 0 on the first chunk (old = -inf)
+                cs[g] = corr;
+                ls[g] = ls[g] * corr + sum;
+                ms[g] = nm;
+            }
+        }
+        __syncthreads();
+        for (int half = 0; half * FA_THREADS + d0 < head_dim && half < 2; ++half) {
+            int d = half * FA_THREADS + d0;
+            float a[FA_MAXG];
+#pragma unroll
+            for (int g = 0; g < FA_MAXG; ++g) a[g] = 0.0f;
+            for (int j = r; j < cn; j += R) {
+                float vd = cache[vbase + (long long)(c0 + j) * pos_stride + d];
+#pragma unroll
+                for (int g = 0; g < FA_MAXG; ++g)
+                    if (g < gb) a[g] += sc[g * FA_CHUNK + j] * vd;
+            }
+#pragma unroll
+            for (int g = 0; g < FA_MAXG; ++g)
+                if (g < gb) acc[half][g] = acc[half][g] * cs[g] + a[g];
+        }
+        __syncthreads();  // sc[], cs[] are rewritten by the next chunk
     }
-    if (t < head_dim) out[((long long)i * n_heads + h) * head_dim + t] = ok ? acc / l : vt_nan();
+    // Add the R partial sums of each element through sc[] (gb * R * hd_lanes <= its size).
+    for (int half = 0; half < 2 && half * FA_THREADS < head_dim; ++half) {
+        int d = half * FA_THREADS + d0;
+        bool mine = d < head_dim;
+#pragma unroll
+        for (int g = 0; g < FA_MAXG; ++g)
+            if (g < gb) sc[(g * R + r) * hd_lanes + d0] = mine ? acc[half][g] : 0.0f;
+        __syncthreads();
+        if (r == 0 && mine) {
+            for (int g = 0; g < gb; ++g) {
+                float v = 0.0f;
+                for (int k = 0; k < R; ++k) v += sc[(g * R + k) * hd_lanes + d0];
+                long long oh = (long long)i * n_heads + h0 + g;
+                if (splits == 1) {
+                    out[oh * head_dim + d] = ok ? v / ls[g] : vt_nan();
+                } else {
+                    float* pp = part + (oh * splits + s) * (head_dim + 2);
+                    pp[d] = v;
+                    if (d == 0) {
+                        pp[head_dim] = ms[g];
+                        pp[head_dim + 1] = ls[g];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
 }
 
+// out[i, h] from attention_split's partials: one block per (row, query head), a thread per
+// element; a split that saw no position (sum 0) adds nothing.
+extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
+                                             const int* positions, int n, int n_heads,
+                                             int head_dim, int n_slots, int max_len,
+                                             int splits) {
+    int oh = blockIdx.x, i = oh / n_heads;
+    int slot = slots[i], pos = positions[i];
+    bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
+    const float* pp = part + (long long)oh * splits * (head_dim + 2);
+    float mx = -__uint_as_float(0x7f800000u);
+    for (int s = 0; s < splits; ++s) {
+        const float* p = pp + s * (head_dim + 2);
+        if (p[head_dim + 1] > 0.0f) mx = fmaxf(mx, p[head_dim]);
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float num = 0.0f, den = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float* p = pp + s * (head_dim + 2);
+            float l = p[head_dim + 1];
+            if (l > 0.0f) {
+                float w = expf(p[head_dim] - mx);
+                num += w * p[d];
+                den += w * l;
+            }
+        }
+        out[(long long)oh * head_dim + d] = ok ? num / den : vt_nan();
+    }
+}

@@ -24,6 +24,29 @@ VT_EMBEDDING(f16, WT_F16)
 VT_EMBEDDING(bf16, WT_BF16)
 VT_EMBEDDING(q, WT_Q)
 
+// out[e] = dequant(weight)[e] for the whole [rows, cols] weight (a float32 copy for the
+// vendor BLAS path); rounded as vt_wload, so bit-exact to vt.reference.dequantize.
+#define VT_DEQUANTIZE(SUFFIX, WT)                                                           \
+    extern "C" __global__ void dequantize_##SUFFIX(float* out, const void* data,            \
+                                                   const float* sm, int lg_block,            \
+                                                   long long total) {                        \
+        long long stride = (long long)gridDim.x * blockDim.x;                                \
+        for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;      \
+             e += stride)                                                                    \
+            out[e] = vt_wload<WT>(data, sm, lg_block, e);                                    \
+    }
+VT_DEQUANTIZE(f16, WT_F16)
+VT_DEQUANTIZE(bf16, WT_BF16)
+VT_DEQUANTIZE(q, WT_Q)
+
+// out[i, j] += bias[j] for out[n, m] (the vendor BLAS path's bias epilogue).
+extern "C" __global__ void bias_add(float* out, const float* bias, int n, int m) {
+    long long total = (long long)n * m;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride)
+        out[e] = out[e] + bias[e % m];
+}
+
 // ------------------------------------------------------------------------ rms_norm
 
 // out[i] = x[i] * (1 / sqrt(mean(x[i]**2) + eps)) * w, one block per row.
