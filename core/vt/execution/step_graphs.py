@@ -29,6 +29,11 @@ What a graph may capture, and why replays are right:
   replay: they differ per step (pinned buffer of the slot, previous slot, runs of rows),
   and stream order makes them land before the replay reads them / after it writes them.
   The graph samples into one fixed ids buffer for that reason.
+- The ``logprobs`` op of a step whose rows ask for logprobs is not captured either: it is
+  launched eagerly after the replay (and after the ids' copy), reading the logits the
+  replay left and writing into the output slot. A graph never depends on who asked, so
+  asking costs no capture and no graph per combination of asking rows; one launch per
+  step is all it adds. (Steps that score prompt tokens are prefill steps: never captured.)
 - The KV cache's base address never moves: a contiguous cache is one allocation, and a
   VMM cache grows by mapping more pages inside its fixed reservation. Growth (host-side
   mapping, then zeroing on the stream) happens before the replay is enqueued. As a guard,
