@@ -182,6 +182,15 @@ def test_bad_logprobs_requests_are_refused_before_anything_runs(model: vt.model.
             with pytest.raises(ValueError, match="already enabled on the other path"):
                 r.enable_logprobs(3, on_device=False)
             assert r.execute([chunk]).get_output()  # still works
+            r.free_slot(0)
+            # more alternatives later: the buffers grow, a step still in flight keeps its
+            pending = r.execute([SeqChunk(slot=0, start_pos=0, token_ids=[1, 4], logprobs=3)])
+            r.enable_logprobs(7)
+            assert len(pending.get_output()) == 1 and len(pending.get_logprobs()[0][1]) == 3
+            r.free_slot(0)
+            out = r.execute([SeqChunk(slot=0, start_pos=0, token_ids=[1, 4], logprobs=7)])
+            out.get_output()
+            assert out.get_logprobs()[0][1][:3] == pending.get_logprobs()[0][1]
     finally:
         be.close()
 
@@ -202,9 +211,7 @@ def _prefix_logprobs(ref: vt.LLM, ids: list[int]) -> list[float]:
 
 
 @pytest.mark.parametrize("name", ["cpu", "tt_stub"])
-def test_prompt_logprobs_score_every_prompt_token_a_few_rows_a_step(
-    tiny: Path, name: str
-) -> None:
+def test_prompt_logprobs_score_every_prompt_token_a_few_rows_a_step(tiny: Path, name: str) -> None:
     """max_slots=2: two rows of logits a step, so a 9-token prompt is scored over 5 steps
     while another request decodes beside it; each entry is the logprob of that prompt token
     given the ones before it (the device op on cpu, the host fallback on tt_stub)."""

@@ -347,6 +347,8 @@ class OutputPool:
         self.vocab = vocab
         self.lp_on_device = on_device
         lp_bytes = max(4 * self.max_rows * (1 + 2 * max_k), 4)
+        if any(s.lp is not None and s.lp.nbytes < lp_bytes for s in self.slots):
+            self.drain()  # a step in flight may still have its results in a buffer to free
         for slot in self.slots:
             if not on_device:
                 if slot.logits is None:
