@@ -21,6 +21,7 @@ import numpy as np
 
 from . import kernels
 from .kernels import layers as L
+from .kernels import q8 as Q8
 from .kernels import quant as Q
 
 F32 = np.float32
@@ -80,6 +81,16 @@ def _warm_kind(kind: str) -> None:
         Q.dq_q6_k(q6, q6s, rows, deq)
 
 
+def _warm_int8() -> None:
+    x = np.zeros((1, 64), F32)
+    xq, xd, xi = np.zeros((1, 64), np.int8), np.zeros((1, 2), F32), np.zeros((1, 2), np.int32)
+    out = np.zeros((1, 4), F32)
+    raw = _blocks(34, 8)
+    for q in (xq, xq.astype(np.int16)):
+        Q8.mv1(0, raw, x, q, xd, xi, out, out, True)
+        Q8.mv(0, raw, x, q, xd, xi, out, out, True, 2)
+
+
 def _warm_layers() -> None:
     a = np.zeros((1, 8), F32)
     L.rms_norm(a, _ro(np.ones(8, F32)), 1e-5, a)
@@ -100,6 +111,7 @@ _GROUPS: dict[str, tuple[Any, ...]] = {
     "Q4_K": (Q.mv_qk45, Q.mv1_qk45, Q.mm_qk45, Q.mm1_qk45, Q.dq_qk45),
     "Q5_K": (Q.mv_qk45, Q.mv1_qk45, Q.mm_qk45, Q.mm1_qk45, Q.dq_qk45),
     "Q6_K": (Q.mv_q6_k, Q.mv1_q6_k, Q.mm_q6_k, Q.mm1_q6_k, Q.dq_q6_k),
+    "int8": (Q8.mv1, Q8.mv),
 }
 
 
@@ -141,6 +153,8 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False) -> float:
         try:
             if kind == "layers":
                 _warm_layers()
+            elif kind == "int8":
+                _warm_int8()
             else:
                 _warm_kind(kind)
         finally:

@@ -23,6 +23,7 @@ from vt.reference import attention as ref_attention
 from . import compile as kernels_compile
 from . import weights as W
 from .kernels import layers as L
+from .kernels import q8
 from .threads import WORKQUEUE_LOCK, ThreadOwner
 
 F32 = np.float32
@@ -34,6 +35,16 @@ F32 = np.float32
 KERNEL_MAX_ROWS: dict[str, int] = {
     "Q8_0": 32, "Q4_0": 16, "Q4_1": 32, "Q4_K": 8, "Q5_K": 32, "Q6_K": 32,
 }  # fmt: skip
+#: 8 or 16: one activation row times Q8_0/Q4_0/Q4_1 runs kernels.q8's integer kernels.
+ACT_BITS_ENV = "VT_CPU_ACT_BITS"  # read through vt.envs
+
+
+def act_bits() -> int:
+    """``VT_CPU_ACT_BITS``: 8, 16 or 32 (float32 activations)."""
+    bits = vt.envs.get(ACT_BITS_ENV)
+    if bits not in (8, 16, 32):
+        raise vt.envs.EnvError(f"{ACT_BITS_ENV}={bits} is not 8, 16 or 32")
+    return int(bits)
 
 
 def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray, max_len: int,
@@ -123,7 +134,12 @@ class CpuOps(ReferenceOps):
         w, owner = p.weight, self.threads
         n = x.shape[0]
         if n <= KERNEL_MAX_ROWS.get(w.kind, 0):
-            serial, parallel = w.bind(x, out, res)
+            bits = act_bits() if x.shape[0] == 1 else 32
+            if bits != 32 and q8.supports(w.kind):
+                kernels_compile.ensure_compiled("int8")
+                serial, parallel = q8.bind(w, x, out, res, bits)
+            else:
+                serial, parallel = w.bind(x, out, res)
             if owner.n <= 1:
                 return serial
             # one serial/parallel choice per amount of work (bytes x activation rows)

@@ -1,0 +1,442 @@
+"""Decode matrix-vector kernels with 8-bit activations and integer dot products.
+
+What llama.cpp's CPU path does for quantized weights: each activation row is quantized
+once per op to blocks of 32 int8 values with one float32 scale (``d = amax / 127``,
+``q = rint(x / d)``) and the block's integer sum; each weight block is then multiplied
+with its activation block in integers (32 products accumulated in int32), and only the
+block's result is scaled, once, by ``d_w * d_x`` in float32:
+
+- Q8_0 ``w = d q`` (``q`` int8): ``d_w d_x sum(q x)``;
+- Q4_0 ``w = d (q - 8)``: ``d_w d_x (sum(q x) - 8 sum(x))``, in int32;
+- Q4_1 ``w = d q + m``: ``d_w d_x sum(q x) + m d_x sum(x)``.
+
+The inner loops are LLVM IR written here (numba widens integer arithmetic to 64 bits and
+LLVM did not vectorize the int8 products of plain loops into packed dot products): per
+block one load of the weight's bytes (nibbles split with a mask and a shift), one of the
+activations, ``vpdpbusd`` (AVX-512 VNNI or AVX-VNNI: 32 unsigned x signed byte products
+summed four by four into eight int32 lanes; a Q8_0 weight is made unsigned by adding 128,
+taken back with the block's activation sum), the lanes converted to float32 and
+multiplied by the block's scale into eight float32 accumulators per row. Without VNNI the
+same IR multiplies widened vectors (LLVM picks ``vpmaddwd`` or the target's equivalent):
+the same integers, so the same results, on any CPU LLVM targets. The float16 block scales
+are read as LLVM ``half`` (``vcvtph2ps`` with F16C).
+
+``mv1_*`` run on the calling thread, ``mv_*`` split the rows over ``nchunk`` of numba's
+threads; both take the activation row quantized by :func:`quantize_rows` and compute
+``out[t, r] = sum_k x[t, k] w[r, k] (+ res[t, r])``.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+F = np.float32
+FM = {"reassoc", "contract"}
+_KW = {"cache": True, "nogil": True, "boundscheck": False, "fastmath": FM}
+
+#: (block bytes, offset of the quants, quants are nibbles, has a min) per format.
+FORMATS: dict[str, tuple[int, int, bool, bool]] = {
+    "Q8_0": (34, 2, False, False),
+    "Q4_0": (18, 2, True, False),
+    "Q4_1": (20, 4, True, True),
+}
+#: Weight rows multiplied per pass (sharing each activation block's loads).
+ROWS = 4
+
+
+def _features() -> set[str]:
+    """The CPU features numba compiles for (``NUMBA_CPU_FEATURES``; none for a named
+    ``NUMBA_CPU_NAME`` such as ``generic`` without features; else the host's)."""
+    feats = numba.config.CPU_FEATURES
+    if feats is None and numba.config.CPU_NAME is not None:
+        feats = ""
+    elif not feats:
+        try:
+            feats = llvm.get_host_cpu_features().flatten()
+        except RuntimeError:  # pragma: no cover - an LLVM that cannot tell
+            feats = ""
+    return {f[1:] for f in feats.split(",") if f.startswith("+")}
+
+
+def _vnni() -> bool:
+    f = _features()
+    return ("avx512vnni" in f and "avx512vl" in f) or "avxvnni" in f
+
+
+#: Whether the kernels use ``vpdpbusd`` (decided when they are compiled; numba's disk
+#: cache keys compiled code by the CPU's features, so a cached kernel matches its CPU).
+VNNI = _vnni()
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+FLT, HALF = ir.FloatType(), ir.HalfType()
+
+
+def _vec(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def _splat(builder: ir.IRBuilder, value: ir.Value, n: int) -> ir.Value:
+    v = builder.insert_element(ir.Constant(_vec(value.type, n), None), value, I32(0))
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(I32, n), [0] * n))
+
+
+def _load(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, ty: ir.Type) -> ir.Value:
+    ptr = builder.gep(base, [offset])
+    return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
+
+
+def _intrinsic_fn(builder: ir.IRBuilder, name: str, fnty: ir.FunctionType) -> ir.Function:
+    fn = builder.module.globals.get(name)
+    return fn if fn is not None else ir.Function(builder.module, fnty, name)
+
+
+def _dot8(builder: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+    """``acc[i] + sum_{k<4} w[4i+k] x[4i+k]`` for 32 bytes (``w`` unsigned, ``x`` signed)."""
+    v8i32 = _vec(I32, 8)
+    if VNNI:
+        fnty = ir.FunctionType(v8i32, [v8i32, v8i32, v8i32])
+        fn = _intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.256", fnty)
+        return builder.call(fn, [acc, builder.bitcast(w, v8i32), builder.bitcast(x, v8i32)])
+    wide = builder.mul(builder.zext(w, _vec(I32, 32)), builder.sext(x, _vec(I32, 32)))
+    for k in range(4):
+        lanes = ir.Constant(_vec(I32, 8), [4 * i + k for i in range(8)])
+        acc = builder.add(acc, builder.shuffle_vector(wide, wide, lanes))
+    return acc
+
+
+def _dot16(builder: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+    """``acc[i] + w[2i] x[2i] + w[2i+1] x[2i+1]`` for 32 int16 (both signed): LLVM selects
+    ``vpmaddwd`` (and with VNNI folds the add: ``vpdpwssd``)."""
+    wide = builder.mul(builder.sext(w, _vec(I32, 32)), builder.sext(x, _vec(I32, 32)))
+    for k in range(2):
+        lanes = ir.Constant(_vec(I32, 16), [2 * i + k for i in range(16)])
+        acc = builder.add(acc, builder.shuffle_vector(wide, wide, lanes))
+    return acc
+
+
+def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
+    """An intrinsic: the dot products of ``nrows`` weight rows (their first blocks'
+    indices in ``starts``) with one activation row quantized to ``bits`` (8 or 16), as a
+    tuple of float32."""
+    block_bytes, qoff, nibbles, has_min = FORMATS[fmt]
+    lanes = 8 if bits == 8 else 16
+    xt = I8 if bits == 8 else I16
+
+    def impl(typingctx, raw, starts, xq, xd, xi, nb):
+        sig = types.UniTuple(types.float32, nrows)(raw, starts, xq, xd, xi, nb)
+
+        def codegen(context, builder, sig, args):
+            raw_a = context.make_array(sig.args[0])(context, builder, args[0])
+            st_a = context.make_array(sig.args[1])(context, builder, args[1])
+            xq_a = context.make_array(sig.args[2])(context, builder, args[2])
+            xd_a = context.make_array(sig.args[3])(context, builder, args[3])
+            xi_a = context.make_array(sig.args[4])(context, builder, args[4])
+            nblocks = args[5]
+            wbase = builder.bitcast(raw_a.data, I8.as_pointer())
+            xbase = builder.bitcast(xq_a.data, I8.as_pointer())
+            vf, vi = _vec(FLT, lanes), _vec(I32, lanes)
+            flags = ("reassoc", "contract")
+            row_off = []
+            for k in range(nrows):
+                blk = builder.load(builder.gep(st_a.data, [I64(k)]))
+                row_off.append(builder.mul(blk, I64(block_bytes)))
+            entry = builder.block
+            loop = builder.append_basic_block("q8.loop")
+            done = builder.append_basic_block("q8.done")
+            zero_f = ir.Constant(vf, None)
+            builder.cbranch(builder.icmp_signed(">", nblocks, I64(0)), loop, done)
+            builder.position_at_end(loop)
+            b = builder.phi(I64)
+            b.add_incoming(I64(0), entry)
+            accs, mins = [], []
+            for _ in range(nrows):
+                acc = builder.phi(vf)
+                acc.add_incoming(zero_f, entry)
+                accs.append(acc)
+                if has_min:
+                    m = builder.phi(FLT)
+                    m.add_incoming(FLT(0.0), entry)
+                    mins.append(m)
+            x = _load(builder, xbase, builder.mul(b, I64(4 * bits)), _vec(xt, 32))
+            dx = builder.load(builder.gep(xd_a.data, [b]))
+            isum = builder.load(builder.gep(xi_a.data, [b]))
+            # the integer offsets go into lane 0 of the dot's accumulator: exact, in int32
+            if fmt == "Q8_0" and bits == 8:  # weights made unsigned: + 128, taken back
+                init = builder.insert_element(
+                    ir.Constant(vi, None), builder.mul(isum, I32(-128)), I32(0)
+                )
+            elif fmt == "Q4_0":
+                init = builder.insert_element(
+                    ir.Constant(vi, None), builder.mul(isum, I32(-8)), I32(0)
+                )
+            else:
+                init = ir.Constant(vi, None)
+            if has_min:
+                sx = builder.fmul(dx, builder.sitofp(isum, FLT))
+            dxv = _splat(builder, dx, lanes)
+            new_accs, new_mins = [], []
+            for k in range(nrows):
+                p = builder.add(row_off[k], builder.mul(b, I64(block_bytes)))
+                # the scale widened as a vector (vcvtph2ps of a broadcast half)
+                d = builder.fpext(_splat(builder, _load(builder, wbase, p, HALF), lanes), vf)
+                qp = builder.add(p, I64(qoff))
+                if nibbles:
+                    # byte j of the block holds elements j (low nibble) and 16 + j (high);
+                    # the activations are interleaved to match (x_j, x_16+j, ...): widen
+                    # each byte to a pair of lanes, copy it shifted into the upper lane,
+                    # mask (vpmovzx, a shift, vpternlog).
+                    q16 = _load(builder, wbase, qp, _vec(I8, 16))
+                    pair = _vec(I16 if bits == 8 else I32, 16)
+                    z = builder.zext(q16, pair)
+                    shift = 4 if bits == 8 else 12
+                    mask = 0x0F0F if bits == 8 else 0x000F000F
+                    both = builder.or_(z, builder.shl(z, ir.Constant(pair, [shift] * 16)))
+                    w = builder.bitcast(builder.and_(both, ir.Constant(pair, [mask] * 16)),
+                                        _vec(I8 if bits == 8 else I16, 32))  # fmt: skip
+                else:
+                    w = _load(builder, wbase, qp, _vec(I8, 32))
+                    if bits == 8:
+                        w = builder.xor(w, ir.Constant(_vec(I8, 32), [-128] * 32))
+                    else:
+                        w = builder.sext(w, _vec(I16, 32))
+                dot = (_dot8 if bits == 8 else _dot16)(builder, init, w, x)
+                prod = builder.fmul(builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags), d,
+                                    flags=flags)  # fmt: skip
+                new_accs.append(builder.fadd(accs[k], prod, flags=flags))
+                if has_min:
+                    m = builder.fpext(_load(builder, wbase, builder.add(p, I64(2)), HALF), FLT)
+                    new_mins.append(builder.fadd(mins[k], builder.fmul(m, sx), flags=flags))
+            nxt = builder.add(b, I64(1))
+            body_end = builder.block
+            b.add_incoming(nxt, body_end)
+            for k in range(nrows):
+                accs[k].add_incoming(new_accs[k], body_end)
+                if has_min:
+                    mins[k].add_incoming(new_mins[k], body_end)
+            builder.cbranch(builder.icmp_signed("<", nxt, nblocks), loop, done)
+            builder.position_at_end(done)
+            finals, final_mins = [], []
+            for k in range(nrows):  # every phi first, at the top of the block
+                acc = builder.phi(vf)
+                acc.add_incoming(zero_f, entry)
+                acc.add_incoming(new_accs[k], body_end)
+                finals.append(acc)
+                if has_min:
+                    mn = builder.phi(FLT)
+                    mn.add_incoming(FLT(0.0), entry)
+                    mn.add_incoming(new_mins[k], body_end)
+                    final_mins.append(mn)
+            results = []
+            for k in range(nrows):
+                v, width = finals[k], lanes
+                while width > 1:  # lanes summed pairwise
+                    half = width // 2
+                    lo_ = builder.shuffle_vector(
+                        v, v, ir.Constant(_vec(I32, half), list(range(half)))
+                    )
+                    hi_ = builder.shuffle_vector(
+                        v, v, ir.Constant(_vec(I32, half), list(range(half, width)))
+                    )
+                    v = builder.fadd(lo_, hi_, flags=flags)
+                    width = half
+                total = builder.extract_element(v, I32(0))
+                if has_min:
+                    total = builder.fadd(total, final_mins[k])
+                results.append(total)
+            return context.make_tuple(builder, sig.return_type, results)
+
+        return sig, codegen
+
+    impl.__name__ = f"_dot_{fmt.lower()}_x{nrows}_i{bits}"
+    return intrinsic(impl)
+
+
+_dot4_q8_0, _dot4_q4_0, _dot4_q4_1 = (_block_rows(f, ROWS, 8) for f in ("Q8_0", "Q4_0", "Q4_1"))
+_dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w = (_block_rows(f, ROWS, 16) for f in ("Q8_0", "Q4_0", "Q4_1"))
+
+
+def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba only
+    """Four rows' dot products with activations quantized to ``xq``'s type."""
+
+
+@overload(_dot4, inline="always")
+def _dot4_impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
+    if xq.dtype == types.int16:
+        d8_0, d4_0, d4_1 = _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w
+    else:
+        d8_0, d4_0, d4_1 = _dot4_q8_0, _dot4_q4_0, _dot4_q4_1
+
+    def impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
+        if fmt_id == 0:
+            return d8_0(raw, starts, xq, xd, xi, nb)
+        if fmt_id == 1:
+            return d4_0(raw, starts, xq, xd, xi, nb)
+        return d4_1(raw, starts, xq, xd, xi, nb)
+
+    return impl
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def _qmax(xq):  # noqa: ANN001, ANN202 - numba only
+    """The largest quant of ``xq``'s type, as float32."""
+
+
+@overload(_qmax, inline="always")
+def _qmax_impl(xq):  # noqa: ANN001, ANN202
+    q = F(32767.0) if xq.dtype == types.int16 else F(127.0)
+    return lambda xq: q
+
+
+@njit(**_KW)
+def quantize_rows(x, xq, xd, xi, pairs):
+    """``x`` quantized to ``xq``'s type (int8 or int16); see :func:`quantize_rows_q`."""
+    quantize_rows_q(x, xq, xd, xi, _qmax(xq), pairs)
+
+
+@njit(**_KW)
+def quantize_rows_q(x, xq, xd, xi, qmax, pairs):
+    """``x[n, nb * 32]`` float32 to int8 blocks of 32: ``xq[n, nb * 32]`` (int8),
+    ``xd[n, nb]`` the scales (``amax / 127``), ``xi[n, nb]`` the quants' int32 sums.
+    Values round to nearest, ties to even (llama.cpp's AVX path)."""
+    n, k = x.shape
+    nb = k // 32
+    for t in range(n):
+        for b in range(nb):
+            amax = F(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[t, b * 32 + j]))
+            d = amax / qmax
+            inv = qmax / amax if amax > F(0.0) else F(0.0)
+            s = np.int32(0)
+            for j in range(32):
+                q = np.int32(np.rint(x[t, b * 32 + j] * inv))
+                # pairs: element j at 2j, 16 + j at 2j + 1 (the nibble formats' order)
+                o = (2 * j if j < 16 else 2 * j - 31) if pairs else j
+                xq[t, b * 32 + o] = q
+                s += q
+            xd[t, b] = d
+            xi[t, b] = s
+
+
+# --------------------------------------------------------------------------- matrix-vector
+
+
+@intrinsic
+def _prefetch(typingctx, arr, offset):
+    """Hint the CPU to bring byte ``offset`` of ``arr``'s data into the caches (no fault,
+    no effect on results): decode streams each weight once per token."""
+    sig = types.void(arr, offset)
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.gep(builder.bitcast(ary.data, I8.as_pointer()), [args[1]])
+        name = "llvm.prefetch.p0" if str(ptr.type) == "ptr" else "llvm.prefetch.p0i8"
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+        builder.call(fn, [ptr, I32(0), I32(3), I32(1)])  # read, keep, data
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+#: How far ahead of the rows being multiplied the kernels prefetch, in bytes.
+PREFETCH_AHEAD = 6144
+
+
+@njit(**_KW, inline="always")
+def _prefetch_rows(raw, first_block, nblocks):
+    bb = raw.shape[1]
+    total = raw.shape[0] * bb
+    start = first_block * bb + PREFETCH_AHEAD
+    stop = min(total, start + nblocks * bb)
+    for o in range(start, stop, 64):
+        _prefetch(raw, o)
+
+
+@njit(**_KW, inline="always")
+def _starts(starts, r, rows, nb):
+    for k in range(4):
+        starts[k] = min(r + k, rows - 1) * nb
+
+
+@njit(**_KW, inline="always")
+def _put(out, res, add, t, r, a):
+    if r < out.shape[1]:
+        out[t, r] = a + res[t, r] if add else a
+
+
+@njit(**_KW)
+def _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1):
+    """Rows ``4 g0 .. 4 g1`` of ``out`` (``+ res`` when ``add``; ``res`` may be ``out``:
+    each element is read before it is written)."""
+    n, nb = xd.shape
+    rows = out.shape[1]
+    starts = np.empty(4, np.int64)
+    for g in range(g0, g1):
+        r = g * 4
+        _starts(starts, r, rows, nb)
+        _prefetch_rows(raw, starts[0], 4 * nb)
+        for t in range(n):
+            a0, a1, a2, a3 = _dot4(fmt_id, raw, starts, xq[t], xd[t], xi[t], nb)
+            _put(out, res, add, t, r, a0)
+            _put(out, res, add, t, r + 1, a1)
+            _put(out, res, add, t, r + 2, a2)
+            _put(out, res, add, t, r + 3, a3)
+
+
+#: ``fmt_id`` of the kernels per weight format.
+FMT_ID = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
+
+
+@njit(**_KW)
+def mv1(fmt_id, raw, x, xq, xd, xi, out, res, add):
+    """``out = x @ w.T (+ res)`` on the calling thread; ``xq, xd, xi`` are scratch for
+    :func:`quantize_rows` of ``x``."""
+    quantize_rows(x, xq, xd, xi, fmt_id != 0)
+    _rows(fmt_id, raw, xq, xd, xi, out, res, add, 0, (out.shape[1] + 3) // 4)
+
+
+@njit(**_KW, parallel=True)
+def mv(fmt_id, raw, x, xq, xd, xi, out, res, add, nchunk):
+    """:func:`mv1` with the rows split over ``nchunk`` of numba's threads."""
+    quantize_rows(x, xq, xd, xi, fmt_id != 0)
+    groups = (out.shape[1] + 3) // 4
+    for c in prange(nchunk):
+        g0, g1 = c * groups // nchunk, (c + 1) * groups // nchunk
+        _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1)
+
+
+def supports(kind: str) -> bool:
+    """Whether ``kind`` (a weight format's name) has int8 kernels here."""
+    return kind in FMT_ID
+
+
+def bind(weight, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, bits: int = 8):  # noqa: ANN001, ANN201
+    """``(serial, parallel)`` computing ``out = x @ w.T (+ res)`` for a
+    :class:`vt_cpu.weights.BlockWeight` ``weight`` of a format :func:`supports` takes, as
+    ``BlockWeight.bind`` does: ``serial()`` on the calling thread, ``parallel(n)`` over n of
+    numba's threads. The activations' int8 scratch is allocated here, once."""
+    n, k = x.shape
+    raw = weight.arrays[-1]  # the uint8 blocks (Q8_0 keeps an int8 view first)
+    xq = np.empty((n, k), np.int8 if bits == 8 else np.int16)
+    xd = np.empty((n, k // 32), np.float32)
+    xi = np.empty((n, k // 32), np.int32)
+    add = res is not None
+    r = res if res is not None else out
+    fid = FMT_ID[weight.kind]
+
+    def serial() -> None:
+        mv1(fid, raw, x, xq, xd, xi, out, r, add)
+
+    def parallel(nchunk: int) -> None:
+        mv(fid, raw, x, xq, xd, xi, out, r, add, nchunk)
+
+    return serial, parallel
