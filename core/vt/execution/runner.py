@@ -14,6 +14,13 @@ Every buffer a step touches is allocated in ``__init__``; a step enqueues kernel
 and events only, never a host synchronisation. Where the backend declares ``graphs``,
 decode-only steps replay their forward pass as a graph captured once per shape
 (:mod:`vt.execution.step_graphs` says what is captured and why replays are right).
+
+Logprobs (:meth:`ModelRunner.enable_logprobs`): a chunk that asks gets its sampled id's
+logprob and ``k`` alternatives from the op ``logprobs``, launched after the forward pass
+for the asking rows only, or (a backend without the op) from a copy of the logits reduced
+on the host. A prompt chunk may also ask for its prompt tokens' logprobs
+(``SeqChunk.prompt_logprobs``, for ``echo``): its rows then get logits too, so a step's
+sampled plus scored rows are at most ``max_rows``.
 """
 
 from __future__ import annotations
