@@ -203,8 +203,6 @@ def _logprobs_check(a: dict[str, Any]) -> str | None:
     k, vocab = a["top_ids"].shape[1], a["logits"].shape[1]
     if k > vocab:
         return f"k={k} alternatives exceed the vocabulary of {vocab}"
-    if vocab >= 1 << 24:
-        return f"vocab {vocab} must be below 2**24"
     return None
 
 
