@@ -1,8 +1,10 @@
-"""Issue 11: ``logprobs`` / ``top_logprobs`` on completions and chat completions.
+"""Issue 11: ``logprobs`` / ``top_logprobs`` on completions and chat completions, and
+``echo`` on completions.
 
-They come from the logits the step already computed (the runner keeps a copy per output
-slot for the steps that ask, read back with the sampled ids), as the model's distribution
-before temperature, top-k and top-p; the sampled ids do not change.
+They come from the logits the step already computed (the op ``logprobs`` on the device for
+the rows that ask, its few results read back with the sampled ids; the host fallback on a
+backend without it), as the model's distribution before temperature, top-k and top-p; the
+sampled ids do not change. ``echo`` prepends the prompt, and with ``logprobs`` scores it.
 """
 
 from __future__ import annotations
