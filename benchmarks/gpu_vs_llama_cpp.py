@@ -157,6 +157,8 @@ def main() -> None:
             log(f"{engine} {name}: {figures}")
         vt_f, ll_f = result["vt"][name], result["llama.cpp"][name]
         result["ratios"][name] = {k: round(vt_f[k] / ll_f[k], 3) for k in vt_f if ll_f.get(k)}
+        if args.out:  # after each model, so a run cut short keeps what it measured
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
