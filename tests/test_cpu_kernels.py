@@ -260,3 +260,40 @@ def test_numba_compiles_with_the_kernels_cpu_features() -> None:
 
     features = cpu_target.target_context.codegen()._tm_features
     assert kernels.CPU_FEATURES is None or features == kernels.CPU_FEATURES
+
+
+@pytest.mark.parametrize("n", [1, 3, 16, 32, 33])
+def test_attention_over_the_kv_cache_matches_the_reference(cpu: CpuBackend, n: int) -> None:
+    # decode rows (each its own slot, any lengths) through the op: the numba kernels up to
+    # ATTENTION_KERNEL_MAX_ROWS, the reference's matmuls beyond; rows may share a slot
+    layout = vt.KVLayout(n_layers=2, n_slots=34, max_len=70, n_kv_heads=2, head_dim=16)
+    heads, hd = 6, 16
+    rng = np.random.default_rng(n)
+    shape = (layout.max_len, layout.n_slots, layout.n_layers, 2, layout.n_kv_heads, hd)
+    cache = rng.standard_normal(shape).astype(np.float32)
+    q = rng.standard_normal((n, heads * hd)).astype(np.float32)
+    slots = rng.permutation(layout.n_slots)[:n].astype(np.int32)
+    slots[-1] = slots[0]  # two rows of one slot
+    positions = rng.integers(0, layout.max_len, n).astype(np.int32)
+    want = vt.reference.attention(q, cache, layout, 1, slots, positions, heads, 0.25)
+    s = cpu.create_stream("a")
+    bufs = [cpu.alloc(a.nbytes) for a in (q, cache, slots, positions, q)]
+    try:
+        for b, a in zip(bufs, (q, cache, slots, positions), strict=False):
+            cpu.copy_h2d(b, a)
+        tq, tc, ts, tp, to = (vt.Tensor.of(b, a.dtype, *a.shape) for b, a in
+                              zip(bufs, (q, cache, slots, positions, q), strict=True))  # fmt: skip
+        cpu.launch("attention", s, out=to, q=tq, cache=tc, slots=ts, positions=tp,
+                   layout=layout, layer=1, n_heads=heads, scale=0.25)  # fmt: skip
+        cpu.synchronize(s)
+        got = cpu.host_view(bufs[4]).view(np.float32).reshape(n, -1)
+        assert nmse(got, want) <= kernel_tolerance("attention", "F32")
+        bad = positions.copy()
+        bad[n // 2] = layout.max_len  # out of range: the reference's message
+        cpu.copy_h2d(bufs[3], bad)
+        cpu.launch("attention", s, out=to, q=tq, cache=tc, slots=ts, positions=tp,
+                   layout=layout, layer=1, n_heads=heads, scale=0.25)  # fmt: skip
+        with pytest.raises(StreamError, match=rf"position {layout.max_len} is out of range"):
+            cpu.synchronize(s)
+    finally:
+        cpu.destroy_stream(s)

@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from . import kernels
+from .kernels import attention as A
 from .kernels import layers as L
 from .kernels import q8 as Q8
 from .kernels import quant as Q
@@ -100,11 +101,23 @@ def _warm_layers() -> None:
     cs = np.ones((1, 4), F32)
     L.rope_kv_store(a, a, a, ids, ids, cache, 0, 1, cs, cs, False)
     L.silu_mul(a, a, a)
+    q, out, buf = np.zeros((1, 16), F32), np.zeros((1, 16), F32), np.ones(2, F32)  # 2 heads
+    A.packed_size(ids, ids, 2, 1, 1)
+    A.scores(q, cache, 0, ids, ids, 2, 1.0, buf, np.zeros(2, F32))
+    A.weighted_values(cache, 0, ids, ids, 2, buf, out)
 
 
 #: The kernels each group needs (to tell a first compile from a load from the cache).
 _GROUPS: dict[str, tuple[Any, ...]] = {
-    "layers": (L.rms_norm, L.first_bad, L.rope_kv_store, L.silu_mul),
+    "layers": (
+        L.rms_norm,
+        L.first_bad,
+        L.rope_kv_store,
+        L.silu_mul,
+        A.packed_size,
+        A.scores,
+        A.weighted_values,
+    ),
     "Q8_0": (Q.mv_q8_0, Q.mv1_q8_0, Q.mm_q8_0, Q.mm1_q8_0, Q.dq_q8_0),
     "Q4_0": (Q.mv_q4, Q.mv1_q4, Q.mm_q4, Q.mm1_q4, Q.dq_q4),
     "Q4_1": (Q.mv_q4, Q.mv1_q4, Q.mm_q4, Q.mm1_q4, Q.dq_q4),

@@ -12,6 +12,7 @@ kernels; the reference ran ~50 numpy calls for the same layer.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -22,6 +23,7 @@ from vt.reference import attention as ref_attention
 
 from . import compile as kernels_compile
 from . import weights as W
+from .kernels import attention as A
 from .kernels import layers as L
 from .kernels import q8
 from .threads import WORKQUEUE_LOCK, ThreadOwner
@@ -45,6 +47,11 @@ def act_bits() -> int:
     if bits not in (8, 16, 32):
         raise vt.envs.EnvError(f"{ACT_BITS_ENV}={bits} is not 8, 16 or 32")
     return int(bits)
+
+
+#: Query rows up to which attention runs the numba kernels (decode steps of up to this
+#: many sequences); more rows (prefill) run the reference's batched BLAS matmuls.
+ATTENTION_KERNEL_MAX_ROWS = 32
 
 
 def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray, max_len: int,
@@ -252,41 +259,54 @@ class CpuOps(ReferenceOps):
     def op_attention(self, stream: vt.Stream, out: vt.Tensor, q: vt.Tensor, cache: vt.Tensor,
                      slots: vt.Tensor, positions: vt.Tensor, layout: vt.KVLayout, layer: int,
                      n_heads: int, scale: float) -> None:  # fmt: skip
-        # The reference's batched BLAS matmuls (single-threaded BLAS) beat numba loops here
-        # (see vt_cpu.kernels.layers); one decode row takes the reference's path for one
-        # row without its checks and bookkeeping (10 numpy calls instead of ~25).
+        # Decode rows (each its own sequence, typically): the numba kernels of
+        # vt_cpu.kernels.attention, all rows in three calls. Many rows (prefill) take the
+        # reference's batched BLAS matmuls, which read a slot's K and V once for its rows.
         o, qa, c = self._array(out), self._array(q), self._array(cache)
         pos, sl = self._array(positions), self._array(slots)
         lay, heads, sc = int(layer), int(n_heads), float(scale)
-        if qa.shape[0] != 1:
+        n, n_kv, hd = qa.shape[0], layout.n_kv_heads, layout.head_dim
+        native = (
+            n <= ATTENTION_KERNEL_MAX_ROWS
+            and heads > 0
+            and heads % n_kv == 0
+            and heads * hd <= A.MAX_WIDTH
+            and qa.shape[1] == heads * hd
+            and o.shape == qa.shape
+            and pos.shape[0] == n == sl.shape[0]
+        )
+        if not native:
 
             def run() -> None:
                 ref_attention(qa, c, layout, lay, sl, pos, heads, sc, out=o)
 
             self.enqueue_host(stream, "attention", run)
             return
-        n_kv, hd = layout.n_kv_heads, layout.head_dim
         max_len, n_slots = layout.max_len, layout.n_slots
-        group = heads // n_kv
-        q3 = qa.reshape(n_kv, group, hd)
-        o3 = o.reshape(n_kv, group, hd)
-        f_scale = np.float32(sc)
-        matmul, exp = np.matmul, np.exp
+        size, scores, values, exp = A.packed_size, A.scores, A.weighted_values, np.exp
+        maxes = np.empty(heads, F32)
+        scratch = self._attention_scratch
 
-        def run_one() -> None:
-            p, s = int(pos[0]), int(sl[0])
-            if not 0 <= p < max_len or not 0 <= s < n_slots:
-                raise _ids_error("attention", -2 if not 0 <= p < max_len else 1, pos, sl,
-                                 max_len, n_slots)  # fmt: skip
-            kv = c[: p + 1, s, lay]  # [L, 2, n_kv, hd]
-            w = matmul(q3, kv[:, 0].transpose(1, 2, 0))  # [n_kv, group, L]
-            w *= f_scale
-            w -= w.max(axis=-1, keepdims=True)
-            exp(w, out=w)
-            w /= w.sum(axis=-1, keepdims=True)
-            matmul(w, kv[:, 1].transpose(1, 0, 2), out=o3)
+        def run_native() -> None:
+            total = size(sl, pos, heads, max_len, n_slots)
+            if total < 0:
+                t = -total - 2  # a bad position at row t, or a bad slot at row t - n
+                code = total if t < n else t
+                raise _ids_error("attention", code, pos, sl, max_len, n_slots)
+            buf = scratch(total)
+            scores(qa, c, lay, sl, pos, heads, sc, buf, maxes)
+            exp(buf, out=buf)
+            values(c, lay, sl, pos, heads, buf, o)
 
-        self.enqueue_host(stream, "attention", run_one)
+        self.enqueue_host(stream, "attention", run_native)
+
+    def _attention_scratch(self, size: int) -> np.ndarray:
+        """A float32 scratch of ``size`` for the calling thread (grown, never shrunk)."""
+        local = self.__dict__.setdefault("_attention_local", threading.local())
+        buf = getattr(local, "buf", None)
+        if buf is None or buf.shape[0] < size:
+            buf = local.buf = np.empty(max(size, 1 << 16), F32)
+        return buf[:size]
 
 
 def _check_native(cls: type[Any]) -> None:  # pragma: no cover - import-time guard

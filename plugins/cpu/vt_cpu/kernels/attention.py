@@ -1,0 +1,146 @@
+"""numba attention over the position-major KV cache, for decode rows.
+
+``cache[pos, slot, layer, 0 | 1, kv_head, :]`` holds K and V; row ``t`` attends to
+positions ``0 .. positions[t]`` of slot ``slots[t]``. Three calls for all rows of a step:
+
+1. :func:`scores`: ``s = scale q K^T`` per row and head (K of a position read once for
+   the KV head's query heads), minus the row's maximum, into one packed float32 buffer;
+2. ``np.exp`` over that buffer in place (numpy's SIMD exp; numba's is a scalar call);
+3. :func:`weighted_values`: ``out = (sum_p e_p V_p) / sum_p e_p`` per row and head.
+
+The reference's order of operations (softmax in float32 with the maximum subtracted,
+normalized before the weighted sum of V), summed in another order. Rows are independent,
+so a decode step of several sequences is one pass (the reference's batched matmuls run
+slot by slot, ~15 numpy calls each). Inner loops index 1-D views (``q[t, a:b]``,
+``cache[p, slot, layer, 0, h]``) with the loop variable alone: a computed index such as
+``qo + e`` may be negative as far as numba knows, and its wraparound select turned the
+loads into gathers (4x slower).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit
+
+from .quant import _prefetch, _stack_f32
+
+F = np.float32
+_KW = {
+    "cache": True,
+    "nogil": True,
+    "boundscheck": False,
+    "fastmath": {"reassoc", "contract"},
+    "error_model": "numpy",  # a division by zero gives inf/nan, as numpy does
+}
+
+
+@njit(**_KW)
+def packed_size(slots, positions, n_heads, max_len, n_slots):
+    """Floats of the scores buffer for these rows; or ``-(2 + t)`` for a bad position at
+    row ``t``, ``-(2 + n + t)`` for a bad slot."""
+    n = positions.shape[0]
+    total = 0
+    for t in range(n):
+        if positions[t] < 0 or positions[t] >= max_len:
+            return -(2 + t)
+        if slots[t] < 0 or slots[t] >= n_slots:
+            return -(2 + n + t)
+        total += n_heads * (positions[t] + 1)
+    return total
+
+
+#: Positions ahead of the one being read that the kernels prefetch: a position's K and V of
+#: one slot and layer are 2 n_kv_heads head_dim floats, and the next position's are a whole
+#: position of the cache away (``n_slots * n_layers`` of them), on another page, where the
+#: hardware prefetcher does not follow.
+AHEAD = 4
+
+
+@njit(**_KW, inline="always")
+def _prefetch_position(cache, p, slot, layer, kv, length, start, nbytes):
+    """Prefetch bytes ``[start, start + nbytes)`` of K (``kv`` 0) or V at position
+    ``p + AHEAD`` of ``slot`` and ``layer``."""
+    if p + AHEAD < length:
+        s = cache.strides
+        base = (p + AHEAD) * s[0] + slot * s[1] + layer * s[2] + kv * s[3] + start
+        for o in range(0, nbytes, 64):
+            _prefetch(cache, base + o)
+
+
+@njit(**_KW)
+def scores(q, cache, layer, slots, positions, n_heads, scale, buf, maxes):
+    """``buf`` (packed: row by row, head by head, ``positions[t] + 1`` each) gets
+    ``scale q K^T`` minus each head's maximum; ``maxes``: float32 scratch of ``n_heads``."""
+    n = q.shape[0]
+    n_kv, hd = cache.shape[4], cache.shape[5]
+    group = n_heads // n_kv
+    f_scale = F(scale)
+    o = 0
+    for t in range(n):
+        length = positions[t] + 1
+        slot = slots[t]
+        for head in range(n_heads):
+            maxes[head] = F(-np.inf)
+        for p in range(length):
+            _prefetch_position(cache, p, slot, layer, 0, length, 0, cache.strides[3])
+            for h in range(n_kv):
+                for gi in range(group):
+                    head = h * group + gi
+                    qh = q[t, head * hd : (head + 1) * hd]
+                    kh = cache[p, slot, layer, 0, h]
+                    acc = F(0.0)
+                    for e in range(hd):
+                        acc += qh[e] * kh[e]
+                    acc *= f_scale
+                    buf[o + head * length + p] = acc
+                    maxes[head] = max(maxes[head], acc)
+        for head in range(n_heads):
+            bh = buf[o + head * length : o + (head + 1) * length]
+            m = maxes[head]
+            for p in range(length):
+                bh[p] -= m
+        o += n_heads * length
+
+
+#: Largest ``n_heads * head_dim`` of :func:`weighted_values` (its accumulators live on
+#: the stack, 16 KiB).
+MAX_WIDTH = 4096
+
+
+@njit(**_KW)
+def weighted_values(cache, layer, slots, positions, n_heads, buf, out):
+    """``out[t, head] = sum_p w_p V_p`` with ``w = e / sum e`` for ``buf`` holding
+    ``e = exp(s - max)`` (normalized in place; ``n_heads * head_dim <= MAX_WIDTH``). The
+    weights are divided before the loop over V: inside it, reassociation moved the division
+    into the innermost loop (a vector division per element of V)."""
+    n = out.shape[0]
+    n_kv, hd = cache.shape[4], cache.shape[5]
+    group = n_heads // n_kv
+    width = n_heads * hd
+    acc = carray(_stack_f32(MAX_WIDTH), MAX_WIDTH)
+    o = 0
+    for t in range(n):
+        length = positions[t] + 1
+        slot = slots[t]
+        for head in range(n_heads):  # normalize first, as the reference does
+            bh = buf[o + head * length : o + (head + 1) * length]
+            total = F(0.0)
+            for p in range(length):
+                total += bh[p]
+            for p in range(length):
+                bh[p] /= total
+        for e in range(width):
+            acc[e] = F(0.0)
+        for p in range(length):
+            _prefetch_position(cache, p, slot, layer, 1, length, 0, cache.strides[3])
+            for h in range(n_kv):
+                for gi in range(group):
+                    head = h * group + gi
+                    ah = acc[head * hd : (head + 1) * hd]
+                    vh = cache[p, slot, layer, 1, h]
+                    w = buf[o + head * length + p]
+                    for e in range(hd):
+                        ah[e] += w * vh[e]
+        for e in range(width):
+            out[t, e] = acc[e]
+        o += n_heads * length
