@@ -284,9 +284,10 @@ def test_a_decode_step_is_one_graph_launch_after_warm_up_and_capture(tmp_path: P
 
         eager, captured, replayed = step(3), step(4), step(5)
         per_step = eager.count("launch")
-        # embedding; per layer rms_norm, qkv, rope_kv_store, attention, matmul_add, rms_norm,
-        # swiglu, matmul_add; then gather_rows, rms_norm, matmul, sample
-        assert per_step == 1 + 8 * model.config.n_layers + 4
+        # embedding; per layer rms_norm, qkv, rope_kv_store, attention (split over positions
+        # and combined: two launches), matmul_add, rms_norm, swiglu, matmul_add; then
+        # gather_rows, rms_norm, matmul, sample
+        assert per_step == 1 + 9 * model.config.n_layers + 4
         assert "graph_begin_capture" not in eager and "graph_launch" not in eager
         begin, end = captured.index("graph_begin_capture"), captured.index("graph_end_capture")
         assert captured[begin:end].count("launch") == per_step
@@ -477,8 +478,8 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
     includes = [line for line in source.splitlines() if line.lstrip().startswith("#include")]
     assert includes == []  # nvrtc and hiprtc find no system headers
     names = {
-        "rms_norm", "rope", "kv_store", "attention_split", "silu_mul", "add", "gather_rows",
-        "sample", "logprobs",
+        "rms_norm", "rope", "kv_store", "attention_split", "attention_combine", "silu_mul",
+        "add", "gather_rows", "sample", "logprobs",
         "rope_kv_store", "bias_add", *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
         *(f"dequantize_{s}" for s in ("f16", "bf16", "q")),
         *(f"{k}_{s}" for k in ("matmul_small1", "matmul_small4", "matmul_tiled",
@@ -678,7 +679,11 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     args, kernel, scalars = _case(case, op)
     stream = backend.create_stream()
     backend.launch(op, stream, **args)
-    (launch,) = rt.launches
+    if op == "attention":  # split over positions, then the partials combined
+        launch, combine = rt.launches
+        assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
+    else:
+        (launch,) = rt.launches
     assert launch.kernel == kernel and launch.stream == stream.handle
     weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
     macro = kernel.startswith(MACRO_KERNELS)  # one kernel per weight format
@@ -692,7 +697,7 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
             assert (value or 0) == {"data": w.data, "sm": w.scales}[name], name
         elif "*" in ctype and name == "w":
             assert value == weights["weight"].data, name
-        elif "*" in ctype and name in ("part", "counters"):  # attention's split scratch
+        elif "*" in ctype and name == "part":  # the backend's scratch for split partials
             assert value, name
         elif "*" in ctype and name in WEIGHT_POINTERS:  # a weight's data, scales, a bias
             arg, attr = WEIGHT_POINTERS[name]
@@ -708,8 +713,8 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
 
 
 def test_attention_splits_positions_only_while_the_grid_is_small() -> None:
-    """Few rows: positions split over blocks, partials and tickets in scratch buffers kept
-    until close (a captured graph may hold them). Many rows: no split, no scratch."""
+    """Few rows: positions split over blocks, partials combined, in a scratch buffer kept
+    until close (a captured graph may hold it). Many rows: one launch, no partials."""
     backend, rt = make()
     layout = vt.KVLayout(n_layers=1, n_slots=256, n_kv_heads=2, head_dim=64, max_len=8)
     cache = vt.Tensor.of(backend.alloc(layout.nbytes), F32, *layout.shape)
@@ -724,16 +729,14 @@ def test_attention_splits_positions_only_while_the_grid_is_small() -> None:
             q=vt.Tensor.of(buf, F32, n, 8 * 64), cache=cache, slots=vt.Tensor.of(ints, I32, n),
             positions=vt.Tensor.of(ints, I32, n), layout=layout, layer=0, n_heads=8, scale=0.1,
         )  # fmt: skip
-        (launch,) = rt.launches
-        assert launch.kernel == "attention_split"
-        part, counters = launch.args[1], launch.args[-1]
-        if n < 256:  # 4 heads per block; partials and zeroed tickets in scratch
-            assert launch.grid == (n, 2, min(32, 128 // n)) and part and counters
-            assert ("memset", (counters, 0, 4 * n * 2, None)) in rt.calls or n == 1
+        kernels = [launch.kernel for launch in rt.launches]
+        if n < 256:
+            assert kernels == ["attention_split", "attention_combine"]
+            assert rt.launches[0].grid == (n, 2, min(32, 128 // n))  # 4 heads per block
         else:
-            assert launch.grid == (n, 2, 1) and not part and not counters
-        sizes.append(sum(slot == 1 for slot, _ in backend._scratch))
-    assert sizes == [1, 2, 2, 2]  # n=2 needs larger partials; n=1 again reuses the first
+            assert kernels == ["attention_split"] and not rt.launches[0].args[1]
+        sizes.append(len(backend._scratch))
+    assert sizes == [1, 2, 2, 2]  # n=2 needs a larger one; n=1 again reuses the first
     backend.close()
     assert backend._scratch == []
 

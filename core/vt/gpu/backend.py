@@ -717,30 +717,32 @@ class GpuBackend(
         gb = max(g for g in range(1, min(group, _FA_MAXG) + 1) if group % g == 0)
         blocks = n * n_kv * (group // gb)
         splits = max(1, min(self.attention_max_splits, -(-self.target_blocks // blocks)))
-        part = counters = 0
+        part = 0
         if splits > 1:
             part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot=1)
-            counters = self._scratch_at_least(blocks * 4, slot=2)
         self._kernel(
             "attention_split", (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
             self._ptr(out), P(part), self._ptr(q), self._ptr(cache), self._ptr(slots),
             self._ptr(positions), I32(n), I32(n_heads), I32(n_kv), I32(hd),
             I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
-            F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), P(counters),
+            F32(scale), I32(gb), I32(splits), I32(self.attention_min_split),
         )  # fmt: skip
+        if splits > 1:
+            self._kernel(
+                "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
+                self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
+                I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
+            )  # fmt: skip
 
     def _scratch_at_least(self, nbytes: int, slot: int) -> int:
         """The address of a scratch buffer of at least ``nbytes`` (slot 0: the BLAS path's
-        float32 weight; 1: attention's split partials; 2: attention's tickets, zeroed here
-        and left zero by every launch). Outgrown buffers are kept until close (a captured
-        graph may hold any of them); the first step of every shape runs eagerly, so none is
-        allocated during a capture."""
+        float32 weight; slot 1: attention's split partials). Outgrown buffers are kept until
+        close (a captured graph may hold any of them); the first step of every shape runs
+        eagerly, so none is allocated during a capture."""
         for s, buf in self._scratch:
             if s == slot and buf.nbytes >= nbytes:
                 return self._addr(buf)
         buf = self._alloc(nbytes)
-        if slot == 2:
-            self._rt.memset(self._addr(buf), 0, nbytes)
         self._scratch.append((slot, buf))
         return self._addr(buf)
 

@@ -3,9 +3,7 @@
 // `splits` ranges; a block scores its range FA_CHUNK positions at a time (one position per
 // thread, each K row read once for the GB heads), keeps a running max and sum per head
 // (online softmax) and accumulates its V rows. With splits == 1 it writes the output; else
-// it writes its unnormalized partial (acc[head_dim], max, sum), and the block that finishes
-// last (a ticket per (row, group) in `counters`, zero between launches) combines the
-// partials into the output: one launch either way. So a
+// it writes its unnormalized partial (acc[head_dim], max, sum) for attention_combine. So a
 // single row at a long context fills the GPU (the positions are spread over blocks), and
 // the KV rows of a group are read once for its GB heads. The split ranges come from the
 // device-side positions, so a captured graph stays valid as the context grows.
@@ -17,7 +15,7 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
                                            const int* positions, int n, int n_heads, int n_kv,
                                            int head_dim, int n_slots, int n_layers,
                                            int max_len, int layer, float scale, int gb,
-                                           int splits, int min_per_split, int* counters) {
+                                           int splits, int min_per_split) {
     __shared__ float qs[FA_MAXG * 256];
     __shared__ float sc[FA_MAXG * FA_CHUNK];
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
@@ -150,40 +148,34 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
         }
         __syncthreads();
     }
-    if (splits == 1) return;  // uniform over the block
-    // The last split block of this (row, group) to finish combines every split's partial.
-    __shared__ int last;
-    __threadfence();  // this block's partials are visible before its ticket is taken
-    __syncthreads();
-    if (t == 0) {
-        int* ticket = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
-        last = atomicAdd(ticket, 1) == splits - 1;
-        if (last) *ticket = 0;  // ready for the next launch (a graph replays it)
+}
+
+// out[i, h] from attention_split's partials: one block per (row, query head), a thread per
+// element; a split that saw no position (sum 0) adds nothing.
+extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
+                                             const int* positions, int n, int n_heads,
+                                             int head_dim, int n_slots, int max_len,
+                                             int splits) {
+    int oh = blockIdx.x, i = oh / n_heads;
+    int slot = slots[i], pos = positions[i];
+    bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
+    const float* pp = part + (long long)oh * splits * (head_dim + 2);
+    float mx = -__uint_as_float(0x7f800000u);
+    for (int s = 0; s < splits; ++s) {
+        const float* p = pp + s * (head_dim + 2);
+        if (p[head_dim + 1] > 0.0f) mx = fmaxf(mx, p[head_dim]);
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int g = 0; g < gb; ++g) {
-        long long oh = (long long)i * n_heads + h0 + g;
-        // volatile: read what the other blocks wrote, never a stale cached line
-        const volatile float* pp = part + oh * splits * (head_dim + 2);
-        float mx = -__uint_as_float(0x7f800000u);
-        for (int k = 0; k < splits; ++k) {
-            const volatile float* q = pp + k * (head_dim + 2);
-            if (q[head_dim + 1] > 0.0f) mx = fmaxf(mx, q[head_dim]);
-        }
-        for (int d = t; d < head_dim; d += FA_THREADS) {
-            float num = 0.0f, den = 0.0f;
-            for (int k = 0; k < splits; ++k) {  // a split that saw no position adds nothing
-                const volatile float* q = pp + k * (head_dim + 2);
-                float l = q[head_dim + 1];
-                if (l > 0.0f) {
-                    float w = expf(q[head_dim] - mx);
-                    num += w * q[d];
-                    den += w * l;
-                }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float num = 0.0f, den = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float* p = pp + s * (head_dim + 2);
+            float l = p[head_dim + 1];
+            if (l > 0.0f) {
+                float w = expf(p[head_dim] - mx);
+                num += w * p[d];
+                den += w * l;
             }
-            out[oh * head_dim + d] = ok ? num / den : vt_nan();
         }
+        out[(long long)oh * head_dim + d] = ok ? num / den : vt_nan();
     }
 }
