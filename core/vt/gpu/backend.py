@@ -191,7 +191,8 @@ class GpuBackend(
     #: a tool clears it to measure what the fusion buys.
     native_fused: frozenset[str] = frozenset({"matmul_add", "swiglu", "rope_kv_store", "qkv"})
     #: Attention splits a row's positions over at most this many blocks (flash-decoding)
-    #: while the grid has fewer than ``target_blocks``, each split at least this long.
+    #: while the grid has fewer than ``target_blocks``, each split at least this long
+    #: (at most FA_THREADS = 128 splits: attention_combine gives each a thread).
     attention_max_splits: int = 32
     attention_min_split: int = 16
 

@@ -150,32 +150,32 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     }
 }
 
-// out[i, h] from attention_split's partials: one block per (row, query head), a thread per
-// element; a split that saw no position (sum 0) adds nothing.
+// out[i, h] from attention_split's partials: one block per (row, query head). Thread s
+// reads split s's max and sum, so the weights exp(m_s - max) come from one block reduction
+// each, not a chain of loads per thread; then a thread per element sums the weighted
+// partials. A split that saw no position (sum 0) weighs 0. splits <= FA_THREADS.
 extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
                                              const int* positions, int n, int n_heads,
                                              int head_dim, int n_slots, int max_len,
                                              int splits) {
-    int oh = blockIdx.x, i = oh / n_heads;
+    __shared__ float wt[FA_THREADS];
+    __shared__ float red[FA_THREADS];
+    int oh = blockIdx.x, i = oh / n_heads, t = threadIdx.x;
     int slot = slots[i], pos = positions[i];
     bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
     const float* pp = part + (long long)oh * splits * (head_dim + 2);
-    float mx = -__uint_as_float(0x7f800000u);
-    for (int s = 0; s < splits; ++s) {
-        const float* p = pp + s * (head_dim + 2);
-        if (p[head_dim + 1] > 0.0f) mx = fmaxf(mx, p[head_dim]);
+    float m = -__uint_as_float(0x7f800000u), l = 0.0f;
+    if (t < splits) {
+        l = pp[(long long)t * (head_dim + 2) + head_dim + 1];
+        if (l > 0.0f) m = pp[(long long)t * (head_dim + 2) + head_dim];
     }
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float num = 0.0f, den = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            const float* p = pp + s * (head_dim + 2);
-            float l = p[head_dim + 1];
-            if (l > 0.0f) {
-                float w = expf(p[head_dim] - mx);
-                num += w * p[d];
-                den += w * l;
-            }
-        }
+    float mx = vt_block_max(m, red);
+    float w = l > 0.0f ? expf(m - mx) : 0.0f;
+    wt[t] = w;
+    float den = vt_block_sum(w * l, red);  // its barriers also publish wt[]
+    for (int d = t; d < head_dim; d += FA_THREADS) {
+        float num = 0.0f;
+        for (int k = 0; k < splits; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
         out[(long long)oh * head_dim + d] = ok ? num / den : vt_nan();
     }
 }
