@@ -66,11 +66,13 @@ def test_dequantized_rows_equal_the_reference(kind: str) -> None:
 
 
 #: Activation rows around every boundary: row kernels (1), tile kernels from
-#: ``MM_MIN_ROWS`` (2-3) with full and partial tiles of 4, up to ``KERNEL_MAX_ROWS`` (8-32)
-#: and one past it (BLAS tiles).
+#: ``MM_MIN_ROWS`` (2-3) with full and partial tiles of 4, tiles of 8 from
+#: ``MM8_MIN_ROWS`` (full and partial), up to ``KERNEL_MAX_ROWS`` (8-32) and one past it
+#: (BLAS tiles).
 ROWS = sorted(
-    {1, 2, 3, 4, 5, 12}
+    {1, 2, 3, 4, 5, 12, 21}
     | set(weights.MM_MIN_ROWS.values())
+    | {kernels.quant.MM8_MIN_ROWS - 1, kernels.quant.MM8_MIN_ROWS}
     | {m + d for m in ops.KERNEL_MAX_ROWS.values() for d in (0, 1)}
 )
 
