@@ -149,7 +149,7 @@ EOF"
         ;;
     vsllama:*)  # wait (at most N s) for that build, then vt and llama.cpp side by side
         w=${s#vsllama:}
-        step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
+        step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-bench && test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
             tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build --out $OUT/gpu_vs_llama_cpp.json"
         ;;
     kprofile:*)
