@@ -413,6 +413,17 @@ def test_bench_bad_input(tiny: Path, args: list[str], message: str) -> None:
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+def test_bench_prefills_in_chunks_of_max_batch_tokens(tiny: Path) -> None:
+    args = ("--model", str(tiny), "--backend", "cpu", "--prompt-tokens", "9", "--gen-tokens", "2")
+    res = vt("bench", *args, "--repeat", "1", "--max-batch-tokens", "4", "--json")
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj["max_batch_tokens"] == 4 and obj["same_ids"]
+    assert all(r["prefill_tok_s"] > 0 for r in obj["runs"])
+    bad = vt("bench", *args, "--max-batch-tokens", "0")
+    assert bad.exit_code == 2 and "--max-batch-tokens" in bad.stderr and "0" in bad.stderr
+
+
 # --------------------------------------------------------------------------- default model
 
 

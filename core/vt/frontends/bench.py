@@ -90,6 +90,7 @@ class BenchResult(BaseModel):
     prompt_tokens: int
     gen_tokens: int
     max_model_len: int
+    max_batch_tokens: int = 256  # a longer prompt was prefilled in chunks of this many tokens
     load_s: float
     runs: list[BenchRun]
     same_ids: bool  # async on and off (and every batch run) generated the same greedy ids
@@ -225,6 +226,7 @@ def run_bench(
         prompt_tokens=prompt_tokens,
         gen_tokens=gen_tokens,
         max_model_len=limit,
+        max_batch_tokens=max_batch_tokens,
         load_s=load_s,
         runs=runs,
         same_ids=_same_ids(runs, batch_runs),

@@ -1,7 +1,7 @@
 """Time of a decode step on a GPU backend, with graph replay on and off, per kernel too.
 
     python plugins/cuda/tools/profile_decode.py MODEL.gguf [--backend cuda] [--steps 128]
-        [--batch 1] [--kernels] [--no-cprofile]
+        [--batch 1] [--kernels] [--no-cprofile] [--prefill N]
 
 Runs ``ModelRunner(max_slots=B)`` on MODEL: a 128-token prompt per sequence, 8 warm-up
 decode steps of all B sequences, then ``--steps`` decode steps, each enqueued one ahead of
@@ -10,6 +10,7 @@ milliseconds per step with graphs on and off; then (unless ``--no-cprofile``) a 
 of the eager steps (the functions with the most own time). ``--kernels``: the GPU time of
 each kernel over 16 steps with graphs on, from torch's CUPTI profiler (torch is not a vt
 dependency: only where it is installed), as a table per kernel and a sum per step.
+``--prefill N`` instead: the wall time of an N-token prefill in one chunk and its kernels.
 """
 
 from __future__ import annotations
@@ -64,16 +65,40 @@ class Decoder:
 
 def kernel_table(runner: ModelRunner, batch: int, steps: int = 16) -> str:
     """GPU time per kernel over ``steps`` replayed decode steps (torch's CUPTI profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
     d = Decoder(runner, batch)
     d.run(4)
     runner.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            d.step()
-        runner.synchronize()
+    table = profiled(lambda: [d.step() for _ in range(steps)], runner, steps, "decode steps")
     d.finish()
+    return f"{table.splitlines()[0]}, batch {batch}\n" + "\n".join(table.splitlines()[1:])
+
+
+def prefill_table(runner: ModelRunner, tokens: int, reps: int = 3) -> str:
+    """Wall time and GPU time per kernel of a ``tokens``-token prefill in one chunk."""
+    toks = [(7 * i) % 1000 + 1 for i in range(tokens)]
+
+    def prefill() -> None:
+        runner.execute([SeqChunk(0, 0, toks)]).get_output()
+
+    for _ in range(2):
+        prefill()
+    start = time.perf_counter()
+    for _ in range(reps):
+        prefill()
+    wall = (time.perf_counter() - start) / reps
+    table = profiled(lambda: [prefill() for _ in range(reps)], runner, reps, "prefills")
+    return (
+        f"prefill of {tokens} tokens: {wall * 1e3:.2f} ms wall, {tokens / wall:.0f} tok/s\n" + table
+    )
+
+
+def profiled(work: Any, runner: ModelRunner, steps: int, what: str) -> str:
+    """GPU time per kernel of ``work()`` (``steps`` steps), from torch's CUPTI profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        work()
+        runner.synchronize()
     rows: list[tuple[str, int, float]] = []
     for e in prof.key_averages():
         us = float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
@@ -82,7 +107,7 @@ def kernel_table(runner: ModelRunner, batch: int, steps: int = 16) -> str:
     rows.sort(key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
     lines = [
-        f"kernels over {steps} decode steps, batch {batch}: {total / steps:.1f} us of GPU "
+        f"kernels over {steps} {what}: {total / steps:.1f} us of GPU "
         f"time per step; {sum(r[1] for r in rows) / steps:.0f} launches per step",
         f"{'kernel':<28} {'per step':>8} {'us/step':>9} {'us each':>8} {'share':>6}",
     ]
@@ -103,8 +128,19 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--no-cprofile", action="store_true")
+    ap.add_argument("--prefill", type=int, default=0, help="profile a prefill of N tokens")
     a = ap.parse_args()
     backend, _ = Registry(env={}).create_backend(a.backend)
+    if a.prefill:
+        try:
+            with load_gguf(a.model) as model, ModelRunner(
+                backend, model, max_slots=1, max_model_len=a.prefill + 16,
+                max_batch_tokens=a.prefill,
+            ) as r:  # fmt: skip
+                print(prefill_table(r, a.prefill), flush=True)
+        finally:
+            backend.close()
+        return
     ids: dict[bool, Any] = {}
     b = a.batch
 

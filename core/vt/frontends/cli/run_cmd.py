@@ -366,6 +366,15 @@ def _rate(value: float | None) -> str:
     help="Aggregate decode tok/s of B requests at once through the engine, for each B "
     "(e.g. 1,8,32), instead of the single-request runs.",
 )
+@click.option(
+    "--max-batch-tokens",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    metavar="N",
+    help="Most tokens in one engine step: a longer prompt is prefilled in chunks of this "
+    "size (as `vt serve --max-batch-tokens`).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def bench(
     model: str | None,
@@ -377,6 +386,7 @@ def bench(
     gen_tokens: int,
     repeat: int,
     batch: str | None,
+    max_batch_tokens: int,
     as_json: bool,
 ) -> None:
     """Measure prefill and decode tokens/s, with async scheduling on and then off.
@@ -398,6 +408,7 @@ def bench(
       vt bench --backend cpu --prompt-tokens 512 --gen-tokens 128 --json
       vt bench --kv-cache contiguous --max-model-len 8192
       vt bench --backend cuda --batch 1,8,32 --gen-tokens 128 --json
+      vt bench --backend cuda --prompt-tokens 512 --max-batch-tokens 512   # one chunk
       VT_GRAPHS=0 vt bench --backend cuda   # decode without graph replay, to compare
 
     Exit status: 0 on success, 1 on an error (one line on stderr), 130 when interrupted.
@@ -422,6 +433,7 @@ def bench(
             gen_tokens=gen_tokens,
             kv_cache=kv_cache,
             max_model_len=max_model_len,
+            max_batch_tokens=max_batch_tokens,
             repeat=repeat,
             log=log,
             verify=verify_setting(no_verify),
