@@ -2,7 +2,7 @@
 
     python benchmarks/serve_vs_llama_server.py [--model PATH] [--llama-server PATH]
         [--clients 1,4,16] [--max-tokens 64] [--requests-per-client 4] [--rounds 1]
-        [--threads 2] [--slots 16] [--time-limit-s 300] [--out FILE]
+        [--threads 2] [--slots 16] [--time-limit-s 300] [--vt-baseline CMD] [--out FILE]
 
 Starts ``vt serve --backend cpu --max-slots SLOTS`` and ``llama-server -t THREADS -np
 SLOTS`` on free loopback ports, both for the whole run (an idle server waits without
@@ -23,6 +23,11 @@ servers, not the clients) kept the CPUs during the measurement, and a measuremen
 more than ``--quiet-below`` is taken again, up to ``--retry-noisy`` times (all are kept). Reported:
 completion tokens (the servers' ``usage``) per second of wall time from the first
 request to the last answer, mean request latency, and vt/llama-server ratios.
+
+``--vt-baseline CMD`` starts a third server from another vt command (for example a venv
+of an older commit) and measures it in the same rounds, in the same alternation, so a
+change's before/after and both against llama-server come from one run
+(``vt_vs_baseline`` in the JSON).
 
 Both servers are stopped at the end, on an error and on SIGTERM/Ctrl-C (SIGTERM, then
 SIGKILL after 10 s). The default model is ``vt model pull -q``'s path; llama-server is
@@ -236,6 +241,10 @@ def main() -> None:
     ap.add_argument("--model", help="a GGUF file (default: vt's default model)")
     ap.add_argument("--llama-server", help="llama-server binary ($LLAMA_SERVER, PATH)")
     ap.add_argument("--vt", default="vt", help="the vt command (default: vt)")
+    ap.add_argument(
+        "--vt-baseline",
+        help="another vt command (e.g. an older tree's venv), measured in the same rounds",
+    )
     ap.add_argument("--clients", default="1,4,16", help="concurrent clients, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests-per-client", type=int, default=4)
@@ -280,6 +289,17 @@ def main() -> None:
         ),
     }
 
+    if args.vt_baseline:
+        base_port = free_port()
+        servers["vt_baseline"] = Server(
+            "vt-baseline",
+            [*shlex.split(args.vt_baseline), "serve", "--backend", "cpu", "--model", model]
+            + ["--port", str(base_port), "--max-slots", str(args.slots)]
+            + ["--max-model-len", str(args.ctx_per_slot)]
+            + ["--served-model-name", MODEL_NAME, "--log-level", "warning"],
+            base_port,
+        )
+
     def stop(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)  # unwinds to the finally below
 
@@ -321,6 +341,10 @@ def main() -> None:
                 "ratio": round(a / b, 3) if a and b else None,
                 "samples": samples,
             }
+            if "vt_baseline" in best:
+                c = best["vt_baseline"]["completion_tok_s"]
+                results[str(n)]["vt_baseline_completion_tok_s"] = c
+                results[str(n)]["vt_vs_baseline"] = round(a / c, 3) if a and c else None
     finally:
         for server in servers.values():
             server.stop()
@@ -338,6 +362,7 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "requests_per_client": args.requests_per_client,
         "ratios": {n: r["ratio"] for n, r in results.items()},
+        "vt_vs_baseline": {n: r.get("vt_vs_baseline") for n, r in results.items()},
         "levels": results,
     }
     text = json.dumps(out, indent=1)
