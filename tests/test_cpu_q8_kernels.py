@@ -60,29 +60,57 @@ def test_integer_matvec_matches_the_reference(kind: str, bits: int, n: int) -> N
             assert err <= bound, (kind, bits, n, nchunk, residual, err)
 
 
-def test_activations_round_to_blocks_of_32_with_their_sums() -> None:
+def scratch(n: int, k: int, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``quantize_rows``'s outputs for ``bits`` (16: high and low bytes, two sums)."""
+    if bits == 8:
+        return (
+            np.empty((n, k), np.int8),
+            np.empty((n, k // 32), F32),
+            np.empty((n, k // 32), np.int32),
+        )
+    return (
+        np.empty((n, 2 * k), np.uint8),
+        np.empty((n, k // 32), F32),
+        np.empty((n, k // 16), np.int32),
+    )
+
+
+def quants(xq: np.ndarray, xi: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The integer values ``[n, nb, 32]`` and their block sums ``[n, nb]`` of a quantized row
+    (16 bits: ``256 * high + low``, and checks the sums of the high bytes)."""
+    n = xq.shape[0]
+    if bits == 8:
+        return xq.reshape(n, -1, 32).astype(np.int64), xi.astype(np.int64)
+    b = xq.reshape(n, -1, 2, 32)
+    high, low = b[:, :, 0].view(np.int8).astype(np.int64), b[:, :, 1].astype(np.int64)
+    assert np.array_equal(xi[:, 1::2], high.sum(-1))
+    return 256 * high + low, xi[:, 0::2].astype(np.int64)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_activations_round_to_blocks_of_32_with_their_sums(bits: int) -> None:
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 96)).astype(np.float32)
     x[1, 32:64] = 0.0
-    for dtype, qmax in ((np.int8, 127), (np.int16, 32767)):
-        xq = np.empty((2, 96), dtype)
-        xd = np.empty((2, 3), np.float32)
-        xi = np.empty((2, 3), np.int32)
-        q8.quantize_rows(x, xq, xd, xi, False)
-        blocks = x.reshape(2, 3, 32)
-        amax = np.abs(blocks).max(axis=-1)
-        assert np.allclose(xd, amax / qmax, rtol=1e-6)
-        inv = np.where(amax > 0, np.float32(qmax) / np.where(amax > 0, amax, 1), 0)
-        want = np.rint(blocks * inv[..., None].astype(np.float32)).astype(np.int64)
-        assert np.abs(xq.reshape(2, 3, 32) - want).max() <= 1  # float32 rounding of x / d
-        assert np.array_equal(xi, xq.reshape(2, 3, 32).astype(np.int64).sum(-1))
-        assert xd[1, 1] == 0 and not xq[1, 32:64].any()
-        # the nibble formats' order: element j at 2j, element 16 + j at 2j + 1
-        pairs = np.empty_like(xq)
-        q8.quantize_rows(x, pairs, xd, xi, True)
-        p = pairs.reshape(2, 3, 16, 2)
-        assert np.array_equal(p[..., 0], xq.reshape(2, 3, 32)[..., :16])
-        assert np.array_equal(p[..., 1], xq.reshape(2, 3, 32)[..., 16:])
+    qmax = 127 if bits == 8 else 32767
+    xq, xd, xi = scratch(2, 96, bits)
+    q8.quantize_rows(x, xq, xd, xi, False)
+    q, sums = quants(xq, xi, bits)
+    blocks = x.reshape(2, 3, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    assert np.allclose(xd, amax / qmax, rtol=1e-6)
+    inv = np.where(amax > 0, np.float32(qmax) / np.where(amax > 0, amax, 1), 0)
+    want = np.rint(blocks * inv[..., None].astype(np.float32)).astype(np.int64)
+    assert np.abs(q - want).max() <= 1  # float32 rounding of x / d
+    assert np.abs(q).max() <= qmax
+    assert np.array_equal(sums, q.sum(-1))
+    assert xd[1, 1] == 0 and not q[1, 1].any()
+    # the nibble formats' order: element j at 2j, element 16 + j at 2j + 1
+    pairs, _, _ = scratch(2, 96, bits)
+    q8.quantize_rows(x, pairs, xd, xi, True)
+    p = quants(pairs, xi, bits)[0].reshape(2, 3, 16, 2)
+    assert np.array_equal(p[..., 0], q[..., :16])
+    assert np.array_equal(p[..., 1], q[..., 16:])
 
 
 @pytest.mark.parametrize("bits", [8, 16])
@@ -105,8 +133,7 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
         for fid, kind in enumerate(KINDS):
             w, _ = weight(kind, 8, 128, seed=4)
             x = np.random.default_rng(5).standard_normal((1, 128)).astype(np.float32)
-            xq = np.empty((1, 128), np.int8 if bits == 8 else np.int16)
-            xd, xi = np.empty((1, 4), np.float32), np.empty((1, 4), np.int32)
+            xq, xd, xi = scratch(1, 128, bits)
             q8.quantize_rows(x, xq, xd, xi, kind != "Q8_0")
             starts = np.array([0, 4, 8, 28], np.int64)
             got = kernels[vnni](fid, w.arrays[-1], starts, xq[0], xd[0], xi[0], 4)
@@ -164,3 +191,45 @@ def test_a_bad_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv(cpu_ops.ACT_BITS_ENV, "12")
     with pytest.raises(vt.envs.EnvError, match="VT_CPU_ACT_BITS=12 is not 8, 16 or 32"):
         cpu_ops.act_bits()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [None, "16"])
+def test_default_model_greedy_ids_equal_the_float64_forward(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None
+) -> None:
+    """The product's promise on the oracle fixture's prompts: greedy ids equal an exact
+    (float64) forward's argmax at every step, where llama.cpp's part from it at near-ties
+    (``benchmarks/greedy_vs_float64.py``: 8-bit activations part too, 16-bit do not)."""
+    import functools
+    import json
+    from pathlib import Path
+
+    import model_support
+    from vt.execution.runner import ModelRunner, SeqChunk
+    from vt.model import load_gguf
+    from vt.model.cache import resolve_model
+
+    if setting is None:
+        monkeypatch.delenv(cpu_ops.ACT_BITS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(cpu_ops.ACT_BITS_ENV, setting)
+    model = load_gguf(resolve_model("default", progress=False))
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "llama_cpp_greedy.json").read_text())
+    n = 16  # of the fixture's 32 tokens: the float64 forward is the test's cost
+    f64 = functools.lru_cache(maxsize=None)(model_support._f64)
+    monkeypatch.setattr(model_support, "_f64", f64)
+    with ModelRunner(model_support.make_backend("cpu"), model, max_slots=1, max_model_len=64) as r:
+        for rec in fixture["records"]:
+            r.free_slot(0)
+            prompt = rec["prompt_ids"]
+            logits = r.compute_logits([SeqChunk(slot=0, start_pos=0, token_ids=prompt)])[0]
+            ids = []
+            for j in range(n):
+                ids.append(int(np.argmax(logits)))
+                if j + 1 < n:
+                    step = SeqChunk(slot=0, start_pos=len(prompt) + j, token_ids=[ids[-1]])
+                    logits = r.compute_logits([step])[0]
+            exact = model_support.numpy_forward(model, prompt + ids[:-1])[len(prompt) - 1 :]
+            assert ids == [int(i) for i in np.argmax(exact, axis=-1)], rec["prompt"]
+    f64.cache_clear()

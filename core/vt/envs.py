@@ -98,10 +98,11 @@ _DECLARED = [
     Var("VT_CPU_VMM_GRANULARITY", "integer", None, "the `cpu` backend's VMM granularity in "
         "bytes (a power of two and a multiple of the page size, else the plugin is "
         "`broken` with that reason)", shown_default="2 MiB"),
-    Var("VT_CPU_ACT_BITS", "integer", "32", "the `cpu` backend's single-row decode with "
-        "Q8_0/Q4_0/Q4_1 weights: `8` or `16` quantizes each activation row to integers "
-        "and multiplies in integers (`8`: llama.cpp's numerics), `32` keeps float32 "
-        "(`docs/benchmarks.md` says what each gives)"),
+    Var("VT_CPU_ACT_BITS", "integer", "16", "the `cpu` backend's single-row decode with "
+        "Q8_0/Q4_0/Q4_1 weights quantizes each activation row to this many bits and "
+        "multiplies in integers: `16` keeps greedy ids those of an exact forward, `8` is "
+        "llama.cpp's numerics (faster, parts at near-ties), `32` multiplies in float32 "
+        "(`docs/benchmarks.md`)"),
     Var("VT_API_KEY", "string", None, "`vt serve` requires this key as "
         "`Authorization: Bearer KEY` on `/v1/*` (as `--api-key`, which wins)",
         shown_default="none"),

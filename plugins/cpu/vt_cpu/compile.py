@@ -84,12 +84,12 @@ def _warm_kind(kind: str) -> None:
 
 def _warm_int8() -> None:
     x = np.zeros((1, 64), F32)
-    xq, xd, xi = np.zeros((1, 64), np.int8), np.zeros((1, 2), F32), np.zeros((1, 2), np.int32)
     out = np.zeros((1, 4), F32)
     raw = _blocks(34, 8)
-    for q in (xq, xq.astype(np.int16)):
-        Q8.mv1(0, raw, x, q, xd, xi, out, out, True)
-        Q8.mv(0, raw, x, q, xd, xi, out, out, True, 2)
+    for bits in (8, 16):
+        xq, xd, xi = Q8.scratch(1, 64, bits)
+        Q8.mv1(0, raw, x, xq, xd, xi, out, out, True)
+        Q8.mv(0, raw, x, xq, xd, xi, out, out, True, 2)
 
 
 def _warm_layers() -> None:

@@ -1,4 +1,4 @@
-"""Decode matrix-vector kernels with 8-bit activations and integer dot products.
+"""Decode matrix-vector kernels with integer activations and integer dot products.
 
 What llama.cpp's CPU path does for quantized weights: each activation row is quantized
 once per op to blocks of 32 int8 values with one float32 scale (``d = amax / 127``,
@@ -10,20 +10,27 @@ block's result is scaled, once, by ``d_w * d_x`` in float32:
 - Q4_0 ``w = d (q - 8)``: ``d_w d_x (sum(q x) - 8 sum(x))``, in int32;
 - Q4_1 ``w = d q + m``: ``d_w d_x sum(q x) + m d_x sum(x)``.
 
+The same with 16-bit activations (``d = amax / 32767``): 256 times finer, and greedy ids
+stay those of a float64 forward where 8 bits (and llama.cpp) part from them at near-ties
+(``docs/benchmarks.md``). A 16-bit value is kept as its signed high byte and unsigned low
+byte, ``q = 256 h + l``, and a block's dot product is ``256 (w . h) + (w . l)``: two byte
+dot products, cheaper than one of 16-bit lanes (twice as many per instruction).
+
 The inner loops are LLVM IR written here (numba widens integer arithmetic to 64 bits and
 LLVM did not vectorize the int8 products of plain loops into packed dot products): per
-block one load of the weight's bytes (nibbles split with a mask and a shift), one of the
-activations, ``vpdpbusd`` (AVX-512 VNNI or AVX-VNNI: 32 unsigned x signed byte products
-summed four by four into eight int32 lanes; a Q8_0 weight is made unsigned by adding 128,
-taken back with the block's activation sum), the lanes converted to float32 and
-multiplied by the block's scale into eight float32 accumulators per row. Without VNNI the
+block one load of the weight's bytes (nibbles split with a shift and a mask, in the order
+of activations interleaved to match), one of the activations, ``vpdpbusd`` (AVX-512 VNNI
+or AVX-VNNI: 32 unsigned x signed byte products summed four by four into eight int32
+lanes; a Q8_0 weight is made unsigned by adding 128, taken back with the activations'
+sum), the lanes converted to float32 and multiplied by the block's scales into eight
+float32 accumulators per row, four rows sharing each activation load. Without VNNI the
 same IR multiplies widened vectors (LLVM picks ``vpmaddwd`` or the target's equivalent):
 the same integers, so the same results, on any CPU LLVM targets. The float16 block scales
-are read as LLVM ``half`` (``vcvtph2ps`` with F16C).
+are read as LLVM ``half`` (``vcvtph2ps``).
 
-``mv1_*`` run on the calling thread, ``mv_*`` split the rows over ``nchunk`` of numba's
-threads; both take the activation row quantized by :func:`quantize_rows` and compute
-``out[t, r] = sum_k x[t, k] w[r, k] (+ res[t, r])``.
+:func:`mv1` runs on the calling thread, :func:`mv` splits the rows over ``nchunk`` of
+numba's threads; both quantize the activation rows (:func:`quantize_rows`) and compute
+``out[t, r] = sum_k x[t, k] w[r, k] (+ res[t, r])``. :func:`bind` is the backend's entry.
 """
 
 from __future__ import annotations
@@ -110,23 +117,13 @@ def _dot8(builder: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.
     return acc
 
 
-def _dot16(builder: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
-    """``acc[i] + w[2i] x[2i] + w[2i+1] x[2i+1]`` for 32 int16 (both signed): LLVM selects
-    ``vpmaddwd`` (and with VNNI folds the add: ``vpdpwssd``)."""
-    wide = builder.mul(builder.sext(w, _vec(I32, 32)), builder.sext(x, _vec(I32, 32)))
-    for k in range(2):
-        lanes = ir.Constant(_vec(I32, 16), [2 * i + k for i in range(16)])
-        acc = builder.add(acc, builder.shuffle_vector(wide, wide, lanes))
-    return acc
-
-
 def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
     """An intrinsic: the dot products of ``nrows`` weight rows (their first blocks'
     indices in ``starts``) with one activation row quantized to ``bits`` (8 or 16), as a
     tuple of float32."""
     block_bytes, qoff, nibbles, has_min = FORMATS[fmt]
-    lanes = 8 if bits == 8 else 16
-    xt = I8 if bits == 8 else I16
+    lanes = 8
+    split = bits == 16  # 16-bit activations as a signed high and an unsigned low byte
 
     def impl(typingctx, raw, starts, xq, xd, xi, nb):
         sig = types.UniTuple(types.float32, nrows)(raw, starts, xq, xd, xi, nb)
@@ -163,20 +160,27 @@ def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
                     m = builder.phi(FLT)
                     m.add_incoming(FLT(0.0), entry)
                     mins.append(m)
-            x = _load(builder, xbase, builder.mul(b, I64(4 * bits)), _vec(xt, 32))
-            dx = builder.load(builder.gep(xd_a.data, [b]))
-            isum = builder.load(builder.gep(xi_a.data, [b]))
-            # the integer offsets go into lane 0 of the dot's accumulator: exact, in int32
-            if fmt == "Q8_0" and bits == 8:  # weights made unsigned: + 128, taken back
-                init = builder.insert_element(
-                    ir.Constant(vi, None), builder.mul(isum, I32(-128)), I32(0)
-                )
-            elif fmt == "Q4_0":
-                init = builder.insert_element(
-                    ir.Constant(vi, None), builder.mul(isum, I32(-8)), I32(0)
+            if split:  # block b: 32 high bytes, then 32 low bytes; sums: all, high
+                xh = _load(builder, xbase, builder.mul(b, I64(64)), _vec(I8, 32))
+                xl = _load(builder, xbase, builder.add(builder.mul(b, I64(64)), I64(32)),
+                           _vec(I8, 32))  # fmt: skip
+                isum = builder.load(builder.gep(xi_a.data, [builder.mul(b, I64(2))]))
+                isum_h = builder.load(
+                    builder.gep(xi_a.data, [builder.add(builder.mul(b, I64(2)), I64(1))])
                 )
             else:
-                init = ir.Constant(vi, None)
+                xh = _load(builder, xbase, builder.mul(b, I64(32)), _vec(I8, 32))
+                isum = isum_h = builder.load(builder.gep(xi_a.data, [b]))
+            dx = builder.load(builder.gep(xd_a.data, [b]))
+            # integer offsets go into lane 0 of an accumulator: exact, in int32
+            zero_i = ir.Constant(vi, None)
+            init = corr = zero_i
+            if fmt == "Q8_0":  # weights made unsigned for the signed bytes: + 128, taken back
+                init = builder.insert_element(zero_i, builder.mul(isum_h, I32(-128)), I32(0))
+            elif fmt == "Q4_0":
+                corr = builder.insert_element(zero_i, builder.mul(isum, I32(-8)), I32(0))
+                if not split:
+                    init, corr = corr, zero_i
             if has_min:
                 sx = builder.fmul(dx, builder.sitofp(isum, FLT))
             dxv = _splat(builder, dx, lanes)
@@ -189,23 +193,24 @@ def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
                 if nibbles:
                     # byte j of the block holds elements j (low nibble) and 16 + j (high);
                     # the activations are interleaved to match (x_j, x_16+j, ...): widen
-                    # each byte to a pair of lanes, copy it shifted into the upper lane,
-                    # mask (vpmovzx, a shift, vpternlog).
+                    # each byte to a 16-bit lane, copy it shifted into the upper byte,
+                    # mask (vpmovzxbw, a shift, vpternlog).
                     q16 = _load(builder, wbase, qp, _vec(I8, 16))
-                    pair = _vec(I16 if bits == 8 else I32, 16)
+                    pair = _vec(I16, 16)
                     z = builder.zext(q16, pair)
-                    shift = 4 if bits == 8 else 12
-                    mask = 0x0F0F if bits == 8 else 0x000F000F
-                    both = builder.or_(z, builder.shl(z, ir.Constant(pair, [shift] * 16)))
-                    w = builder.bitcast(builder.and_(both, ir.Constant(pair, [mask] * 16)),
-                                        _vec(I8 if bits == 8 else I16, 32))  # fmt: skip
+                    both = builder.or_(z, builder.shl(z, ir.Constant(pair, [4] * 16)))
+                    w = builder.bitcast(builder.and_(both, ir.Constant(pair, [0x0F0F] * 16)),
+                                        _vec(I8, 32))  # fmt: skip
+                    wu = w
                 else:
                     w = _load(builder, wbase, qp, _vec(I8, 32))
-                    if bits == 8:
-                        w = builder.xor(w, ir.Constant(_vec(I8, 32), [-128] * 32))
-                    else:
-                        w = builder.sext(w, _vec(I16, 32))
-                dot = (_dot8 if bits == 8 else _dot16)(builder, init, w, x)
+                    wu = builder.xor(w, ir.Constant(_vec(I8, 32), [-128] * 32))
+                dot = _dot8(builder, init, wu, xh)
+                if split:  # 256 (w . high) + (w . low): low bytes unsigned, weights signed
+                    acc2 = builder.shl(dot, ir.Constant(vi, [8] * lanes))
+                    if fmt == "Q4_0":
+                        acc2 = builder.add(acc2, corr)
+                    dot = _dot8(builder, acc2, xl, w)
                 prod = builder.fmul(builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags), d,
                                     flags=flags)  # fmt: skip
                 new_accs.append(builder.fadd(accs[k], prod, flags=flags))
@@ -262,12 +267,13 @@ _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w = (_block_rows(f, ROWS, 16) for f in ("Q8_
 
 
 def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba only
-    """Four rows' dot products with activations quantized to ``xq``'s type."""
+    """Four rows' dot products; ``xq`` int8: 8-bit activations, uint8: 16-bit ones split
+    into bytes."""
 
 
 @overload(_dot4, inline="always")
 def _dot4_impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
-    if xq.dtype == types.int16:
+    if xq.dtype == types.uint8:
         d8_0, d4_0, d4_1 = _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w
     else:
         d8_0, d4_0, d4_1 = _dot4_q8_0, _dot4_q4_0, _dot4_q4_1
@@ -291,21 +297,24 @@ def _qmax(xq):  # noqa: ANN001, ANN202 - numba only
 
 @overload(_qmax, inline="always")
 def _qmax_impl(xq):  # noqa: ANN001, ANN202
-    q = F(32767.0) if xq.dtype == types.int16 else F(127.0)
+    q = F(32767.0) if xq.dtype == types.uint8 else F(127.0)
     return lambda xq: q
 
 
 @njit(**_KW)
 def quantize_rows(x, xq, xd, xi, pairs):
-    """``x`` quantized to ``xq``'s type (int8 or int16); see :func:`quantize_rows_q`."""
-    quantize_rows_q(x, xq, xd, xi, _qmax(xq), pairs)
+    """``x[n, nb * 32]`` (float32) quantized to blocks of 32 with a float32 scale each
+    (``xd[n, nb]``, ``amax / qmax``), values rounded to nearest, ties to even (llama.cpp's
+    AVX path):
 
+    - ``xq`` int8 ``[n, nb * 32]``: 8 bits (``qmax`` 127); ``xi[n, nb]`` the blocks' sums;
+    - ``xq`` uint8 ``[n, nb * 64]``: 16 bits (``qmax`` 32767), ``q = 256 h + l``, block b's
+      32 high bytes ``h`` (signed) at ``64 b``, its 32 low bytes ``l`` (unsigned) after;
+      ``xi[n, 2 nb]``: the block's sum of ``q`` at ``2 b``, of ``h`` at ``2 b + 1``.
 
-@njit(**_KW)
-def quantize_rows_q(x, xq, xd, xi, qmax, pairs):
-    """``x[n, nb * 32]`` float32 to int8 blocks of 32: ``xq[n, nb * 32]`` (int8),
-    ``xd[n, nb]`` the scales (``amax / 127``), ``xi[n, nb]`` the quants' int32 sums.
-    Values round to nearest, ties to even (llama.cpp's AVX path)."""
+    ``pairs``: the nibble formats' order, element j at 2j and element 16 + j at 2j + 1."""
+    qmax = _qmax(xq)
+    split = xq.shape[1] != x.shape[1]
     n, k = x.shape
     nb = k // 32
     for t in range(n):
@@ -316,14 +325,24 @@ def quantize_rows_q(x, xq, xd, xi, qmax, pairs):
             d = amax / qmax
             inv = qmax / amax if amax > F(0.0) else F(0.0)
             s = np.int32(0)
+            sh = np.int32(0)
             for j in range(32):
                 q = np.int32(np.rint(x[t, b * 32 + j] * inv))
-                # pairs: element j at 2j, 16 + j at 2j + 1 (the nibble formats' order)
                 o = (2 * j if j < 16 else 2 * j - 31) if pairs else j
-                xq[t, b * 32 + o] = q
                 s += q
+                if split:
+                    h = q >> 8
+                    sh += h
+                    xq[t, b * 64 + o] = h & 255
+                    xq[t, b * 64 + 32 + o] = q & 255
+                else:
+                    xq[t, b * 32 + o] = q
             xd[t, b] = d
-            xi[t, b] = s
+            if split:
+                xi[t, 2 * b] = s
+                xi[t, 2 * b + 1] = sh
+            else:
+                xi[t, b] = s
 
 
 # --------------------------------------------------------------------------- matrix-vector
@@ -414,6 +433,15 @@ def mv(fmt_id, raw, x, xq, xd, xi, out, res, add, nchunk):
         _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1)
 
 
+def scratch(n: int, k: int, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(xq, xd, xi)`` for :func:`quantize_rows` of ``n`` rows of ``k`` values to
+    ``bits`` (8 or 16)."""
+    nb = k // 32
+    if bits == 8:
+        return np.empty((n, k), np.int8), np.empty((n, nb), F), np.empty((n, nb), np.int32)
+    return np.empty((n, 2 * k), np.uint8), np.empty((n, nb), F), np.empty((n, 2 * nb), np.int32)
+
+
 def supports(kind: str) -> bool:
     """Whether ``kind`` (a weight format's name) has int8 kernels here."""
     return kind in FMT_ID
@@ -426,9 +454,7 @@ def bind(weight, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, bits: i
     numba's threads. The activations' int8 scratch is allocated here, once."""
     n, k = x.shape
     raw = weight.arrays[-1]  # the uint8 blocks (Q8_0 keeps an int8 view first)
-    xq = np.empty((n, k), np.int8 if bits == 8 else np.int16)
-    xd = np.empty((n, k // 32), np.float32)
-    xi = np.empty((n, k // 32), np.int32)
+    xq, xd, xi = scratch(n, k, bits)
     add = res is not None
     r = res if res is not None else out
     fid = FMT_ID[weight.kind]
