@@ -229,7 +229,9 @@ def test_prompt_logprobs_score_every_prompt_token_a_few_rows_a_step(tiny: Path, 
     lp = got.prompt_logprobs
     assert lp is not None and len(lp) == len(prompt) and lp[0] is None
     assert [e.token_id for e in lp[1:]] == prompt[1:]
-    assert [e.logprob for e in lp[1:]] == pytest.approx(want, abs=1e-5)
+    # another row count takes another kernel (the cpu backend's row and tile matmuls sum
+    # in other orders): equal within the logits' end-to-end error, not bit for bit
+    assert [e.logprob for e in lp[1:]] == pytest.approx(want, abs=1e-3)
     for e in lp[1:]:
         assert len(e.top) == 3 and e.top[0].logprob >= e.logprob - 1e-6
     assert both[0].prompt_logprobs is None and len(got.logprobs) == len(got.ids)

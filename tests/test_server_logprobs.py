@@ -167,8 +167,12 @@ def test_logprobs_agree_on_every_readback_path(
         assert llm.readback == ("host_view" if backend == "cpu" and async_scheduling else "sync")
         got = offline(llm, PROMPT, 10, 2)
     assert got.ids == want.ids
+    # the same backend on another readback path: the same values; tt_stub (vt.reference's
+    # numpy ops) against cpu's numba kernels: the forward passes round differently, so
+    # within the logits' end-to-end error, not bit for bit
+    tol = 1e-6 if backend == "cpu" else 1e-3
     for a, b in zip(got.logprobs, want.logprobs, strict=True):
-        assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+        assert a.logprob == pytest.approx(b.logprob, abs=tol)
         assert [t.token_id for t in a.top] == [t.token_id for t in b.top]
 
 
@@ -211,13 +215,17 @@ def test_echo_with_logprobs_scores_the_prompt(server: Server, ref: vt.LLM) -> No
     tok = ref.tokenizer
     assert lp.tokens[:n] == [tok.token_bytes(i).decode("utf-8", "replace") for i in ids]
     assert lp.tokens[n:] == plain.choices[0].logprobs.tokens
-    assert lp.token_logprobs[n:] == pytest.approx(plain.choices[0].logprobs.token_logprobs)
+    # with echo the prompt's rows are scored in a step of several rows, which the cpu
+    # backend multiplies with another kernel than a one-row step: equal within the logits'
+    # end-to-end error
+    tol = 1e-3
+    assert lp.token_logprobs[n:] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=tol)
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(n + 4)]
     want = ref.generate(PROMPT, vt.SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2))
     scored = want[0].prompt_logprobs
-    assert lp.token_logprobs[1:n] == pytest.approx([e.logprob for e in scored[1:]], abs=1e-5)
+    assert lp.token_logprobs[1:n] == pytest.approx([e.logprob for e in scored[1:]], abs=tol)
     for top, e, t in zip(lp.top_logprobs[1:n], scored[1:], lp.tokens[1:n], strict=True):
-        assert t in top and len(top) <= 3 and top[t] == pytest.approx(e.logprob, abs=1e-5)
+        assert t in top and len(top) <= 3 and top[t] == pytest.approx(e.logprob, abs=tol)
     assert got.choices[0].text == PROMPT + plain.choices[0].text
     streamed = c.completions.create(prompt=PROMPT, echo=True, stream=True, **kw)
     values = [v for ch in streamed if ch.choices and ch.choices[0].logprobs
