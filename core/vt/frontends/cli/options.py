@@ -68,3 +68,17 @@ def open_backend(name: str | None, *, no_verify: bool = False) -> tuple[Any, str
     except VtError as exc:
         raise click.ClickException(str(exc)) from exc
     return backend, why
+
+
+def max_batch_tokens_option(func: F) -> F:
+    """``--max-batch-tokens N`` (``vt serve``, ``vt bench``): the most tokens in one engine
+    step; a longer prompt is prefilled in chunks of this size."""
+    return click.option(
+        "--max-batch-tokens",
+        type=click.IntRange(min=1),
+        default=256,
+        show_default=True,
+        metavar="N",
+        help="Most tokens in one engine step; long prompts are prefilled in chunks of this "
+        "size alongside the running requests' decode tokens.",
+    )(func)

@@ -10,7 +10,13 @@ from typing import Any, TypeVar
 
 import click
 
-from .options import backend_option, flag_skipped, verify_option, verify_setting
+from .options import (
+    backend_option,
+    flag_skipped,
+    max_batch_tokens_option,
+    verify_option,
+    verify_setting,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -366,15 +372,7 @@ def _rate(value: float | None) -> str:
     help="Aggregate decode tok/s of B requests at once through the engine, for each B "
     "(e.g. 1,8,32), instead of the single-request runs.",
 )
-@click.option(
-    "--max-batch-tokens",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
-    metavar="N",
-    help="Most tokens in one engine step: a longer prompt is prefilled in chunks of this "
-    "size (as `vt serve --max-batch-tokens`).",
-)
+@max_batch_tokens_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def bench(
     model: str | None,

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from .options import max_batch_tokens_option
 from .run_cmd import _check_max_model_len, _clean_errors, _open_llm, model_options
 
 _MIB = 1 << 20
@@ -47,15 +48,7 @@ DEFAULT_MAX_LOGPROBS = 20
     metavar="N",
     help="Requests decoded at once (KV slots); more wait in a queue for a free slot.",
 )
-@click.option(
-    "--max-batch-tokens",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
-    metavar="N",
-    help="Most tokens in one engine step; long prompts are prefilled in chunks of this size "
-    "alongside the running requests' decode tokens.",
-)
+@max_batch_tokens_option
 @click.option(
     "--served-model-name",
     metavar="NAME",
