@@ -234,12 +234,14 @@ class FakeRuntime(GpuRuntime):
         return self.blas_name
 
     def gemm(
-        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
-    ) -> None:
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool,
+        inputs: str = "f32",
+    ) -> None:  # fmt: skip
         if self.blas_name is None:
-            return super().gemm(stream, n, m, k, x, w, out, accumulate)
-        self._call("gemm", n, m, k, x, w, out, accumulate)
-        record = Launch("blas:gemm", (1, 1, 1), (1, 1, 1), stream, [n, m, k, x, w, out, accumulate])
+            return super().gemm(stream, n, m, k, x, w, out, accumulate, inputs)
+        args = [n, m, k, x, w, out, accumulate] + ([] if inputs == "f32" else [inputs])
+        self._call("gemm", *args)
+        record = Launch("blas:gemm", (1, 1, 1), (1, 1, 1), stream, args)
         self._enqueue(stream, lambda: self.launches.append(record))
 
     # ---- graphs

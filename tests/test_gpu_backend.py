@@ -481,7 +481,8 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
         "rms_norm", "rope", "kv_store", "attention_split", "attention_combine", "silu_mul",
         "add", "gather_rows", "sample", "logprobs",
         "rope_kv_store", "bias_add", *(f"embedding_{s}" for s in ("f32", "f16", "bf16", "q")),
-        *(f"dequantize_{s}" for s in ("f16", "bf16", "q")),
+        *(f"dequantize_{s}" for s in ("f16", "bf16", "q")), "to_half",
+        *(f"dequantize_h_{s}" for s in ("bf16", "q")),
         *(f"{k}_{s}" for k in ("matmul_small1", "matmul_small4", "matmul_tiled",
                                "swiglu_small1", "swiglu_small2", "qkv_small1", "qkv_small4")
           for s in ("f32", "f16", "bf16", "q")),
@@ -491,9 +492,8 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
         prefix, _, suffix = name.rpartition("_")
         if prefix.rstrip("0124") in MACRO_KERNELS:  # instantiated by a macro
             assert prefix.rstrip("0124") in signatures
-            macro = {"embedding": "VT_EMBEDDING", "dequantize": "VT_DEQUANTIZE"}.get(
-                prefix, "VT_MATMUL"
-            )
+            macro = {"embedding": "VT_EMBEDDING", "dequantize": "VT_DEQUANTIZE",
+                     "dequantize_h": "VT_DEQUANTIZE_H"}.get(prefix, "VT_MATMUL")  # fmt: skip
             assert f"\n{macro}({suffix}, " in source, name
             if prefix[-1].isdigit():  # a decode kernel per features per warp
                 kind = "SW" if prefix.startswith("swiglu") else "MM"
@@ -503,7 +503,8 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
 
 
 MACRO_KERNELS = (
-    "embedding", "dequantize", "matmul_small", "matmul_tiled", "swiglu_small", "qkv_small",
+    "embedding", "dequantize", "dequantize_h", "matmul_small", "matmul_tiled", "swiglu_small",
+    "qkv_small",
 )  # fmt: skip
 
 
@@ -778,6 +779,39 @@ def test_many_rows_go_to_the_vendor_blas_over_a_float32_copy_of_the_weight(wtype
     backend.launch("matmul", stream, out=vt.Tensor.of(out.buffer, F32, n - 1, 40), x=small,
                    weight=weight)  # fmt: skip
     assert [launch.kernel for launch in rt.launches] == [f"matmul_small4_{w.suffix}"]
+    backend.close()
+
+
+@pytest.mark.parametrize("wtype", ["F32", "F16", "Q8_0"])
+def test_the_blas_path_with_half_inputs(wtype: str) -> None:
+    """blas_inputs="f16": x (and a weight that is neither F32 nor F16) converted to half in
+    scratch; an F16 weight goes in as it is; an F32 weight stays on float32 (TF32)."""
+    backend, rt = make(blas="fake BLAS")
+    backend.blas_inputs = "f16"
+    values = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
+    weight = backend.upload_weight(weight_tensor("w", values, wtype))
+    w: GpuWeight = weight.handle
+    stream = backend.create_stream()
+    n = backend.blas_min_rows
+    x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+    out = vt.Tensor.of(backend.alloc(n * 40 * 4), F32, n, 40)
+    xp, op = (t.buffer.handle + t.buffer.offset for t in (x, out))
+    rt.launches.clear()
+    backend.launch("matmul", stream, out=out, x=x, weight=weight)
+    kernels = [launch.kernel for launch in rt.launches]
+    gemm = rt.launches[-1].args
+    if wtype == "F32":
+        assert kernels == ["gemm"] and gemm == [n, 40, 64, xp, w.data, op, False]
+        return
+    half_x = rt.launches[kernels.index("to_half")].args
+    assert half_x[1:] == [xp, n * 64] and half_x[0] != xp
+    if wtype == "F16":
+        assert kernels == ["to_half", "gemm"]
+        assert gemm == [n, 40, 64, half_x[0], w.data, op, False, "f16"]
+    else:
+        assert kernels == ["dequantize_h_q", "to_half", "gemm"]
+        half_w = rt.launches[0].args
+        assert half_w[-1] == 40 * 64 and gemm == [n, 40, 64, half_x[0], half_w[0], op, False, "f16"]
     backend.close()
 
 

@@ -185,6 +185,10 @@ class GpuBackend(
     #: Batches of at least this many rows go to the vendor BLAS when the runtime has one
     #: (``GpuRuntime.blas``): the tensor cores, over a float32 copy of the weight.
     blas_min_rows: int = 64
+    #: What the BLAS path feeds the tensor cores for a non-F32 weight: "tf32" (float32
+    #: copies, TF32 products) or "f16" (IEEE half copies of the weight and of x; |x| above
+    #: 65504 becomes inf, so not the default).
+    blas_inputs: str = "tf32"
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
@@ -552,19 +556,34 @@ class GpuBackend(
     ) -> None:  # fmt: skip
         """The vendor BLAS path (``GpuRuntime.gemm``): a float32 copy of a non-F32 weight in
         scratch (``dequantize``, bit-exact), one GEMM with the residual as its accumulator
-        (copied into ``out`` first unless ``out`` is the residual), then the bias."""
+        (copied into ``out`` first unless ``out`` is the residual), then the bias. With
+        ``blas_inputs == "f16"`` a non-F32 weight and x go in as IEEE half instead (an F16
+        weight as it is): half the bytes of the copy, twice the tensor-core rate."""
         n, (m, k) = x.shape[0], (w.rows, w.cols)
-        wptr = w.data
-        if w.kind != W.WT_F32:
-            total = m * k
+        xp, op = self._ptr(x).value or 0, self._ptr(out).value or 0
+        wptr, inputs, total = w.data, "f32", m * k
+        if w.kind != W.WT_F32 and self.blas_inputs == "f16":
+            inputs = "f16"
+            if w.kind != W.WT_F16:
+                wptr = self._scratch_at_least(total * 2, slot=3)
+                self._kernel(f"dequantize_h_{w.suffix}", (_blocks(total), 1, 1), _THREADS,
+                             stream, P(wptr), P(w.data), P(w.scales), I32(w.lg_block),
+                             I64(total))  # fmt: skip
+            xh = self._scratch_at_least(n * k * 2, slot=4)
+            self._kernel("to_half", (_blocks(n * k), 1, 1), _THREADS, stream, P(xh), P(xp),
+                         I64(n * k))  # fmt: skip
+            xp = xh
+        elif w.kind != W.WT_F32:
             wptr = self._scratch_at_least(total * 4, slot=0)
             self._kernel(f"dequantize_{w.suffix}", (_blocks(total), 1, 1), _THREADS, stream,
                          P(wptr), P(w.data), P(w.scales), I32(w.lg_block), I64(total))  # fmt: skip
-        xp, op = self._ptr(x).value or 0, self._ptr(out).value or 0
         accumulate = residual is not None
         if residual is not None and (rp := self._ptr(residual).value or 0) != op:
             self._rt.memcpy_d2d(op, rp, n * m * 4, stream.handle)
-        self._rt.gemm(stream.handle, n, m, k, xp, wptr, op, accumulate)
+        if inputs == "f32":
+            self._rt.gemm(stream.handle, n, m, k, xp, wptr, op, accumulate)
+        else:
+            self._rt.gemm(stream.handle, n, m, k, xp, wptr, op, accumulate, inputs=inputs)
         if bias:
             self._kernel("bias_add", (_blocks(n * m), 1, 1), _THREADS, stream, self._ptr(out),
                          P(bias), I32(n), I32(m))  # fmt: skip
@@ -737,9 +756,9 @@ class GpuBackend(
 
     def _scratch_at_least(self, nbytes: int, slot: int) -> int:
         """The address of a scratch buffer of at least ``nbytes`` (slot 0: the BLAS path's
-        float32 weight; slot 1: attention's split partials). Outgrown buffers are kept until
-        close (a captured graph may hold any of them); the first step of every shape runs
-        eagerly, so none is allocated during a capture."""
+        float32 weight; 1: attention's split partials; 3, 4: the half weight and x).
+        Outgrown buffers are kept until close (a captured graph may hold any of them); the
+        first step of every shape runs eagerly, so none is allocated during a capture."""
         for s, buf in self._scratch:
             if s == slot and buf.nbytes >= nbytes:
                 return self._addr(buf)

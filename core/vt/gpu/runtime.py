@@ -205,10 +205,12 @@ class GpuRuntime(abc.ABC):
         return None
 
     def gemm(
-        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
-    ) -> None:
-        """``out[n, m] = x[n, k] @ w[m, k].T (+ out if accumulate)``, all float32 row-major,
-        enqueued on ``stream``."""
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool,
+        inputs: str = "f32",
+    ) -> None:  # fmt: skip
+        """``out[n, m] = x[n, k] @ w[m, k].T (+ out if accumulate)``, row-major, enqueued
+        on ``stream``: ``out`` float32; ``x`` and ``w`` float32 (``inputs="f32"``) or IEEE
+        half (``"f16"``, summed in float32)."""
         raise NotImplementedError(f"{type(self).__name__} has no BLAS")
 
 

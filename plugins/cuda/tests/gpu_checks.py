@@ -102,13 +102,15 @@ def test_the_device_run_has_cublas(cuda: Any) -> None:
     assert "TF32" in (cuda.runtime.blas() or "")
 
 
-@pytest.fixture(params=["own", "blas"])
+@pytest.fixture(params=["own", "blas", "blas-f16"])
 def path(request: pytest.FixtureRequest, cuda: Any) -> Any:
-    """The backend's own tiled kernel, or cuBLAS (TF32) from blas_min_rows rows."""
-    saved = cuda.blas_min_rows
-    cuda.blas_min_rows = 64 if request.param == "blas" else 1 << 30
+    """The backend's own tiled kernel, or cuBLAS from blas_min_rows rows (TF32, or half
+    inputs: blas_inputs="f16")."""
+    saved = cuda.blas_min_rows, cuda.blas_inputs
+    cuda.blas_min_rows = 1 << 30 if request.param == "own" else 64
+    cuda.blas_inputs = "f16" if request.param == "blas-f16" else "tf32"
     yield request.param
-    cuda.blas_min_rows = saved
+    cuda.blas_min_rows, cuda.blas_inputs = saved
 
 
 @pytest.mark.parametrize("wtype", ["F32", "F16", "BF16", "Q8_0", "Q4_1", "Q4_K", "Q6_K"])

@@ -11,7 +11,14 @@ import vt_cuda.adapter as adapter
 from fake_cuda import FakeDriver, FakeNvrtc
 from vt.gpu import GpuCallError
 from vt_cuda.adapter import CudaRuntime
-from vt_cuda.blas import COMPUTE_32F_FAST_TF32, WORKSPACE_BYTES, Cublas
+from vt_cuda.blas import (
+    COMPUTE_32F,
+    COMPUTE_32F_FAST_TF32,
+    CUDA_R_16F,
+    CUDA_R_32F,
+    WORKSPACE_BYTES,
+    Cublas,
+)
 
 
 class FakeCublas:
@@ -61,6 +68,17 @@ def test_a_gemm_is_gemm_ex_transposing_the_weight_with_tf32_compute() -> None:
     assert lib.calls[-1] == ("destroy", (777,))
     blas.close()  # idempotent
     assert lib.calls[-1] == ("destroy", (777,))
+
+
+def test_half_inputs_are_16f_matrices_summed_in_float32() -> None:
+    lib, rt = FakeCublas(), CudaRuntime(FakeDriver(), FakeNvrtc())
+    blas = Cublas(lib, rt)
+    blas.gemm(0x51, 5, 40, 64, 0x1000, 0x2000, 0x3000, False, "f16")
+    args = lib.calls[-1][1]
+    assert args[8] == CUDA_R_16F and args[11] == CUDA_R_16F and args[15] == CUDA_R_32F
+    assert args[17] == COMPUTE_32F
+    with pytest.raises(ValueError, match="inputs must be 'f32' or 'f16', got 'bf16'"):
+        blas.gemm(0x51, 5, 40, 64, 0x1000, 0x2000, 0x3000, False, "bf16")
 
 
 def test_a_failed_cublas_call_names_itself() -> None:

@@ -3,7 +3,8 @@
     python plugins/cuda/tools/bench_variant.py --no-fused bench --backend cuda --batch 1,8,32
 
 ``--blas-min-rows N``: matmuls of N rows or more go to the vendor BLAS (a huge N: never, so
-the backend's own tiled kernel runs prefill). ``--no-fused``: ``GpuBackend.native_fused``
+the backend's own tiled kernel runs prefill); ``--blas-f16``: its inputs in half precision
+(``GpuBackend.blas_inputs``). ``--no-fused``: ``GpuBackend.native_fused``
 is emptied, so ``matmul_add``, ``swiglu``, ``rope_kv_store`` and ``qkv`` run as their
 decompositions (the launches of before the fused kernels); graphs on/off is ``VT_GRAPHS``.
 Everything after the options is ``vt``'s command line.
@@ -19,9 +20,12 @@ from vt.gpu import GpuBackend
 
 def main() -> None:
     args = sys.argv[1:]
-    while args[:1] in (["--no-fused"], ["--blas-min-rows"]):
+    while args[:1] in (["--no-fused"], ["--blas-min-rows"], ["--blas-f16"]):
         if args[0] == "--no-fused":
             GpuBackend.native_fused = frozenset()
+            args = args[1:]
+        elif args[0] == "--blas-f16":
+            GpuBackend.blas_inputs = "f16"
             args = args[1:]
         else:
             GpuBackend.blas_min_rows = int(args[1])

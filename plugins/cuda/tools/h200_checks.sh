@@ -136,6 +136,15 @@ EOF"
             && python3 plugins/cuda/tools/bench_variant.py --blas-min-rows 1000000000 $B --json > $OUT/prefill-$m-own.json; \
             grep -h -o '\"prefill_tok_s\": *[0-9.]*' $OUT/prefill-$m*.json"
         ;;
+    pchunk:*)  # pp512 in one chunk of 512 (TF32, half inputs) against two of 256, and a kernel profile
+        m=${s#pchunk:}
+        V="python3 plugins/cuda/tools/bench_variant.py"
+        B="bench --backend cuda --model /tmp/$m.gguf --prompt-tokens 512 --gen-tokens 16 --repeat 3 --max-model-len 1024 --json"
+        step "pchunk-$m" 300 "$V $B > /tmp/pchunk-$m-256.json; $V $B --max-batch-tokens 512 > /tmp/pchunk-$m-512.json; \
+            $V --blas-f16 $B --max-batch-tokens 512 > /tmp/pchunk-$m-512f16.json; \
+            grep -o '\"prefill_tok_s\": *[0-9.]*' /tmp/pchunk-$m-*.json; \
+            python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --prefill 512"
+        ;;
     blasbatch:*)  # decode batches from 32 rows on cuBLAS too (is the dequantized copy worth it?)
         m=${s#blasbatch:}
         B="bench --backend cuda --model /tmp/$m.gguf --batch 8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2"

@@ -395,13 +395,14 @@ class CudaRuntime(GpuRuntime):
         return BLAS_PRECISION if self._cublas() else None
 
     def gemm(
-        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
-    ) -> None:
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool,
+        inputs: str = "f32",
+    ) -> None:  # fmt: skip
         cublas = self._cublas()
         if cublas is None:
             raise NotImplementedError(f"no cuBLAS: {BLAS_HINT}")
         self._bind()
-        cublas.gemm(stream, n, m, k, x, w, out, accumulate)
+        cublas.gemm(stream, n, m, k, x, w, out, accumulate, inputs)
 
     # ---- graphs: stream capture in this thread's mode, so another thread's unrelated CUDA
     # calls (a second runner, a server thread) do not invalidate the capture

@@ -18,8 +18,8 @@ from vt.gpu import GpuCallError
 
 #: cuBLAS's enums (cublas_api.h, library_types.h): stable across CUDA 11-13.
 OP_N, OP_T = 0, 1
-CUDA_R_32F = 0
-COMPUTE_32F_FAST_TF32 = 77
+CUDA_R_32F, CUDA_R_16F = 0, 2
+COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77
 GEMM_DEFAULT = -1
 WORKSPACE_BYTES = 32 << 20
 PRECISION = "cuBLAS, TF32 tensor cores (inputs rounded to 10 mantissa bits), float32 sums"
@@ -66,17 +66,24 @@ class Cublas:
         return self._handle
 
     def gemm(
-        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
-    ) -> None:
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool,
+        inputs: str = "f32",
+    ) -> None:  # fmt: skip
+        """float32 inputs on TF32 tensor cores; half inputs (exact products) summed in
+        float32 (``CUBLAS_COMPUTE_32F``)."""
+        if inputs not in ("f32", "f16"):
+            raise ValueError(f"gemm: inputs must be 'f32' or 'f16', got {inputs!r}")
+        ab, compute = (
+            (CUDA_R_32F, COMPUTE_32F_FAST_TF32) if inputs == "f32" else (CUDA_R_16F, COMPUTE_32F)
+        )
         handle = self.handle()
         if stream != self._stream:
             self._call("set_stream", handle, int(stream))
             self._stream = stream
         beta = self._one if accumulate else self._zero
         self._call(
-            "gemm_ex", handle, OP_T, OP_N, m, n, k, self._one.ctypes.data, w, CUDA_R_32F, k,
-            x, CUDA_R_32F, k, beta.ctypes.data, out, CUDA_R_32F, m, COMPUTE_32F_FAST_TF32,
-            GEMM_DEFAULT,
+            "gemm_ex", handle, OP_T, OP_N, m, n, k, self._one.ctypes.data, w, ab, k,
+            x, ab, k, beta.ctypes.data, out, CUDA_R_32F, m, compute, GEMM_DEFAULT,
         )  # fmt: skip
 
     def close(self) -> None:

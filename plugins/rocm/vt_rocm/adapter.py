@@ -84,11 +84,14 @@ class HipRuntime(GpuRuntime):
         return BLAS_PRECISION if self._hipblas() else None
 
     def gemm(
-        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool
-    ) -> None:
+        self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool,
+        inputs: str = "f32",
+    ) -> None:  # fmt: skip
         hipblas = self._hipblas()
         if hipblas is None:
             raise NotImplementedError("hip-python has no hipblas module here")
+        if inputs != "f32":
+            raise NotImplementedError(f"vt_rocm's hipBLAS path takes float32 inputs, not {inputs}")
         hipblas.gemm(stream, n, m, k, x, w, out, accumulate)
 
     @classmethod

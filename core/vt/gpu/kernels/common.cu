@@ -56,6 +56,26 @@ __device__ __forceinline__ float vt_half_to_float(vt_u16 h) {
     return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// float to IEEE half, rounded to nearest even (as cvt.rn.f16.f32): overflow to inf,
+// subnormals kept, NaN stays NaN. In plain integer arithmetic: no header has __half here.
+__device__ __forceinline__ vt_u16 vt_float_to_half(float f) {
+    vt_u32 x = __float_as_uint(f);
+    vt_u32 sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;
+    if (mag >= 0x7f800000u) return (vt_u16)(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u : 0u));
+    if (mag >= 0x477ff000u) return (vt_u16)(sign | 0x7c00u);  // rounds to 65520 or more
+    if (mag < 0x38800000u) {  // below 2**-14: a subnormal half, round(f * 2**24)
+        if (mag < 0x33000000u) return (vt_u16)sign;  // at most 2**-25: rounds to zero
+        vt_u32 e = mag >> 23, m = (mag & 0x7fffffu) | 0x800000u;
+        vt_u32 shift = 126u - e;  // 14..24
+        vt_u32 h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (h & 1u))) h += 1u;
+        return (vt_u16)(sign | h);
+    }
+    vt_u32 r = mag - 0x38000000u;       // exponent rebiased from 127 to 15
+    r += 0xfffu + ((r >> 13) & 1u);     // round the 13 dropped bits to nearest even
+    return (vt_u16)(sign | (r >> 13));
+}
+
 __device__ __forceinline__ float vt_bf16_to_float(vt_u16 h) {
     return __uint_as_float((vt_u32)h << 16);
 }

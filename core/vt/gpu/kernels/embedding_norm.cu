@@ -39,6 +39,27 @@ VT_DEQUANTIZE(f16, WT_F16)
 VT_DEQUANTIZE(bf16, WT_BF16)
 VT_DEQUANTIZE(q, WT_Q)
 
+// The same into IEEE half (the BLAS path with half inputs): each value dequantized as
+// above, then rounded to half (nearest even).
+#define VT_DEQUANTIZE_H(SUFFIX, WT)                                                         \
+    extern "C" __global__ void dequantize_h_##SUFFIX(vt_u16* out, const void* data,         \
+                                                     const float* sm, int lg_block,          \
+                                                     long long total) {                      \
+        long long stride = (long long)gridDim.x * blockDim.x;                                \
+        for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;      \
+             e += stride)                                                                    \
+            out[e] = vt_float_to_half(vt_wload<WT>(data, sm, lg_block, e));                  \
+    }
+VT_DEQUANTIZE_H(bf16, WT_BF16)
+VT_DEQUANTIZE_H(q, WT_Q)
+
+// out[e] = half(x[e]): activations for the BLAS path with half inputs.
+extern "C" __global__ void to_half(vt_u16* out, const float* x, long long total) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride)
+        out[e] = vt_float_to_half(x[e]);
+}
+
 // out[i, j] += bias[j] for out[n, m] (the vendor BLAS path's bias epilogue).
 extern "C" __global__ void bias_add(float* out, const float* bias, int n, int m) {
     long long total = (long long)n * m;
