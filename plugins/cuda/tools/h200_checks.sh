@@ -161,6 +161,12 @@ EOF"
         step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-bench && test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
             tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build --out $OUT/gpu_vs_llama_cpp.json"
         ;;
+    splits:*)  # decode at batch 1 and 8 with attention split over at most 1, 4, 8, 16, 32 blocks
+        m=${s#splits:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch 1,8 --prompt-tokens 512 --gen-tokens 128 --repeat 2 --max-model-len 1024 --json"
+        step "splits-$m" 300 "for n in 1 4 8 16 32; do python3 plugins/cuda/tools/bench_variant.py --splits \$n $B > /tmp/splits-$m-\$n.json; \
+            echo splits=\$n; python3 plugins/cuda/tools/batch_table.py /tmp/splits-$m-\$n.json | grep async=on; done"
+        ;;
     kprofile:*)
         m=${s#kprofile:}
         step "kprofile-$m" 400 "for b in 1 32; do python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --steps 64 --batch \$b --kernels --no-cprofile; done"

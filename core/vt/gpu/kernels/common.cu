@@ -138,3 +138,19 @@ __device__ __forceinline__ float vt_warp_sum(float v) {
     return v;
 }
 
+// A block-wide sum in two barriers instead of log2(blockDim) (latency-bound kernels of one
+// block per row: rms_norm): warps reduce by shuffles, then the first warp sums their
+// results (blockDim a multiple of the warp, at most VT_WARP warps; red holds a warp's worth).
+// Every thread gets the result; the order is fixed, so it is deterministic run to run.
+__device__ float vt_block_sum_warps(float v, float* red) {
+    int lane = threadIdx.x % VT_WARP, warp = threadIdx.x / VT_WARP;
+    int warps = blockDim.x / VT_WARP;
+    v = vt_warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = lane < warps ? red[lane] : 0.0f;
+    r = vt_warp_sum(r);
+    __syncthreads();  // red[] may be reused by the caller
+    return r;
+}
+

@@ -78,7 +78,7 @@ extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, 
     float* o = out + (long long)blockIdx.x * dim;
     float ss = 0.0f;
     for (int d = threadIdx.x; d < dim; d += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(xr[d], xr[d]));
-    ss = vt_block_sum(ss, red);
+    ss = vt_block_sum_warps(ss, red);
     float scale = 1.0f / sqrtf(ss / (float)dim + eps);
     for (int d = threadIdx.x; d < dim; d += blockDim.x) o[d] = (xr[d] * scale) * w[d];
 }
