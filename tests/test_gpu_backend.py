@@ -815,6 +815,47 @@ def test_the_blas_path_with_half_inputs(wtype: str) -> None:
     backend.close()
 
 
+def test_int8_activations_for_decode_batches_when_asked() -> None:
+    """int8_min_rows (off by default): from that many rows, x is packed into int8 rows in
+    scratch once per op (quantize_rows) and the q8a decode kernels read it; fewer rows,
+    float weights or a width that is not a multiple of 32 keep float32 activations."""
+    source, signatures = kernel_source(), kernel_signatures()
+    assert "quantize_rows" in signatures
+    assert "VT_DECODE_MM(q8a, WT_Q8A, 4)" in source and "VT_DECODE_SW(q8a, WT_Q8A, 2)" in source
+    backend, rt = make()
+    assert backend.int8_min_rows > 1024  # a variant, not the default
+    backend.int8_min_rows = 8
+    rng = np.random.default_rng(2)
+    weights = {t: backend.upload_weight(weight_tensor("w", rng.standard_normal((40, 64)).astype(
+        np.float32), t)) for t in ("Q8_0", "F16")}  # fmt: skip
+    stream = backend.create_stream()
+
+    def kernels(n: int, wtype: str, op: str = "matmul") -> list[Any]:
+        x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+        outs = [vt.Tensor.of(backend.alloc(n * 40 * 4), F32, n, 40) for _ in range(3)]
+        rt.launches.clear()
+        w = weights[wtype]
+        if op == "matmul":
+            backend.launch("matmul", stream, out=outs[0], x=x, weight=w)
+        elif op == "swiglu":
+            backend.launch("swiglu", stream, out=outs[0], x=x, gate=w, up=w,
+                           scratch_gate=outs[1], scratch_up=outs[2])  # fmt: skip
+        else:
+            backend.launch("qkv", stream, q=outs[0], k=outs[1], v=outs[2], x=x, wq=w, wk=w, wv=w)
+        xp = x.buffer.handle + x.buffer.offset
+        return [(launch.kernel, launch.args[1] == xp) for launch in rt.launches]
+
+    stride = (64 + 8 + 16 + 15) // 16 * 16
+    assert kernels(8, "Q8_0") == [("quantize_rows", True), ("matmul_small4_q8a", False)]
+    assert rt.args("malloc")[-1] == (8 * stride,)  # the packed rows' scratch
+    assert kernels(7, "Q8_0") == [("matmul_small4_q", True)]
+    assert kernels(8, "F16") == [("matmul_small4_f16", True)]
+    assert kernels(16, "Q8_0", "swiglu")[1] == ("swiglu_small2_q8a", False)
+    (quantize, _), (qkv, _) = kernels(16, "Q8_0", "qkv")
+    assert (quantize, qkv) == ("quantize_rows", "qkv_small4_q8a")
+    backend.close()
+
+
 def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
     backend, rt = make()
     weight = backend.upload_weight(weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1"))

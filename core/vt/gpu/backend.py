@@ -189,6 +189,10 @@ class GpuBackend(
     #: copies, TF32 products) or "f16" (IEEE half copies of the weight and of x; |x| above
     #: 65504 becomes inf, so not the default).
     blas_inputs: str = "tf32"
+    #: Decode batches of at least this many rows against quantized weights use int8
+    #: activations (x quantized once per op to blocks of 32, dp4a/sdot4 products): a
+    #: measured variant, off by default (a huge number).
+    int8_min_rows: int = 1 << 30
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
@@ -548,7 +552,27 @@ class GpuBackend(
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
         else:
             grid, rpb, no = self._small_grid(n, out_f)
-            self._kernel(f"matmul_small{no}_{w.suffix}", grid, _THREADS, stream, *args, I32(rpb))
+            suffix, xq = self._int8_x(stream, x, w)
+            if xq:
+                args = (args[0], P(xq), *args[2:])
+            self._kernel(f"matmul_small{no}_{suffix}", grid, _THREADS, stream, *args, I32(rpb))
+
+    def _int8_x(self, stream: Stream, x: Tensor, *ws: GpuWeight) -> tuple[str, int]:
+        """For a decode batch of ``int8_min_rows`` rows or more against quantized weights
+        with blocks of 16 or 32 (K a multiple of 32): x packed as int8 rows in scratch
+        (``quantize_rows``) and the kernel suffix ``q8a``; else ``(suffix, 0)``, x as it is."""
+        n, k = x.shape
+        if (
+            n < max(2, self.int8_min_rows)
+            or k % 32
+            or any(w.kind != W.WT_Q or w.lg_block not in (4, 5) for w in ws)
+        ):
+            return ws[0].suffix, 0
+        stride = (k + k // 8 + k // 4 + 15) // 16 * 16  # vt_q8a_stride in matmul.cu
+        xq = self._scratch_at_least(n * stride, slot=5)
+        self._kernel("quantize_rows", (n, 1, 1), _THREADS, stream, P(xq), self._ptr(x), I32(n),
+                     I32(k))  # fmt: skip
+        return "q8a", xq
 
     def _blas_matmul(
         self, stream: Stream, out: Tensor, x: Tensor, w: GpuWeight, bias: int,
@@ -624,9 +648,11 @@ class GpuBackend(
             self.op_silu_mul(stream, out, scratch_gate, scratch_up)
             return
         grid, rpb, no = self._small_grid(n, g.rows, most=2)
+        suffix, xq = self._int8_x(stream, x, g, u)
         self._kernel(
-            f"swiglu_small{no}_{g.suffix}", grid, _THREADS, stream,
-            self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.lg_block), P(u.data),
+            f"swiglu_small{no}_{suffix}", grid, _THREADS, stream,
+            self._ptr(out), P(xq) if xq else self._ptr(x), P(g.data), P(g.scales),
+            I32(g.lg_block), P(u.data),
             P(u.scales), I32(u.lg_block), I32(n), I32(g.rows), I32(dim), I32(rpb),
         )  # fmt: skip
 
@@ -650,9 +676,11 @@ class GpuBackend(
         per_weight: list[Any] = []
         for w, b in zip(ws, bs, strict=True):
             per_weight += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
+        suffix, xq = self._int8_x(stream, x, *ws)
         self._kernel(
-            f"qkv_small{no}_{ws[0].suffix}", grid, _THREADS, stream,
-            self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(x), *per_weight, I32(n),
+            f"qkv_small{no}_{suffix}", grid, _THREADS, stream,
+            self._ptr(q), self._ptr(k), self._ptr(v), P(xq) if xq else self._ptr(x),
+            *per_weight, I32(n),
             *(I32(w.rows) for w in ws), I32(dim), I32(rpb),
         )  # fmt: skip
 
@@ -756,7 +784,8 @@ class GpuBackend(
 
     def _scratch_at_least(self, nbytes: int, slot: int) -> int:
         """The address of a scratch buffer of at least ``nbytes`` (slot 0: the BLAS path's
-        float32 weight; 1: attention's split partials; 3, 4: the half weight and x).
+        float32 weight; 1: attention's split partials; 3, 4: the half weight and x; 5: int8
+        rows of x).
         Outgrown buffers are kept until close (a captured graph may hold any of them); the
         first step of every shape runs eagerly, so none is allocated during a capture."""
         for s, buf in self._scratch:

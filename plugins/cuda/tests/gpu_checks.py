@@ -137,6 +137,52 @@ def test_tiled_matmul_path(cuda: Any, wtype: str, n: int, path: str) -> None:
         io.close()
 
 
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("n", [8, 17, 32])
+def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int) -> None:
+    """GpuBackend.int8_min_rows (a variant, off by default): matmul (with the residual),
+    swiglu and qkv of decode batches on int8 activations, within the kit's bounds."""
+    k_in = 512 if wtype.endswith("_K") else 96
+    rng = np.random.default_rng(n)
+    mats = [weight_tensor(f"w{i}", rng.standard_normal((72, k_in)).astype(np.float32), wtype)
+            for i in range(3)]  # fmt: skip
+    x = rng.standard_normal((n, k_in)).astype(np.float32)
+    res = rng.standard_normal((n, 72)).astype(np.float32)
+    saved = cuda.int8_min_rows
+    cuda.int8_min_rows = 8
+    io = IO(cuda)
+    ws = [cuda.upload_weight(t) for t, _ in mats]
+    refs = [ref for _, ref in mats]
+    try:
+        stream = cuda.create_stream()
+        xb = f32(io.put(x), n, k_in)
+        out = [f32(io.empty(n * 72 * 4), n, 72) for _ in range(3)]
+        scratch = [f32(io.empty(n * 72 * 4), n, 72) for _ in range(2)]
+        cuda.launch("matmul_add", stream, out=out[0], x=xb, weight=ws[0],
+                    residual=f32(io.put(res), n, 72), scratch=scratch[0])  # fmt: skip
+        cuda.synchronize(stream)
+        got = io.get(out[0].buffer, np.float32, (n, 72))
+        want = R.matmul(x, refs[0]) + res
+        assert nmse(got, want) <= kernel_tolerance("matmul_add", wtype)
+        cuda.launch("swiglu", stream, out=out[1], x=xb, gate=ws[0], up=ws[1],
+                    scratch_gate=scratch[0], scratch_up=scratch[1])  # fmt: skip
+        cuda.synchronize(stream)
+        want = R.silu_mul(R.matmul(x, refs[0]), R.matmul(x, refs[1]))
+        got = io.get(out[1].buffer, np.float32, (n, 72))
+        assert nmse(got, want) <= kernel_tolerance("swiglu", wtype)
+        cuda.launch("qkv", stream, q=out[0], k=out[1], v=out[2], x=xb, wq=ws[0], wk=ws[1],
+                    wv=ws[2])  # fmt: skip
+        cuda.synchronize(stream)
+        for o, ref in zip(out, refs, strict=True):
+            got = io.get(o.buffer, np.float32, (n, 72))
+            assert nmse(got, R.matmul(x, ref)) <= kernel_tolerance("qkv", wtype)
+    finally:
+        cuda.int8_min_rows = saved
+        for w in ws:
+            cuda.free_weight(w)
+        io.close()
+
+
 @pytest.mark.parametrize("length", [1, 17, 127, 129, 1024, 1025, 3000])
 @pytest.mark.parametrize(
     ("n_kv", "hd", "rows"), [(3, 64, 2), (1, 128, 1), (2, 256, 3), (8, 64, 70)]

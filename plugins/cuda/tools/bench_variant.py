@@ -5,9 +5,11 @@
 ``--blas-min-rows N``: matmuls of N rows or more go to the vendor BLAS (a huge N: never, so
 the backend's own tiled kernel runs prefill); ``--blas-f16``: its inputs in half precision
 (``GpuBackend.blas_inputs``); ``--splits N``: attention splits a row's positions over at
-most N blocks (``GpuBackend.attention_max_splits``). ``--no-fused``: ``GpuBackend.native_fused``
-is emptied, so ``matmul_add``, ``swiglu``, ``rope_kv_store`` and ``qkv`` run as their
-decompositions (the launches of before the fused kernels); graphs on/off is ``VT_GRAPHS``.
+most N blocks (``GpuBackend.attention_max_splits``); ``--int8-rows N``: decode batches of N
+rows or more on int8 activations (``GpuBackend.int8_min_rows``). ``--no-fused``:
+``GpuBackend.native_fused`` is emptied, so ``matmul_add``, ``swiglu``, ``rope_kv_store`` and
+``qkv`` run as their decompositions (the launches of before the fused kernels); graphs
+on/off is ``VT_GRAPHS``.
 Everything after the options is ``vt``'s command line.
 """
 
@@ -21,10 +23,19 @@ from vt.gpu import GpuBackend
 
 def main() -> None:
     args = sys.argv[1:]
-    while args[:1] in (["--no-fused"], ["--blas-min-rows"], ["--blas-f16"], ["--splits"]):
+    while args[:1] in (
+        ["--no-fused"],
+        ["--blas-min-rows"],
+        ["--blas-f16"],
+        ["--splits"],
+        ["--int8-rows"],
+    ):
         if args[0] == "--no-fused":
             GpuBackend.native_fused = frozenset()
             args = args[1:]
+        elif args[0] == "--int8-rows":
+            GpuBackend.int8_min_rows = int(args[1])
+            args = args[2:]
         elif args[0] == "--splits":
             GpuBackend.attention_max_splits = int(args[1])
             args = args[2:]

@@ -161,6 +161,12 @@ EOF"
         step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-bench && test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
             tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build --out $OUT/gpu_vs_llama_cpp.json"
         ;;
+    int8:*)  # decode batches of 8 and 32 on int8 activations (dp4a), as batch1 measures them
+        m=${s#int8:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch 8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json"
+        step "int8-$m" 300 "python3 plugins/cuda/tools/bench_variant.py --int8-rows 8 $B > /tmp/int8-$m.json; \
+            python3 plugins/cuda/tools/batch_table.py /tmp/int8-$m.json"
+        ;;
     splits:*)  # decode at batch 1 and 8 with attention split over at most 1, 4, 8, 16, 32 blocks
         m=${s#splits:}
         B="bench --backend cuda --model /tmp/$m.gguf --batch 1,8 --prompt-tokens 512 --gen-tokens 128 --repeat 2 --max-model-len 1024 --json"

@@ -38,6 +38,9 @@ typedef signed char vt_i8;
 #define WT_F16 1
 #define WT_BF16 2
 #define WT_Q 3
+// Not a stored format: WT_Q weights against int8 activations (the decode kernels' x is then
+// vt_quantize_rows's packed rows, not float32; see matmul.cu).
+#define WT_Q8A 4
 
 // ------------------------------------------------------------------------ helpers
 

@@ -33,6 +33,28 @@ struct VtRow {
 
 // acc[i][r] = sum_k dequant(row i)[k] * x[r0 + r, k] for r < min(MM_R, n - r0), reduced over
 // the warp (every lane gets every sum).
+// Int8 activations (WT_Q8A): each row of x is packed by quantize_rows as K int8 codes, then
+// K/32 float scales dx (x ~ dx * code, dx = max|x| / 127 over a block of 32, codes rounded to
+// nearest even), then K/16 float sums of x over each 16 values, padded to 16 bytes.
+__device__ __forceinline__ long long vt_q8a_stride(int K) {
+    return ((long long)K + K / 8 + K / 4 + 15) / 16 * 16;
+}
+
+// sum of the four int8 products of a and b, plus c: dp4a on NVIDIA, sdot4 where AMD has it.
+__device__ __forceinline__ int vt_dot4(int a, int b, int c) {
+#if defined(VT_HIP)
+#if defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
+    defined(__gfx941__) || defined(__gfx942__)
+    return __builtin_amdgcn_sdot4(a, b, c, false);
+#else
+    for (int j = 0; j < 4; ++j) c += (int)(vt_i8)(a >> (8 * j)) * (int)(vt_i8)(b >> (8 * j));
+    return c;
+#endif
+#else
+    return __dp4a(a, b, c);
+#endif
+}
+
 template <int WT, int NW>
 __device__ __forceinline__ void vt_mm_rows(const VtRow* w, const float* x, int n, int K, int r0,
                                            float (*acc)[MM_R]) {
@@ -43,7 +65,36 @@ __device__ __forceinline__ void vt_mm_rows(const VtRow* w, const float* x, int n
 #pragma unroll
         for (int r = 0; r < MM_R; ++r) acc[i][r] = 0.0f;
     const float* xr = x + (long long)r0 * K;
-    if (WT == WT_Q && (K & 15) == 0 && (((unsigned long long)x) & 15ull) == 0) {
+    if (WT == WT_Q8A) {  // the host checked: K % 32 == 0, weight blocks of 16 or 32
+        long long rs = vt_q8a_stride(K);
+        const unsigned char* xb = (const unsigned char*)x + (long long)r0 * rs;
+        for (int k = lane * 16; k < K; k += VT_WARP * 16) {
+            vt_codes<16> wc[NW];
+            vt_f2 so[NW];
+#pragma unroll
+            for (int i = 0; i < NW; ++i) {
+                long long at = w[i].at + k;
+                wc[i] = *(const vt_codes<16>*)((const vt_i8*)w[i].data + at);
+                so[i] = *(const vt_f2*)(w[i].sm + 2 * (at >> w[i].lg));  // 16 codes, one block
+            }
+#pragma unroll
+            for (int r = 0; r < MM_R; ++r) {
+                if (r < nr) {
+                    const unsigned char* row = xb + (long long)r * rs;
+                    vt_codes<16> xq = *(const vt_codes<16>*)(row + k);
+                    float dx = ((const float*)(row + K))[k >> 5];
+                    float xsum = ((const float*)(row + K + K / 8))[k >> 4];
+#pragma unroll
+                    for (int i = 0; i < NW; ++i) {
+                        int d = 0;
+#pragma unroll
+                        for (int c = 0; c < 4; ++c) d = vt_dot4((int)wc[i].w[c], (int)xq.w[c], d);
+                        acc[i][r] += so[i].x * dx * (float)d + so[i].y * xsum;
+                    }
+                }
+            }
+        }
+    } else if (WT == WT_Q && (K & 15) == 0 && (((unsigned long long)x) & 15ull) == 0) {
         constexpr int CH = NW <= 2 ? 16 : 8;
         for (int k = lane * CH; k < K; k += VT_WARP * CH) {
             float wv[NW][CH];
@@ -304,4 +355,32 @@ VT_MATMUL(f32, WT_F32)
 VT_MATMUL(f16, WT_F16)
 VT_MATMUL(bf16, WT_BF16)
 VT_MATMUL(q, WT_Q)
+// Quantized weights against int8 activations (decode batches; the host packs x first).
+VT_DECODE_MM(q8a, WT_Q8A, 4)
+VT_DECODE_SW(q8a, WT_Q8A, 2)
+
+// x[n, K] float32 -> packed int8 rows for the WT_Q8A decode kernels (see vt_q8a_stride):
+// one block per row, a thread per block of 32 values.
+extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int n, int K) {
+    long long rs = vt_q8a_stride(K);
+    const float* xr = x + (long long)blockIdx.x * K;
+    unsigned char* row = out + (long long)blockIdx.x * rs;
+    float* dxs = (float*)(row + K);
+    float* sums = (float*)(row + K + K / 8);
+    for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
+        float amax = 0.0f, s0 = 0.0f, s1 = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+            float v = xr[b * 32 + j];
+            amax = fmaxf(amax, fabsf(v));
+            if (j < 16) s0 += v; else s1 += v;
+        }
+        float dx = amax / 127.0f;
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 32; ++j)
+            row[b * 32 + j] = (unsigned char)(vt_i8)(int)rintf(xr[b * 32 + j] * inv);
+        dxs[b] = dx;
+        sums[2 * b] = s0;
+        sums[2 * b + 1] = s1;
+    }
+}
 
