@@ -23,7 +23,12 @@ from vt_cpu import ops as cpu_ops
 from vt_cpu.kernels import q8
 
 F32 = np.dtype(np.float32)
-KINDS = ("Q8_0", "Q4_0", "Q4_1")
+KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K")
+
+
+def cols_for(kind: str, blocks: int) -> int:
+    """Columns of ``blocks`` weight blocks (256 values for the K-quants, else 32)."""
+    return blocks * (256 if kind.endswith("_K") else 32)
 
 
 def weight(
@@ -42,7 +47,7 @@ def weight(
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("n", [1, 3])
 def test_integer_matvec_matches_the_reference(kind: str, bits: int, n: int) -> None:
-    w, ref = weight(kind, 37, 160, seed=1)  # 37 rows: a group of four with one row
+    w, ref = weight(kind, 37, cols_for(kind, 5), seed=1)  # 37 rows: groups of 4 and one
     rng = np.random.default_rng(2)
     x = rng.standard_normal((n, w.cols)).astype(np.float32)
     x[0, :32] = 0.0  # a block of zeros: scale 0, no division by it
@@ -120,21 +125,25 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
     kernels = {}
     for vnni in (True, False):
         monkeypatch.setattr(q8, "VNNI", vnni)
-        d0, d1, d2 = (q8._block_rows(k, 4, bits) for k in KINDS)
+        d0, d1, d2 = (q8._block_rows(k, 4, bits) for k in KINDS[:3])
+        d3 = q8._block_rows_q4_k(4, bits)
 
-        def run(fmt_id, raw, starts, xq, xd, xi, nb, d0=d0, d1=d1, d2=d2):  # noqa: ANN001, ANN202
+        def run(fmt_id, raw, starts, xq, xd, xi, nb, d0=d0, d1=d1, d2=d2, d3=d3):  # noqa: ANN001, ANN202
             if fmt_id == 0:
                 return d0(raw, starts, xq, xd, xi, nb)
             if fmt_id == 1:
                 return d1(raw, starts, xq, xd, xi, nb)
-            return d2(raw, starts, xq, xd, xi, nb)
+            if fmt_id == 2:
+                return d2(raw, starts, xq, xd, xi, nb)
+            return d3(raw, starts, xq, xd, xi, nb)
 
         kernels[vnni] = numba.njit(run)  # compiled now, with this VNNI; not cached
         for fid, kind in enumerate(KINDS):
-            w, _ = weight(kind, 8, 128, seed=4)
-            x = np.random.default_rng(5).standard_normal((1, 128)).astype(np.float32)
-            xq, xd, xi = scratch(1, 128, bits)
-            q8.quantize_rows(x, xq, xd, xi, kind != "Q8_0")
+            cols = cols_for(kind, 4)
+            w, _ = weight(kind, 8, cols, seed=4)
+            x = np.random.default_rng(5).standard_normal((1, cols)).astype(np.float32)
+            xq, xd, xi = scratch(1, cols, bits)
+            q8.quantize_rows(x, xq, xd, xi, kind in ("Q4_0", "Q4_1"))
             starts = np.array([0, 4, 8, 28], np.int64)
             got = kernels[vnni](fid, w.arrays[-1], starts, xq[0], xd[0], xi[0], 4)
             kernels[(vnni, kind)] = got

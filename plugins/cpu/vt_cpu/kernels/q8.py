@@ -8,7 +8,9 @@ block's result is scaled, once, by ``d_w * d_x`` in float32:
 
 - Q8_0 ``w = d q`` (``q`` int8): ``d_w d_x sum(q x)``;
 - Q4_0 ``w = d (q - 8)``: ``d_w d_x (sum(q x) - 8 sum(x))``, in int32;
-- Q4_1 ``w = d q + m``: ``d_w d_x sum(q x) + m d_x sum(x)``.
+- Q4_1 ``w = d q + m``: ``d_w d_x sum(q x) + m d_x sum(x)``;
+- Q4_K, per sub-block ``s`` of 32 (6-bit scale ``sc`` and min ``mn`` under the block's
+  ``d``, ``dmin``): ``d sc_s d_x sum(q x) - dmin mn_s d_x sum(x)``.
 
 The same with 16-bit activations (``d = amax / 32767``): 256 times finer, and greedy ids
 stay those of a float64 forward where 8 bits (and llama.cpp) part from them at near-ties
@@ -117,143 +119,169 @@ def _dot8(builder: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.
     return acc
 
 
+def _loop_rows(builder: ir.IRBuilder, nrows: int, nblocks: ir.Value, body) -> list[ir.Value]:  # noqa: ANN001
+    """``for b in range(nblocks)`` in IR with, per row, eight float32 lanes and a scalar
+    accumulated across blocks: ``body(b, accs, mins)`` returns their next values. Returns
+    each row's lanes summed plus its scalar."""
+    vf = _vec(FLT, 8)
+    flags = ("reassoc", "contract")
+    entry = builder.block
+    loop = builder.append_basic_block("q8.loop")
+    done = builder.append_basic_block("q8.done")
+    zero_f = ir.Constant(vf, None)
+    builder.cbranch(builder.icmp_signed(">", nblocks, I64(0)), loop, done)
+    builder.position_at_end(loop)
+    b = builder.phi(I64)
+    b.add_incoming(I64(0), entry)
+    accs, mins = [], []
+    for _ in range(nrows):
+        acc = builder.phi(vf)
+        acc.add_incoming(zero_f, entry)
+        accs.append(acc)
+        m = builder.phi(FLT)
+        m.add_incoming(FLT(0.0), entry)
+        mins.append(m)
+    new_accs, new_mins = body(b, accs, mins)
+    nxt = builder.add(b, I64(1))
+    body_end = builder.block
+    b.add_incoming(nxt, body_end)
+    for k in range(nrows):
+        accs[k].add_incoming(new_accs[k], body_end)
+        mins[k].add_incoming(new_mins[k], body_end)
+    builder.cbranch(builder.icmp_signed("<", nxt, nblocks), loop, done)
+    builder.position_at_end(done)
+    finals, final_mins = [], []
+    for k in range(nrows):  # every phi first, at the top of the block
+        acc = builder.phi(vf)
+        acc.add_incoming(zero_f, entry)
+        acc.add_incoming(new_accs[k], body_end)
+        finals.append(acc)
+        mn = builder.phi(FLT)
+        mn.add_incoming(FLT(0.0), entry)
+        mn.add_incoming(new_mins[k], body_end)
+        final_mins.append(mn)
+    results = []
+    for k in range(nrows):
+        v, width = finals[k], 8
+        while width > 1:  # lanes summed pairwise
+            half = width // 2
+            lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, half), list(range(half))))
+            hi = builder.shuffle_vector(
+                v, v, ir.Constant(_vec(I32, half), list(range(half, width)))
+            )
+            v = builder.fadd(lo, hi, flags=flags)
+            width = half
+        results.append(builder.fadd(builder.extract_element(v, I32(0)), final_mins[k]))
+    return results
+
+
+def _activations(builder: ir.IRBuilder, arrays, ab: ir.Value, split: bool):  # noqa: ANN001, ANN202
+    """Activation block ``ab``: its bytes (high, low or None), scale, sum and high sum."""
+    xbase, xd_data, xi_data = arrays
+    if split:  # block ab: 32 high bytes, then 32 low bytes; sums: all, high
+        off = builder.mul(ab, I64(64))
+        xh = _load(builder, xbase, off, _vec(I8, 32))
+        xl = _load(builder, xbase, builder.add(off, I64(32)), _vec(I8, 32))
+        isum = builder.load(builder.gep(xi_data, [builder.mul(ab, I64(2))]))
+        isum_h = builder.load(builder.gep(xi_data, [builder.add(builder.mul(ab, I64(2)), I64(1))]))
+    else:
+        xh = _load(builder, xbase, builder.mul(ab, I64(32)), _vec(I8, 32))
+        xl = None
+        isum = isum_h = builder.load(builder.gep(xi_data, [ab]))
+    dx = builder.load(builder.gep(xd_data, [ab]))
+    return xh, xl, dx, isum, isum_h
+
+
+def _dot_block(builder: ir.IRBuilder, init: ir.Value, wu: ir.Value, w: ir.Value, xh: ir.Value,
+               xl: ir.Value | None, corr: ir.Value | None = None) -> ir.Value:  # fmt: skip
+    """A block's integer dot product: ``wu . xh`` (8 bits), or with 16-bit activations
+    ``256 (wu . h) + (l . w)`` (``wu`` the unsigned bytes, ``w`` the same weights as
+    signed bytes; ``corr`` added in int32 after the shift)."""
+    dot = _dot8(builder, init, wu, xh)
+    if xl is None:
+        return dot
+    acc2 = builder.shl(dot, ir.Constant(_vec(I32, 8), [8] * 8))
+    if corr is not None:
+        acc2 = builder.add(acc2, corr)
+    return _dot8(builder, acc2, xl, w)
+
+
+def _intrinsic_args(context, builder, sig, args):  # noqa: ANN001, ANN202
+    raw_a = context.make_array(sig.args[0])(context, builder, args[0])
+    st_a = context.make_array(sig.args[1])(context, builder, args[1])
+    xq_a = context.make_array(sig.args[2])(context, builder, args[2])
+    xd_a = context.make_array(sig.args[3])(context, builder, args[3])
+    xi_a = context.make_array(sig.args[4])(context, builder, args[4])
+    wbase = builder.bitcast(raw_a.data, I8.as_pointer())
+    xbase = builder.bitcast(xq_a.data, I8.as_pointer())
+    return wbase, st_a.data, (xbase, xd_a.data, xi_a.data)
+
+
 def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
     """An intrinsic: the dot products of ``nrows`` weight rows (their first blocks'
     indices in ``starts``) with one activation row quantized to ``bits`` (8 or 16), as a
     tuple of float32."""
     block_bytes, qoff, nibbles, has_min = FORMATS[fmt]
-    lanes = 8
     split = bits == 16  # 16-bit activations as a signed high and an unsigned low byte
+    flags = ("reassoc", "contract")
 
     def impl(typingctx, raw, starts, xq, xd, xi, nb):
         sig = types.UniTuple(types.float32, nrows)(raw, starts, xq, xd, xi, nb)
 
         def codegen(context, builder, sig, args):
-            raw_a = context.make_array(sig.args[0])(context, builder, args[0])
-            st_a = context.make_array(sig.args[1])(context, builder, args[1])
-            xq_a = context.make_array(sig.args[2])(context, builder, args[2])
-            xd_a = context.make_array(sig.args[3])(context, builder, args[3])
-            xi_a = context.make_array(sig.args[4])(context, builder, args[4])
-            nblocks = args[5]
-            wbase = builder.bitcast(raw_a.data, I8.as_pointer())
-            xbase = builder.bitcast(xq_a.data, I8.as_pointer())
-            vf, vi = _vec(FLT, lanes), _vec(I32, lanes)
-            flags = ("reassoc", "contract")
+            wbase, st_data, xarrays = _intrinsic_args(context, builder, sig, args)
+            vf, vi = _vec(FLT, 8), _vec(I32, 8)
             row_off = []
             for k in range(nrows):
-                blk = builder.load(builder.gep(st_a.data, [I64(k)]))
+                blk = builder.load(builder.gep(st_data, [I64(k)]))
                 row_off.append(builder.mul(blk, I64(block_bytes)))
-            entry = builder.block
-            loop = builder.append_basic_block("q8.loop")
-            done = builder.append_basic_block("q8.done")
-            zero_f = ir.Constant(vf, None)
-            builder.cbranch(builder.icmp_signed(">", nblocks, I64(0)), loop, done)
-            builder.position_at_end(loop)
-            b = builder.phi(I64)
-            b.add_incoming(I64(0), entry)
-            accs, mins = [], []
-            for _ in range(nrows):
-                acc = builder.phi(vf)
-                acc.add_incoming(zero_f, entry)
-                accs.append(acc)
-                if has_min:
-                    m = builder.phi(FLT)
-                    m.add_incoming(FLT(0.0), entry)
-                    mins.append(m)
-            if split:  # block b: 32 high bytes, then 32 low bytes; sums: all, high
-                xh = _load(builder, xbase, builder.mul(b, I64(64)), _vec(I8, 32))
-                xl = _load(builder, xbase, builder.add(builder.mul(b, I64(64)), I64(32)),
-                           _vec(I8, 32))  # fmt: skip
-                isum = builder.load(builder.gep(xi_a.data, [builder.mul(b, I64(2))]))
-                isum_h = builder.load(
-                    builder.gep(xi_a.data, [builder.add(builder.mul(b, I64(2)), I64(1))])
-                )
-            else:
-                xh = _load(builder, xbase, builder.mul(b, I64(32)), _vec(I8, 32))
-                isum = isum_h = builder.load(builder.gep(xi_a.data, [b]))
-            dx = builder.load(builder.gep(xd_a.data, [b]))
-            # integer offsets go into lane 0 of an accumulator: exact, in int32
-            zero_i = ir.Constant(vi, None)
-            init = corr = zero_i
-            if fmt == "Q8_0":  # weights made unsigned for the signed bytes: + 128, taken back
-                init = builder.insert_element(zero_i, builder.mul(isum_h, I32(-128)), I32(0))
-            elif fmt == "Q4_0":
-                corr = builder.insert_element(zero_i, builder.mul(isum, I32(-8)), I32(0))
-                if not split:
-                    init, corr = corr, zero_i
-            if has_min:
+
+            def body(b, accs, mins):  # noqa: ANN001, ANN202
+                xh, xl, dx, isum, isum_h = _activations(builder, xarrays, b, split)
+                # integer offsets go into lane 0 of an accumulator: exact, in int32
+                zero_i = ir.Constant(vi, None)
+                init, corr = zero_i, None
+                if fmt == "Q8_0":  # weights made unsigned (+ 128), taken back
+                    init = builder.insert_element(zero_i, builder.mul(isum_h, I32(-128)), I32(0))
+                elif fmt == "Q4_0":
+                    corr = builder.insert_element(zero_i, builder.mul(isum, I32(-8)), I32(0))
+                    if not split:
+                        init, corr = corr, None
                 sx = builder.fmul(dx, builder.sitofp(isum, FLT))
-            dxv = _splat(builder, dx, lanes)
-            new_accs, new_mins = [], []
-            for k in range(nrows):
-                p = builder.add(row_off[k], builder.mul(b, I64(block_bytes)))
-                # the scale widened as a vector (vcvtph2ps of a broadcast half)
-                d = builder.fpext(_splat(builder, _load(builder, wbase, p, HALF), lanes), vf)
-                qp = builder.add(p, I64(qoff))
-                if nibbles:
-                    # byte j of the block holds elements j (low nibble) and 16 + j (high);
-                    # the activations are interleaved to match (x_j, x_16+j, ...): widen
-                    # each byte to a 16-bit lane, copy it shifted into the upper byte,
-                    # mask (vpmovzxbw, a shift, vpternlog).
-                    q16 = _load(builder, wbase, qp, _vec(I8, 16))
-                    pair = _vec(I16, 16)
-                    z = builder.zext(q16, pair)
-                    both = builder.or_(z, builder.shl(z, ir.Constant(pair, [4] * 16)))
-                    w = builder.bitcast(builder.and_(both, ir.Constant(pair, [0x0F0F] * 16)),
-                                        _vec(I8, 32))  # fmt: skip
-                    wu = w
-                else:
-                    w = _load(builder, wbase, qp, _vec(I8, 32))
-                    wu = builder.xor(w, ir.Constant(_vec(I8, 32), [-128] * 32))
-                dot = _dot8(builder, init, wu, xh)
-                if split:  # 256 (w . high) + (w . low): low bytes unsigned, weights signed
-                    acc2 = builder.shl(dot, ir.Constant(vi, [8] * lanes))
-                    if fmt == "Q4_0":
-                        acc2 = builder.add(acc2, corr)
-                    dot = _dot8(builder, acc2, xl, w)
-                prod = builder.fmul(builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags), d,
-                                    flags=flags)  # fmt: skip
-                new_accs.append(builder.fadd(accs[k], prod, flags=flags))
-                if has_min:
-                    m = builder.fpext(_load(builder, wbase, builder.add(p, I64(2)), HALF), FLT)
-                    new_mins.append(builder.fadd(mins[k], builder.fmul(m, sx), flags=flags))
-            nxt = builder.add(b, I64(1))
-            body_end = builder.block
-            b.add_incoming(nxt, body_end)
-            for k in range(nrows):
-                accs[k].add_incoming(new_accs[k], body_end)
-                if has_min:
-                    mins[k].add_incoming(new_mins[k], body_end)
-            builder.cbranch(builder.icmp_signed("<", nxt, nblocks), loop, done)
-            builder.position_at_end(done)
-            finals, final_mins = [], []
-            for k in range(nrows):  # every phi first, at the top of the block
-                acc = builder.phi(vf)
-                acc.add_incoming(zero_f, entry)
-                acc.add_incoming(new_accs[k], body_end)
-                finals.append(acc)
-                if has_min:
-                    mn = builder.phi(FLT)
-                    mn.add_incoming(FLT(0.0), entry)
-                    mn.add_incoming(new_mins[k], body_end)
-                    final_mins.append(mn)
-            results = []
-            for k in range(nrows):
-                v, width = finals[k], lanes
-                while width > 1:  # lanes summed pairwise
-                    half = width // 2
-                    lo_ = builder.shuffle_vector(
-                        v, v, ir.Constant(_vec(I32, half), list(range(half)))
-                    )
-                    hi_ = builder.shuffle_vector(
-                        v, v, ir.Constant(_vec(I32, half), list(range(half, width)))
-                    )
-                    v = builder.fadd(lo_, hi_, flags=flags)
-                    width = half
-                total = builder.extract_element(v, I32(0))
-                if has_min:
-                    total = builder.fadd(total, final_mins[k])
-                results.append(total)
+                dxv = _splat(builder, dx, 8)
+                new_accs, new_mins = [], []
+                for k in range(nrows):
+                    p = builder.add(row_off[k], builder.mul(b, I64(block_bytes)))
+                    # the scale widened as a vector (vcvtph2ps of a broadcast half)
+                    d = builder.fpext(_splat(builder, _load(builder, wbase, p, HALF), 8), vf)
+                    qp = builder.add(p, I64(qoff))
+                    if nibbles:
+                        # byte j of the block holds elements j (low nibble) and 16 + j
+                        # (high); the activations are interleaved to match (x_j, x_16+j,
+                        # ...): widen each byte to a 16-bit lane, copy it shifted into the
+                        # upper byte, mask (vpmovzxbw, a shift, vpternlog).
+                        q16 = _load(builder, wbase, qp, _vec(I8, 16))
+                        pair = _vec(I16, 16)
+                        z = builder.zext(q16, pair)
+                        both = builder.or_(z, builder.shl(z, ir.Constant(pair, [4] * 16)))
+                        masked = builder.and_(both, ir.Constant(pair, [0x0F0F] * 16))
+                        w = wu = builder.bitcast(masked, _vec(I8, 32))
+                    else:
+                        w = _load(builder, wbase, qp, _vec(I8, 32))
+                        wu = builder.xor(w, ir.Constant(_vec(I8, 32), [-128] * 32))
+                    dot = _dot_block(builder, init, wu, w, xh, xl, corr)
+                    prod = builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags)
+                    new_accs.append(builder.fadd(accs[k], builder.fmul(prod, d, flags=flags),
+                                                 flags=flags))  # fmt: skip
+                    if has_min:
+                        m = _load(builder, wbase, builder.add(p, I64(2)), HALF)
+                        m = builder.fmul(builder.fpext(m, FLT), sx)
+                        new_mins.append(builder.fadd(mins[k], m, flags=flags))
+                    else:
+                        new_mins.append(mins[k])
+                return new_accs, new_mins
+
+            results = _loop_rows(builder, nrows, args[5], body)
             return context.make_tuple(builder, sig.return_type, results)
 
         return sig, codegen
@@ -262,8 +290,79 @@ def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
     return intrinsic(impl)
 
 
+def _block_rows_q4_k(nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
+    """:func:`_block_rows` for Q4_K: ``nb`` counts blocks of 256 (144 bytes: ``d``,
+    ``dmin``, 12 bytes of 6-bit scales and mins, 128 of nibbles); sub-block ``s`` (32
+    values, activation block ``8 b + s``) is ``d sc_s q - dmin mn_s`` with ``q`` the low
+    nibbles of bytes ``32 (s // 2) ..`` for even ``s``, the high ones for odd."""
+    split = bits == 16
+    flags = ("reassoc", "contract")
+
+    def impl(typingctx, raw, starts, xq, xd, xi, nb):
+        sig = types.UniTuple(types.float32, nrows)(raw, starts, xq, xd, xi, nb)
+
+        def codegen(context, builder, sig, args):
+            wbase, st_data, xarrays = _intrinsic_args(context, builder, sig, args)
+            vf, vi = _vec(FLT, 8), _vec(I32, 8)
+            row_off = []
+            for k in range(nrows):
+                blk = builder.load(builder.gep(st_data, [I64(k)]))
+                row_off.append(builder.mul(blk, I64(144)))
+
+            def byte(p, o):  # noqa: ANN001, ANN202
+                return builder.zext(builder.load(builder.gep(wbase, [builder.add(p, I64(o))])), I32)
+
+            def body(b, accs, mins):  # noqa: ANN001, ANN202
+                accs, mins = list(accs), list(mins)
+                ps = [builder.add(row_off[k], builder.mul(b, I64(144))) for k in range(nrows)]
+                ds = [builder.fpext(_load(builder, wbase, p, HALF), FLT) for p in ps]
+                dms = [builder.fpext(_load(builder, wbase, builder.add(p, I64(2)), HALF), FLT)
+                       for p in ps]  # fmt: skip
+                sc = [[byte(p, 4 + i) for i in range(12)] for p in ps]
+                qs = [None] * nrows
+                zero_i = ir.Constant(vi, None)
+                for s in range(8):
+                    ab = builder.add(builder.mul(b, I64(8)), I64(s))
+                    xh, xl, dx, isum, _ = _activations(builder, xarrays, ab, split)
+                    sx = builder.fmul(dx, builder.sitofp(isum, FLT))
+                    dxv = _splat(builder, dx, 8)
+                    for k in range(nrows):
+                        c = sc[k]
+                        if s < 4:
+                            scale = builder.and_(c[s], I32(63))
+                            mn = builder.and_(c[s + 4], I32(63))
+                        else:
+                            top_s = builder.shl(builder.lshr(c[s - 4], I32(6)), I32(4))
+                            top_m = builder.shl(builder.lshr(c[s], I32(6)), I32(4))
+                            scale = builder.or_(builder.and_(c[s + 4], I32(15)), top_s)
+                            mn = builder.or_(builder.lshr(c[s + 4], I32(4)), top_m)
+                        if s % 2 == 0:
+                            qs[k] = _load(builder, wbase, builder.add(ps[k], I64(16 + 16 * s)),
+                                          _vec(I8, 32))  # fmt: skip
+                            w = builder.and_(qs[k], ir.Constant(_vec(I8, 32), [15] * 32))
+                        else:
+                            w = builder.lshr(qs[k], ir.Constant(_vec(I8, 32), [4] * 32))
+                        dot = _dot_block(builder, zero_i, w, w, xh, xl)
+                        f = builder.fmul(ds[k], builder.sitofp(scale, FLT))
+                        prod = builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags)
+                        prod = builder.fmul(prod, _splat(builder, f, 8), flags=flags)
+                        accs[k] = builder.fadd(accs[k], prod, flags=flags)
+                        m = builder.fmul(builder.fmul(dms[k], builder.sitofp(mn, FLT)), sx)
+                        mins[k] = builder.fsub(mins[k], m, flags=flags)
+                return accs, mins
+
+            results = _loop_rows(builder, nrows, args[5], body)
+            return context.make_tuple(builder, sig.return_type, results)
+
+        return sig, codegen
+
+    impl.__name__ = f"_dot_q4_k_x{nrows}_i{bits}"
+    return intrinsic(impl)
+
+
 _dot4_q8_0, _dot4_q4_0, _dot4_q4_1 = (_block_rows(f, ROWS, 8) for f in ("Q8_0", "Q4_0", "Q4_1"))
 _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w = (_block_rows(f, ROWS, 16) for f in ("Q8_0", "Q4_0", "Q4_1"))
+_dot4_q4_k, _dot4_q4_kw = _block_rows_q4_k(ROWS, 8), _block_rows_q4_k(ROWS, 16)
 
 
 def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba only
@@ -274,16 +373,18 @@ def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba 
 @overload(_dot4, inline="always")
 def _dot4_impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
     if xq.dtype == types.uint8:
-        d8_0, d4_0, d4_1 = _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w
+        d8_0, d4_0, d4_1, d4_k = _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w, _dot4_q4_kw
     else:
-        d8_0, d4_0, d4_1 = _dot4_q8_0, _dot4_q4_0, _dot4_q4_1
+        d8_0, d4_0, d4_1, d4_k = _dot4_q8_0, _dot4_q4_0, _dot4_q4_1, _dot4_q4_k
 
     def impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
         if fmt_id == 0:
             return d8_0(raw, starts, xq, xd, xi, nb)
         if fmt_id == 1:
             return d4_0(raw, starts, xq, xd, xi, nb)
-        return d4_1(raw, starts, xq, xd, xi, nb)
+        if fmt_id == 2:
+            return d4_1(raw, starts, xq, xd, xi, nb)
+        return d4_k(raw, starts, xq, xd, xi, nb)
 
     return impl
 
@@ -396,7 +497,8 @@ def _put(out, res, add, t, r, a):
 def _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1):
     """Rows ``4 g0 .. 4 g1`` of ``out`` (``+ res`` when ``add``; ``res`` may be ``out``:
     each element is read before it is written)."""
-    n, nb = xd.shape
+    n = xd.shape[0]
+    nb = raw.shape[0] // out.shape[1]  # weight blocks per row (of 256 values for Q4_K)
     rows = out.shape[1]
     starts = np.empty(4, np.int64)
     for g in range(g0, g1):
@@ -412,21 +514,21 @@ def _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1):
 
 
 #: ``fmt_id`` of the kernels per weight format.
-FMT_ID = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
+FMT_ID = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}
 
 
 @njit(**_KW)
 def mv1(fmt_id, raw, x, xq, xd, xi, out, res, add):
     """``out = x @ w.T (+ res)`` on the calling thread; ``xq, xd, xi`` are scratch for
     :func:`quantize_rows` of ``x``."""
-    quantize_rows(x, xq, xd, xi, fmt_id != 0)
+    quantize_rows(x, xq, xd, xi, fmt_id in (1, 2))
     _rows(fmt_id, raw, xq, xd, xi, out, res, add, 0, (out.shape[1] + 3) // 4)
 
 
 @njit(**_KW, parallel=True)
 def mv(fmt_id, raw, x, xq, xd, xi, out, res, add, nchunk):
     """:func:`mv1` with the rows split over ``nchunk`` of numba's threads."""
-    quantize_rows(x, xq, xd, xi, fmt_id != 0)
+    quantize_rows(x, xq, xd, xi, fmt_id in (1, 2))
     groups = (out.shape[1] + 3) // 4
     for c in prange(nchunk):
         g0, g1 = c * groups // nchunk, (c + 1) * groups // nchunk
