@@ -4,8 +4,8 @@ Float32 in and out. The fused ops equal their decomposition into the reference's
 bit for bit (tests/test_graph.py compares the logits), so RoPE angles come from
 ``vt.reference.rope_cos_sin`` and the swiglu epilogue is this module's ``silu_mul``, which
 is also the backend's ``silu_mul`` op.
-Attention stays the reference's batched BLAS matmuls: 26 us per decode layer (160
-positions, 9 heads) against 80-120 us for straightforward numba loops. A kernel that
+Decode attention is :mod:`vt_cpu.kernels.attention` (prefill keeps the reference's
+batched BLAS matmuls). A kernel that
 indexes with ids read from device memory checks them first and returns the first bad row
 (``-1`` when all are in range), so the op raises the reference's message instead of
 writing out of bounds.
