@@ -122,6 +122,8 @@ def test_activations_round_to_blocks_of_32_with_their_sums(bits: int) -> None:
 def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyPatch,
                                                      bits: int) -> None:  # fmt: skip
     """Without VNNI the kernels multiply widened vectors: the same int32 sums."""
+    if not q8.VNNI:
+        pytest.skip("this CPU (numba's target) has no VNNI: the kernels are the portable IR")
     kernels = {}
     for vnni in (True, False):
         monkeypatch.setattr(q8, "VNNI", vnni)
@@ -149,6 +151,43 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
             kernels[(vnni, kind)] = got
     for kind in KINDS:
         assert kernels[(True, kind)] == kernels[(False, kind)], kind
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_float16_scales_convert_exactly_with_or_without_f16c(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """Every float16 bit pattern, as LLVM ``half`` (F16C) or by the integer conversion the
+    kernels use on an x86 target without F16C (LLVM would call ``__extendhfsf2``)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    if native and not q8.NATIVE_F16:
+        pytest.skip("numba's target converts float16 only through a library call")
+    monkeypatch.setattr(q8, "NATIVE_F16", native)
+
+    @intrinsic
+    def widen(typingctx, arr, i):  # noqa: ANN001, ANN202
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            base = builder.bitcast(data, ir.IntType(8).as_pointer())
+            return q8._f16(builder, base, builder.mul(args[1], ir.Constant(ir.IntType(64), 2)))
+
+        return types.float32(arr, i), codegen
+
+    @numba.njit
+    def convert(bits, out):  # noqa: ANN001, ANN202
+        for i in range(bits.shape[0]):
+            out[i] = widen(bits, i)
+
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(65536, np.float32)
+    convert(bits, out)
+    want = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(out), nan)
+    assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 @pytest.fixture

@@ -60,16 +60,17 @@ ROWS = 4
 
 
 def _features() -> set[str]:
-    """The CPU features numba compiles for (``NUMBA_CPU_FEATURES``; none for a named
-    ``NUMBA_CPU_NAME`` such as ``generic`` without features; else the host's)."""
+    """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES``; none for a CPU named
+    by ``NUMBA_CPU_NAME`` (e.g. ``generic``) without them; else the host's."""
     feats = numba.config.CPU_FEATURES
-    if feats is None and numba.config.CPU_NAME is not None:
-        feats = ""
-    elif not feats:
-        try:
-            feats = llvm.get_host_cpu_features().flatten()
-        except RuntimeError:  # pragma: no cover - an LLVM that cannot tell
+    if not feats:
+        if numba.config.CPU_NAME is not None:
             feats = ""
+        else:
+            try:
+                feats = llvm.get_host_cpu_features().flatten()
+            except RuntimeError:  # pragma: no cover - an LLVM that cannot tell
+                feats = ""
     return {f[1:] for f in feats.split(",") if f.startswith("+")}
 
 
@@ -84,6 +85,25 @@ VNNI = _vnni()
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 FLT, HALF = ir.FloatType(), ir.HalfType()
+
+#: Whether LLVM converts float16 in instructions here (x86 needs F16C; without it LLVM
+#: calls ``__extendhfsf2``, which numba's JIT cannot link): else the bits are converted.
+NATIVE_F16 = "f16c" in _features() or not llvm.get_default_triple().startswith(("x86", "i686"))
+
+
+def _f16(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
+    """The float16 at byte ``offset`` of ``base``, as float32 (exact, inf and nan kept)."""
+    if NATIVE_F16:
+        return builder.fpext(_load(builder, base, offset, HALF), FLT)
+    h = builder.zext(_load(builder, base, offset, I16), I32)
+    # the magnitude's bits moved to float32's places and scaled by 2**112 (re-biases the
+    # exponent; exact for normal and subnormal values); exponent 31 (inf, nan) set to 255
+    bits = builder.shl(builder.and_(h, I32(0x7FFF)), I32(13))
+    scaled = builder.bitcast(builder.fmul(builder.bitcast(bits, FLT), FLT(2.0**112)), I32)
+    special = builder.icmp_unsigned("==", builder.and_(h, I32(0x7C00)), I32(0x7C00))
+    mag = builder.select(special, builder.or_(bits, I32(0x7F800000)), scaled)
+    sign = builder.shl(builder.and_(h, I32(0x8000)), I32(16))
+    return builder.bitcast(builder.or_(mag, sign), FLT)
 
 
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
@@ -253,7 +273,10 @@ def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
                 for k in range(nrows):
                     p = builder.add(row_off[k], builder.mul(b, I64(block_bytes)))
                     # the scale widened as a vector (vcvtph2ps of a broadcast half)
-                    d = builder.fpext(_splat(builder, _load(builder, wbase, p, HALF), 8), vf)
+                    if NATIVE_F16:
+                        d = builder.fpext(_splat(builder, _load(builder, wbase, p, HALF), 8), vf)
+                    else:
+                        d = _splat(builder, _f16(builder, wbase, p), 8)
                     qp = builder.add(p, I64(qoff))
                     if nibbles:
                         # byte j of the block holds elements j (low nibble) and 16 + j
@@ -274,8 +297,7 @@ def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
                     new_accs.append(builder.fadd(accs[k], builder.fmul(prod, d, flags=flags),
                                                  flags=flags))  # fmt: skip
                     if has_min:
-                        m = _load(builder, wbase, builder.add(p, I64(2)), HALF)
-                        m = builder.fmul(builder.fpext(m, FLT), sx)
+                        m = builder.fmul(_f16(builder, wbase, builder.add(p, I64(2))), sx)
                         new_mins.append(builder.fadd(mins[k], m, flags=flags))
                     else:
                         new_mins.append(mins[k])
@@ -315,9 +337,8 @@ def _block_rows_q4_k(nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
             def body(b, accs, mins):  # noqa: ANN001, ANN202
                 accs, mins = list(accs), list(mins)
                 ps = [builder.add(row_off[k], builder.mul(b, I64(144))) for k in range(nrows)]
-                ds = [builder.fpext(_load(builder, wbase, p, HALF), FLT) for p in ps]
-                dms = [builder.fpext(_load(builder, wbase, builder.add(p, I64(2)), HALF), FLT)
-                       for p in ps]  # fmt: skip
+                ds = [_f16(builder, wbase, p) for p in ps]
+                dms = [_f16(builder, wbase, builder.add(p, I64(2))) for p in ps]
                 sc = [[byte(p, 4 + i) for i in range(12)] for p in ps]
                 qs = [None] * nrows
                 zero_i = ir.Constant(vi, None)
