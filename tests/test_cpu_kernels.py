@@ -72,7 +72,7 @@ def test_dequantized_rows_equal_the_reference(kind: str) -> None:
 ROWS = sorted(
     {1, 2, 3, 4, 5, 12, 21}
     | set(weights.MM_MIN_ROWS.values())
-    | {kernels.quant.MM8_MIN_ROWS - 1, kernels.quant.MM8_MIN_ROWS}
+    | {kernels.quant.MM8_MIN_ROWS + d for d in (-1, 0, 1)}
     | {m + d for m in ops.KERNEL_MAX_ROWS.values() for d in (0, 1)}
 )
 

@@ -747,10 +747,11 @@ def _store_tile(acc, out, t0, r):
                 out[t, r + rr] = s
 
 
-#: Activation rows from which the Q8_0/Q4_0/Q4_1 tile kernels take tiles of 2 weight rows
-#: x 8 activation rows (16 pairs of 16 lanes again, but each dequantized block serves 8
-#: rows: 46 vector operations per 32 FMAs instead of 60; 1536x576 Q4_1, 16 rows: 0.42 ->
-#: 0.34 ms); fewer rows keep the 4 x 4 tiles (a half-empty 2 x 8 tile costs more).
+#: Activation rows from which the tile kernels take tiles of 2 weight rows x 8 activation
+#: rows (16 pairs of 16 lanes again, but each dequantized block serves 8 rows: for Q4_1 46
+#: vector operations per 32 FMAs instead of 60; one thread, 16 rows: Q4_1 1536x576 0.42 ->
+#: 0.34 ms, Q4_K 1536x768 0.88 -> 0.69, Q5_K 1.20 -> 0.85, Q6_K 1.24 -> 1.11); fewer rows
+#: keep the 4 x 4 tiles (a half-empty 2 x 8 tile costs more).
 MM8_MIN_ROWS = 8
 
 
@@ -1031,19 +1032,61 @@ def _tile_qk45(raw, x, out, g0, g1, five):
             _store_tile(acc, out, t0, r)
 
 
+@njit(**_KW)
+def _tile8_qk45(raw, x, out, g0, g1, five):
+    """Weight rows ``2 g0 .. 2 g1``, 8 activation rows at a time."""
+    n, nsub = x.shape[0], x.shape[1]
+    nbk = nsub // 8
+    rows = out.shape[1]
+    acc = carray(_stack_f32(256), 256)
+    for g in range(g0, g1):
+        r = g * 2
+        i0, i1 = r * nbk, min(r + 1, rows - 1) * nbk
+        _prefetch_rows(raw, i0, 2 * nbk)
+        for t0 in range(0, n, 8):
+            ts = _tile8_rows(t0, n)
+            for j in range(256):
+                acc[j] = F(0.0)
+            for kb in range(nbk):
+                for h in range(4):
+                    s = 2 * h
+                    sb = kb * 8 + s
+                    p0, p1, p2 = _pow2s(s)
+                    la0, ma0, lb0, mb0 = _qk_scales(raw, i0 + kb, s)
+                    la1, ma1, lb1, mb1 = _qk_scales(raw, i1 + kb, s)
+                    for half in range(2):
+                        for jj in range(16):
+                            j = 16 * half + jj
+                            w0, w1 = _qk_pair(raw, i0 + kb, h, j, p0, p1, p2, five,
+                                              la0, ma0, lb0, mb0)  # fmt: skip
+                            _acc8(acc, jj, w0, sb, j, w1, sb + 1, j, x, ts)
+                            w0, w1 = _qk_pair(raw, i1 + kb, h, j, p0, p1, p2, five,
+                                              la1, ma1, lb1, mb1)  # fmt: skip
+                            _acc8(acc, 16 + jj, w0, sb, j, w1, sb + 1, j, x, ts)
+            _store_tile8(acc, out, t0, r)
+
+
 @njit(**_KW, parallel=True)
 def mm_qk45(raw, x, out, res, add, nchunk, five):
     tgt = _target(out, add)
-    groups = (out.shape[1] + 3) // 4
-    for c in prange(nchunk):
-        _tile_qk45(raw, x, tgt, c * groups // nchunk, (c + 1) * groups // nchunk, five)
+    if x.shape[0] >= MM8_MIN_ROWS:
+        pairs = (out.shape[1] + 1) // 2
+        for c in prange(nchunk):
+            _tile8_qk45(raw, x, tgt, c * pairs // nchunk, (c + 1) * pairs // nchunk, five)
+    else:
+        groups = (out.shape[1] + 3) // 4
+        for c in prange(nchunk):
+            _tile_qk45(raw, x, tgt, c * groups // nchunk, (c + 1) * groups // nchunk, five)
     _finish(out, tgt, res, add)
 
 
 @njit(**_KW)
 def mm1_qk45(raw, x, out, res, add, five):
     tgt = _target(out, add)
-    _tile_qk45(raw, x, tgt, 0, (out.shape[1] + 3) // 4, five)
+    if x.shape[0] >= MM8_MIN_ROWS:
+        _tile8_qk45(raw, x, tgt, 0, (out.shape[1] + 1) // 2, five)
+    else:
+        _tile_qk45(raw, x, tgt, 0, (out.shape[1] + 3) // 4, five)
     _finish(out, tgt, res, add)
 
 
@@ -1096,17 +1139,57 @@ def _tile_q6_k(raw, sc, x, out, g0, g1):
             _store_tile(acc, out, t0, r)
 
 
+@njit(**_KW)
+def _tile8_q6_k(raw, sc, x, out, g0, g1):
+    """Weight rows ``2 g0 .. 2 g1``, 8 activation rows at a time."""
+    n, nsub = x.shape[0], x.shape[1]
+    nbk = nsub // 8
+    rows = out.shape[1]
+    acc = carray(_stack_f32(256), 256)
+    for g in range(g0, g1):
+        r = g * 2
+        i0, i1 = r * nbk, min(r + 1, rows - 1) * nbk
+        _prefetch_rows(raw, i0, 2 * nbk)
+        for t0 in range(0, n, 8):
+            ts = _tile8_rows(t0, n)
+            for j in range(256):
+                acc[j] = F(0.0)
+            for kb in range(nbk):
+                d0 = _f16(raw, i0 + kb, 208)
+                d1 = _f16(raw, i1 + kb, 208)
+                for h in range(2):
+                    sb = kb * 8 + 4 * h
+                    for half in range(2):
+                        for jj in range(16):
+                            j = 16 * half + jj
+                            v0, v1, v2, v3 = _q6_quad(raw, sc, i0 + kb, h, j, d0)
+                            _acc8(acc, jj, v0, sb, j, v1, sb + 1, j, x, ts)
+                            _acc8(acc, jj, v2, sb + 2, j, v3, sb + 3, j, x, ts)
+                            v0, v1, v2, v3 = _q6_quad(raw, sc, i1 + kb, h, j, d1)
+                            _acc8(acc, 16 + jj, v0, sb, j, v1, sb + 1, j, x, ts)
+                            _acc8(acc, 16 + jj, v2, sb + 2, j, v3, sb + 3, j, x, ts)
+            _store_tile8(acc, out, t0, r)
+
+
 @njit(**_KW, parallel=True)
 def mm_q6_k(raw, sc, x, out, res, add, nchunk):
     tgt = _target(out, add)
-    groups = (out.shape[1] + 3) // 4
-    for c in prange(nchunk):
-        _tile_q6_k(raw, sc, x, tgt, c * groups // nchunk, (c + 1) * groups // nchunk)
+    if x.shape[0] >= MM8_MIN_ROWS:
+        pairs = (out.shape[1] + 1) // 2
+        for c in prange(nchunk):
+            _tile8_q6_k(raw, sc, x, tgt, c * pairs // nchunk, (c + 1) * pairs // nchunk)
+    else:
+        groups = (out.shape[1] + 3) // 4
+        for c in prange(nchunk):
+            _tile_q6_k(raw, sc, x, tgt, c * groups // nchunk, (c + 1) * groups // nchunk)
     _finish(out, tgt, res, add)
 
 
 @njit(**_KW)
 def mm1_q6_k(raw, sc, x, out, res, add):
     tgt = _target(out, add)
-    _tile_q6_k(raw, sc, x, tgt, 0, (out.shape[1] + 3) // 4)
+    if x.shape[0] >= MM8_MIN_ROWS:
+        _tile8_q6_k(raw, sc, x, tgt, 0, (out.shape[1] + 1) // 2)
+    else:
+        _tile_q6_k(raw, sc, x, tgt, 0, (out.shape[1] + 3) // 4)
     _finish(out, tgt, res, add)
