@@ -23,7 +23,7 @@ from vt_cpu import ops as cpu_ops
 from vt_cpu.kernels import q8
 
 F32 = np.dtype(np.float32)
-KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K")
+KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K")
 
 
 def cols_for(kind: str, blocks: int) -> int:
@@ -128,16 +128,18 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
     for vnni in (True, False):
         monkeypatch.setattr(q8, "VNNI", vnni)
         d0, d1, d2 = (q8._block_rows(k, 4, bits) for k in KINDS[:3])
-        d3 = q8._block_rows_q4_k(4, bits)
+        d3, d4 = q8._block_rows_q4_k(4, bits), q8._block_rows_q4_k(4, bits, True)
 
-        def run(fmt_id, raw, starts, xq, xd, xi, nb, d0=d0, d1=d1, d2=d2, d3=d3):  # noqa: ANN001, ANN202
+        def run(fmt_id, raw, starts, xq, xd, xi, nb, d0=d0, d1=d1, d2=d2, d3=d3, d4=d4):  # noqa: ANN001, ANN202
             if fmt_id == 0:
                 return d0(raw, starts, xq, xd, xi, nb)
             if fmt_id == 1:
                 return d1(raw, starts, xq, xd, xi, nb)
             if fmt_id == 2:
                 return d2(raw, starts, xq, xd, xi, nb)
-            return d3(raw, starts, xq, xd, xi, nb)
+            if fmt_id == 3:
+                return d3(raw, starts, xq, xd, xi, nb)
+            return d4(raw, starts, xq, xd, xi, nb)
 
         kernels[vnni] = numba.njit(run)  # compiled now, with this VNNI; not cached
         for fid, kind in enumerate(KINDS):

@@ -99,8 +99,8 @@ _DECLARED = [
         "bytes (a power of two and a multiple of the page size, else the plugin is "
         "`broken` with that reason)", shown_default="2 MiB"),
     Var("VT_CPU_ACT_BITS", "integer", "16", "the `cpu` backend's single-row decode with "
-        "Q8_0/Q4_0/Q4_1/Q4_K weights quantizes each activation row to this many bits and "
-        "multiplies in integers: `16` keeps greedy ids those of an exact forward, `8` is "
+        "Q8_0/Q4_0/Q4_1/Q4_K/Q5_K weights quantizes each activation row to this many bits "
+        "and multiplies in integers: `16` keeps greedy ids those of an exact forward, `8` is "
         "llama.cpp's numerics (faster, parts at near-ties), `32` multiplies in float32 "
         "(`docs/benchmarks.md`)"),
     Var("VT_API_KEY", "string", None, "`vt serve` requires this key as "

@@ -10,7 +10,8 @@ block's result is scaled, once, by ``d_w * d_x`` in float32:
 - Q4_0 ``w = d (q - 8)``: ``d_w d_x (sum(q x) - 8 sum(x))``, in int32;
 - Q4_1 ``w = d q + m``: ``d_w d_x sum(q x) + m d_x sum(x)``;
 - Q4_K, per sub-block ``s`` of 32 (6-bit scale ``sc`` and min ``mn`` under the block's
-  ``d``, ``dmin``): ``d sc_s d_x sum(q x) - dmin mn_s d_x sum(x)``.
+  ``d``, ``dmin``): ``d sc_s d_x sum(q x) - dmin mn_s d_x sum(x)``; Q5_K the same with
+  a fifth bit per value.
 
 The same with 16-bit activations (``d = amax / 32767``): 256 times finer, and greedy ids
 stay those of a float64 forward where 8 bits (and llama.cpp) part from them at near-ties
@@ -312,12 +313,15 @@ def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
     return intrinsic(impl)
 
 
-def _block_rows_q4_k(nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
+def _block_rows_q4_k(nrows: int, bits: int, five: bool = False):  # noqa: ANN202 - an intrinsic
     """:func:`_block_rows` for Q4_K: ``nb`` counts blocks of 256 (144 bytes: ``d``,
     ``dmin``, 12 bytes of 6-bit scales and mins, 128 of nibbles); sub-block ``s`` (32
     values, activation block ``8 b + s``) is ``d sc_s q - dmin mn_s`` with ``q`` the low
-    nibbles of bytes ``32 (s // 2) ..`` for even ``s``, the high ones for odd."""
+    nibbles of bytes ``32 (s // 2) ..`` for even ``s``, the high ones for odd. ``five``:
+    Q5_K (176 bytes: 32 bytes ``qh`` before the nibbles; bit ``s`` of ``qh[j]`` is bit 4 of
+    sub-block ``s``'s value ``j``)."""
     split = bits == 16
+    block_bytes, qoff = (176, 48) if five else (144, 16)
     flags = ("reassoc", "contract")
 
     def impl(typingctx, raw, starts, xq, xd, xi, nb):
@@ -329,14 +333,18 @@ def _block_rows_q4_k(nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
             row_off = []
             for k in range(nrows):
                 blk = builder.load(builder.gep(st_data, [I64(k)]))
-                row_off.append(builder.mul(blk, I64(144)))
+                row_off.append(builder.mul(blk, I64(block_bytes)))
 
             def byte(p, o):  # noqa: ANN001, ANN202
                 return builder.zext(builder.load(builder.gep(wbase, [builder.add(p, I64(o))])), I32)
 
             def body(b, accs, mins):  # noqa: ANN001, ANN202
                 accs, mins = list(accs), list(mins)
-                ps = [builder.add(row_off[k], builder.mul(b, I64(144))) for k in range(nrows)]
+                ps = [
+                    builder.add(row_off[k], builder.mul(b, I64(block_bytes))) for k in range(nrows)
+                ]
+                if five:
+                    qh = [_load(builder, wbase, builder.add(p, I64(16)), _vec(I8, 32)) for p in ps]
                 ds = [_f16(builder, wbase, p) for p in ps]
                 dms = [_f16(builder, wbase, builder.add(p, I64(2))) for p in ps]
                 sc = [[byte(p, 4 + i) for i in range(12)] for p in ps]
@@ -358,11 +366,15 @@ def _block_rows_q4_k(nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
                             scale = builder.or_(builder.and_(c[s + 4], I32(15)), top_s)
                             mn = builder.or_(builder.lshr(c[s + 4], I32(4)), top_m)
                         if s % 2 == 0:
-                            qs[k] = _load(builder, wbase, builder.add(ps[k], I64(16 + 16 * s)),
-                                          _vec(I8, 32))  # fmt: skip
+                            qp = builder.add(ps[k], I64(qoff + 16 * s))
+                            qs[k] = _load(builder, wbase, qp, _vec(I8, 32))
                             w = builder.and_(qs[k], ir.Constant(_vec(I8, 32), [15] * 32))
                         else:
                             w = builder.lshr(qs[k], ir.Constant(_vec(I8, 32), [4] * 32))
+                        if five:
+                            hb = builder.lshr(qh[k], ir.Constant(_vec(I8, 32), [s] * 32))
+                            hb = builder.and_(hb, ir.Constant(_vec(I8, 32), [1] * 32))
+                            w = builder.or_(w, builder.shl(hb, ir.Constant(_vec(I8, 32), [4] * 32)))
                         dot = _dot_block(builder, zero_i, w, w, xh, xl)
                         f = builder.fmul(ds[k], builder.sitofp(scale, FLT))
                         prod = builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags)
@@ -377,13 +389,14 @@ def _block_rows_q4_k(nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
 
         return sig, codegen
 
-    impl.__name__ = f"_dot_q4_k_x{nrows}_i{bits}"
+    impl.__name__ = f"_dot_q{5 if five else 4}_k_x{nrows}_i{bits}"
     return intrinsic(impl)
 
 
 _dot4_q8_0, _dot4_q4_0, _dot4_q4_1 = (_block_rows(f, ROWS, 8) for f in ("Q8_0", "Q4_0", "Q4_1"))
 _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w = (_block_rows(f, ROWS, 16) for f in ("Q8_0", "Q4_0", "Q4_1"))
 _dot4_q4_k, _dot4_q4_kw = _block_rows_q4_k(ROWS, 8), _block_rows_q4_k(ROWS, 16)
+_dot4_q5_k, _dot4_q5_kw = _block_rows_q4_k(ROWS, 8, True), _block_rows_q4_k(ROWS, 16, True)
 
 
 def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba only
@@ -394,9 +407,15 @@ def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba 
 @overload(_dot4, inline="always")
 def _dot4_impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
     if xq.dtype == types.uint8:
-        d8_0, d4_0, d4_1, d4_k = _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w, _dot4_q4_kw
+        d8_0, d4_0, d4_1, d4_k, d5_k = (
+            _dot4_q8_0w,
+            _dot4_q4_0w,
+            _dot4_q4_1w,
+            _dot4_q4_kw,
+            _dot4_q5_kw,
+        )
     else:
-        d8_0, d4_0, d4_1, d4_k = _dot4_q8_0, _dot4_q4_0, _dot4_q4_1, _dot4_q4_k
+        d8_0, d4_0, d4_1, d4_k, d5_k = _dot4_q8_0, _dot4_q4_0, _dot4_q4_1, _dot4_q4_k, _dot4_q5_k
 
     def impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
         if fmt_id == 0:
@@ -405,7 +424,9 @@ def _dot4_impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
             return d4_0(raw, starts, xq, xd, xi, nb)
         if fmt_id == 2:
             return d4_1(raw, starts, xq, xd, xi, nb)
-        return d4_k(raw, starts, xq, xd, xi, nb)
+        if fmt_id == 3:
+            return d4_k(raw, starts, xq, xd, xi, nb)
+        return d5_k(raw, starts, xq, xd, xi, nb)
 
     return impl
 
@@ -535,7 +556,7 @@ def _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1):
 
 
 #: ``fmt_id`` of the kernels per weight format.
-FMT_ID = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3}
+FMT_ID = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 4}
 
 
 @njit(**_KW)
