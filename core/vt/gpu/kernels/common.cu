@@ -97,7 +97,8 @@ __device__ __forceinline__ float vt_wload(const void* data, const float* sm, int
 
 // Block-wide reductions over shared scratch of blockDim.x entries (blockDim a power of 2).
 // Every thread gets the result. Fixed tree order: deterministic run to run.
-__device__ float vt_block_sum(float v, float* red) {
+template <typename T>  // float, unsigned int (sample), double (logprobs)
+__device__ T vt_block_sum(T v, T* red) {
     int t = threadIdx.x;
     red[t] = v;
     __syncthreads();
@@ -105,7 +106,7 @@ __device__ float vt_block_sum(float v, float* red) {
         if (t < s) red[t] = red[t] + red[t + s];
         __syncthreads();
     }
-    float r = red[0];
+    T r = red[0];
     __syncthreads();
     return r;
 }
@@ -119,19 +120,6 @@ __device__ float vt_block_max(float v, float* red) {
         __syncthreads();
     }
     float r = red[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ unsigned int vt_block_sum_u(unsigned int v, unsigned int* red) {
-    int t = threadIdx.x;
-    red[t] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (t < s) red[t] = red[t] + red[t + s];
-        __syncthreads();
-    }
-    unsigned int r = red[0];
     __syncthreads();
     return r;
 }

@@ -36,18 +36,6 @@ __device__ double vt_lp_max(double v, double* red) {
     return r;
 }
 
-__device__ double vt_lp_sum(double v, double* red) {
-    int t = threadIdx.x;
-    red[t] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (t < s) red[t] = red[t] + red[t + s];
-        __syncthreads();
-    }
-    double r = red[0];
-    __syncthreads();
-    return r;
-}
 
 // The first proposal in (key desc, id asc) order; every thread gets it in *key, *id.
 __device__ void vt_lp_first(vt_u32* key, int* id, vt_u32* kred, int* ired) {
@@ -112,7 +100,7 @@ extern "C" __global__ void logprobs(float* chosen, int* top_ids, float* top_lp,
     // 2. log(sum(exp(l - max))) in float64
     double part = 0.0;
     for (int j = t; j < vocab; j += blockDim.x) part += exp((double)lg[j] - peak);
-    double ls = log(vt_lp_sum(part, dred));
+    double ls = log(vt_block_sum(part, dred));
 
     if (t == 0) {
         int c = ids[r];

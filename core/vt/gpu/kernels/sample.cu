@@ -192,18 +192,18 @@ extern "C" __global__ void sample(int* out, const float* logits, const SamplePar
                 vt_u32 cand = g | (1u << b);
                 unsigned int c = 0;
                 for (int i = t; i < vocab; i += blockDim.x) c += vt_key(vt_l(R, i)) >= cand;
-                if (vt_block_sum_u(c, ured) >= (unsigned int)k) g = cand;
+                if (vt_block_sum(c, ured) >= (unsigned int)k) g = cand;
             }
             unsigned int above = 0;
             for (int i = t; i < vocab; i += blockDim.x) above += vt_key(vt_l(R, i)) > g;
-            above = vt_block_sum_u(above, ured);
+            above = vt_block_sum(above, ured);
             unsigned int need = (unsigned int)k - above;  // >= 1 by the choice of g
             int lo = 0, hi = vocab - 1, found = vocab - 1;
             while (lo <= hi) {
                 int mid = lo + (hi - lo) / 2;
                 unsigned int c = 0;
                 for (int i = t; i <= mid; i += blockDim.x) c += vt_key(vt_l(R, i)) == g;
-                if (vt_block_sum_u(c, ured) >= need) {
+                if (vt_block_sum(c, ured) >= need) {
                     found = mid;
                     hi = mid - 1;
                 } else {
@@ -258,7 +258,7 @@ extern "C" __global__ void sample(int* out, const float* logits, const SamplePar
                     if (vt_in(kk, i, R.pkey, R.pid) && vt_prob(R, l, kk, i) > 0.0f && kk < cand)
                         c += 1;
                 }
-                if (vt_block_sum_u(c, ured) == 0u) g = cand;
+                if (vt_block_sum(c, ured) == 0u) g = cand;
             }
             int mine = -1;
             for (int i = t; i < vocab; i += blockDim.x) {
