@@ -107,3 +107,44 @@ def test_with_nvmath_the_runtime_names_its_blas(monkeypatch: pytest.MonkeyPatch)
     rt.gemm(None, 1, 2, 3, 1, 2, 3, False)
     rt.close()
     assert [name for name, _ in lib.calls][-1] == "destroy"
+
+
+def test_without_a_loadable_cublas_matmuls_stay_on_vts_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nvmath-python present, libcublas not: no BLAS (the reason kept), nothing raised
+    until someone calls gemm anyway."""
+    lib = FakeCublas()
+    lib.fail = "create"
+    monkeypatch.setattr(adapter, "import_cublas", lambda: lib)
+    rt = CudaRuntime(FakeDriver(), FakeNvrtc())
+    assert rt.blas() is None and rt.blas() is None  # looked for once
+    assert [name for name, _ in lib.calls] == ["create"]
+    assert "cuBLAS could not be used: cublas.create failed" in rt.blas_reason
+    with pytest.raises(NotImplementedError, match="cuBLAS could not be used"):
+        rt.gemm(None, 1, 2, 3, 1, 2, 3, False)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_vt_backends_says_whether_prefill_runs_on_cublas(
+    monkeypatch: pytest.MonkeyPatch, installed: bool
+) -> None:
+    import importlib.util
+
+    from vt_cuda.backend import CudaBackend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (
+            (real("json") if installed else None) if name == "nvmath" else real(name, *a)
+        ),
+    )
+    probe = CudaBackend.probe_modules(FakeDriver(), FakeNvrtc())
+    assert probe.available
+    if installed:
+        assert probe.reason == "" and probe.details["blas"] == "cuBLAS (nvmath-python)"
+    else:
+        assert probe.reason.startswith("prefill matmuls run on vt's own kernel: pip install")
+        assert probe.details["blas"] == "none"

@@ -87,6 +87,7 @@ class CudaRuntime(GpuRuntime):
         self._tls = threading.local()
         self._ctx: Any = None
         self._blas: Cublas | None | bool = cublas  # None: not looked for yet; False: absent
+        self.blas_reason = ""
         self.call("cuInit", 0)
         self.device_count = int(self.call("cuDeviceGetCount"))
         if device >= self.device_count:
@@ -384,11 +385,20 @@ class CudaRuntime(GpuRuntime):
 
     # ---- vendor BLAS: cuBLAS through nvmath-python, when installed
     def _cublas(self) -> Cublas | None:
+        """cuBLAS with its handle made (so libcublas loaded), once; None without it, the
+        reason in ``blas_reason`` (matmuls of many rows then run on vt's own kernel)."""
         if self._blas is None:
             try:
-                self._blas = Cublas(import_cublas(), self)
-            except ImportError:
+                blas = Cublas(import_cublas(), self)
+                self._bind()
+                blas.handle()
+                self._blas = blas
+            except ImportError as e:
                 self._blas = False
+                self.blas_reason = f"nvmath-python is not installed ({e}): {BLAS_HINT}"
+            except GpuCallError as e:  # nvmath without a loadable libcublas
+                self._blas = False
+                self.blas_reason = f"cuBLAS could not be used: {e} ({BLAS_HINT})"
         return self._blas or None
 
     def blas(self) -> str | None:
@@ -400,7 +410,7 @@ class CudaRuntime(GpuRuntime):
     ) -> None:  # fmt: skip
         cublas = self._cublas()
         if cublas is None:
-            raise NotImplementedError(f"no cuBLAS: {BLAS_HINT}")
+            raise NotImplementedError(f"no cuBLAS: {self.blas_reason}")
         self._bind()
         cublas.gemm(stream, n, m, k, x, w, out, accumulate, inputs)
 

@@ -6,10 +6,13 @@ backend; this module says how to find the driver and what the device can do.
 
 from __future__ import annotations
 
+import importlib.util
+
 from vt import BackendUnavailableError, Probe
 from vt.gpu import GpuBackend
 
 from .adapter import INSTALL_HINT, CudaError, CudaRuntime, NoDeviceError, import_cuda
+from .blas import INSTALL_HINT as BLAS_HINT
 from .caps import DeviceProfile, capabilities_from_device
 
 
@@ -71,13 +74,17 @@ class CudaBackend(GpuBackend):
         except RuntimeError as e:  # libnvrtc missing: the kernels could never compile
             return Probe(available=False, reason=f"NVRTC could not be loaded: {e} ({INSTALL_HINT})")
         profile = runtime.profile
+        blas = importlib.util.find_spec("nvmath") is not None
         return Probe(
             available=True,
+            # an available backend's reason is a note: prefill works either way, slower
+            reason="" if blas else f"prefill matmuls run on vt's own kernel: {BLAS_HINT}",
             capabilities=capabilities_from_device(profile),
             device=f"{profile.name} ({profile.arch}, {profile.platform})",
             details={
                 **profile.model_dump(),
                 "device_count": runtime.device_count,
                 "nvrtc_version": ".".join(str(v) for v in nvrtc_version[1:]),
+                "blas": "cuBLAS (nvmath-python)" if blas else "none",
             },
         )
