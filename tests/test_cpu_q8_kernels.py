@@ -23,7 +23,7 @@ from vt_cpu import ops as cpu_ops
 from vt_cpu.kernels import q8
 
 F32 = np.dtype(np.float32)
-KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K")
+KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 
 def cols_for(kind: str, blocks: int) -> int:
@@ -129,8 +129,9 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(q8, "VNNI", vnni)
         d0, d1, d2 = (q8._block_rows(k, 4, bits) for k in KINDS[:3])
         d3, d4 = q8._block_rows_q4_k(4, bits), q8._block_rows_q4_k(4, bits, True)
+        d5 = q8._block_rows_q6_k(4, bits)
 
-        def run(fmt_id, raw, starts, xq, xd, xi, nb, d0=d0, d1=d1, d2=d2, d3=d3, d4=d4):  # noqa: ANN001, ANN202
+        def run(fmt_id, raw, starts, xq, xd, xi, nb, d0=d0, d1=d1, d2=d2, d3=d3, d4=d4, d5=d5):  # noqa: ANN001, ANN202
             if fmt_id == 0:
                 return d0(raw, starts, xq, xd, xi, nb)
             if fmt_id == 1:
@@ -139,7 +140,9 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
                 return d2(raw, starts, xq, xd, xi, nb)
             if fmt_id == 3:
                 return d3(raw, starts, xq, xd, xi, nb)
-            return d4(raw, starts, xq, xd, xi, nb)
+            if fmt_id == 4:
+                return d4(raw, starts, xq, xd, xi, nb)
+            return d5(raw, starts, xq, xd, xi, nb)
 
         kernels[vnni] = numba.njit(run)  # compiled now, with this VNNI; not cached
         for fid, kind in enumerate(KINDS):
@@ -149,7 +152,8 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
             xq, xd, xi = scratch(1, cols, bits)
             q8.quantize_rows(x, xq, xd, xi, kind in ("Q4_0", "Q4_1"))
             starts = np.array([0, 4, 8, 28], np.int64)
-            got = kernels[vnni](fid, w.arrays[-1], starts, xq[0], xd[0], xi[0], 4)
+            raw = w.arrays[0] if kind == "Q6_K" else w.arrays[-1]  # the uint8 blocks
+            got = kernels[vnni](fid, raw, starts, xq[0], xd[0], xi[0], 4)
             kernels[(vnni, kind)] = got
     for kind in KINDS:
         assert kernels[(True, kind)] == kernels[(False, kind)], kind

@@ -37,8 +37,8 @@ F32 = np.float32
 KERNEL_MAX_ROWS: dict[str, int] = {
     "Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 16, "Q5_K": 16, "Q6_K": 32,
 }  # fmt: skip
-#: One activation row times Q8_0/Q4_0/Q4_1/Q4_K/Q5_K: 8 or 16 (the default) runs kernels.q8
-#: (integer activations of that many bits), 32 the float kernels of kernels.quant.
+#: One activation row times Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K: 8 or 16 (the default) runs
+#: kernels.q8 (integer activations of that many bits), 32 the float kernels of kernels.quant.
 ACT_BITS_ENV = "VT_CPU_ACT_BITS"  # read through vt.envs
 
 

@@ -11,7 +11,9 @@ block's result is scaled, once, by ``d_w * d_x`` in float32:
 - Q4_1 ``w = d q + m``: ``d_w d_x sum(q x) + m d_x sum(x)``;
 - Q4_K, per sub-block ``s`` of 32 (6-bit scale ``sc`` and min ``mn`` under the block's
   ``d``, ``dmin``): ``d sc_s d_x sum(q x) - dmin mn_s d_x sum(x)``; Q5_K the same with
-  a fifth bit per value.
+  a fifth bit per value;
+- Q6_K, per 16 values (int8 scale ``sc`` under the block's ``d``, 6-bit ``q``):
+  ``d sc d_x (sum(q x) - 32 sum(x))``, both sums in int32.
 
 The same with 16-bit activations (``d = amax / 32767``): 256 times finer, and greedy ids
 stay those of a float64 forward where 8 bits (and llama.cpp) part from them at near-ties
@@ -393,10 +395,100 @@ def _block_rows_q4_k(nrows: int, bits: int, five: bool = False):  # noqa: ANN202
     return intrinsic(impl)
 
 
+def _block_rows_q6_k(nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
+    """:func:`_block_rows` for Q6_K: ``nb`` counts blocks of 256 (210 bytes: ``ql`` 128,
+    ``qh`` 64, 16 int8 scales, ``d``). Half ``h`` reads ``A = ql[64 h + j]``, ``B = ql[64 h
+    + 32 + j]``, ``Q = qh[32 h + j]`` (``j < 32``); its sub-blocks ``s = 4 h + k`` (32
+    values, activation block ``8 b + s``) are lo(A), lo(B), hi(A), hi(B), each with two bits
+    of ``Q`` (bits ``2k, 2k + 1``) as bits 4-5: ``q`` in 0..63, the value ``d sc (q - 32)``
+    with ``sc`` scale ``2 s`` for ``j < 16`` and ``2 s + 1`` after. ``q`` is multiplied
+    unsigned with the (high) activation bytes and ``32 x`` (``32 h``: four-value sums per
+    int32 lane, once per activation block for all rows) taken back in int32; the low bytes
+    multiply ``q - 32`` as signed bytes. The eight lanes of a block's dot product are ``j <
+    16`` (lanes 0-3) and ``j >= 16`` (4-7), so the two scales are one float32 vector."""
+    split = bits == 16
+    block_bytes = 210
+    flags = ("reassoc", "contract")
+
+    def impl(typingctx, raw, starts, xq, xd, xi, nb):
+        sig = types.UniTuple(types.float32, nrows)(raw, starts, xq, xd, xi, nb)
+
+        def codegen(context, builder, sig, args):
+            wbase, st_data, xarrays = _intrinsic_args(context, builder, sig, args)
+            vf, vi, vb = _vec(FLT, 8), _vec(I32, 8), _vec(I8, 32)
+            row_off = []
+            for k in range(nrows):
+                blk = builder.load(builder.gep(st_data, [I64(k)]))
+                row_off.append(builder.mul(blk, I64(block_bytes)))
+
+            def bytes_(v):  # noqa: ANN001, ANN202
+                return ir.Constant(vb, [v] * 32)
+
+            def body(b, accs, mins):  # noqa: ANN001, ANN202
+                accs = list(accs)
+                ps = [
+                    builder.add(row_off[k], builder.mul(b, I64(block_bytes))) for k in range(nrows)
+                ]
+                scales = []  # per row: d * the 16 scales, as float32
+                for p in ps:
+                    sc = _load(builder, wbase, builder.add(p, I64(192)), _vec(I8, 16))
+                    d = _splat(builder, _f16(builder, wbase, builder.add(p, I64(208))), 16)
+                    scales.append(builder.fmul(builder.sitofp(sc, _vec(FLT, 16)), d, flags=flags))
+                zero_i = ir.Constant(vi, None)
+                abq: list = [None] * nrows
+                for s in range(8):
+                    h, k4 = divmod(s, 4)
+                    ab = builder.add(builder.mul(b, I64(8)), I64(s))
+                    xh, xl, dx, _, _ = _activations(builder, xarrays, ab, split)
+                    # - 32 x (16 bits: its high bytes) per lane, sums of four, shared by
+                    # the rows: q's products taken back to (q - 32)'s
+                    init = builder.sub(zero_i, _dot8(builder, zero_i, bytes_(32), xh))
+                    dxv = _splat(builder, dx, 8)
+                    lanes = ir.Constant(_vec(I32, 8), [2 * s] * 4 + [2 * s + 1] * 4)
+                    for k in range(nrows):
+                        if k4 == 0:
+                            base = builder.add(ps[k], I64(64 * h))
+                            abq[k] = (
+                                _load(builder, wbase, base, vb),
+                                _load(builder, wbase, builder.add(base, I64(32)), vb),
+                                _load(builder, wbase, builder.add(ps[k], I64(128 + 32 * h)), vb),
+                            )
+                        a, bb, qh = abq[k]
+                        if k4 == 0:
+                            lo = builder.and_(a, bytes_(15))
+                            hi = builder.shl(qh, bytes_(4))
+                        elif k4 == 1:
+                            lo = builder.and_(bb, bytes_(15))
+                            hi = builder.shl(qh, bytes_(2))
+                        elif k4 == 2:
+                            lo = builder.lshr(a, bytes_(4))
+                            hi = qh
+                        else:
+                            lo = builder.lshr(bb, bytes_(4))
+                            hi = builder.lshr(qh, bytes_(2))
+                        w = builder.or_(lo, builder.and_(hi, bytes_(0x30)))
+                        ws = builder.sub(w, bytes_(32)) if split else w
+                        dot = _dot_block(builder, init, w, ws, xh, xl)
+                        f = builder.shuffle_vector(scales[k], scales[k], lanes)
+                        prod = builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags)
+                        prod = builder.fmul(prod, f, flags=flags)
+                        accs[k] = builder.fadd(accs[k], prod, flags=flags)
+                return accs, list(mins)
+
+            results = _loop_rows(builder, nrows, args[5], body)
+            return context.make_tuple(builder, sig.return_type, results)
+
+        return sig, codegen
+
+    impl.__name__ = f"_dot_q6_k_x{nrows}_i{bits}"
+    return intrinsic(impl)
+
+
 _dot4_q8_0, _dot4_q4_0, _dot4_q4_1 = (_block_rows(f, ROWS, 8) for f in ("Q8_0", "Q4_0", "Q4_1"))
 _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w = (_block_rows(f, ROWS, 16) for f in ("Q8_0", "Q4_0", "Q4_1"))
 _dot4_q4_k, _dot4_q4_kw = _block_rows_q4_k(ROWS, 8), _block_rows_q4_k(ROWS, 16)
 _dot4_q5_k, _dot4_q5_kw = _block_rows_q4_k(ROWS, 8, True), _block_rows_q4_k(ROWS, 16, True)
+_dot4_q6_k, _dot4_q6_kw = _block_rows_q6_k(ROWS, 8), _block_rows_q6_k(ROWS, 16)
 
 
 def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba only
@@ -407,15 +499,23 @@ def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba 
 @overload(_dot4, inline="always")
 def _dot4_impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
     if xq.dtype == types.uint8:
-        d8_0, d4_0, d4_1, d4_k, d5_k = (
+        d8_0, d4_0, d4_1, d4_k, d5_k, d6_k = (
             _dot4_q8_0w,
             _dot4_q4_0w,
             _dot4_q4_1w,
             _dot4_q4_kw,
             _dot4_q5_kw,
+            _dot4_q6_kw,
         )
     else:
-        d8_0, d4_0, d4_1, d4_k, d5_k = _dot4_q8_0, _dot4_q4_0, _dot4_q4_1, _dot4_q4_k, _dot4_q5_k
+        d8_0, d4_0, d4_1, d4_k, d5_k, d6_k = (
+            _dot4_q8_0,
+            _dot4_q4_0,
+            _dot4_q4_1,
+            _dot4_q4_k,
+            _dot4_q5_k,
+            _dot4_q6_k,
+        )
 
     def impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
         if fmt_id == 0:
@@ -426,7 +526,9 @@ def _dot4_impl(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202
             return d4_1(raw, starts, xq, xd, xi, nb)
         if fmt_id == 3:
             return d4_k(raw, starts, xq, xd, xi, nb)
-        return d5_k(raw, starts, xq, xd, xi, nb)
+        if fmt_id == 4:
+            return d5_k(raw, starts, xq, xd, xi, nb)
+        return d6_k(raw, starts, xq, xd, xi, nb)
 
     return impl
 
@@ -556,7 +658,7 @@ def _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1):
 
 
 #: ``fmt_id`` of the kernels per weight format.
-FMT_ID = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 4}
+FMT_ID = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 4, "Q6_K": 5}
 
 
 @njit(**_KW)
@@ -597,7 +699,8 @@ def bind(weight, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, bits: i
     ``BlockWeight.bind`` does: ``serial()`` on the calling thread, ``parallel(n)`` over n of
     numba's threads. The activations' int8 scratch is allocated here, once."""
     n, k = x.shape
-    raw = weight.arrays[-1]  # the uint8 blocks (Q8_0 keeps an int8 view first)
+    # the uint8 blocks (Q8_0 keeps an int8 view first, Q6_K one after)
+    raw = weight.arrays[0] if weight.kind == "Q6_K" else weight.arrays[-1]
     xq, xd, xi = scratch(n, k, bits)
     add = res is not None
     r = res if res is not None else out
