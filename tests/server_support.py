@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +141,25 @@ def serving(llm: vt.LLM, **kw: Any) -> Iterator[Server]:
         yield srv
     finally:
         srv.stop()
+
+
+@contextmanager
+def step_delay(runner: Any) -> Iterator[Callable[[float], None]]:
+    """``set_delay(seconds)`` makes each engine step of ``runner`` take at least that long,
+    so a test can act while a request is still decoding; restored on exit."""
+    original = runner.execute
+
+    def set_delay(seconds: float) -> None:
+        def execute(chunks: Any) -> Any:
+            time.sleep(seconds)
+            return original(chunks)
+
+        runner.execute = execute
+
+    try:
+        yield set_delay
+    finally:
+        runner.execute = original
 
 
 def wait_for(predicate: Any, within: float, what: str) -> None:

@@ -24,6 +24,7 @@ import openai
 import pytest
 import vt
 from click.testing import CliRunner
+from server_support import step_delay
 from vt.frontends.cli import main
 from vt.frontends.server import Server, bind
 from vt.testing.tiny import write_tiny_gguf
@@ -68,20 +69,9 @@ def client(server: Server) -> openai.OpenAI:
 
 @pytest.fixture
 def slow_steps(server: Server) -> Iterator[Callable[[float], None]]:
-    """``slow_steps(seconds)`` makes each engine step take at least that long, so a test
-    can act while a request is still decoding; restored afterwards."""
-    runner = server.llm.runner
-    original = runner.execute
-
-    def set_delay(seconds: float) -> None:
-        def execute(chunks: Any) -> Any:
-            time.sleep(seconds)
-            return original(chunks)
-
-        runner.execute = execute
-
-    yield set_delay
-    runner.execute = original
+    """``slow_steps(seconds)``: each engine step takes at least that long (restored after)."""
+    with step_delay(server.llm.runner) as set_delay:
+        yield set_delay
 
 
 def solo(ref: vt.LLM, prompt: str, **kw: Any) -> vt.frontends.llm.RequestOutput:

@@ -9,7 +9,6 @@ the next request; a runner that cannot be recovered makes ``/health`` say so.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from server_support import (
     request,
     serving,
     solo,
+    step_delay,
     wait_for,
 )
 from vt.execution.runner import RunnerError
@@ -68,18 +68,9 @@ def server(tiny: Path, fault: KernelFault) -> Iterator[Server]:
 
 @pytest.fixture
 def slow_steps(server: Server) -> Iterator[Callable[[float], None]]:
-    runner = server.llm.runner
-    original = runner.execute
-
-    def set_delay(seconds: float) -> None:
-        def execute(chunks: Any) -> Any:
-            time.sleep(seconds)
-            return original(chunks)
-
-        runner.execute = execute
-
-    yield set_delay
-    runner.execute = original
+    """``slow_steps(seconds)``: each engine step takes at least that long (restored after)."""
+    with step_delay(server.llm.runner) as set_delay:
+        yield set_delay
 
 
 def health(server: Server) -> dict[str, Any]:
