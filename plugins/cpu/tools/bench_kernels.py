@@ -27,7 +27,8 @@ from vt_cpu import weights
 KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 
-def _best(fn, repeat: int, inner: int) -> float:
+def best_seconds(fn, repeat: int, inner: int) -> float:
+    """The best time of ``repeat`` rounds of ``inner`` calls, per call."""
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -37,7 +38,11 @@ def _best(fn, repeat: int, inner: int) -> float:
     return best
 
 
-def measure(kind: str, rows: int, cols: int, stream_bytes: int) -> dict[str, float]:
+def weight_copies(
+    kind: str, rows: int, cols: int, stream_bytes: int
+) -> tuple[np.ndarray, list, np.ndarray, np.ndarray]:
+    """A random ``rows x cols`` weight of ``kind`` (its file bytes), enough uploaded copies
+    of it to exceed ``stream_bytes``, one activation row and an output row; compiled."""
     rng = np.random.default_rng(0)
     values = rng.standard_normal((rows, cols)).astype(np.float32)
     data = quantize_matrix(values, GGMLQuantizationType[kind]).reshape(-1)
@@ -51,12 +56,18 @@ def measure(kind: str, rows: int, cols: int, stream_bytes: int) -> dict[str, flo
     x = rng.standard_normal((1, cols)).astype(np.float32)
     out = np.zeros((1, rows), np.float32)
     kernels_compile.ensure_compiled(kind)
+    return data, ws, x, out
+
+
+def measure(kind: str, rows: int, cols: int, stream_bytes: int) -> dict[str, float]:
+    data, ws, x, out = weight_copies(kind, rows, cols, stream_bytes)
+    copies = len(ws)
     result: dict[str, float] = {"bytes": float(data.nbytes)}
     for label, n in (("serial", 1), ("parallel2", 2)):
         calls = [w.bind(x, out, None) for w in ws]
         serial0, parallel0 = calls[0]
         one = serial0 if n == 1 else (lambda p=parallel0, n=n: p(n))
-        result[f"{label}_in_cache_gbs"] = data.nbytes / _best(one, 5, 50) / 1e9
+        result[f"{label}_in_cache_gbs"] = data.nbytes / best_seconds(one, 5, 50) / 1e9
 
         def sweep(calls=calls, n=n) -> None:
             for serial, parallel in calls:
@@ -65,7 +76,7 @@ def measure(kind: str, rows: int, cols: int, stream_bytes: int) -> dict[str, flo
                 else:
                     parallel(n)
 
-        result[f"{label}_streaming_gbs"] = data.nbytes * copies / _best(sweep, 3, 1) / 1e9
+        result[f"{label}_streaming_gbs"] = data.nbytes * copies / best_seconds(sweep, 3, 1) / 1e9
     return result
 
 

@@ -18,44 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
-import numpy as np
-import vt
-from gguf import GGMLQuantizationType
-from vt.testing.tiny import quantize_matrix
-from vt_cpu import compile as kernels_compile
-from vt_cpu import weights
+from bench_kernels import best_seconds, weight_copies  # the tool beside this one
 from vt_cpu.kernels import q8
 
-KINDS = ("Q8_0", "Q4_0", "Q4_1")
-
-
-def _time(fn, repeat: int, inner: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / inner)
-    return best
+KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")  # every format with a q8 path
 
 
 def measure(kind: str, rows: int, cols: int, stream_bytes: int, rounds: int,
             threads: tuple[int, ...]) -> dict[str, float]:  # fmt: skip
-    rng = np.random.default_rng(0)
-    values = rng.standard_normal((rows, cols)).astype(np.float32)
-    data = quantize_matrix(values, GGMLQuantizationType[kind]).reshape(-1)
-    copies = max(1, stream_bytes // data.nbytes)
-    ws = [
-        weights.upload(
-            vt.WeightTensor("w", int(GGMLQuantizationType[kind]), (rows, cols), data.copy())
-        )  # fmt: skip
-        for _ in range(copies)
-    ]
-    x = rng.standard_normal((1, cols)).astype(np.float32)
-    out = np.zeros((1, rows), np.float32)
-    kernels_compile.ensure_compiled(kind)
+    data, ws, x, out = weight_copies(kind, rows, cols, stream_bytes)
     inner = max(1, int(2e7 // data.nbytes))
     variants = {}
     for n in threads:
@@ -71,13 +43,13 @@ def measure(kind: str, rows: int, cols: int, stream_bytes: int, rounds: int,
     best: dict[str, float] = {}
     for _ in range(rounds):
         for name, calls in variants.items():
-            t_cache = _time(calls[0], 3, inner)
+            t_cache = best_seconds(calls[0], 3, inner)
 
             def sweep(calls=calls) -> None:
                 for c in calls:
                     c()
 
-            t_stream = _time(sweep, 2, 1) / len(calls)
+            t_stream = best_seconds(sweep, 2, 1) / len(calls)
             for key, t in ((f"{name}_cache", t_cache), (f"{name}_stream", t_stream)):
                 best[key] = min(best.get(key, float("inf")), t)
     result = {"bytes": float(data.nbytes)}
