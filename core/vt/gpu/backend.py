@@ -210,7 +210,7 @@ class GpuBackend(
         self._functions: dict[str, Any] = {}
         self._granularity: int | None = None
         self._lock = threading.Lock()
-        self._scratch: list[tuple[int, Buffer]] = []
+        self._scratch: list[tuple[str, Buffer]] = []
 
     @property
     def runtime(self) -> GpuRuntime:
@@ -569,7 +569,7 @@ class GpuBackend(
         ):
             return ws[0].suffix, 0
         stride = (k + k // 8 + k // 4 + 15) // 16 * 16  # vt_q8a_stride in matmul.cu
-        xq = self._scratch_at_least(n * stride, slot=5)
+        xq = self._scratch_at_least(n * stride, slot="int8_x")
         self._kernel("quantize_rows", (n, 1, 1), _THREADS, stream, P(xq), self._ptr(x), I32(n),
                      I32(k))  # fmt: skip
         return "q8a", xq
@@ -589,16 +589,16 @@ class GpuBackend(
         if w.kind != W.WT_F32 and self.blas_inputs == "f16":
             inputs = "f16"
             if w.kind != W.WT_F16:
-                wptr = self._scratch_at_least(total * 2, slot=3)
+                wptr = self._scratch_at_least(total * 2, slot="half_weight")
                 self._kernel(f"dequantize_h_{w.suffix}", (_blocks(total), 1, 1), _THREADS,
                              stream, P(wptr), P(w.data), P(w.scales), I32(w.lg_block),
                              I64(total))  # fmt: skip
-            xh = self._scratch_at_least(n * k * 2, slot=4)
+            xh = self._scratch_at_least(n * k * 2, slot="half_x")
             self._kernel("to_half", (_blocks(n * k), 1, 1), _THREADS, stream, P(xh), P(xp),
                          I64(n * k))  # fmt: skip
             xp = xh
         elif w.kind != W.WT_F32:
-            wptr = self._scratch_at_least(total * 4, slot=0)
+            wptr = self._scratch_at_least(total * 4, slot="f32_weight")
             self._kernel(f"dequantize_{w.suffix}", (_blocks(total), 1, 1), _THREADS, stream,
                          P(wptr), P(w.data), P(w.scales), I32(w.lg_block), I64(total))  # fmt: skip
         accumulate = residual is not None
@@ -767,7 +767,7 @@ class GpuBackend(
         splits = max(1, min(self.attention_max_splits, -(-self.target_blocks // blocks)))
         part = 0
         if splits > 1:
-            part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot=1)
+            part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot="attention")
         self._kernel(
             "attention_split", (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
             self._ptr(out), P(part), self._ptr(q), self._ptr(cache), self._ptr(slots),
@@ -782,12 +782,12 @@ class GpuBackend(
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
             )  # fmt: skip
 
-    def _scratch_at_least(self, nbytes: int, slot: int) -> int:
-        """The address of a scratch buffer of at least ``nbytes`` (slot 0: the BLAS path's
-        float32 weight; 1: attention's split partials; 3, 4: the half weight and x; 5: int8
-        rows of x).
-        Outgrown buffers are kept until close (a captured graph may hold any of them); the
-        first step of every shape runs eagerly, so none is allocated during a capture."""
+    def _scratch_at_least(self, nbytes: int, slot: str) -> int:
+        """The address of a scratch buffer of at least ``nbytes`` for ``slot`` (what it
+        holds: the BLAS path's float32 or half weight and half x, int8 rows of x,
+        attention's split partials). Outgrown buffers are kept until close (a captured
+        graph may hold any of them); the first step of every shape runs eagerly, so none is
+        allocated during a capture."""
         for s, buf in self._scratch:
             if s == slot and buf.nbytes >= nbytes:
                 return self._addr(buf)
