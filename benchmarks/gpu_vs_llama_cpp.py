@@ -104,15 +104,27 @@ def vt_figures(model: Path, backend: str) -> dict[str, float]:
 def llama_figures(model: Path, bench: Path, batched: Path) -> dict[str, float]:
     rows = json.loads(run([str(bench), "-m", str(model), "-p", "512", "-n", "128", "-ngl", "99",
                            "-o", "json"]))  # fmt: skip
+    text = run([str(batched), "-m", str(model), "-c", "16384", "-npp", "128", "-ntg", "128",
+                "-npl", ",".join(map(str, BATCHES)), "-ngl", "99"])  # fmt: skip
+    return {**parse_llama_bench(rows), **parse_batched_bench(text)}
+
+
+def parse_llama_bench(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``llama-bench -o json`` rows -> ``prefill_pp512`` and ``tg128`` (tok/s)."""
     out: dict[str, float] = {}
     for r in rows:
         if r.get("n_prompt") == 512 and not r.get("n_gen"):
             out["prefill_pp512"] = float(r["avg_ts"])
         if r.get("n_gen") == 128 and not r.get("n_prompt"):
             out["tg128"] = float(r["avg_ts"])
-    text = run([str(batched), "-m", str(model), "-c", "16384", "-npp", "128", "-ntg", "128",
-                "-npl", ",".join(map(str, BATCHES)), "-ngl", "99"])  # fmt: skip
-    # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s | ...
+    return out
+
+
+def parse_batched_bench(text: str) -> dict[str, float]:
+    """``llama-batched-bench``'s table -> ``decode_bB``: S_TG (aggregate decode tok/s) of
+    each batch B of 128 generated tokens. The table's columns: ``| PP | TG | B | N_KV |
+    T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |``."""
+    out: dict[str, float] = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 8 and re.fullmatch(r"\d+", cells[0]) and cells[1] == "128":

@@ -1,0 +1,40 @@
+"""benchmarks/gpu_vs_llama_cpp.py reads llama.cpp's own output: its parsers, on a table of
+the shape llama-batched-bench (0c1e570) prints; the S_TG figures are run 14's (docs/gpu.md),
+the other cells only fill the shape."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import gpu_vs_llama_cpp as bench  # noqa: E402
+
+BATCHED = """
+main: n_kv_max = 16384, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   128 |    128 |    1 |    256 |    0.004 | 29557.51 |    0.157 |   817.76 |    0.161 |  1592.97 |
+|   128 |    128 |    8 |   2048 |    0.020 | 51102.13 |    0.225 |  4558.36 |    0.245 |  8364.21 |
+|   128 |    128 |   32 |   8192 |    0.081 | 50567.90 |    0.501 |  8182.93 |    0.582 | 14082.35 |
+
+llama_perf_context_print:        load time =     100.00 ms
+"""
+
+
+def test_batched_bench_gives_the_aggregate_decode_rate_per_batch() -> None:
+    assert bench.parse_batched_bench(BATCHED) == {
+        "decode_b1": 817.76, "decode_b8": 4558.36, "decode_b32": 8182.93,
+    }  # fmt: skip
+    assert bench.parse_batched_bench("no table here\n| PP | TG |\n") == {}
+
+
+def test_llama_bench_gives_pp512_and_tg128() -> None:
+    rows = [
+        {"n_prompt": 512, "n_gen": 0, "avg_ts": 52251.29},
+        {"n_prompt": 0, "n_gen": 128, "avg_ts": 938.91},
+        {"n_prompt": 128, "n_gen": 0, "avg_ts": 1.0},  # another test: not read
+    ]
+    assert bench.parse_llama_bench(rows) == {"prefill_pp512": 52251.29, "tg128": 938.91}
