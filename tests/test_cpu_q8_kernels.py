@@ -123,7 +123,10 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
                                                      bits: int) -> None:  # fmt: skip
     """Without VNNI the kernels multiply widened vectors: the same int32 sums."""
     if not q8.VNNI:
-        pytest.skip("this CPU (numba's target) has no VNNI: the kernels are the portable IR")
+        pytest.skip(
+            "this CPU has no VNNI: nothing to compare the portable IR with (the kernels run "
+            "the portable IR here, checked against vt.reference by the other tests)"
+        )
     kernels = {}
     for vnni in (True, False):
         monkeypatch.setattr(q8, "VNNI", vnni)
@@ -170,7 +173,10 @@ def test_float16_scales_convert_exactly_with_or_without_f16c(
     from numba.extending import intrinsic
 
     if native and not q8.NATIVE_F16:
-        pytest.skip("numba's target converts float16 only through a library call")
+        pytest.skip(
+            "this CPU has no F16C: LLVM would convert float16 by a library call, so only the "
+            "integer conversion the kernels use here is checked (native=False)"
+        )
     monkeypatch.setattr(q8, "NATIVE_F16", native)
 
     @intrinsic
