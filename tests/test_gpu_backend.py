@@ -21,6 +21,7 @@ from fake_gpu import DISCRETE, GRANULARITY, UNIFIED, FakeGpu, make, weight_tenso
 from vt.execution.memory import VmmArena
 from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuCallError, GpuWeight, kernel_source
+from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
 from vt.gpu.backend import RopeTable
 from vt.management import rules
 from vt.management.audit import probe_graphs
@@ -717,6 +718,7 @@ def test_attention_splits_positions_only_while_the_grid_is_small() -> None:
     """Few rows: positions split over blocks, partials combined, in a scratch buffer kept
     until close (a captured graph may hold it). Many rows: one launch, no partials."""
     backend, rt = make()
+    backend.attention_tiled_min_rows = 1 << 30  # the split kernel at every row count
     layout = vt.KVLayout(n_layers=1, n_slots=256, n_kv_heads=2, head_dim=64, max_len=8)
     cache = vt.Tensor.of(backend.alloc(layout.nbytes), F32, *layout.shape)
     stream = backend.create_stream()
@@ -740,6 +742,97 @@ def test_attention_splits_positions_only_while_the_grid_is_small() -> None:
     assert sizes == [1, 2, 2, 2]  # n=2 needs a larger one; n=1 again reuses the first
     backend.close()
     assert backend._scratch == []
+
+
+def _attention_launch(
+    backend: FakeGpu, n: int, n_heads: int, layout: vt.KVLayout
+) -> tuple[dict[str, int], vt.Stream]:
+    """One attention op of ``n`` rows, each tensor in a buffer of its own (its address
+    returned by name), on a new stream."""
+    bufs = {name: backend.alloc(max(4, nbytes)) for name, nbytes in (
+        ("out", n * n_heads * layout.head_dim * 4), ("q", n * n_heads * layout.head_dim * 4),
+        ("cache", layout.nbytes), ("slots", n * 4), ("positions", n * 4),
+    )}  # fmt: skip
+    stream = backend.create_stream()
+    backend.launch(
+        "attention", stream, out=vt.Tensor.of(bufs["out"], F32, n, n_heads * layout.head_dim),
+        q=vt.Tensor.of(bufs["q"], F32, n, n_heads * layout.head_dim),
+        cache=vt.Tensor.of(bufs["cache"], F32, *layout.shape),
+        slots=vt.Tensor.of(bufs["slots"], I32, n),
+        positions=vt.Tensor.of(bufs["positions"], I32, n), layout=layout, layer=1,
+        n_heads=n_heads, scale=0.25,
+    )  # fmt: skip
+    return {name: int(b.handle) for name, b in bufs.items()}, stream
+
+
+def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_order() -> None:
+    """From ``attention_tiled_min_rows`` rows: one launch of a tiled kernel, a block per
+    (tile of rows, query head), no scratch; below it the split kernel, as before."""
+    backend, rt = make()
+    layout = vt.KVLayout(n_layers=3, n_slots=5, max_len=700, n_kv_heads=2, head_dim=64)
+    for n, kernel in ((63, "attention_split"), (64, "attention_tiled_h64r16")):
+        rt.launches.clear()
+        scratch = len(backend._scratch)
+        addresses, stream = _attention_launch(backend, n, 8, layout)
+        assert rt.launches[0].kernel == kernel
+    (launch,) = rt.launches
+    assert launch.grid == (4, 8, 1) and launch.block == (128, 1, 1)
+    assert launch.stream == stream.handle
+    signature = kernel_signatures()["attention_tiled"]
+    scalars = {"n": 64, "n_heads": 8, "n_kv": 2, "head_dim": 64, "n_slots": 5, "n_layers": 3,
+               "max_len": 700, "layer": 1, "scale": 0.25}  # fmt: skip
+    assert len(launch.args) == len(signature)
+    for (ctype, name), value in zip(signature, launch.args, strict=True):
+        if "*" in ctype:
+            assert value == addresses[name], name
+        else:
+            assert value == pytest.approx(scalars.pop(name)), name
+    assert scalars == {} and len(backend._scratch) == scratch  # no partials
+    backend.attention_tiled_min_rows = 65  # the threshold is the backend's setting
+    rt.launches.clear()
+    _attention_launch(backend, 64, 8, layout)
+    assert rt.launches[0].kernel == "attention_split"
+
+
+@pytest.mark.parametrize(
+    ("n", "n_heads", "head_dim", "kernel", "tiles"),
+    [
+        (512, 32, 64, "h64r64", 8),  # the 1B shape, one chunk: 256 blocks of 64 rows
+        (256, 32, 64, "h64r32", 8),  # a chunk of 256: 32-row tiles fill 256 blocks
+        (512, 9, 64, "h64r16", 32),  # the 135M shape: its 9 heads need 16-row tiles
+        (100, 4, 64, "h64r16", 7),  # too few blocks at any size: the smallest tiles
+        (2000, 16, 128, "h128r32", 63),
+        (512, 8, 80, "h128r16", 32),  # head_dim 80 on the 128 kernel (zero padded)
+        (300, 40, 65, "h128r32", 10),
+        (64, 2, 256, "h256r16", 4),
+        (64, 2, 129, "h256r16", 4),
+    ],
+)
+def test_the_tiled_attention_kernel_by_head_dim_and_grid(
+    n: int, n_heads: int, head_dim: int, kernel: str, tiles: int
+) -> None:
+    backend, rt = make()
+    layout = vt.KVLayout(n_layers=2, n_slots=2, max_len=4, n_kv_heads=1, head_dim=head_dim)
+    _attention_launch(backend, n, n_heads, layout)
+    (launch,) = rt.launches
+    assert launch.kernel == f"attention_tiled_{kernel}"
+    assert launch.grid == (tiles, n_heads, 1)
+
+
+def test_every_tiled_attention_kernel_is_instantiated_within_static_shared_memory() -> None:
+    """The backend's table of tiled kernels is what kernels/attention_tiled.cu instantiates,
+    and each one's shared memory (q tile, one K/V tile, P tile, row info) stays under the
+    48 KiB a kernel may declare statically on every CUDA and HIP part."""
+    source = kernel_source()
+    made = re.findall(r"\nVT_ATTENTION_TILED\(h(\d+)r(\d+), (\d+), (\d+), (\d+)\)", source)
+    assert made, "no VT_ATTENTION_TILED instantiation found"
+    table = {(int(d), int(r)) for d, rs in TILED_ROWS.items() for r in rs}
+    assert {(int(d), int(r)) for d, r, *_ in made} == table
+    for d, r, dmax, rm, bn in made:
+        dmax_, rm_, bn_ = int(dmax), int(rm), int(bn)
+        assert int(d) == dmax_ and int(r) == 16 * rm_ and bn_ % 8 == 0
+        shared = (16 * rm_ * (dmax_ + 4) + bn_ * (dmax_ + 4) + 16 * rm_ * (bn_ + 4)) * 4
+        assert shared + 2 * 16 * rm_ * 4 + 16 <= 48 * 1024, (d, r)
 
 
 @pytest.mark.parametrize("wtype", ["F32", "Q4_1"])

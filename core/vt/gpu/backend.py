@@ -66,6 +66,10 @@ MM_R = 8
 #: Threads and query heads per block of attention_split (FA_THREADS, FA_MAXG in attention.cu).
 _FA_THREADS = 128
 _FA_MAXG = 8
+#: attention_tiled's kernels (kernels/attention_tiled.cu): per largest head_dim (DMAX), the
+#: rows per block (16 * RM) it is instantiated with, largest first; 128 threads a block.
+_TILED_ROWS = {64: (64, 32, 16), 128: (32, 16), 256: (16,)}
+_AT_THREADS = 128
 
 
 class RopeTable(ctypes.Structure):
@@ -107,6 +111,7 @@ KERNEL_PARTS: tuple[str, ...] = (
     "matmul.cu",
     "rope_kv.cu",
     "attention.cu",
+    "attention_tiled.cu",
     "elementwise.cu",
     "sample.cu",
     "logprobs.cu",
@@ -203,6 +208,12 @@ class GpuBackend(
     #: (at most FA_THREADS = 128 splits: attention_combine gives each a thread).
     attention_max_splits: int = 32
     attention_min_split: int = 16
+    #: Attention of at least this many rows runs on the tiled prefill kernel
+    #: (``attention_tiled_*``: a block per tile of consecutive rows and query head, K/V
+    #: staged in shared memory); fewer rows (decode batches) on ``attention_split``. The
+    #: tiled kernel takes a tile's rows one sequence (slot) at a time, so a step of many
+    #: sequences' single rows belongs on the split kernel: see docs/gpu.md for the measure.
+    attention_tiled_min_rows: int = 64
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
@@ -761,6 +772,16 @@ class GpuBackend(
         if n == 0:
             return
         n_kv, hd = layout.n_kv_heads, layout.head_dim
+        kv_args = (self._ptr(cache), self._ptr(slots), self._ptr(positions))
+        if n >= self.attention_tiled_min_rows:
+            name, rows = self._tiled_attention_kernel(n, n_heads, hd)
+            self._kernel(
+                name, (-(-n // rows), n_heads, 1), _AT_THREADS, stream, self._ptr(out),
+                self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv), I32(hd),
+                I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
+                F32(scale),
+            )  # fmt: skip
+            return
         group = n_heads // n_kv
         gb = max(g for g in range(1, min(group, _FA_MAXG) + 1) if group % g == 0)
         blocks = n * n_kv * (group // gb)
@@ -770,9 +791,8 @@ class GpuBackend(
             part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot="attention")
         self._kernel(
             "attention_split", (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
-            self._ptr(out), P(part), self._ptr(q), self._ptr(cache), self._ptr(slots),
-            self._ptr(positions), I32(n), I32(n_heads), I32(n_kv), I32(hd),
-            I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
+            self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
+            I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
             F32(scale), I32(gb), I32(splits), I32(self.attention_min_split),
         )  # fmt: skip
         if splits > 1:
@@ -781,6 +801,17 @@ class GpuBackend(
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
             )  # fmt: skip
+
+    def _tiled_attention_kernel(self, n: int, n_heads: int, head_dim: int) -> tuple[str, int]:
+        """The ``attention_tiled_*`` kernel for these rows and its rows per block: the
+        smallest instantiated head_dim bound, and the most rows per block that still give
+        ``target_blocks`` blocks (fewer, larger tiles read K/V less often; more blocks keep
+        every SM busy and shorten the longest tile's chain of positions), else the fewest."""
+        dmax = next(d for d in sorted(_TILED_ROWS) if head_dim <= d)
+        options = _TILED_ROWS[dmax]
+        rows = next((r for r in options if -(-n // r) * n_heads >= self.target_blocks),
+                    options[-1])  # fmt: skip
+        return f"attention_tiled_h{dmax}r{rows}", rows
 
     def _scratch_at_least(self, nbytes: int, slot: str) -> int:
         """The address of a scratch buffer of at least ``nbytes`` for ``slot`` (what it

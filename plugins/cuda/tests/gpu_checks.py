@@ -215,6 +215,145 @@ def test_attention_past_one_chunk(cuda: Any, length: int, n_kv: int, hd: int, ro
         io.close()
 
 
+def _loud_cache(layout: vt.KVLayout, slots: np.ndarray, pos: np.ndarray, seed: int) -> np.ndarray:
+    """A random cache whose positions past each slot's last row are loud (K x8, V +50), so
+    a kernel that reads past a row's position fails the comparison (as the kit's cache)."""
+    cache = np.random.default_rng(seed).standard_normal(layout.shape).astype(np.float32)
+    ok = (slots >= 0) & (slots < layout.n_slots) & (pos >= 0) & (pos < layout.max_len)
+    for s in range(layout.n_slots):
+        seen = pos[ok & (slots == s)]
+        end = int(seen.max()) + 1 if seen.size else 0
+        cache[end:, s, :, 0] *= 8.0
+        cache[end:, s, :, 1] += 50.0
+    return cache
+
+
+def _chunks(*parts: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (slot, start, count) after one another: a step's prefill chunks; count 1 is a
+    decode row."""
+    slots = np.concatenate([np.full(c, s, np.int32) for s, _, c in parts])
+    pos = np.concatenate([np.arange(p, p + c, dtype=np.int32) for _, p, c in parts])
+    return slots, pos
+
+
+#: (label, n_kv, n_heads, head_dim, slots, positions): rows for the tiled prefill kernel.
+TILED_CASES = [
+    ("1-row", 2, 8, 64, *_chunks((1, 0, 1))),
+    ("17-rows,gqa-9", 1, 9, 64, *_chunks((0, 0, 17))),
+    ("64-rows,gqa-4", 8, 32, 64, *_chunks((2, 0, 64))),
+    ("130-rows,gqa-3,second-chunk", 3, 9, 64, *_chunks((1, 256, 130))),
+    ("600-rows,gqa-4", 2, 8, 64, *_chunks((3, 0, 600))),
+    ("512-rows,no-gqa,hd-80", 2, 2, 80, *_chunks((0, 512, 512))),
+    ("200-rows,gqa-5,hd-128", 1, 5, 128, *_chunks((2, 90, 200))),
+    ("300-rows,gqa-2,hd-256", 2, 4, 256, *_chunks((1, 0, 300))),
+    ("97-rows,gqa-7,hd-200", 1, 7, 200, *_chunks((0, 33, 97))),
+    (
+        "3-seqs+decode,gqa-6",
+        1,
+        6,
+        64,
+        *_chunks((2, 0, 150), (0, 700, 90), (3, 0, 40), (1, 999, 1), (0, 790, 1)),
+    ),
+    ("2-seqs,hd-128", 2, 16, 128, *_chunks((1, 300, 100), (2, 0, 77))),
+    ("decode-rows,gqa-8", 1, 8, 64, *_chunks(*((s % 4, 50 + 13 * s, 1) for s in range(70)))),
+]
+
+
+def _invalid(slots: np.ndarray, pos: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every 23rd row made invalid (slot -1, slot past n_slots, position past max_len or
+    negative, in turn) and the rows shuffled: positions in no order, sequences interleaved."""
+    slots, pos = slots.copy(), pos.copy()
+    for k, i in enumerate(range(5, len(pos), 23)):
+        if k % 4 == 0:
+            slots[i] = -1
+        elif k % 4 == 1:
+            slots[i] = 4
+        elif k % 4 == 2:
+            pos[i] = max_len
+        else:
+            pos[i] = -3
+    order = np.random.default_rng(len(pos)).permutation(len(pos))
+    return slots[order], pos[order]
+
+
+def _attend(
+    cuda: Any, q: np.ndarray, cache: np.ndarray, layout: vt.KVLayout, slots: np.ndarray,
+    pos: np.ndarray, n_heads: int, scale: float, tiled_min_rows: int | None = None,
+) -> tuple[np.ndarray, list[str]]:  # fmt: skip
+    """The attention op on layer 1 (``attention_tiled_min_rows`` set for the call if
+    given): its output and the kernels it launched."""
+    launched: list[str] = []
+    kernel, saved = cuda._kernel, cuda.attention_tiled_min_rows
+
+    def record(name: str, *args: Any) -> None:
+        launched.append(name)
+        kernel(name, *args)
+
+    cuda._kernel = record
+    if tiled_min_rows is not None:
+        cuda.attention_tiled_min_rows = tiled_min_rows
+    n = len(pos)
+    io = IO(cuda)
+    try:
+        out = io.empty(q.nbytes)
+        stream = cuda.create_stream()
+        cuda.launch(
+            "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
+            cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), n),
+            positions=i32(io.put(pos), n), layout=layout, layer=1, n_heads=n_heads,
+            scale=scale,
+        )  # fmt: skip
+        cuda.synchronize(stream)
+        return io.get(out, np.float32, q.shape), launched
+    finally:
+        del cuda._kernel
+        cuda.attention_tiled_min_rows = saved
+        io.close()
+
+
+@pytest.mark.parametrize("invalid", [False, True], ids=["valid", "invalid+shuffled"])
+@pytest.mark.parametrize("case", TILED_CASES, ids=[c[0] for c in TILED_CASES])
+def test_tiled_prefill_attention(cuda: Any, case: tuple, invalid: bool) -> None:
+    """attention_tiled_* (forced from 1 row) against the reference: 1-600 rows, GQA groups
+    of 1-9 heads, head_dim 64-256, chunks that start past 0, rows of 2-3 sequences and
+    decode rows in one step; and the same rows with invalid ones (NaN, as attention_split
+    gives them) and in shuffled order (tiles mixing sequences, positions in no order)."""
+    _, n_kv, n_heads, hd, slots, pos = case
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=1200, n_kv_heads=n_kv, head_dim=hd)
+    if invalid:
+        slots, pos = _invalid(slots, pos, layout.max_len)
+    n = len(pos)
+    ok = (slots >= 0) & (slots < 4) & (pos >= 0) & (pos < layout.max_len)
+    cache = _loud_cache(layout, slots, pos, n)
+    q = np.random.default_rng(n + 1).standard_normal((n, n_heads * hd)).astype(np.float32)
+    scale = 1.0 / float(np.sqrt(hd))
+    got, launched = _attend(cuda, q, cache, layout, slots, pos, n_heads, scale, 1)
+    assert len(launched) == 1 and launched[0].startswith("attention_tiled_h"), launched
+    assert np.isnan(got[~ok]).all()
+    assert not np.isnan(got[ok]).any()
+    if ok.any():
+        want = R.attention(q[ok], cache, layout, 1, slots[ok], pos[ok], n_heads, scale)
+        assert nmse(got[ok], want) <= kernel_tolerance("attention", "F32")
+
+
+@pytest.mark.parametrize("rows", ["prefill-512", "decode-32"])
+def test_attention_rows_pick_their_kernel(cuda: Any, rows: str) -> None:
+    """By default a 512-row chunk runs tiled and a 32-row decode batch split: both equal
+    the reference."""
+    layout = vt.KVLayout(n_layers=2, n_slots=33, max_len=600, n_kv_heads=8, head_dim=64)
+    if rows == "prefill-512":
+        slots, pos = _chunks((0, 0, 512))
+    else:
+        slots, pos = _chunks(*((s, 500, 1) for s in range(32)))
+    n = len(pos)
+    cache = _loud_cache(layout, slots, pos, n)
+    q = np.random.default_rng(n).standard_normal((n, 32 * 64)).astype(np.float32)
+    got, launched = _attend(cuda, q, cache, layout, slots, pos, 32, 0.125)
+    assert launched[0] == ("attention_tiled_h64r64" if n == 512 else "attention_split")
+    want = R.attention(q, cache, layout, 1, slots, pos, 32, 0.125)
+    assert nmse(got, want) <= kernel_tolerance("attention", "F32")
+
+
 def _peaked(vocab: int, row: tuple[float, float, int, int]) -> np.ndarray:
     """Logits with 24 peaks over a masked, noisy background, drawn until the kit can pick a
     counter whose draw (and top-p cut) is clear of rounding: a flat distribution over a real

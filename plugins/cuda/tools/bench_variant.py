@@ -6,7 +6,9 @@
 the backend's own tiled kernel runs prefill); ``--blas-f16``: its inputs in half precision
 (``GpuBackend.blas_inputs``); ``--splits N``: attention splits a row's positions over at
 most N blocks (``GpuBackend.attention_max_splits``); ``--int8-rows N``: decode batches of N
-rows or more on int8 activations (``GpuBackend.int8_min_rows``). ``--no-fused``:
+rows or more on int8 activations (``GpuBackend.int8_min_rows``); ``--tiled-rows N``: attention
+of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
+huge N: every step on ``attention_split``, as before it). ``--no-fused``:
 ``GpuBackend.native_fused`` is emptied, so ``matmul_add``, ``swiglu``, ``rope_kv_store`` and
 ``qkv`` run as their decompositions (the launches of before the fused kernels); graphs
 on/off is ``VT_GRAPHS``.
@@ -29,12 +31,16 @@ def main() -> None:
         ["--blas-f16"],
         ["--splits"],
         ["--int8-rows"],
+        ["--tiled-rows"],
     ):
         if args[0] == "--no-fused":
             GpuBackend.native_fused = frozenset()
             args = args[1:]
         elif args[0] == "--int8-rows":
             GpuBackend.int8_min_rows = int(args[1])
+            args = args[2:]
+        elif args[0] == "--tiled-rows":
+            GpuBackend.attention_tiled_min_rows = int(args[1])
             args = args[2:]
         elif args[0] == "--splits":
             GpuBackend.attention_max_splits = int(args[1])

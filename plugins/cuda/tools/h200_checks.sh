@@ -13,7 +13,9 @@
 # --batch 1,8,32: as is, with the fused ops decomposed, and, for smol, with VT_GRAPHS=0;
 # batch1:MODEL only as is),
 # batch_old MODEL (the same on .whl/old), kprofile MODEL (profile_decode.py at batch 1 and
-# 32 with a per-kernel table); MODEL is smol or 1b, as in `batch:smol`.
+# 32 with a per-kernel table); MODEL is smol or 1b, as in `batch:smol`. Prefill: attn (the
+# attention op alone, tiled vs split, bench_attention.py), pp:1b,smol (pp512 variants in one
+# process and per-kernel profiles of the PROFILE variants, bench_prefill.py).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -172,6 +174,16 @@ EOF"
         B="bench --backend cuda --model /tmp/$m.gguf --batch 1,8 --prompt-tokens 512 --gen-tokens 128 --repeat 2 --max-model-len 1024 --json"
         step "splits-$m" 300 "for n in 1 4 8 16 32; do python3 plugins/cuda/tools/bench_variant.py --splits \$n $B > /tmp/splits-$m-\$n.json; \
             echo splits=\$n; python3 plugins/cuda/tools/batch_table.py /tmp/splits-$m-\$n.json | grep async=on; done"
+        ;;
+    attn)  # the attention op alone: tiled prefill kernel vs split, by rows (bench_attention.py)
+        step attn 200 "python3 plugins/cuda/tools/bench_attention.py"
+        ;;
+    pp:*)  # pp512 of the models (1b,smol) in one process: chunks of 256 and 512, attention
+        # split vs tiled, cuBLAS TF32 vs half inputs, then per-kernel profiles of one chunk
+        ms=${s#pp:}
+        files=$(for m in ${ms//,/ }; do printf '/tmp/%s.gguf ' "$m"; done)
+        step "pp-$ms" 400 "python3 plugins/cuda/tools/bench_prefill.py $files --chunks 256,512 \
+            --variants split-tf32,tiled-tf32,split-f16,tiled-f16 --profile ${PROFILE:-tiled-tf32,tiled-f16}"
         ;;
     kprofile:*)
         m=${s#kprofile:}
