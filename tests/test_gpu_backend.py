@@ -596,7 +596,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
             "attention_split",
             {"n": 3, "n_heads": 6, "n_kv": 1, "head_dim": 8, "n_slots": 7, "n_layers": 4,
              "max_len": 5, "layer": 2, "scale": 0.5, "gb": 6, "splits": 32,
-             "min_per_split": 16},
+             "min_per_split": 16, "tile": 0},
         ),
         "silu_mul": lambda: (
             {"out": c.t("out", F32, *rows), "gate": c.t("gate", F32, *rows),
@@ -684,6 +684,7 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     if op == "attention":  # split over positions, then the partials combined
         launch, combine = rt.launches
         assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
+        assert combine.args[-1] == 0  # no tiled launch: every row is theirs
     else:
         (launch,) = rt.launches
     assert launch.kernel == kernel and launch.stream == stream.handle
@@ -766,18 +767,20 @@ def _attention_launch(
 
 
 def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_order() -> None:
-    """From ``attention_tiled_min_rows`` rows: one launch of a tiled kernel, a block per
-    (tile of rows, query head), no scratch; below it the split kernel, as before."""
+    """From ``attention_tiled_min_rows`` rows: a tiled kernel, a block per (tile of rows,
+    query head), then the split kernel told the tile size (it takes the rows of the tiles
+    the tiled kernel leaves: many sequences); below it the split kernel alone, as before."""
     backend, rt = make()
     layout = vt.KVLayout(n_layers=3, n_slots=5, max_len=700, n_kv_heads=2, head_dim=64)
     for n, kernel in ((63, "attention_split"), (64, "attention_tiled_h64r16")):
         rt.launches.clear()
-        scratch = len(backend._scratch)
         addresses, stream = _attention_launch(backend, n, 8, layout)
         assert rt.launches[0].kernel == kernel
-    (launch,) = rt.launches
+    launch, split, combine = rt.launches
     assert launch.grid == (4, 8, 1) and launch.block == (128, 1, 1)
-    assert launch.stream == stream.handle
+    assert launch.stream == split.stream == combine.stream == stream.handle
+    assert split.kernel == "attention_split" and split.grid == (64, 2, 2)
+    assert split.args[0] == addresses["out"] and split.args[-1] == combine.args[-1] == 16
     signature = kernel_signatures()["attention_tiled"]
     scalars = {"n": 64, "n_heads": 8, "n_kv": 2, "head_dim": 64, "n_slots": 5, "n_layers": 3,
                "max_len": 700, "layer": 1, "scale": 0.25}  # fmt: skip
@@ -787,7 +790,7 @@ def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_orde
             assert value == addresses[name], name
         else:
             assert value == pytest.approx(scalars.pop(name)), name
-    assert scalars == {} and len(backend._scratch) == scratch  # no partials
+    assert scalars == {}
     backend.attention_tiled_min_rows = 65  # the threshold is the backend's setting
     rt.launches.clear()
     _attention_launch(backend, 64, 8, layout)
@@ -814,9 +817,13 @@ def test_the_tiled_attention_kernel_by_head_dim_and_grid(
     backend, rt = make()
     layout = vt.KVLayout(n_layers=2, n_slots=2, max_len=4, n_kv_heads=1, head_dim=head_dim)
     _attention_launch(backend, n, n_heads, layout)
-    (launch,) = rt.launches
+    launch, split, *combine = rt.launches
     assert launch.kernel == f"attention_tiled_{kernel}"
     assert launch.grid == (tiles, n_heads, 1)
+    assert split.kernel == "attention_split" and split.args[-1] == int(kernel[-2:])
+    assert [c.kernel for c in combine] in ([], ["attention_combine"])
+    if combine:
+        assert combine[0].args[-1] == split.args[-1]
 
 
 def test_every_tiled_attention_kernel_is_instantiated_within_static_shared_memory() -> None:
@@ -854,11 +861,11 @@ def test_many_rows_go_to_the_vendor_blas_over_a_float32_copy_of_the_weight(wtype
     gemm = rt.launches[kernels.index("gemm")].args
     if wtype == "F32":  # the weight as it is
         assert kernels == ["gemm", "bias_add"] and gemm == [n, 40, 64, xp, w.data, op, False]
-    else:  # dequantized into scratch first, on the same stream
-        assert kernels == ["dequantize_q", "gemm", "bias_add"]
+    else:  # dequantized into scratch first (16 codes a thread), on the same stream
+        assert kernels == ["dequantize16_q", "gemm", "bias_add"]
         scratch = rt.launches[0].args[0]
         assert gemm == [n, 40, 64, xp, scratch, op, False] and scratch != w.data
-        assert rt.launches[0].args[-1] == 40 * 64
+        assert rt.launches[0].args[-1] == 40 * 64 and rt.launches[0].grid == (1, 1, 1)
     # the residual is the accumulator: in place, or copied into out first
     rt.launches.clear()
     rt.calls.clear()
@@ -896,16 +903,42 @@ def test_the_blas_path_with_half_inputs(wtype: str) -> None:
     if wtype == "F32":
         assert kernels == ["gemm"] and gemm == [n, 40, 64, xp, w.data, op, False]
         return
-    half_x = rt.launches[kernels.index("to_half")].args
+    half_x = rt.launches[kernels.index("to_half8")].args  # 8 values a thread
     assert half_x[1:] == [xp, n * 64] and half_x[0] != xp
     if wtype == "F16":
-        assert kernels == ["to_half", "gemm"]
+        assert kernels == ["to_half8", "gemm"]
         assert gemm == [n, 40, 64, half_x[0], w.data, op, False, "f16"]
     else:
-        assert kernels == ["dequantize_h_q", "to_half", "gemm"]
+        assert kernels == ["dequantize16_h_q", "to_half8", "gemm"]
         half_w = rt.launches[0].args
         assert half_w[-1] == 40 * 64 and gemm == [n, 40, 64, half_x[0], half_w[0], op, False, "f16"]
     backend.close()
+
+
+@pytest.mark.parametrize("inputs", ["tf32", "f16"])
+def test_the_blas_copies_fall_back_to_a_value_a_thread(inputs: str) -> None:
+    """The 16-values-a-thread copies (blas_copies.cu) need quantized codes and 16-byte
+    alignment; a BF16 weight, or x at an odd offset, takes the one-value kernels."""
+    source = kernel_source()
+    for name in ("dequantize16_q", "dequantize16_h_q", "to_half8"):
+        assert name in kernel_signatures() and f"void {name}(" in source
+    backend, rt = make(blas="fake BLAS")
+    backend.blas_inputs = inputs
+    values = np.random.default_rng(3).standard_normal((40, 64)).astype(np.float32)
+    weight = backend.upload_weight(weight_tensor("w", values, "BF16"))
+    n = backend.blas_min_rows
+    buf = backend.alloc(n * 64 * 4 + 4)
+    x = vt.Tensor.of(vt.Buffer(buf.handle, buf.nbytes - 4, owner=buf.owner, offset=4), F32, n, 64)
+    out = vt.Tensor.of(backend.alloc(n * 40 * 4), F32, n, 40)
+    rt.launches.clear()
+    backend.launch("matmul", stream=backend.create_stream(), out=out, x=x, weight=weight)
+    kernels = [launch.kernel for launch in rt.launches]
+    if inputs == "f16":
+        assert kernels == ["dequantize_h_bf16", "to_half", "gemm"]
+        assert rt.launches[1].grid == (n * 64 // 256, 1, 1)
+    else:
+        assert kernels == ["dequantize_bf16", "gemm"]
+    assert rt.launches[0].grid == (40 * 64 // 256, 1, 1)
 
 
 def test_int8_activations_for_decode_batches_when_asked() -> None:

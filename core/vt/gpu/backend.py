@@ -109,6 +109,7 @@ KERNEL_PARTS: tuple[str, ...] = (
     "common.cu",
     "embedding_norm.cu",
     "matmul.cu",
+    "blas_copies.cu",
     "rope_kv.cu",
     "attention.cu",
     "attention_tiled.cu",
@@ -210,9 +211,9 @@ class GpuBackend(
     attention_min_split: int = 16
     #: Attention of at least this many rows runs on the tiled prefill kernel
     #: (``attention_tiled_*``: a block per tile of consecutive rows and query head, K/V
-    #: staged in shared memory); fewer rows (decode batches) on ``attention_split``. The
-    #: tiled kernel takes a tile's rows one sequence (slot) at a time, so a step of many
-    #: sequences' single rows belongs on the split kernel: see docs/gpu.md for the measure.
+    #: staged in shared memory) for tiles of rows of at most two sequences, and on
+    #: ``attention_split`` for the other tiles' rows (decided on the device); fewer rows
+    #: (decode batches) on ``attention_split`` alone. Measured in docs/gpu.md (runs 16-17).
     attention_tiled_min_rows: int = 64
 
     def __init__(self, runtime: GpuRuntime) -> None:
@@ -597,20 +598,26 @@ class GpuBackend(
         n, (m, k) = x.shape[0], (w.rows, w.cols)
         xp, op = self._ptr(x).value or 0, self._ptr(out).value or 0
         wptr, inputs, total = w.data, "f32", m * k
+        # Quantized codes 16 at a time (blas_copies.cu) where 16 values share a scale pair
+        # and the codes are 16-byte aligned; else a value a thread (embedding_norm.cu).
+        wide = w.kind == W.WT_Q and w.lg_block >= 4 and total % 16 == 0 and w.data % 16 == 0
+        copy = "dequantize16" if wide else "dequantize"
+        per = 16 if wide else 1
         if w.kind != W.WT_F32 and self.blas_inputs == "f16":
             inputs = "f16"
             if w.kind != W.WT_F16:
                 wptr = self._scratch_at_least(total * 2, slot="half_weight")
-                self._kernel(f"dequantize_h_{w.suffix}", (_blocks(total), 1, 1), _THREADS,
+                self._kernel(f"{copy}_h_{w.suffix}", (_blocks(total // per), 1, 1), _THREADS,
                              stream, P(wptr), P(w.data), P(w.scales), I32(w.lg_block),
                              I64(total))  # fmt: skip
             xh = self._scratch_at_least(n * k * 2, slot="half_x")
-            self._kernel("to_half", (_blocks(n * k), 1, 1), _THREADS, stream, P(xh), P(xp),
-                         I64(n * k))  # fmt: skip
+            x8 = 8 if (n * k) % 8 == 0 and xp % 16 == 0 else 1  # 8 values a thread
+            self._kernel("to_half8" if x8 > 1 else "to_half", (_blocks(n * k // x8), 1, 1),
+                         _THREADS, stream, P(xh), P(xp), I64(n * k))  # fmt: skip
             xp = xh
         elif w.kind != W.WT_F32:
             wptr = self._scratch_at_least(total * 4, slot="f32_weight")
-            self._kernel(f"dequantize_{w.suffix}", (_blocks(total), 1, 1), _THREADS, stream,
+            self._kernel(f"{copy}_{w.suffix}", (_blocks(total // per), 1, 1), _THREADS, stream,
                          P(wptr), P(w.data), P(w.scales), I32(w.lg_block), I64(total))  # fmt: skip
         accumulate = residual is not None
         if residual is not None and (rp := self._ptr(residual).value or 0) != op:
@@ -773,15 +780,18 @@ class GpuBackend(
             return
         n_kv, hd = layout.n_kv_heads, layout.head_dim
         kv_args = (self._ptr(cache), self._ptr(slots), self._ptr(positions))
+        tile = 0  # no tiled launch: attention_split takes every row
         if n >= self.attention_tiled_min_rows:
-            name, rows = self._tiled_attention_kernel(n, n_heads, hd)
+            # Tiles of rows of at most two sequences on the tiled kernel; the split kernel
+            # below takes the rows of the other tiles (decode rows of many sequences beside a
+            # prefill chunk), deciding on the device from the same slots: each row once.
+            name, tile = self._tiled_attention_kernel(n, n_heads, hd)
             self._kernel(
-                name, (-(-n // rows), n_heads, 1), _AT_THREADS, stream, self._ptr(out),
+                name, (-(-n // tile), n_heads, 1), _AT_THREADS, stream, self._ptr(out),
                 self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv), I32(hd),
                 I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
                 F32(scale),
             )  # fmt: skip
-            return
         group = n_heads // n_kv
         gb = max(g for g in range(1, min(group, _FA_MAXG) + 1) if group % g == 0)
         blocks = n * n_kv * (group // gb)
@@ -793,13 +803,14 @@ class GpuBackend(
             "attention_split", (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
-            F32(scale), I32(gb), I32(splits), I32(self.attention_min_split),
+            F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile),
         )  # fmt: skip
         if splits > 1:
             self._kernel(
                 "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
+                I32(tile),
             )  # fmt: skip
 
     def _tiled_attention_kernel(self, n: int, n_heads: int, head_dim: int) -> tuple[str, int]:

@@ -13,6 +13,7 @@ graphs and async readback each on and off.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from pathlib import Path
@@ -138,6 +139,49 @@ def test_tiled_matmul_path(cuda: Any, wtype: str, n: int, path: str) -> None:
 
 
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_blas_copies_are_bit_exact(cuda: Any, wtype: str) -> None:
+    """dequantize16_q equals the one-value kernels' values (``PackedWeight.values``: the
+    reference's dequantization, bit for bit but for the sign of some zeros), dequantize16_h_q
+    those rounded to half (numpy's nearest even), to_half8 numpy's float16 cast (overflow to
+    inf, subnormals), over more values than the grid covers in one pass."""
+    from vt.gpu.backend import I64, P, _blocks
+    from vt.gpu.weights import pack
+
+    cols = 512 if wtype.endswith("_K") else 96
+    rows = 4099  # 4099 x 96 / 16 = 24,594 threads: a grid-stride loop of 3 passes below
+    rng = np.random.default_rng(7)
+    tensor, ref = weight_tensor("w", rng.standard_normal((rows, cols)).astype(np.float32), wtype)
+    x = (rng.standard_normal(8 * 5000) * 3000).astype(np.float32)
+    x[:6] = [70000.0, -65520.0, 65519.0, 6e-8, -3e-8, 1e-30]
+    io = IO(cuda)
+    w = cuda.upload_weight(tensor)
+    try:
+        gw = w.handle
+        total = rows * cols
+        out, outh, xh = io.empty(total * 4), io.empty(total * 2), io.empty(x.size * 2)
+        stream = cuda.create_stream()
+        args = (P(gw.data), P(gw.scales), ctypes.c_int32(gw.lg_block), I64(total))
+        cuda._kernel("dequantize16_q", (32, 1, 1), 256, stream, P(out.handle), *args)
+        cuda._kernel("dequantize16_h_q", (32, 1, 1), 256, stream, P(outh.handle), *args)
+        cuda._kernel("to_half8", (_blocks(x.size // 8), 1, 1), 256, stream, P(xh.handle),
+                     P(io.put(x).handle), I64(x.size))  # fmt: skip
+        cuda.synchronize(stream)
+        got = io.get(out, np.float32, (rows, cols))
+        values = pack(tensor).values()  # vt_wload's values: the reference's, and zeros' signs
+        assert np.array_equal(got, ref) and np.array_equal(
+            got.view(np.uint32), values.view(np.uint32)
+        )
+        want_h = values.astype(np.float16).view(np.uint16)
+        assert np.array_equal(io.get(outh, np.uint16, (rows, cols)), want_h)
+        with np.errstate(over="ignore"):
+            want_x = x.astype(np.float16).view(np.uint16)
+        assert np.array_equal(io.get(xh, np.uint16, x.shape), want_x)
+    finally:
+        cuda.free_weight(w)
+        io.close()
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("n", [8, 17, 32])
 def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int) -> None:
     """GpuBackend.int8_min_rows (a variant, off by default): matmul (with the residual),
@@ -256,10 +300,20 @@ TILED_CASES = [
     ),
     ("2-seqs,hd-128", 2, 16, 128, *_chunks((1, 300, 100), (2, 0, 77))),
     ("decode-rows,gqa-8", 1, 8, 64, *_chunks(*((s % 4, 50 + 13 * s, 1) for s in range(70)))),
+    ("chunk+32-decode", 2, 8, 64, *_chunks((0, 0, 480), *((s, 300 + s, 1) for s in range(1, 33)))),
+    (
+        "decode+chunk,hd-128",
+        1,
+        4,
+        128,
+        *_chunks(*((s, 9 * s, 1) for s in range(1, 21)), (0, 64, 200)),
+    ),
 ]
 
 
-def _invalid(slots: np.ndarray, pos: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+def _invalid(
+    slots: np.ndarray, pos: np.ndarray, n_slots: int, max_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Every 23rd row made invalid (slot -1, slot past n_slots, position past max_len or
     negative, in turn) and the rows shuffled: positions in no order, sequences interleaved."""
     slots, pos = slots.copy(), pos.copy()
@@ -267,7 +321,7 @@ def _invalid(slots: np.ndarray, pos: np.ndarray, max_len: int) -> tuple[np.ndarr
         if k % 4 == 0:
             slots[i] = -1
         elif k % 4 == 1:
-            slots[i] = 4
+            slots[i] = n_slots
         elif k % 4 == 2:
             pos[i] = max_len
         else:
@@ -314,21 +368,25 @@ def _attend(
 @pytest.mark.parametrize("invalid", [False, True], ids=["valid", "invalid+shuffled"])
 @pytest.mark.parametrize("case", TILED_CASES, ids=[c[0] for c in TILED_CASES])
 def test_tiled_prefill_attention(cuda: Any, case: tuple, invalid: bool) -> None:
-    """attention_tiled_* (forced from 1 row) against the reference: 1-600 rows, GQA groups
-    of 1-9 heads, head_dim 64-256, chunks that start past 0, rows of 2-3 sequences and
-    decode rows in one step; and the same rows with invalid ones (NaN, as attention_split
-    gives them) and in shuffled order (tiles mixing sequences, positions in no order)."""
+    """Attention from 1 row on the tiled path (attention_tiled_* forced, with
+    attention_split for the tiles of three or more sequences) against the reference: 1-600
+    rows, GQA groups of 1-9 heads, head_dim 64-256, chunks that start past 0, rows of 2-3
+    sequences, a chunk beside decode rows; and the same rows with invalid ones (NaN, as
+    attention_split gives them) and in shuffled order (tiles mixing many sequences,
+    positions in no order)."""
     _, n_kv, n_heads, hd, slots, pos = case
-    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=1200, n_kv_heads=n_kv, head_dim=hd)
+    n_slots = max(4, int(slots.max()) + 1)
+    layout = vt.KVLayout(n_layers=2, n_slots=n_slots, max_len=1200, n_kv_heads=n_kv,
+                         head_dim=hd)  # fmt: skip
     if invalid:
-        slots, pos = _invalid(slots, pos, layout.max_len)
+        slots, pos = _invalid(slots, pos, n_slots, layout.max_len)
     n = len(pos)
-    ok = (slots >= 0) & (slots < 4) & (pos >= 0) & (pos < layout.max_len)
+    ok = (slots >= 0) & (slots < n_slots) & (pos >= 0) & (pos < layout.max_len)
     cache = _loud_cache(layout, slots, pos, n)
     q = np.random.default_rng(n + 1).standard_normal((n, n_heads * hd)).astype(np.float32)
     scale = 1.0 / float(np.sqrt(hd))
     got, launched = _attend(cuda, q, cache, layout, slots, pos, n_heads, scale, 1)
-    assert len(launched) == 1 and launched[0].startswith("attention_tiled_h"), launched
+    assert launched[0].startswith("attention_tiled_h") and launched[1] == "attention_split"
     assert np.isnan(got[~ok]).all()
     assert not np.isnan(got[ok]).any()
     if ok.any():
@@ -338,7 +396,8 @@ def test_tiled_prefill_attention(cuda: Any, case: tuple, invalid: bool) -> None:
 
 @pytest.mark.parametrize("rows", ["prefill-512", "decode-32"])
 def test_attention_rows_pick_their_kernel(cuda: Any, rows: str) -> None:
-    """By default a 512-row chunk runs tiled and a 32-row decode batch split: both equal
+    """By default a 512-row chunk runs tiled (attention_split launched beside it, for
+    tiles of many sequences: none here) and a 32-row decode batch split alone: both equal
     the reference."""
     layout = vt.KVLayout(n_layers=2, n_slots=33, max_len=600, n_kv_heads=8, head_dim=64)
     if rows == "prefill-512":

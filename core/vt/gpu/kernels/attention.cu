@@ -6,20 +6,60 @@
 // it writes its unnormalized partial (acc[head_dim], max, sum) for attention_combine. So a
 // single row at a long context fills the GPU (the positions are spread over blocks), and
 // the KV rows of a group are read once for its GB heads. The split ranges come from the
-// device-side positions, so a captured graph stays valid as the context grows.
+// device-side positions, so a captured graph stays valid as the context grows. With
+// tile > 0 (a step of many rows) only the rows of tiles attention_tiled leaves are done.
 #define FA_THREADS 128
 #define FA_CHUNK 128  // == FA_THREADS: one position per thread per pass
 #define FA_MAXG 8     // query heads per block (the host picks a divisor of the group size)
+
+// min(v) over the block (every thread gets it); red holds a value per warp.
+__device__ __forceinline__ int vt_block_min_int(int v, int* red) {
+    for (int m = VT_WARP / 2; m > 0; m >>= 1) v = min(v, (int)VT_SHFL_XOR(v, m));
+    if (threadIdx.x % VT_WARP == 0) red[threadIdx.x / VT_WARP] = v;
+    __syncthreads();
+    int r = red[0];
+    for (int w = 1; w < (int)(blockDim.x / VT_WARP); ++w) r = min(r, red[w]);
+    __syncthreads();  // red[] is reused by the next reduction
+    return r;
+}
+
+// Many rows (prefill) go to two kernels, split by tiles of `tile` consecutive rows:
+// attention_tiled takes a tile whose valid rows belong to at most two sequences (slots),
+// attention_split (+ attention_combine) the rows of every other tile (decode rows of many
+// sequences beside a prefill chunk: one tiled block would take them one pass each). Both
+// decide from the same device data by this function, so each row is written once. A
+// barrier: every thread of the block calls it, and gets the same answer. tile == 0: no
+// tiled launch, every row is split's.
+__device__ bool vt_tile_is_tiled(const int* slots, const int* positions, int n, int n_slots,
+                                 int max_len, int i0, int tile, int* red) {
+    if (tile <= 0) return false;
+    int lo = 0x7fffffff, hi = 0x7fffffff;  // min slot, -(max slot)
+    for (int r = threadIdx.x; r < tile && i0 + r < n; r += blockDim.x) {
+        int s = slots[i0 + r], p = positions[i0 + r];
+        if (s >= 0 && s < n_slots && p >= 0 && p < max_len) lo = min(lo, s), hi = min(hi, -s);
+    }
+    lo = vt_block_min_int(lo, red);
+    hi = -vt_block_min_int(hi, red);
+    int third = 1;  // 0 where a valid row's slot is strictly between the two
+    for (int r = threadIdx.x; r < tile && i0 + r < n; r += blockDim.x) {
+        int s = slots[i0 + r], p = positions[i0 + r];
+        if (s > lo && s < hi && p >= 0 && p < max_len) third = 0;
+    }
+    return vt_block_min_int(third, red) == 1;
+}
 extern "C" __global__ void attention_split(float* out, float* part, const float* q,
                                            const float* cache, const int* slots,
                                            const int* positions, int n, int n_heads, int n_kv,
                                            int head_dim, int n_slots, int n_layers,
                                            int max_len, int layer, float scale, int gb,
-                                           int splits, int min_per_split) {
+                                           int splits, int min_per_split, int tile) {
     __shared__ float qs[FA_MAXG * 256];
     __shared__ float sc[FA_MAXG * FA_CHUNK];
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
+    __shared__ int red[FA_THREADS / VT_WARP];
     int i = blockIdx.x, s = blockIdx.z, t = threadIdx.x;
+    if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, red))
+        return;  // attention_tiled writes this row (the whole block leaves together)
     int lane = t % VT_WARP, warp = t / VT_WARP, warps = FA_THREADS / VT_WARP;
     int group = n_heads / n_kv, subs = group / gb;
     int kvh = blockIdx.y / subs;
@@ -157,10 +197,13 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
 extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
                                              const int* positions, int n, int n_heads,
                                              int head_dim, int n_slots, int max_len,
-                                             int splits) {
+                                             int splits, int tile) {
     __shared__ float wt[FA_THREADS];
     __shared__ float red[FA_THREADS];
+    __shared__ int ired[FA_THREADS / VT_WARP];
     int oh = blockIdx.x, i = oh / n_heads, t = threadIdx.x;
+    if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, ired))
+        return;  // attention_tiled wrote this row
     int slot = slots[i], pos = positions[i];
     bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
     const float* pp = part + (long long)oh * splits * (head_dim + 2);

@@ -16,9 +16,11 @@
 // others are taken in passes, one per distinct slot among the tile's rows, in increasing
 // slot order: a pass walks positions 0..(the largest position of its rows) of its slot and
 // masks every other row. A tile of one sequence (a prefill chunk, any start position,
-// positions in any order) is one pass; a tile mixing sequences (prefill + decode in one
-// step) costs one pass per sequence. The pass's slot and length come from block
-// reductions, so the control flow is uniform and no thread leaves before a barrier.
+// positions in any order) is one pass, a tile across two chunks two; a tile of three or
+// more sequences (decode rows beside a chunk) is left to attention_split, which the host
+// launches with the same tile size (vt_tile_is_tiled decides for both). The pass's slot
+// and length come from block reductions, so the control flow is uniform and no thread
+// leaves before a barrier.
 //
 // Threads: 128 = 16 row groups x 8 lanes (tc = t % 8, consecutive lanes of one warp, so a
 // row's max and sum are three xor shuffles). Thread (tr, tc) owns rows tr + 16k (k < RM;
@@ -30,16 +32,6 @@
 #define AT_TC 8
 #define AT_TR 16
 #define AT_NONE 0x7fffffff  // a row in no pass: invalid, or past the batch
-
-__device__ __forceinline__ int vt_block_min_int(int v, int* red) {
-    for (int m = VT_WARP / 2; m > 0; m >>= 1) v = min(v, (int)VT_SHFL_XOR(v, m));
-    if (threadIdx.x % VT_WARP == 0) red[threadIdx.x / VT_WARP] = v;
-    __syncthreads();
-    int r = red[0];
-    for (int w = 1; w < AT_THREADS / VT_WARP; ++w) r = min(r, red[w]);
-    __syncthreads();  // red[] is reused by the next reduction
-    return r;
-}
 
 template <int DMAX, int RM, int BN>
 __device__ __forceinline__ void vt_attention_tiled(float* out, const float* q, const float* cache,
@@ -55,6 +47,8 @@ __device__ __forceinline__ void vt_attention_tiled(float* out, const float* q, c
     int t = threadIdx.x, tc = t % AT_TC, tr = t / AT_TC;
     // The last tiles (longest contexts) first, so the short ones fill the tail.
     int i0 = (gridDim.x - 1 - blockIdx.x) * BM, h = blockIdx.y;
+    if (!vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i0, BM, red))
+        return;  // rows of three or more sequences: attention_split's (the block leaves together)
     int kvh = h / (n_heads / n_kv), row = n_kv * head_dim;
     int dlim = (head_dim + 3) & ~3;  // the score loop's extent, in float4 steps
     long long pos_stride = (long long)n_slots * n_layers * 2 * row;
