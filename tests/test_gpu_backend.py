@@ -939,6 +939,13 @@ def test_the_blas_copies_fall_back_to_a_value_a_thread(inputs: str) -> None:
     else:
         assert kernels == ["dequantize_bf16", "gemm"]
     assert rt.launches[0].grid == (40 * 64 // 256, 1, 1)
+    # a quantized weight with the wide copies turned off (a tool's "before")
+    backend.blas_wide_copies = False
+    q8 = backend.upload_weight(weight_tensor("q", values, "Q8_0"))
+    rt.launches.clear()
+    backend.launch("matmul", stream=backend.create_stream(), out=out, x=x, weight=q8)
+    want = ["dequantize_h_q", "to_half", "gemm"] if inputs == "f16" else ["dequantize_q", "gemm"]
+    assert [launch.kernel for launch in rt.launches] == want
 
 
 def test_int8_activations_for_decode_batches_when_asked() -> None:

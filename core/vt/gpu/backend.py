@@ -195,6 +195,9 @@ class GpuBackend(
     #: copies, TF32 products) or "f16" (IEEE half copies of the weight and of x; |x| above
     #: 65504 becomes inf, so not the default).
     blas_inputs: str = "tf32"
+    #: The BLAS path's quantized-weight and x copies 16 (8) values a thread with 128-bit
+    #: loads and stores (blas_copies.cu); False: a value a thread (a tool's "before").
+    blas_wide_copies: bool = True
     #: Decode batches of at least this many rows against quantized weights use int8
     #: activations (x quantized once per op to blocks of 32, dp4a/sdot4 products): a
     #: measured variant, off by default (a huge number).
@@ -600,7 +603,10 @@ class GpuBackend(
         wptr, inputs, total = w.data, "f32", m * k
         # Quantized codes 16 at a time (blas_copies.cu) where 16 values share a scale pair
         # and the codes are 16-byte aligned; else a value a thread (embedding_norm.cu).
-        wide = w.kind == W.WT_Q and w.lg_block >= 4 and total % 16 == 0 and w.data % 16 == 0
+        wide = (
+            self.blas_wide_copies and w.kind == W.WT_Q and w.lg_block >= 4 and total % 16 == 0
+            and w.data % 16 == 0
+        )  # fmt: skip
         copy = "dequantize16" if wide else "dequantize"
         per = 16 if wide else 1
         if w.kind != W.WT_F32 and self.blas_inputs == "f16":
@@ -611,7 +617,7 @@ class GpuBackend(
                              stream, P(wptr), P(w.data), P(w.scales), I32(w.lg_block),
                              I64(total))  # fmt: skip
             xh = self._scratch_at_least(n * k * 2, slot="half_x")
-            x8 = 8 if (n * k) % 8 == 0 and xp % 16 == 0 else 1  # 8 values a thread
+            x8 = 8 if self.blas_wide_copies and (n * k) % 8 == 0 and xp % 16 == 0 else 1
             self._kernel("to_half8" if x8 > 1 else "to_half", (_blocks(n * k // x8), 1, 1),
                          _THREADS, stream, P(xh), P(xp), I64(n * k))  # fmt: skip
             xp = xh

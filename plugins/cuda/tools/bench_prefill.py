@@ -8,7 +8,8 @@ For each model and chunk size (``max_batch_tokens``): a ``--tokens``-token promp
 in chunks of that size, as the engine cuts it (each chunk one step, the last one's sampled
 id read back), 2 warm-up prefills, then the best wall time of ``--reps``, as tok/s, for each
 variant: ``split`` or ``tiled`` attention (``GpuBackend.attention_tiled_min_rows`` 1e9 or
-the default), and ``tf32`` or ``f16`` cuBLAS inputs (``GpuBackend.blas_inputs``). Prints
+the default), ``tf32`` or ``f16`` cuBLAS inputs (``GpuBackend.blas_inputs``), and with
+``-narrow`` the weight copies a value a thread (``GpuBackend.blas_wide_copies``). Prints
 whether every variant sampled the same first id. ``--profile VARIANT,...``: afterwards, per
 variant, the per-kernel GPU time of a prefill in one chunk of ``--tokens`` (torch's CUPTI
 profiler, as ``profile_decode.py --prefill``).
@@ -26,12 +27,14 @@ from vt.model import load_gguf
 
 
 def apply(backend: GpuBackend, variant: str) -> None:
-    """Set the backend's attributes for ``variant`` (``split|tiled``-``tf32|f16``)."""
-    attention, inputs = variant.split("-")
+    """Set the backend's attributes for ``variant``: ``split|tiled``-``tf32|f16``, and
+    ``-narrow`` for the BLAS path's copies a value a thread (``blas_wide_copies`` off)."""
+    attention, inputs, *rest = variant.split("-")
     backend.attention_tiled_min_rows = (
         type(backend).attention_tiled_min_rows if attention == "tiled" else 1 << 30
     )
     backend.blas_inputs = inputs
+    backend.blas_wide_copies = rest != ["narrow"]
 
 
 def prefill(runner: ModelRunner, tokens: list[int], chunk: int) -> int:

@@ -183,7 +183,8 @@ EOF"
         ms=${s#pp:}
         files=$(for m in ${ms//,/ }; do printf '/tmp/%s.gguf ' "$m"; done)
         step "pp-$ms" 400 "python3 plugins/cuda/tools/bench_prefill.py $files --chunks 256,512 \
-            --variants split-tf32,tiled-tf32,split-f16,tiled-f16 --profile ${PROFILE:-tiled-tf32,tiled-f16}"
+            --variants ${VARIANTS:-split-tf32-narrow,tiled-tf32-narrow,tiled-tf32,tiled-f16-narrow,tiled-f16} \
+            --profile ${PROFILE:-tiled-tf32,tiled-f16}"
         ;;
     kprofile:*)
         m=${s#kprofile:}
