@@ -136,7 +136,7 @@ def test_choice_measures_both_ways_then_keeps_the_faster_and_retries_the_other()
 
 def test_idle_says_whether_other_threads_leave_a_core_free(tmp_path: Path) -> None:
     loadavg = tmp_path / "loadavg"
-    idle = Idle(cpus=2, period=0.0, path=str(loadavg))
+    idle = Idle(cpus=2, period=0.0, path=str(loadavg), tasks=str(tmp_path / "no-tasks"))
     loadavg.write_text("0.50 0.40 0.30 1/300 1234\n")  # only the reader runs
     assert idle()
     loadavg.write_text("4.00 3.00 2.00 3/300 1234\n")  # two others keep both cores busy

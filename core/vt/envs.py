@@ -103,6 +103,10 @@ _DECLARED = [
         "and multiplies in integers: `16` keeps greedy ids those of an exact forward, `8` is "
         "llama.cpp's numerics (faster, parts at near-ties), `32` multiplies in float32 "
         "(`docs/benchmarks.md`)"),
+    Var("VT_CPU_TEAM", "boolean", "1", "the `cpu` backend shares a decode matmul's rows "
+        "with helper threads that wait for the next kernel spinning (about 2 ms, then "
+        "asleep); `0` uses numba's thread pool instead, which wakes its threads per kernel "
+        "(`docs/benchmarks.md`)"),
     Var("VT_API_KEY", "string", None, "`vt serve` requires this key as "
         "`Authorization: Bearer KEY` on `/v1/*` (as `--api-key`, which wins)",
         shown_default="none"),

@@ -21,9 +21,11 @@ import numpy as np
 
 from . import kernels
 from .kernels import attention as A
+from .kernels import jobs as J
 from .kernels import layers as L
 from .kernels import q8 as Q8
 from .kernels import quant as Q
+from .kernels import team as K
 
 F32 = np.float32
 _lock = threading.Lock()
@@ -46,6 +48,7 @@ def _blocks(nbytes: int, n: int) -> np.ndarray:
 
 def _warm_kind(kind: str) -> None:
     """Call the kernels of one weight format once, with the types the backend passes."""
+    J.address(J.MM_JOB[kind])  # the tile kernels as a team job
     rows = np.zeros(1, np.int64)
     x = np.zeros((1, 8, 32), F32)  # one activation row of 256 values
     out, res = np.zeros((1, 4), F32), np.zeros((1, 4), F32)
@@ -90,6 +93,7 @@ def _warm_int8() -> None:
         xq, xd, xi = Q8.scratch(1, 64, bits)
         Q8.mv1(0, raw, x, xq, xd, xi, out, out, True)
         Q8.mv(0, raw, x, xq, xd, xi, out, out, True, 2)
+        J.address(f"q8_{bits}")
 
 
 def _warm_layers() -> None:
@@ -105,6 +109,21 @@ def _warm_layers() -> None:
     A.packed_size(ids, ids, 2, 1, 1)
     A.scores(q, cache, 0, ids, ids, 2, 1.0, buf, np.zeros(2, F32))
     A.weighted_values(cache, 0, ids, ids, 2, buf, out)
+    ctl = np.zeros(K.control_size(1), np.int64)
+    for fn, sig in _TEAM_SIGNATURES:
+        fn.compile(sig)
+    K.spin_seconds_probe(ctl, 1)
+
+
+_CTL, _I = numba.types.Array(numba.types.int64, 1, "C"), numba.types.int64
+#: The team's entry points as the backend calls them (vt_cpu.team).
+_TEAM_SIGNATURES = (
+    (K.helper_loop, (_CTL, _I, _I, _I)),
+    (K.post, (_CTL, _I, _I, _I, _I, _I)),
+    (K.finish, (_CTL,)),
+    (K.run_alone, (_I, _I, _I)),
+    (K.stop, (_CTL,)),
+)
 
 
 #: The kernels each group needs (to tell a first compile from a load from the cache).
@@ -117,6 +136,8 @@ _GROUPS: dict[str, tuple[Any, ...]] = {
         A.packed_size,
         A.scores,
         A.weighted_values,
+        K.helper_loop,
+        K.post,
     ),
     "Q8_0": (Q.mv_q8_0, Q.mv1_q8_0, Q.mm_q8_0, Q.mm1_q8_0, Q.dq_q8_0),
     "Q4_0": (Q.mv_q4, Q.mv1_q4, Q.mm_q4, Q.mm1_q4, Q.dq_q4),

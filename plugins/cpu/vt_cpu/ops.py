@@ -24,6 +24,7 @@ from vt.reference import attention as ref_attention
 from . import compile as kernels_compile
 from . import weights as W
 from .kernels import attention as A
+from .kernels import jobs as J
 from .kernels import layers as L
 from .kernels import q8
 from .threads import WORKQUEUE_LOCK, ThreadOwner
@@ -143,16 +144,25 @@ class CpuOps(ReferenceOps):
         n = x.shape[0]
         if n <= KERNEL_MAX_ROWS.get(w.kind, 0):
             bits = act_bits() if x.shape[0] == 1 else 32
+            job: J.Job | None
             if bits != 32 and q8.supports(w.kind):
                 kernels_compile.ensure_compiled("int8")
                 serial, parallel = q8.bind(w, x, out, res, bits)
+                job = J.q8_job(w, x, out, res, bits) if x.flags.c_contiguous else None
             else:
                 serial, parallel = w.bind(x, out, res)
+                job = w.job(x, out, res)
+            if not owner.use_team:
+                job = None
+            if job is not None:  # one compiled kernel, alone or shared: the same bits
+                serial = owner.alone_call(job)
             if owner.n <= 1:
                 return serial
+            # the team's helpers where a job exists; numba's pool for the other kernels
+            par = owner.team_call(job) if job is not None else owner.numba_call(parallel)
             # one serial/parallel choice per amount of work (bytes x activation rows)
             choice, run = owner.choice(w.nbytes * n), owner.run
-            return lambda: run(choice, serial, parallel)
+            return lambda: run(choice, serial, par)
         step = w.tile_rows()
 
         def tiled() -> None:

@@ -24,7 +24,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numba
+import vt
 from threadpoolctl import threadpool_limits
+
+from .kernels.jobs import Job
+from .kernels.team import run_alone
+from .team import Team
 
 
 def available_cpus() -> int:
@@ -76,6 +81,9 @@ class Choice:
         if n == 0:
             self.times[way] = seconds
         else:
+            # One call held up for milliseconds (a page fault, a preempted helper) must not
+            # settle the choice for thousands of calls: a sample counts at most 3x the mean.
+            seconds = min(seconds, 3.0 * self.times[way])
             self.times[way] += 0.2 * (seconds - self.times[way])
 
 
@@ -109,16 +117,38 @@ def _release_blas() -> None:
 
 class Idle:
     """Whether the machine has a core to spare for a second thread, sampled every
-    ``period`` seconds from the kernel's count of runnable threads (``/proc/loadavg``),
-    smoothed: the others' runnable threads (not counting the reader) must leave a core idle.
+    ``period`` seconds from the kernel's count of runnable threads (``/proc/loadavg``) less
+    this process's own (``/proc/self/task``), smoothed: other processes' runnable threads
+    must leave a core idle.
     Without ``/proc`` (not Linux) it always says yes and :class:`Choice` alone decides."""
 
-    def __init__(self, cpus: int, period: float = 0.25, path: str = "/proc/loadavg") -> None:
+    def __init__(self, cpus: int, period: float = 0.25, path: str = "/proc/loadavg",
+                 tasks: str = "/proc/self/task") -> None:  # fmt: skip
         self.cpus = cpus
         self.period = period
         self.path = path
-        self.others = 0.0  # smoothed count of other runnable threads
+        self.tasks = tasks
+        self.others = 0.0  # smoothed count of other processes' runnable threads
         self._at = -1.0e9
+
+    def ours(self) -> int:
+        """This process's runnable threads (the reader among them): its engine thread, the
+        stream threads, the team's spinning helpers use cores, but they are not a load
+        that makes a second thread wait for the scheduler."""
+        n = 0
+        try:
+            names = os.listdir(self.tasks)
+        except OSError:
+            return 1
+        for tid in names:
+            try:
+                with open(f"{self.tasks}/{tid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:  # the thread exited
+                continue
+            state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+            n += state == b"R"
+        return max(1, n)
 
     def sample(self) -> float | None:
         try:
@@ -126,7 +156,7 @@ class Idle:
                 running = int(f.read().split()[3].split(b"/")[0])
         except (OSError, ValueError, IndexError):
             return None
-        return float(max(0, running - 1))
+        return float(max(0, running - self.ours()))
 
     def __call__(self) -> bool:
         now = time.monotonic()
@@ -153,6 +183,9 @@ class ThreadOwner:
         self._lock = threading.Lock()
         self.parallel_lock: threading.Lock | None = None  # set for a non-thread-safe layer
         self._choices: dict[int, Choice] = {}
+        self._team: Team | None = None
+        #: Whether decode matmuls run as team jobs (``VT_CPU_TEAM``), else numba's pool.
+        self.use_team = bool(vt.envs.get("VT_CPU_TEAM"))
         self.idle = Idle(self.n)
 
     def choice(self, nbytes: int) -> Choice:
@@ -165,6 +198,9 @@ class ThreadOwner:
         return got
 
     def close(self) -> None:
+        team, self._team = self._team, None
+        if team is not None:
+            team.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
@@ -179,11 +215,64 @@ class ThreadOwner:
             self._local.numba = self.n
         return self.n
 
-    def run(
-        self, choice: Choice, serial: Callable[[], None], parallel: Callable[[int], None]
-    ) -> None:
-        """Run one kernel serially or over the pool, as ``choice`` says; time it. While the
-        machine has no idle core the kernel runs serially without asking."""
+    @property
+    def team(self) -> Team:
+        """The helper threads for team jobs (started on first use)."""
+        team = self._team
+        if team is None:
+            with self._lock:
+                if self._team is None:
+                    self._team = Team(self.n)
+                team = self._team
+        return team
+
+    def numba_call(self, parallel: Callable[[int], None]) -> Callable[[], None]:
+        """``parallel(n)`` (a numba ``prange`` kernel) as a call for :meth:`run`: numba's
+        thread count set on the calling thread, serialized under a non-thread-safe layer."""
+
+        def call() -> None:
+            n = self.numba_threads()
+            lock = self.parallel_lock
+            if lock is None:
+                parallel(n)
+            else:
+                with lock:
+                    parallel(n)
+
+        return call
+
+    def team_call(self, job: Job) -> Callable[[], None]:
+        """A :class:`vt_cpu.kernels.jobs.Job` as a call for :meth:`run`: posted to the
+        team, or run on the calling thread alone while another thread posts."""
+        prepare, args, units = job.prepare, job.args, job.units
+        fn, addr = self.team, job.address  # started and compiled now, not in a timed call
+
+        def call(job: Job = job) -> None:  # holds the job: args points into its arrays
+            if prepare is not None:
+                prepare()
+            if not fn.run(addr, args, units, fn.chunk(units)):
+                run_alone(addr, int(args.ctypes.data), units)
+
+        return call
+
+    @staticmethod
+    def alone_call(job: Job) -> Callable[[], None]:
+        """A :class:`vt_cpu.kernels.jobs.Job` on the calling thread alone: the same
+        compiled kernel as :meth:`team_call`, so the two give the same bits."""
+        prepare, args, units = job.prepare, job.args, job.units
+        addr = job.address
+
+        def call(job: Job = job) -> None:  # holds the job: args points into its arrays
+            if prepare is not None:
+                prepare()
+            run_alone(addr, int(args.ctypes.data), units)
+
+        return call
+
+    def run(self, choice: Choice, serial: Callable[[], None], parallel: Callable[[], None]) -> None:
+        """Run one kernel serially or in parallel (a :meth:`team_call` or
+        :meth:`numba_call`), as ``choice`` says; time it. While the machine has no idle core
+        the kernel runs serially without asking."""
         if self.n <= 1 or not self.idle():
             serial()
             return
@@ -191,25 +280,12 @@ class ThreadOwner:
         if way >= 2:  # settled: run the faster way untimed
             if way == 2:
                 serial()
-                return
-            way = 1
-            n = self.numba_threads()
-            lock = self.parallel_lock
-            if lock is None:
-                parallel(n)
             else:
-                with lock:
-                    parallel(n)
+                parallel()
             return
         t0 = time.perf_counter()
         if way:
-            n = self.numba_threads()
-            lock = self.parallel_lock
-            if lock is None:
-                parallel(n)
-            else:
-                with lock:
-                    parallel(n)
+            parallel()
         else:
             serial()
         choice.record(way, time.perf_counter() - t0)

@@ -28,6 +28,7 @@ import vt
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from vt.reference import dequantize
 
+from .kernels import jobs as J
 from .kernels import quant as Q
 
 F32 = np.float32
@@ -78,6 +79,15 @@ class BlockWeight:
         args: tuple[Any, ...] = (*a, xb, out, r, add)
         one, par, tail = self.kernels(x.shape[0])
         return partial(one, *args, *tail), lambda n: par(*args, n, *tail)
+
+    def job(self, x: np.ndarray, out: np.ndarray, res: np.ndarray | None) -> J.Job | None:
+        """:meth:`bind`'s work as a team job (:mod:`vt_cpu.kernels.jobs`) where it runs the
+        tile kernels; None for the row kernels and float weights (they keep numba's pool)."""
+        k = self.kind
+        if k not in J.MM_JOB or x.shape[0] < MM_MIN_ROWS[k] or not x.flags.c_contiguous:
+            return None
+        raw = self.arrays[0] if k == "Q6_K" else self.arrays[-1]
+        return J.mm_job(k, raw, x, out, res)
 
     def kernels(self, n: int) -> tuple[Callable[..., Any], Callable[..., Any], tuple[Any, ...]]:
         """``(serial, parallel, flags)``: the kernels for ``n`` activation rows — the row

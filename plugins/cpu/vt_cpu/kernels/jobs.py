@@ -1,0 +1,225 @@
+"""The decode matmuls as team jobs (:mod:`vt_cpu.kernels.team`): C functions over a range
+of units, their operands given as addresses and shapes in an int64 argument block.
+
+- ``q8_16`` / ``q8_8``: :func:`vt_cpu.kernels.q8._rows` (one activation row, integer
+  activations of 16 or 8 bits; the caller quantized them), a unit being 4 weight rows;
+- ``mm_q8_0``, ``mm_q4``, ``mm_qk45``, ``mm_q6_k``: the tile kernels of
+  :mod:`vt_cpu.kernels.quant` (several activation rows), a unit being 4 weight rows (2 with
+  8 activation rows or more); with a residual, a chunk adds it to its own rows.
+
+The argument blocks are built by :func:`q8_args` and :func:`mm_args`, which also return
+the number of units; the arrays they point into must outlive every run of the job (the
+backend's closures hold them). Each job is compiled (or loaded from numba's cache) the
+first time :func:`address` is asked for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import carray, cfunc, njit, types
+
+from . import q8 as Q8
+from . import quant as Q
+from .team import ptr_f32, ptr_i8, ptr_i32, ptr_i64, ptr_u8
+
+SIGNATURE = types.void(types.int64, types.int64, types.int64)
+_KW = {"cache": True, "boundscheck": False, "fastmath": {"reassoc", "contract"}}
+Q8_ARGS, MM_ARGS = 15, 13
+_INLINE = {**_KW, "inline": "always"}
+
+
+@njit(**_INLINE)
+def _q8(a, u0, u1, xq):  # noqa: ANN001, ANN202 - numba only
+    n = a[5]
+    raw = carray(ptr_u8(a[1]), (a[2], a[3]))
+    xd = carray(ptr_f32(a[7]), (n, a[8]))
+    xi = carray(ptr_i32(a[9]), (n, a[10]))
+    out = carray(ptr_f32(a[11]), (n, a[12]))
+    res = carray(ptr_f32(a[13]), (n, a[12]))
+    Q8._rows(a[0], raw, xq, xd, xi, out, res, a[14] != 0, u0, u1)
+
+
+def q8_16(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), Q8_ARGS)
+    _q8(a, u0, u1, carray(ptr_u8(a[4]), (a[5], a[6])))
+
+
+def q8_8(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), Q8_ARGS)
+    _q8(a, u0, u1, carray(ptr_i8(a[4]), (a[5], a[6])))
+
+
+@njit(**_INLINE)
+def _mm_finish(a, out_rows, tgt, u0, u1):  # noqa: ANN001, ANN202
+    """With a residual: ``out = tgt + res`` on this chunk's weight rows."""
+    if a[11] == 0:
+        return
+    n = a[5]
+    per = 2 if a[12] != 0 else 4
+    res = carray(ptr_f32(a[9]), (n, out_rows))
+    out = carray(ptr_f32(a[10]), (n, out_rows))
+    for t in range(n):
+        for r in range(per * u0, min(out_rows, per * u1)):
+            out[t, r] = tgt[t, r] + res[t, r]
+
+
+@njit(**_INLINE)
+def _mm_views(a):  # noqa: ANN001, ANN202
+    raw = carray(ptr_u8(a[1]), (a[2], a[3]))
+    x = carray(ptr_f32(a[4]), (a[5], a[6], 32))
+    tgt = carray(ptr_f32(a[7]), (a[5], a[8]))
+    return raw, x, tgt
+
+
+def mm_q8_0(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), MM_ARGS)
+    raw, x, tgt = _mm_views(a)
+    q = carray(ptr_i8(a[1]), (a[2], a[3]))
+    if a[12] != 0:
+        Q._tile8_q8_0(q, raw, x, tgt, u0, u1)
+    else:
+        Q._tile_q8_0(q, raw, x, tgt, u0, u1)
+    _mm_finish(a, a[8], tgt, u0, u1)
+
+
+def mm_q4(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), MM_ARGS)
+    raw, x, tgt = _mm_views(a)
+    if a[12] != 0:
+        Q._tile8_q4(raw, x, tgt, u0, u1, a[0] != 0)
+    else:
+        Q._tile_q4(raw, x, tgt, u0, u1, a[0] != 0)
+    _mm_finish(a, a[8], tgt, u0, u1)
+
+
+def mm_qk45(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), MM_ARGS)
+    raw, x, tgt = _mm_views(a)
+    if a[12] != 0:
+        Q._tile8_qk45(raw, x, tgt, u0, u1, a[0] != 0)
+    else:
+        Q._tile_qk45(raw, x, tgt, u0, u1, a[0] != 0)
+    _mm_finish(a, a[8], tgt, u0, u1)
+
+
+def mm_q6_k(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), MM_ARGS)
+    raw, x, tgt = _mm_views(a)
+    sc = carray(ptr_i8(a[1]), (a[2], a[3]))
+    if a[12] != 0:
+        Q._tile8_q6_k(raw, sc, x, tgt, u0, u1)
+    else:
+        Q._tile_q6_k(raw, sc, x, tgt, u0, u1)
+    _mm_finish(a, a[8], tgt, u0, u1)
+
+
+_JOBS: dict[str, Callable[..., Any]] = {
+    "q8_16": q8_16, "q8_8": q8_8, "mm_q8_0": mm_q8_0, "mm_q4": mm_q4, "mm_qk45": mm_qk45,
+    "mm_q6_k": mm_q6_k,
+}  # fmt: skip
+#: The tile job of each weight format.
+MM_JOB = {"Q8_0": "mm_q8_0", "Q4_0": "mm_q4", "Q4_1": "mm_q4", "Q4_K": "mm_qk45",
+          "Q5_K": "mm_qk45", "Q6_K": "mm_q6_k"}  # fmt: skip
+_compiled: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def address(name: str) -> int:
+    """The C address of job ``name``, compiling (or loading) it on first use."""
+    got = _compiled.get(name)
+    if got is None:
+        with _lock:
+            got = _compiled.get(name)
+            if got is None:
+                # The numba-level helpers are compiled inline into each job.
+                got = _compiled[name] = cfunc(SIGNATURE, **_KW)(_JOBS[name])
+    return int(got.address)
+
+
+def _addr(a: np.ndarray) -> int:
+    return int(a.ctypes.data)
+
+
+def q8_args(fmt_id: int, raw: np.ndarray, xq: np.ndarray, xd: np.ndarray, xi: np.ndarray,
+            out: np.ndarray, res: np.ndarray | None) -> tuple[np.ndarray, int]:  # fmt: skip
+    """The argument block of a ``q8_*`` job and its units (groups of 4 weight rows)."""
+    n, rows = out.shape
+    r = out if res is None else res
+    for arr in (raw, xq, xd, xi, out, r):
+        assert arr.flags.c_contiguous, "a job's arrays are C-contiguous"
+    a = np.array(
+        [fmt_id, _addr(raw), raw.shape[0], raw.shape[1], _addr(xq), n, xq.shape[1], _addr(xd),
+         xd.shape[1], _addr(xi), xi.shape[1], _addr(out), rows, _addr(r), res is not None],
+        np.int64,
+    )  # fmt: skip
+    return a, (rows + 3) // 4
+
+
+def mm_args(kind: str, raw: np.ndarray, xb: np.ndarray, tgt: np.ndarray, out: np.ndarray,
+            res: np.ndarray | None) -> tuple[np.ndarray, int]:  # fmt: skip
+    """The argument block of the tile job of format ``kind`` and its units. ``xb`` is the
+    activations as ``[n, k / 32, 32]``; ``tgt`` is where the products go (``out`` without
+    a residual, else a scratch of ``out``'s shape)."""
+    n, rows = out.shape
+    r = out if res is None else res
+    for arr in (raw, xb, tgt, out, r):
+        assert arr.flags.c_contiguous, "a job's arrays are C-contiguous"
+    tile8 = n >= Q.MM8_MIN_ROWS
+    flag = kind in ("Q4_1", "Q5_K")
+    a = np.array(
+        [flag, _addr(raw), raw.shape[0], raw.shape[1], _addr(xb), n, xb.shape[1], _addr(tgt),
+         rows, _addr(r), _addr(out), res is not None, tile8],
+        np.int64,
+    )  # fmt: skip
+    return a, (rows + 1) // 2 if tile8 else (rows + 3) // 4
+
+
+class Job:
+    """One matmul bound as a team job: ``prepare()`` (on the poster, before the job: the
+    activations' quantization, or nothing), then job ``name`` over ``units``."""
+
+    __slots__ = ("prepare", "name", "args", "units", "_keep")
+
+    def __init__(self, prepare: Callable[[], Any] | None, name: str, args: np.ndarray,
+                 units: int, keep: tuple[np.ndarray, ...]) -> None:  # fmt: skip
+        self.prepare = prepare
+        self.name = name
+        self.args = args
+        self.units = units
+        self._keep = keep  # the arrays args points into
+
+    @property
+    def address(self) -> int:
+        return address(self.name)
+
+
+def q8_job(weight: Any, x: np.ndarray, out: np.ndarray, res: np.ndarray | None,
+           bits: int) -> Job:  # fmt: skip
+    """``out = x @ w.T (+ res)`` with ``bits``-bit activations (8 or 16) as a job, for a
+    :class:`vt_cpu.weights.BlockWeight` of a format with :mod:`vt_cpu.kernels.q8` kernels."""
+    n, k = x.shape
+    raw = weight.arrays[0] if weight.kind == "Q6_K" else weight.arrays[-1]
+    xq, xd, xi = Q8.scratch(n, k, bits)
+    fid = Q8.FMT_ID[weight.kind]
+    args, units = q8_args(fid, raw, xq, xd, xi, out, res)
+    quantize, pairs = Q8.quantize_rows, fid in (1, 2)
+
+    def prepare() -> None:
+        quantize(x, xq, xd, xi, pairs)
+
+    return Job(prepare, "q8_16" if bits == 16 else "q8_8", args, units, (x, xq, xd, xi, out))
+
+
+def mm_job(kind: str, raw: np.ndarray, x: np.ndarray, out: np.ndarray,
+           res: np.ndarray | None) -> Job:  # fmt: skip
+    """``out = x @ w.T (+ res)`` on the tile kernels of format ``kind`` (blocks ``raw``, the
+    uint8 view) as a job; ``x`` C-contiguous, of as many rows as the tile kernels take."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    tgt = out if res is None else np.empty_like(out)
+    args, units = mm_args(kind, raw, xb, tgt, out, res)
+    keep = (xb, tgt, out) if res is None else (xb, tgt, out, res)
+    return Job(None, MM_JOB[kind], args, units, keep)

@@ -1,0 +1,106 @@
+"""The CPU backend's team: helper threads that take chunks of a posted kernel.
+
+See :mod:`vt_cpu.kernels.team` for the protocol. A :class:`Team` has ``n - 1`` helper
+threads (daemons); each spins in native code for about :data:`SPIN_SECONDS` after its
+last job (a decode step posts its next kernel within microseconds, so the helpers stay
+hot for a whole step) and then parks on an event until a poster wakes it. One thread posts
+at a time: :meth:`Team.run` returns False when another is posting (the caller then runs
+the kernel itself), so two streams never wait on each other here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from .kernels import team as K
+
+#: How long a helper spins for the next job before parking (seconds). Between two kernels
+#: of a decode step the gap is a few microseconds of Python; between two steps it is the
+#: engine's scheduling and sampling, well under this.
+SPIN_SECONDS = 0.002
+
+
+def _pauses(seconds: float) -> int:
+    """How many spin-wait pauses last about ``seconds`` on this CPU (measured once)."""
+    ctl = np.zeros(K.control_size(1), np.int64)
+    K.spin_seconds_probe(ctl, 1000)  # compile / load
+    n = 20000
+    t0 = time.perf_counter()
+    K.spin_seconds_probe(ctl, n)
+    per = max(1e-9, (time.perf_counter() - t0) / n)
+    return max(1000, int(seconds / per))
+
+
+class Team:
+    """``n`` threads for one kernel at a time: the poster and ``n - 1`` helpers."""
+
+    def __init__(self, n: int, spin_seconds: float = SPIN_SECONDS) -> None:
+        if n < 2:
+            raise ValueError(f"a team needs at least 2 threads, got {n}")
+        self.n = n
+        self.helpers = n - 1
+        self.ctl = np.zeros(K.control_size(self.helpers), np.int64)
+        self.spin = _pauses(spin_seconds)
+        self._events = [threading.Event() for _ in range(self.helpers)]
+        self._post = threading.Lock()
+        self._closed = False
+        self._threads = [
+            threading.Thread(
+                target=self._helper, args=(i,), name=f"vt-cpu-team-{i + 1}", daemon=True
+            )  # fmt: skip
+            for i in range(self.helpers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _helper(self, me: int) -> None:
+        ctl, event, last = self.ctl, self._events[me], 0
+        while True:
+            last = K.helper_loop(ctl, me, last, self.spin)
+            if ctl[K.STOP]:
+                return
+            event.wait()
+            event.clear()
+
+    def chunk(self, total: int) -> int:
+        """Units per chunk for a job of ``total`` units: about 8 chunks per thread, so a
+        late or slow thread delays the job by one small chunk at most."""
+        return max(1, -(-total // (8 * self.n)))
+
+    def run(self, fn: int, args: np.ndarray, total: int, chunk: int) -> bool:
+        """Run job ``fn`` (a :mod:`vt_cpu.kernels.jobs` address) over ``total`` units in
+        chunks of ``chunk`` on the team; False (nothing run) while another thread posts
+        or after :meth:`close`."""
+        if total <= 0:
+            return True
+        if self._closed or not self._post.acquire(blocking=False):
+            return False
+        try:
+            ctl = self.ctl
+            if K.post(ctl, fn, int(args.ctypes.data), total, max(1, chunk), self.helpers):
+                for e in self._events:
+                    e.set()
+                K.finish(ctl)
+        finally:
+            self._post.release()
+        return True
+
+    def spinning(self) -> int:
+        """Helpers not parked now (each one a runnable thread while it spins)."""
+        ctl = self.ctl
+        return sum(1 for i in range(self.helpers) if ctl[K.PARKED + 8 * i] == 0)
+
+    def close(self) -> None:
+        """Stop the helpers (idempotent); later :meth:`run` calls return False."""
+        if self._closed:
+            return
+        with self._post:
+            self._closed = True
+            K.stop(self.ctl)
+        for e in self._events:
+            e.set()
+        for t in self._threads:
+            t.join()

@@ -1,0 +1,183 @@
+"""The cpu backend's team (vt_cpu.team): helper threads that take chunks of a posted kernel.
+
+A job's result must not depend on how its rows were shared out, so every job is compared
+bit for bit with the same job run on the calling thread alone (which the backend runs when
+it does not share a kernel), and that within float rounding with the kernels' numba entry
+points (tested against vt.reference in test_cpu_kernels and test_cpu_q8_kernels). The
+team must never hang or run a job twice: parked helpers are woken, a second poster runs
+its kernel alone, a closed team refuses work.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from test_cpu_q8_kernels import KINDS, cols_for, weight
+from vt_cpu.kernels import jobs, q8
+from vt_cpu.team import Team
+from vt_cpu.threads import Idle, ThreadOwner
+from vt_cpu.weights import MM_MIN_ROWS
+
+
+@pytest.fixture(scope="module")
+def team() -> Team:
+    t = Team(3)  # two helpers: more than this machine's spare core, on purpose
+    yield t
+    t.close()
+
+
+def _inputs(kind: str, n: int, residual: bool, rows: int = 45):
+    w, _ = weight(kind, rows, cols_for(kind, 3), seed=3)  # 45 rows: 11 groups of 4 and one
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, w.cols)).astype(np.float32)
+    res = rng.standard_normal((n, w.rows)).astype(np.float32)
+    return w, x, res
+
+
+def _run(team: Team, job: jobs.Job, chunk: int) -> None:
+    if job.prepare is not None:
+        job.prepare()
+    assert team.run(job.address, job.args, job.units, chunk)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_q8_job_equals_the_serial_kernel(team: Team, kind: str, bits: int,
+                                         residual: bool) -> None:  # fmt: skip
+    w, x, res = _inputs(kind, 1, residual)
+    want = res.copy()
+    ThreadOwner.alone_call(jobs.q8_job(w, x, want, want if residual else None, bits))()
+    ref = res.copy()
+    q8.bind(w, x, ref, ref if residual else None, bits)[0]()
+    np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)  # the q8 kernels' own
+    for chunk in (1, 2, 5, 100):
+        out = res.copy() if residual else np.full_like(res, np.nan)
+        _run(team, jobs.q8_job(w, x, out, out if residual else None, bits), chunk)
+        np.testing.assert_array_equal(out, want, err_msg=f"{kind} chunk {chunk}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [4, 9, 13])
+@pytest.mark.parametrize("residual", [False, True])
+def test_tile_job_equals_the_serial_kernel(team: Team, kind: str, n: int,
+                                           residual: bool) -> None:  # fmt: skip
+    w, x, res = _inputs(kind, n, residual)
+    want = res.copy()
+    job = w.job(x, want, want if residual else None)
+    assert job is not None
+    ThreadOwner.alone_call(job)()
+    ref = res.copy()
+    w.bind(x, ref, ref if residual else None)[0]()  # numba's compile of the same kernel
+    np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
+    for chunk in (1, 3, 100):
+        out = res.copy() if residual else np.full_like(res, np.nan)
+        _run(team, w.job(x, out, out if residual else None), chunk)
+        np.testing.assert_array_equal(out, want, err_msg=f"{kind} n {n} chunk {chunk}")
+
+
+def test_kernels_without_a_job_keep_numba() -> None:
+    w, x, _ = _inputs("Q4_K", MM_MIN_ROWS["Q4_K"] - 1, False)
+    assert w.job(x, np.empty((x.shape[0], w.rows), np.float32), None) is None
+    f, _ = weight("Q8_0", 8, 64)
+    f.kind = "F32"  # a float weight runs BLAS tiles, not a job
+    assert f.job(np.ones((4, 64), np.float32), np.empty((4, 8), np.float32), None) is None
+
+
+def test_parked_helpers_are_woken_and_finish_the_job() -> None:
+    t = Team(2, spin_seconds=0.0)  # helpers park after a few pauses
+    try:
+        w, x, _ = _inputs("Q4_1", 1, False, rows=4096)
+        want = np.empty((1, w.rows), np.float32)
+        q8.bind(w, x, want, None, 16)[0]()
+        for _ in range(20):
+            threading.Event().wait(0.002)  # let the helper park between jobs
+            out = np.full_like(want, np.nan)
+            _run(t, jobs.q8_job(w, x, out, None, 16), 4)
+            np.testing.assert_array_equal(out, want)
+    finally:
+        t.close()
+
+
+def test_a_second_poster_runs_alone_and_both_results_are_right(team: Team) -> None:
+    w, x, _ = _inputs("Q8_0", 1, False, rows=2048)
+    want = np.empty((1, w.rows), np.float32)
+    q8.bind(w, x, want, None, 16)[0]()
+    owner = ThreadOwner(2)
+    errors: list[str] = []
+
+    def poster(k: int) -> None:
+        out = np.empty_like(want)
+        call = owner.team_call(jobs.q8_job(w, x, out, None, 16))
+        for _ in range(200):
+            out[:] = np.nan
+            call()
+            if not np.array_equal(out, want):
+                errors.append(f"poster {k}")
+
+    try:
+        threads = [threading.Thread(target=poster, args=(k,)) for k in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+        assert not any(th.is_alive() for th in threads), "a poster hung"
+        assert errors == []
+    finally:
+        owner.close()
+
+
+def test_a_closed_team_refuses_work_and_its_helpers_exit() -> None:
+    t = Team(3)
+    helpers = list(t._threads)
+    t.close()
+    t.close()  # idempotent
+    assert all(not h.is_alive() for h in helpers)
+    args = np.zeros(jobs.Q8_ARGS, np.int64)
+    assert t.run(jobs.address("q8_16"), args, 4, 1) is False
+    assert t.run(jobs.address("q8_16"), args, 0, 1) is True  # nothing to do is done
+
+
+def test_a_team_needs_two_threads() -> None:
+    with pytest.raises(ValueError, match="at least 2 threads, got 1"):
+        Team(1)
+
+
+def test_our_own_runnable_threads_are_not_other_load(tmp_path) -> None:  # noqa: ANN001
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.00 0.00 0.00 3/100 1\n")  # the reader, a helper, an engine thread
+    tasks = tmp_path / "task"
+    for tid, state in ((1, "R"), (2, "R"), (3, "R"), (4, "S")):
+        (tasks / str(tid)).mkdir(parents=True)
+        (tasks / str(tid) / "stat").write_text(f"{tid} (vt (a) b) {state} 1 2 3\n")
+    idle = Idle(cpus=2, period=0.0, path=str(loadavg), tasks=str(tasks))
+    assert idle.ours() == 3
+    assert idle()
+    loadavg.write_text("0.00 0.00 0.00 5/100 1\n")  # and two other processes' threads
+    assert not any([idle() for _ in range(10)][5:])
+
+
+def test_a_bound_job_keeps_its_arrays_alive() -> None:
+    """The closures hold the job, and the job every array its addresses point into (the
+    residual path's scratch exists nowhere else)."""
+    import gc
+
+    w, x, res = _inputs("Q4_1", 9, True)
+    want = res.copy()
+    w.bind(x, want, want)[0]()
+    out = res.copy()
+    owner = ThreadOwner(2)
+    try:
+        calls = [owner.team_call(w.job(x, out, out)), ThreadOwner.alone_call(w.job(x, out, out))]
+        gc.collect()
+        for _ in range(3):
+            junk = [np.full((64, 64), np.nan, np.float32) for _ in range(64)]  # reuse freed memory
+            del junk
+        for call in calls:
+            out[:] = res
+            call()
+            np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    finally:
+        owner.close()
