@@ -181,3 +181,33 @@ def test_a_bound_job_keeps_its_arrays_alive() -> None:
             np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     finally:
         owner.close()
+
+
+@pytest.mark.parametrize("kinds", [("Q4_1", "Q4_1", "Q4_1"), ("Q4_K", "Q6_K", "Q8_0"),
+                                   ("Q4_0", "Q8_0", "Q4_1")])  # fmt: skip
+@pytest.mark.parametrize("n", [1, 9])
+def test_a_multi_job_equals_its_parts(team: Team, kinds: tuple[str, ...], n: int) -> None:
+    """Q, K and V (or gate and up) as one job: each output as its own job gives, with the
+    activations quantized once per activation order (the nibble formats interleave it)."""
+    cols = cols_for("Q4_K", 1)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    shapes = zip(kinds, (33, 8, 8), strict=True)
+    ws = [weight(k, rows, cols, seed=i)[0] for i, (k, rows) in enumerate(shapes)]
+
+    def part(w, out, shared):  # noqa: ANN001, ANN202
+        return jobs.q8_job(w, x, out, None, 16, shared) if n == 1 else w.job(x, out, None)
+
+    want = [np.empty((n, w.rows), np.float32) for w in ws]
+    for w, o in zip(ws, want, strict=True):
+        ThreadOwner.alone_call(part(w, o, None))()
+    for chunk in (1, 4, 1000):
+        outs = [np.full((n, w.rows), np.nan, np.float32) for w in ws]
+        shared: dict = {}
+        job = jobs.multi_job([part(w, o, shared) for w, o in zip(ws, outs, strict=True)])
+        assert job.units == sum((w.rows + 3) // 4 if n < 8 else (w.rows + 1) // 2 for w in ws)
+        _run(team, job, chunk)
+        for got, exp in zip(outs, want, strict=True):
+            np.testing.assert_array_equal(got, exp)
+    if n == 1:
+        assert len(shared) == len({k in ("Q4_0", "Q4_1") for k in kinds})  # quantized once each

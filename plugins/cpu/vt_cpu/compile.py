@@ -113,6 +113,7 @@ def _warm_layers() -> None:
     for fn, sig in _TEAM_SIGNATURES:
         fn.compile(sig)
     K.spin_seconds_probe(ctl, 1)
+    J.address("multi")
 
 
 _CTL, _I = numba.types.Array(numba.types.int64, 1, "C"), numba.types.int64

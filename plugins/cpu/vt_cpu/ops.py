@@ -136,32 +136,62 @@ class CpuOps(ReferenceOps):
         return h
 
     # ---- the matmuls
+    def _job(self, w: W.BlockWeight, x: np.ndarray, out: np.ndarray, res: np.ndarray | None,
+             shared: dict[bool, tuple[np.ndarray, ...]]) -> J.Job | None:  # fmt: skip
+        """``out = x @ w.T (+ res)`` as a team job, where the rows' kernel is one (the
+        integer kernels for one row, the tile kernels for several); None otherwise."""
+        if not self.threads.use_team or not x.flags.c_contiguous:
+            return None
+        if x.shape[0] == 1 and act_bits() != 32 and q8.supports(w.kind):
+            kernels_compile.ensure_compiled("int8")
+            return J.q8_job(w, x, out, res, act_bits(), shared)
+        return w.job(x, out, res) if x.shape[0] > 1 else None
+
     def _project(
         self, p: _Projection, x: np.ndarray, out: np.ndarray, res: np.ndarray | None
     ) -> Callable[[], None]:
         """A closure computing ``out = x @ w.T (+ res)``."""
-        w, owner = p.weight, self.threads
-        n = x.shape[0]
+        return self._projections([(p, out, res)], x)
+
+    def _projections(
+        self, items: list[tuple[_Projection, np.ndarray, np.ndarray | None]], x: np.ndarray
+    ) -> Callable[[], None]:
+        """A closure computing ``out = x @ w.T (+ res)`` for each ``(w, out, res)`` of
+        ``items`` (weights sharing the activations ``x``: Q, K and V; gate and up). Where
+        each is a team job they run as one (one post, one wait, ``x`` quantized once)."""
+        owner, n = self.threads, x.shape[0]
+        if all(n <= KERNEL_MAX_ROWS.get(p.weight.kind, 0) for p, _, _ in items):
+            shared: dict[bool, tuple[np.ndarray, ...]] = {}
+            jobs = [self._job(p.weight, x, o, r, shared) for p, o, r in items]
+            if all(j is not None for j in jobs):
+                job = J.multi_job([j for j in jobs if j is not None])
+                serial = owner.alone_call(job)  # the same compiled kernels as shared: same bits
+                if owner.n <= 1:
+                    return serial
+                nbytes = sum(p.weight.nbytes for p, _, _ in items)
+                choice, run, par = owner.choice(nbytes * n), owner.run, owner.team_call(job)
+                return lambda: run(choice, serial, par)
+        if len(items) > 1:
+            calls = [self._projections([item], x) for item in items]
+
+            def each() -> None:
+                for call in calls:
+                    call()
+
+            return each
+        (p, out, res) = items[0]
+        w = p.weight
         if n <= KERNEL_MAX_ROWS.get(w.kind, 0):
-            bits = act_bits() if x.shape[0] == 1 else 32
-            job: J.Job | None
+            bits = act_bits() if n == 1 else 32
             if bits != 32 and q8.supports(w.kind):
                 kernels_compile.ensure_compiled("int8")
                 serial, parallel = q8.bind(w, x, out, res, bits)
-                job = J.q8_job(w, x, out, res, bits) if x.flags.c_contiguous else None
             else:
                 serial, parallel = w.bind(x, out, res)
-                job = w.job(x, out, res)
-            if not owner.use_team:
-                job = None
-            if job is not None:  # one compiled kernel, alone or shared: the same bits
-                serial = owner.alone_call(job)
             if owner.n <= 1:
                 return serial
-            # the team's helpers where a job exists; numba's pool for the other kernels
-            par = owner.team_call(job) if job is not None else owner.numba_call(parallel)
             # one serial/parallel choice per amount of work (bytes x activation rows)
-            choice, run = owner.choice(w.nbytes * n), owner.run
+            choice, run, par = owner.choice(w.nbytes * n), owner.run, owner.numba_call(parallel)
             return lambda: run(choice, serial, par)
         step = w.tile_rows()
 
@@ -193,17 +223,16 @@ class CpuOps(ReferenceOps):
                wq: vt.Weight, wk: vt.Weight, wv: vt.Weight, bq: vt.Weight | None = None,
                bk: vt.Weight | None = None, bv: vt.Weight | None = None) -> None:  # fmt: skip
         xa = self._array(x)
-        parts = []
-        for t, w, b in ((q, wq, bq), (k, wk, bk), (v, wv, bv)):
-            o = self._array(t)
-            parts.append((self._project(self._projection(w), xa, o, None), o,
-                          None if b is None else b.handle))  # fmt: skip
+        outs = [self._array(t) for t in (q, k, v)]
+        project = self._projections(
+            [(self._projection(w), o, None) for w, o in zip((wq, wk, wv), outs, strict=True)], xa
+        )
+        biases = [(o, b.handle) for o, b in zip(outs, (bq, bk, bv), strict=True) if b is not None]
 
         def run() -> None:
-            for project, o, b in parts:
-                project()
-                if b is not None:
-                    o += b
+            project()
+            for o, b in biases:
+                o += b
 
         self.enqueue_host(stream, "qkv", run)
 
@@ -212,13 +241,13 @@ class CpuOps(ReferenceOps):
                   scratch_up: vt.Tensor) -> None:  # fmt: skip
         o, xa = self._array(out), self._array(x)
         sg, su = self._array(scratch_gate), self._array(scratch_up)
-        g = self._project(self._projection(gate), xa, sg, None)
-        u = self._project(self._projection(up), xa, su, None)
+        project = self._projections(
+            [(self._projection(gate), sg, None), (self._projection(up), su, None)], xa
+        )
         silu = L.silu_mul
 
         def run() -> None:
-            g()
-            u()
+            project()
             silu(sg, su, o)
 
         self.enqueue_host(stream, "swiglu", run)

@@ -5,7 +5,8 @@ of units, their operands given as addresses and shapes in an int64 argument bloc
   activations of 16 or 8 bits; the caller quantized them), a unit being 4 weight rows;
 - ``mm_q8_0``, ``mm_q4``, ``mm_qk45``, ``mm_q6_k``: the tile kernels of
   :mod:`vt_cpu.kernels.quant` (several activation rows), a unit being 4 weight rows (2 with
-  8 activation rows or more); with a residual, a chunk adds it to its own rows.
+  8 activation rows or more); with a residual, a chunk adds it to its own rows;
+- ``multi``: several of these one after the other (:func:`multi_job`).
 
 The argument blocks are built by :func:`q8_args` and :func:`mm_args`, which also return
 the number of units; the arrays they point into must outlive every run of the job (the
@@ -24,7 +25,7 @@ from numba import carray, cfunc, njit, types
 
 from . import q8 as Q8
 from . import quant as Q
-from .team import ptr_f32, ptr_i8, ptr_i32, ptr_i64, ptr_u8
+from .team import call_job, ptr_f32, ptr_i8, ptr_i32, ptr_i64, ptr_u8
 
 SIGNATURE = types.void(types.int64, types.int64, types.int64)
 _KW = {"cache": True, "boundscheck": False, "fastmath": {"reassoc", "contract"}}
@@ -117,7 +118,20 @@ def mm_q6_k(args, u0, u1):  # noqa: ANN001, ANN201
     _mm_finish(a, a[8], tgt, u0, u1)
 
 
+def multi(args, u0, u1):  # noqa: ANN001, ANN201
+    count = carray(ptr_i64(args), 1)[0]
+    a = carray(ptr_i64(args), 1 + 3 * count)
+    base = 0
+    for i in range(count):
+        fn, part, units = a[1 + 3 * i], a[2 + 3 * i], a[3 + 3 * i]
+        lo, hi = max(u0, base), min(u1, base + units)
+        if lo < hi:
+            call_job(fn, part, lo - base, hi - base)
+        base += units
+
+
 _JOBS: dict[str, Callable[..., Any]] = {
+    "multi": multi,
     "q8_16": q8_16, "q8_8": q8_8, "mm_q8_0": mm_q8_0, "mm_q4": mm_q4, "mm_qk45": mm_qk45,
     "mm_q6_k": mm_q6_k,
 }  # fmt: skip
@@ -197,21 +211,47 @@ class Job:
         return address(self.name)
 
 
-def q8_job(weight: Any, x: np.ndarray, out: np.ndarray, res: np.ndarray | None,
-           bits: int) -> Job:  # fmt: skip
+def q8_job(weight: Any, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, bits: int,
+           shared: dict[bool, tuple[np.ndarray, ...]] | None = None) -> Job:  # fmt: skip
     """``out = x @ w.T (+ res)`` with ``bits``-bit activations (8 or 16) as a job, for a
-    :class:`vt_cpu.weights.BlockWeight` of a format with :mod:`vt_cpu.kernels.q8` kernels."""
+    :class:`vt_cpu.weights.BlockWeight` of a format with :mod:`vt_cpu.kernels.q8` kernels.
+    Jobs over the same ``x`` given the same ``shared`` dict quantize it once: the first of
+    each activation order (the nibble formats interleave it) prepares, the others reuse."""
     n, k = x.shape
     raw = weight.arrays[0] if weight.kind == "Q6_K" else weight.arrays[-1]
-    xq, xd, xi = Q8.scratch(n, k, bits)
     fid = Q8.FMT_ID[weight.kind]
+    pairs = fid in (1, 2)
+    prepare: Callable[[], Any] | None = None
+    if shared is not None and pairs in shared:
+        xq, xd, xi = shared[pairs]
+    else:
+        xq, xd, xi = Q8.scratch(n, k, bits)
+        if shared is not None:
+            shared[pairs] = (xq, xd, xi)
+        quantize = Q8.quantize_rows
+
+        def prepare() -> None:
+            quantize(x, xq, xd, xi, pairs)
+
     args, units = q8_args(fid, raw, xq, xd, xi, out, res)
-    quantize, pairs = Q8.quantize_rows, fid in (1, 2)
+    return Job(prepare, "q8_16" if bits == 16 else "q8_8", args, units, (x, xq, xd, xi, out))
+
+
+def multi_job(parts: list[Job]) -> Job:
+    """Several jobs as one (``multi``): their units one after the other, so the team posts
+    and waits once (Q, K and V; gate and up). Each part's ``prepare`` runs first, in order."""
+    if len(parts) == 1:
+        return parts[0]
+    args = np.array([len(parts)] + [v for p in parts for v in (p.address, int(p.args.ctypes.data),
+                                                               p.units)], np.int64)  # fmt: skip
+    prepares = [p.prepare for p in parts if p.prepare is not None]
 
     def prepare() -> None:
-        quantize(x, xq, xd, xi, pairs)
+        for f in prepares:
+            f()
 
-    return Job(prepare, "q8_16" if bits == 16 else "q8_8", args, units, (x, xq, xd, xi, out))
+    return Job(prepare if prepares else None, "multi", args, sum(p.units for p in parts),
+               tuple(parts))  # fmt: skip
 
 
 def mm_job(kind: str, raw: np.ndarray, x: np.ndarray, out: np.ndarray,
