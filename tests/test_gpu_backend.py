@@ -844,7 +844,7 @@ def test_every_tiled_attention_kernel_is_instantiated_within_static_shared_memor
 
 @pytest.mark.parametrize("wtype", ["F32", "Q4_1"])
 def test_many_rows_go_to_the_vendor_blas_over_a_float32_copy_of_the_weight(wtype: str) -> None:
-    backend, rt = make(blas="fake BLAS")
+    backend, rt = make(blas="fake BLAS")  # a small weight: TF32 under blas_inputs="auto"
     values = np.random.default_rng(0).standard_normal((40, 64)).astype(np.float32)
     weight = backend.upload_weight(weight_tensor("w", values, wtype))
     bias = backend.upload_weight(weight_tensor("b", np.ones(40, np.float32), "F32"))
@@ -912,6 +912,35 @@ def test_the_blas_path_with_half_inputs(wtype: str) -> None:
         assert kernels == ["dequantize16_h_q", "to_half8", "gemm"]
         half_w = rt.launches[0].args
         assert half_w[-1] == 40 * 64 and gemm == [n, 40, 64, half_x[0], half_w[0], op, False, "f16"]
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("inputs", "rows", "want"),
+    [
+        ("auto", 1 << 14, "dequantize16_h_q"),  # 1 << 20 values: half inputs
+        ("auto", (1 << 14) - 1, "dequantize16_q"),  # one row fewer: TF32
+        ("tf32", 1 << 14, "dequantize16_q"),
+        ("f16", 40, "dequantize16_h_q"),
+    ],
+)
+def test_half_inputs_by_the_weights_size(inputs: str, rows: int, want: str) -> None:
+    """The default, blas_inputs="auto": half inputs for weights of blas_f16_min_values
+    values or more (the 1B shape's), TF32 for smaller ones (the 135M shape's, host-bound)."""
+    backend, rt = make(blas="fake BLAS")
+    assert backend.blas_inputs == "auto" and backend.blas_f16_min_values == 1 << 20
+    backend.blas_inputs = inputs
+    values = np.ones((rows, 64), np.float32)
+    weight = backend.upload_weight(weight_tensor("w", values, "Q8_0"))
+    n = backend.blas_min_rows
+    x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+    out = vt.Tensor.of(backend.alloc(n * rows * 4), F32, n, rows)
+    rt.launches.clear()
+    backend.launch("matmul", backend.create_stream(), out=out, x=x, weight=weight)
+    kernels = [launch.kernel for launch in rt.launches]
+    half = want == "dequantize16_h_q"
+    assert kernels == ([want, "to_half8", "gemm"] if half else [want, "gemm"])
+    assert rt.launches[-1].args[7:] == (["f16"] if half else [])
     backend.close()
 
 

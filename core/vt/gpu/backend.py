@@ -192,9 +192,13 @@ class GpuBackend(
     #: (``GpuRuntime.blas``): the tensor cores, over a float32 copy of the weight.
     blas_min_rows: int = 64
     #: What the BLAS path feeds the tensor cores for a non-F32 weight: "tf32" (float32
-    #: copies, TF32 products) or "f16" (IEEE half copies of the weight and of x; |x| above
-    #: 65504 becomes inf, so not the default).
-    blas_inputs: str = "tf32"
+    #: copies, TF32 products), "f16" (IEEE half copies of the weight and of x: twice the
+    #: tensor-core rate, half the bytes; |x| above 65504 becomes inf, as in llama.cpp's
+    #: cuBLAS path), or "auto": f16 for weights of at least ``blas_f16_min_values`` values,
+    #: TF32 below (there the half copy of x, a launch per matmul, costs the host more than
+    #: the half GEMM saves: docs/gpu.md, runs 17-18).
+    blas_inputs: str = "auto"
+    blas_f16_min_values: int = 1 << 20
     #: The BLAS path's quantized-weight and x copies 16 (8) values a thread with 128-bit
     #: loads and stores (blas_copies.cu); False: a value a thread (a tool's "before").
     blas_wide_copies: bool = True
@@ -596,8 +600,9 @@ class GpuBackend(
         """The vendor BLAS path (``GpuRuntime.gemm``): a float32 copy of a non-F32 weight in
         scratch (``dequantize``, bit-exact), one GEMM with the residual as its accumulator
         (copied into ``out`` first unless ``out`` is the residual), then the bias. With
-        ``blas_inputs == "f16"`` a non-F32 weight and x go in as IEEE half instead (an F16
-        weight as it is): half the bytes of the copy, twice the tensor-core rate."""
+        ``blas_inputs == "f16"`` (or "auto" and a weight of ``blas_f16_min_values`` values or
+        more) a non-F32 weight and x go in as IEEE half instead (an F16 weight as it is):
+        half the bytes of the copy, twice the tensor-core rate."""
         n, (m, k) = x.shape[0], (w.rows, w.cols)
         xp, op = self._ptr(x).value or 0, self._ptr(out).value or 0
         wptr, inputs, total = w.data, "f32", m * k
@@ -609,7 +614,10 @@ class GpuBackend(
         )  # fmt: skip
         copy = "dequantize16" if wide else "dequantize"
         per = 16 if wide else 1
-        if w.kind != W.WT_F32 and self.blas_inputs == "f16":
+        half = self.blas_inputs == "f16" or (
+            self.blas_inputs == "auto" and total >= self.blas_f16_min_values
+        )
+        if w.kind != W.WT_F32 and half:
             inputs = "f16"
             if w.kind != W.WT_F16:
                 wptr = self._scratch_at_least(total * 2, slot="half_weight")

@@ -8,7 +8,7 @@ For each model and chunk size (``max_batch_tokens``): a ``--tokens``-token promp
 in chunks of that size, as the engine cuts it (each chunk one step, the last one's sampled
 id read back), 2 warm-up prefills, then the best wall time of ``--reps``, as tok/s, for each
 variant: ``split`` or ``tiled`` attention (``GpuBackend.attention_tiled_min_rows`` 1e9 or
-the default), ``tf32`` or ``f16`` cuBLAS inputs (``GpuBackend.blas_inputs``), and with
+the default), ``tf32``, ``f16`` or ``auto`` cuBLAS inputs (``GpuBackend.blas_inputs``), and with
 ``-narrow`` the weight copies a value a thread (``GpuBackend.blas_wide_copies``). Prints
 whether every variant sampled the same first id. ``--profile VARIANT,...``: afterwards, per
 variant, the per-kernel GPU time of a prefill in one chunk of ``--tokens`` (torch's CUPTI

@@ -3,8 +3,9 @@
     python plugins/cuda/tools/bench_variant.py --no-fused bench --backend cuda --batch 1,8,32
 
 ``--blas-min-rows N``: matmuls of N rows or more go to the vendor BLAS (a huge N: never, so
-the backend's own tiled kernel runs prefill); ``--blas-f16``: its inputs in half precision
-(``GpuBackend.blas_inputs``); ``--splits N``: attention splits a row's positions over at
+the backend's own tiled kernel runs prefill); ``--blas-f16`` / ``--blas-tf32``: its inputs
+in half precision / TF32 for every weight (``GpuBackend.blas_inputs``; the default "auto"
+picks by the weight's size); ``--splits N``: attention splits a row's positions over at
 most N blocks (``GpuBackend.attention_max_splits``); ``--int8-rows N``: decode batches of N
 rows or more on int8 activations (``GpuBackend.int8_min_rows``); ``--tiled-rows N``: attention
 of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
@@ -29,6 +30,7 @@ def main() -> None:
         ["--no-fused"],
         ["--blas-min-rows"],
         ["--blas-f16"],
+        ["--blas-tf32"],
         ["--splits"],
         ["--int8-rows"],
         ["--tiled-rows"],
@@ -45,8 +47,8 @@ def main() -> None:
         elif args[0] == "--splits":
             GpuBackend.attention_max_splits = int(args[1])
             args = args[2:]
-        elif args[0] == "--blas-f16":
-            GpuBackend.blas_inputs = "f16"
+        elif args[0] in ("--blas-f16", "--blas-tf32"):
+            GpuBackend.blas_inputs = args[0].removeprefix("--blas-")
             args = args[1:]
         else:
             GpuBackend.blas_min_rows = int(args[1])

@@ -15,7 +15,8 @@
 # batch_old MODEL (the same on .whl/old), kprofile MODEL (profile_decode.py at batch 1 and
 # 32 with a per-kernel table); MODEL is smol or 1b, as in `batch:smol`. Prefill: attn (the
 # attention op alone, tiled vs split, bench_attention.py), pp:1b,smol (pp512 variants in one
-# process and per-kernel profiles of the PROFILE variants, bench_prefill.py).
+# process and per-kernel profiles of the PROFILE variants, bench_prefill.py; VARIANTS and
+# PROFILE override its lists, PROFILE= profiles none).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -184,7 +185,7 @@ EOF"
         files=$(for m in ${ms//,/ }; do printf '/tmp/%s.gguf ' "$m"; done)
         step "pp-$ms" 400 "python3 plugins/cuda/tools/bench_prefill.py $files --chunks 256,512 \
             --variants ${VARIANTS:-split-tf32-narrow,tiled-tf32-narrow,tiled-tf32,tiled-f16-narrow,tiled-f16} \
-            --profile ${PROFILE:-tiled-tf32,tiled-f16}"
+            --profile '${PROFILE-tiled-tf32,tiled-f16}'"
         ;;
     kprofile:*)
         m=${s#kprofile:}
