@@ -944,6 +944,35 @@ def test_half_inputs_by_the_weights_size(inputs: str, rows: int, want: str) -> N
     backend.close()
 
 
+def test_auto_inputs_stay_on_float32_where_the_runtime_has_no_half_gemm() -> None:
+    """vt_rocm's hipBLAS path refuses half inputs (NotImplementedError, before enqueuing
+    anything): "auto" then redoes the matmul on float32 copies and stays there; "f16" asked
+    for by name raises."""
+    backend, rt = make(blas="fake BLAS")
+    gemm = rt.gemm
+
+    def float32_only(*args: Any, inputs: str = "f32") -> None:
+        if inputs != "f32":
+            raise NotImplementedError(f"takes float32 inputs, not {inputs}")
+        gemm(*args)
+
+    rt.gemm = float32_only  # type: ignore[method-assign]
+    weight = backend.upload_weight(weight_tensor("w", np.ones((1 << 14, 64), np.float32), "Q8_0"))
+    n = backend.blas_min_rows
+    x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+    out = vt.Tensor.of(backend.alloc(n * (1 << 14) * 4), F32, n, 1 << 14)
+    stream = backend.create_stream()
+    for want in (["dequantize16_h_q", "to_half8", "dequantize16_q", "gemm"],
+                 ["dequantize16_q", "gemm"]):  # fmt: skip
+        rt.launches.clear()
+        backend.launch("matmul", stream, out=out, x=x, weight=weight)
+        assert [launch.kernel for launch in rt.launches] == want
+    assert not backend._blas_half_ok and type(backend)._blas_half_ok  # this backend only
+    backend.blas_inputs = "f16"
+    with pytest.raises(NotImplementedError, match="float32 inputs"):
+        backend.launch("matmul", stream, out=out, x=x, weight=weight)
+
+
 @pytest.mark.parametrize("inputs", ["tf32", "f16"])
 def test_the_blas_copies_fall_back_to_a_value_a_thread(inputs: str) -> None:
     """The 16-values-a-thread copies (blas_copies.cu) need quantized codes and 16-byte

@@ -199,6 +199,9 @@ class GpuBackend(
     #: the half GEMM saves: docs/gpu.md, runs 17-18).
     blas_inputs: str = "auto"
     blas_f16_min_values: int = 1 << 20
+    #: Cleared the first time the runtime's ``gemm`` refuses half inputs (vt_rocm's
+    #: hipBLAS path takes float32 only): "auto" then stays on float32 inputs.
+    _blas_half_ok: bool = True
     #: The BLAS path's quantized-weight and x copies 16 (8) values a thread with 128-bit
     #: loads and stores (blas_copies.cu); False: a value a thread (a tool's "before").
     blas_wide_copies: bool = True
@@ -616,7 +619,8 @@ class GpuBackend(
         per = 16 if wide else 1
         half = self.blas_inputs == "f16" or (
             self.blas_inputs == "auto" and total >= self.blas_f16_min_values
-        )
+            and self._blas_half_ok
+        )  # fmt: skip
         if w.kind != W.WT_F32 and half:
             inputs = "f16"
             if w.kind != W.WT_F16:
@@ -639,7 +643,17 @@ class GpuBackend(
         if inputs == "f32":
             self._rt.gemm(stream.handle, n, m, k, xp, wptr, op, accumulate)
         else:
-            self._rt.gemm(stream.handle, n, m, k, xp, wptr, op, accumulate, inputs=inputs)
+            try:
+                self._rt.gemm(stream.handle, n, m, k, xp, wptr, op, accumulate, inputs=inputs)
+            except NotImplementedError:
+                if self.blas_inputs != "auto":
+                    raise  # half inputs asked for by name: say the runtime has none
+                # "auto" on a runtime without half GEMMs: float32 from now on, this matmul
+                # again (the refusal comes before anything is enqueued; out still holds
+                # the residual, which the retry copies again).
+                self._blas_half_ok = False
+                self._blas_matmul(stream, out, x, w, bias, residual)
+                return
         if bias:
             self._kernel("bias_add", (_blocks(n * m), 1, 1), _THREADS, stream, self._ptr(out),
                          P(bias), I32(n), I32(m))  # fmt: skip
