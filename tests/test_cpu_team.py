@@ -39,7 +39,7 @@ def _inputs(kind: str, n: int, residual: bool, rows: int = 45):
 def _run(team: Team, job: jobs.Job, chunk: int) -> None:
     if job.prepare is not None:
         job.prepare()
-    assert team.run(job.address, job.args, job.units, chunk)
+    assert team.run(job.address, int(job.args.ctypes.data), job.units, chunk)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -136,8 +136,9 @@ def test_a_closed_team_refuses_work_and_its_helpers_exit() -> None:
     t.close()  # idempotent
     assert all(not h.is_alive() for h in helpers)
     args = np.zeros(jobs.Q8_ARGS, np.int64)
-    assert t.run(jobs.address("q8_16"), args, 4, 1) is False
-    assert t.run(jobs.address("q8_16"), args, 0, 1) is True  # nothing to do is done
+    at = int(args.ctypes.data)
+    assert t.run(jobs.address("q8_16"), at, 4, 1) is False
+    assert t.run(jobs.address("q8_16"), at, 0, 1) is True  # nothing to do is done
 
 
 def test_a_team_needs_two_threads() -> None:

@@ -70,17 +70,17 @@ class Team:
         late or slow thread delays the job by one small chunk at most."""
         return max(1, -(-total // (8 * self.n)))
 
-    def run(self, fn: int, args: np.ndarray, total: int, chunk: int) -> bool:
-        """Run job ``fn`` (a :mod:`vt_cpu.kernels.jobs` address) over ``total`` units in
-        chunks of ``chunk`` on the team; False (nothing run) while another thread posts
-        or after :meth:`close`."""
+    def run(self, fn: int, args: int, total: int, chunk: int) -> bool:
+        """Run job ``fn`` (a :mod:`vt_cpu.kernels.jobs` address) with its argument block at
+        address ``args`` over ``total`` units in chunks of ``chunk`` on the team; False
+        (nothing run) while another thread posts or after :meth:`close`."""
         if total <= 0:
             return True
         if self._closed or not self._post.acquire(blocking=False):
             return False
         try:
             ctl = self.ctl
-            if K.post(ctl, fn, int(args.ctypes.data), total, max(1, chunk), self.helpers):
+            if K.post(ctl, fn, args, total, max(1, chunk), self.helpers):
                 for e in self._events:
                     e.set()
                 K.finish(ctl)

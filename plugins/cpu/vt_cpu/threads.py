@@ -246,12 +246,13 @@ class ThreadOwner:
         team, or run on the calling thread alone while another thread posts."""
         prepare, args, units = job.prepare, job.args, job.units
         fn, addr = self.team, job.address  # started and compiled now, not in a timed call
+        at, chunk = int(args.ctypes.data), fn.chunk(units)  # (ctypes costs ~1 us a call)
 
         def call(job: Job = job) -> None:  # holds the job: args points into its arrays
             if prepare is not None:
                 prepare()
-            if not fn.run(addr, args, units, fn.chunk(units)):
-                run_alone(addr, int(args.ctypes.data), units)
+            if not fn.run(addr, at, units, chunk):
+                run_alone(addr, at, units)
 
         return call
 
@@ -260,12 +261,12 @@ class ThreadOwner:
         """A :class:`vt_cpu.kernels.jobs.Job` on the calling thread alone: the same
         compiled kernel as :meth:`team_call`, so the two give the same bits."""
         prepare, args, units = job.prepare, job.args, job.units
-        addr = job.address
+        addr, at = job.address, int(args.ctypes.data)
 
         def call(job: Job = job) -> None:  # holds the job: args points into its arrays
             if prepare is not None:
                 prepare()
-            run_alone(addr, int(args.ctypes.data), units)
+            run_alone(addr, at, units)
 
         return call
 
