@@ -1,0 +1,194 @@
+"""Run some of vt's GPU kernels on the CPU, to check them before spending device time.
+
+    python plugins/cuda/tools/emulate_kernels.py [-k SUBSTRING]
+
+Compiles the attention kernels (``attention_split``, ``attention_combine``,
+``attention_tiled_*``) and the BLAS path's 16-byte copies (``dequantize16_q``,
+``dequantize16_h_q``, ``to_half8``) from ``core/vt/gpu/kernels`` with g++ (C++20), one
+``std::thread`` per GPU thread: ``__syncthreads`` is a block barrier, a shuffle goes through
+memory between two barriers of its warp, ``__shared__`` is a static. Then it runs
+``gpu_checks.py``'s tiled-attention cases and bit-exact copy checks on the fake runtime
+(``tests/fake_gpu.py``), those kernels' launches routed to the emulation; ``-k`` keeps
+the cases whose name contains SUBSTRING. What it cannot see: timing, the memory model
+between blocks (blocks run one after another), warp-divergent shuffles (every shuffle must
+be reached by the whole warp, as the CUDA code already requires), and instructions inside
+``#ifndef VT_HIP`` (the emulation compiles the HIP branch, e.g. the integer half rounding
+instead of ``cvt.rn.f16.f32``). Slow: seconds per case of hundreds of rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+KERNELS = ROOT / "core" / "vt" / "gpu" / "kernels"
+
+PRELUDE = r"""
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+struct vt_dim3 { unsigned x, y, z; };
+static thread_local vt_dim3 threadIdx;
+static vt_dim3 blockIdx, gridDim, blockDim;
+static std::barrier<>* vt_block_barrier;
+static std::vector<std::unique_ptr<std::barrier<>>> vt_warp_barriers;
+static float vt_lane_f[1024];
+static int vt_lane_i[1024];
+#define VT_EMULATE 1
+#define VT_HIP 1
+#define VT_WARP 32
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+inline void __syncthreads() { vt_block_barrier->arrive_and_wait(); }
+inline void vt_warp_sync() { vt_warp_barriers[threadIdx.x / VT_WARP]->arrive_and_wait(); }
+template <typename T> T vt_shfl(T v, int m, T* lanes) {
+    int t = threadIdx.x;
+    lanes[t] = v;
+    vt_warp_sync();
+    T r = lanes[(t / VT_WARP) * VT_WARP + ((t % VT_WARP) ^ m)];
+    vt_warp_sync();
+    return r;
+}
+inline float vt_shfl_any(float v, int m) { return vt_shfl(v, m, vt_lane_f); }
+inline int vt_shfl_any(int v, int m) { return vt_shfl(v, m, vt_lane_i); }
+#define VT_SHFL_XOR(v, m) vt_shfl_any((v), (m))
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+using std::max;
+using std::min;
+"""
+
+GLUE = r"""
+struct alignas(16) vt_f4 { float x, y, z, w; };  // matmul.cu's
+__device__ __forceinline__ long long vt_kv_index(int pos, int slot, int layer, int kv,
+                                                 int n_slots, int n_layers, int row) {
+    return ((((long long)pos * n_slots + slot) * n_layers + layer) * 2 + kv) * row;
+}  // rope_kv.cu's
+"""
+
+LAUNCH = r"""
+template <typename F> static void vt_grid(const int* g, int block, F body) {
+    gridDim = {(unsigned)g[0], (unsigned)g[1], (unsigned)g[2]};
+    blockDim = {(unsigned)block, 1, 1};
+    std::barrier<> b(block);
+    vt_block_barrier = &b;
+    vt_warp_barriers.clear();
+    for (int w = 0; w < block / VT_WARP; ++w)
+        vt_warp_barriers.emplace_back(new std::barrier<>(VT_WARP));
+    for (int z = 0; z < g[2]; ++z)
+        for (int y = 0; y < g[1]; ++y)
+            for (int x = 0; x < g[0]; ++x) {
+                blockIdx = {(unsigned)x, (unsigned)y, (unsigned)z};
+                std::vector<std::thread> ts;
+                for (int t = 0; t < block; ++t)
+                    ts.emplace_back([=] { threadIdx = {(unsigned)t, 0, 0}; body(); });
+                for (auto& th : ts) th.join();
+            }
+}
+#define P(T, i) (*(T*)a[i])
+#define TILED(S) if (!std::strcmp(name, "attention_tiled_" #S)) { vt_grid(g, block, [=] {      \
+    attention_tiled_##S(P(float*, 0), P(const float*, 1), P(const float*, 2), P(const int*, 3), \
+        P(const int*, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10),    \
+        P(int, 11), P(int, 12), P(float, 13)); }); return 1; }
+extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
+    TILED(h64r64) TILED(h64r32) TILED(h64r16) TILED(h128r32) TILED(h128r16) TILED(h256r16)
+    if (!std::strcmp(name, "attention_split")) { vt_grid(g, block, [=] {
+        attention_split(P(float*, 0), P(float*, 1), P(const float*, 2), P(const float*, 3),
+            P(const int*, 4), P(const int*, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9),
+            P(int, 10), P(int, 11), P(int, 12), P(int, 13), P(float, 14), P(int, 15),
+            P(int, 16), P(int, 17), P(int, 18)); }); return 1; }
+    if (!std::strcmp(name, "attention_combine")) { vt_grid(g, block, [=] {
+        attention_combine(P(float*, 0), P(const float*, 1), P(const int*, 2), P(const int*, 3),
+            P(int, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10)); });
+        return 1; }
+    if (!std::strcmp(name, "dequantize16_q")) { vt_grid(g, block, [=] {
+        dequantize16_q(P(float*, 0), P(const vt_i8*, 1), P(const float*, 2), P(int, 3),
+            P(long long, 4)); }); return 1; }
+    if (!std::strcmp(name, "dequantize16_h_q")) { vt_grid(g, block, [=] {
+        dequantize16_h_q(P(vt_u16*, 0), P(const vt_i8*, 1), P(const float*, 2), P(int, 3),
+            P(long long, 4)); }); return 1; }
+    if (!std::strcmp(name, "to_half8")) { vt_grid(g, block, [=] {
+        to_half8(P(vt_u16*, 0), P(const float*, 1), P(long long, 2)); }); return 1; }
+    return 0;
+}
+"""
+
+PARTS = ("common.cu", "attention.cu", "attention_tiled.cu", "blas_copies.cu")
+
+
+def build(folder: Path) -> ctypes.CDLL:
+    """The emulation as a shared library in ``folder``."""
+    source = PRELUDE + (KERNELS / PARTS[0]).read_text() + GLUE
+    source += "".join((KERNELS / part).read_text() for part in PARTS[1:]) + LAUNCH
+    cpp, lib = folder / "vt_emulated.cpp", folder / "vt_emulated.so"
+    cpp.write_text(source)
+    subprocess.run(
+        ["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-ffp-contract=off", "-o", str(lib),
+         str(cpp), "-lpthread"],
+        check=True,
+    )  # fmt: skip
+    return ctypes.CDLL(str(lib))
+
+
+def emulated_backend(lib: ctypes.CDLL) -> tuple[Any, Any]:
+    """A fake-runtime GpuBackend whose launches of the emulated kernels run on the CPU."""
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "plugins" / "cuda" / "tests")]
+    from fake_gpu import make
+
+    backend, rt = make(blas="fake BLAS")
+    launch = rt.launch
+
+    def run(fn: Any, grid: Any, block: Any, shared: int, stream: Any, args: Any) -> None:
+        name = str(fn).split(":", 1)[-1]
+        values = [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_void_p(a) for a in args]
+        ptrs = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        g = (ctypes.c_int * 3)(*grid)
+        if not lib.vt_emulate(name.encode(), g, block[0], ptrs):
+            launch(fn, grid, block, shared, stream, args)
+
+    rt.launch = run
+    return backend, rt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-k", default="", help="only the cases whose name contains this")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        backend, _ = emulated_backend(build(Path(tmp)))
+        import gpu_checks as checks
+
+        start, ran = time.perf_counter(), 0
+        for case in checks.TILED_CASES:
+            for invalid in (False, True):
+                label = f"tiled attention {case[0]}{', invalid+shuffled' if invalid else ''}"
+                if a.k in label:
+                    checks.test_tiled_prefill_attention(backend, case, invalid)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"):
+            label = f"blas copies {wtype}"
+            if a.k in label:
+                checks.test_blas_copies_are_bit_exact(backend, wtype)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        print(f"{ran} emulated checks passed")
+
+
+if __name__ == "__main__":
+    main()
