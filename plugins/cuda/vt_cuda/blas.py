@@ -2,8 +2,10 @@
 
 ``CudaRuntime.gemm`` is ``out[n, m] = x[n, k] @ w[m, k].T`` in float32 row-major, which in
 cuBLAS's column-major terms is ``C[m, n] = op_T(W)[m, k] @ X[k, n]``: ``cublasGemmEx`` with
-``transa=T``, float32 matrices and ``CUBLAS_COMPUTE_32F_FAST_TF32``: the tensor cores round
-each input to TF32 (10 explicit mantissa bits, float32's range) and accumulate in float32.
+``transa=T``: float32 matrices with ``CUBLAS_COMPUTE_32F_FAST_TF32`` (the tensor cores round
+each input to TF32, 10 explicit mantissa bits in float32's range, and accumulate in
+float32), or half matrices with ``CUBLAS_COMPUTE_32F`` (the same 10 mantissa bits in half's
+range, exact products, float32 sums), which the GPU backend picks for large weights.
 The handle is made once, on first use, with a workspace of its own (so a capture never
 makes cuBLAS allocate) and set to the caller's stream before each call.
 """
@@ -22,7 +24,10 @@ CUDA_R_32F, CUDA_R_16F = 0, 2
 COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77
 GEMM_DEFAULT = -1
 WORKSPACE_BYTES = 32 << 20
-PRECISION = "cuBLAS, TF32 tensor cores (inputs rounded to 10 mantissa bits), float32 sums"
+PRECISION = (
+    "cuBLAS tensor cores, inputs rounded to 10 mantissa bits (TF32; half for weights of 1M "
+    "values or more), float32 sums"
+)
 INSTALL_HINT = "pip install nvmath-python nvidia-cublas (or vt-cuda[cu13])"
 
 
