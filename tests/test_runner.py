@@ -250,6 +250,29 @@ def test_runner_arguments_are_checked(llama: Any) -> None:
         ModelRunner(cpu, llama, max_model_len=8, kv_cache="paged")
 
 
+def test_max_batch_tokens_defaults_to_the_backends_preference(llama: Any) -> None:
+    """Unset, a step holds the backend's ``default_batch_tokens`` (a GPU prefers chunks of
+    512, the protocol's default is 256); a number given wins; the hint is validated as a
+    number given would be."""
+    cpu = make_backend("cpu")
+    runner = ModelRunner(cpu, llama, max_model_len=8)
+    assert runner.max_batch_tokens == type(cpu).default_batch_tokens == 256
+    runner.close()
+    cpu.default_batch_tokens = 96  # an instance's (a plugin's) preference
+    runner = ModelRunner(cpu, llama, max_model_len=8)
+    assert runner.max_batch_tokens == 96
+    runner.close()
+    runner = ModelRunner(cpu, llama, max_model_len=8, max_batch_tokens=16)
+    assert runner.max_batch_tokens == 16
+    runner.close()
+    cpu.default_batch_tokens = 0
+    with pytest.raises(ValueError, match="max_batch_tokens must be a positive integer, got 0"):
+        ModelRunner(cpu, llama, max_model_len=8)
+    from vt.gpu import GpuBackend
+
+    assert GpuBackend.default_batch_tokens == 512
+
+
 def test_closed_runner_refuses_steps_but_keeps_pending_outputs(llama: Any) -> None:
     r = ModelRunner(make_backend("cpu"), llama, max_slots=1, max_model_len=16)
     out = r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)])

@@ -174,7 +174,7 @@ class ModelRunner:
         *,
         max_slots: int = 8,
         max_model_len: int | None = None,
-        max_batch_tokens: int = 256,
+        max_batch_tokens: int | None = None,
         kv_cache: str = "auto",
         async_scheduling: bool | None = None,
         n_output_slots: int = 3,
@@ -182,6 +182,8 @@ class ModelRunner:
         max_graphs: int = DEFAULT_MAX_GRAPHS,
     ) -> None:
         config = model.config
+        if max_batch_tokens is None:  # the backend's preference (Backend.default_batch_tokens)
+            max_batch_tokens = int(getattr(backend, "default_batch_tokens", 256))
         if config.architecture in ARCHITECTURE_OPS:  # else LlamaGraph names the problem
             check_backend(backend, config.architecture)
         for name, value in (

@@ -91,6 +91,7 @@ class BenchResult(BaseModel):
     gen_tokens: int
     max_model_len: int
     max_batch_tokens: int = 256  # a longer prompt was prefilled in chunks of this many tokens
+    # (the runner's: --max-batch-tokens, else the backend's default_batch_tokens)
     load_s: float
     runs: list[BenchRun]
     same_ids: bool  # async on and off (and every batch run) generated the same greedy ids
@@ -136,7 +137,7 @@ def run_bench(
     gen_tokens: int = 64,
     kv_cache: str = "auto",
     max_model_len: int | None = None,
-    max_batch_tokens: int = 256,
+    max_batch_tokens: int | None = None,
     warmup: bool = True,
     repeat: int = 3,
     log: Any = None,
@@ -182,6 +183,7 @@ def run_bench(
             params = SamplingParams(temperature=0.0, max_tokens=gen_tokens, ignore_eos=True)
             runs: list[BenchRun] = []
             batch_runs: list[BatchRun] = []
+            resolved_batch_tokens = max_batch_tokens or be.default_batch_tokens
             for async_on in (True, False):
                 say(f"async scheduling {'on' if async_on else 'off'}: loading the runner")
                 runner = ModelRunner(
@@ -194,6 +196,7 @@ def run_bench(
                     async_scheduling=async_on,
                 )
                 try:
+                    resolved_batch_tokens = runner.max_batch_tokens
                     engine = Engine(runner, tokenizer)
                     if batches:
                         for b in batches:
@@ -226,7 +229,7 @@ def run_bench(
         prompt_tokens=prompt_tokens,
         gen_tokens=gen_tokens,
         max_model_len=limit,
-        max_batch_tokens=max_batch_tokens,
+        max_batch_tokens=resolved_batch_tokens,
         load_s=load_s,
         runs=runs,
         same_ids=_same_ids(runs, batch_runs),

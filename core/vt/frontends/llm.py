@@ -34,7 +34,8 @@ class LLM:
     use). ``backend`` is a backend name or ``"auto"`` (None: ``VT_BACKEND``, else auto).
     ``kv_cache`` is ``auto`` | ``contiguous`` | ``vmm``; ``max_model_len`` caps prompt plus
     generated tokens of one sequence; ``max_slots`` sequences run at once, and one step holds
-    at most ``max_batch_tokens`` tokens (long prompts are prefilled in chunks of that size).
+    at most ``max_batch_tokens`` tokens (long prompts are prefilled in chunks of that size;
+    None: the backend's ``default_batch_tokens``, 256 on cpu, 512 on a GPU).
     ``async_scheduling=None`` follows ``VT_ASYNC_RUNNER`` (default on).
 
     The backend is verified before it is used
@@ -52,7 +53,7 @@ class LLM:
         kv_cache: str = "auto",
         max_model_len: int | None = None,
         max_slots: int = 8,
-        max_batch_tokens: int = 256,
+        max_batch_tokens: int | None = None,
         async_scheduling: bool | None = None,
         verify: bool | None = None,
     ) -> None:

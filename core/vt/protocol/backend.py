@@ -103,6 +103,11 @@ class Backend:
     priority: ClassVar[int] = 0
     description: ClassVar[str] = ""
     emulated: ClassVar[bool] = False
+    #: Tokens per engine step when the user does not choose (``max_batch_tokens=None``): a
+    #: hint for the runner, not a limit. Larger where a step's fixed cost is high (a GPU
+    #: copies every quantized weight once per prefill chunk for its GEMMs); smaller keeps a
+    #: step, and so the decode latency of requests beside a long prompt, short on a CPU.
+    default_batch_tokens: ClassVar[int] = 256
 
     @classmethod
     def probe(cls) -> Probe:

@@ -72,13 +72,13 @@ def open_backend(name: str | None, *, no_verify: bool = False) -> tuple[Any, str
 
 def max_batch_tokens_option(func: F) -> F:
     """``--max-batch-tokens N`` (``vt serve``, ``vt bench``): the most tokens in one engine
-    step; a longer prompt is prefilled in chunks of this size."""
+    step; a longer prompt is prefilled in chunks of this size. Default: the backend's."""
     return click.option(
         "--max-batch-tokens",
         type=click.IntRange(min=1),
-        default=256,
-        show_default=True,
+        default=None,
         metavar="N",
         help="Most tokens in one engine step; long prompts are prefilled in chunks of this "
-        "size alongside the running requests' decode tokens.",
+        "size alongside the running requests' decode tokens.  [default: the backend's: "
+        "256 on cpu, 512 on cuda and rocm]",
     )(func)

@@ -384,7 +384,7 @@ def bench(
     gen_tokens: int,
     repeat: int,
     batch: str | None,
-    max_batch_tokens: int,
+    max_batch_tokens: int | None,
     as_json: bool,
 ) -> None:
     """Measure prefill and decode tokens/s, with async scheduling on and then off.

@@ -134,7 +134,7 @@ def serve(
     host: str,
     port: int,
     max_slots: int,
-    max_batch_tokens: int,
+    max_batch_tokens: int | None,
     served_model_name: str | None,
     api_key: str | None,
     allowed_hosts: str | None,
@@ -269,7 +269,7 @@ def _serve(
     max_model_len: int | None,
     no_verify: bool,
     max_slots: int,
-    max_batch_tokens: int,
+    max_batch_tokens: int | None,
     key: str | None,
     host: str,
     stop: _StopSignal,
@@ -334,13 +334,17 @@ class _StopSignal:
         self.requested.set()
 
 
-def startup_lines(llm: object, server: object, max_slots: int, max_batch_tokens: int) -> list[str]:
+def startup_lines(
+    llm: object, server: object, max_slots: int, max_batch_tokens: int | None
+) -> list[str]:
     """What ``vt serve`` prints once the model is loaded: the model, the backend summary,
     and that it is ready."""
 
     a: Any = llm
     s: Any = server
     kv = a.kv_cache_stats()
+    runner = getattr(a, "runner", None)
+    steps = max_batch_tokens if runner is None else runner.max_batch_tokens  # resolved
     renderer = getattr(s, "renderer", None)
     if renderer is None or renderer.probe_error is None:
         template = "chat template checked"
@@ -348,7 +352,7 @@ def startup_lines(llm: object, server: object, max_slots: int, max_batch_tokens:
         template = f"chat template unusable ({renderer.probe_error}): chat requests get 400"
     lines = [
         f"model {a.model_name} ({a.model_path}) | max_model_len {a.max_model_len} | "
-        f"{max_slots} slot(s) | {max_batch_tokens} tokens per step | {template}",
+        f"{max_slots} slot(s) | {steps} tokens per step | {template}",
         f"backend {a.backend_name} ({a.backend_reason}) | {a.verification.summary()} | "
         f"readback {a.readback} | "
         f"kv {kv['backend']} {kv['mapped_bytes'] / _MIB:.1f}/{kv['reserved_bytes'] / _MIB:.1f} "
