@@ -210,11 +210,9 @@ class GpuBackend(
     #: loads and stores (blas_copies.cu); False: a value a thread (a tool's "before").
     blas_wide_copies: bool = True
     #: Decode batches of at least this many rows against quantized weights use int8
-    #: activations (x quantized once per op to blocks of 32, dp4a/sdot4 products; llama.cpp's
-    #: numerics): every batch figure +7-54% (docs/gpu.md, run 20). Fewer rows (a request
-    #: alone) keep float32 activations, so a request's greedy ids can depend on how many
-    #: others share its steps, as in llama.cpp and vLLM; ``1 << 30`` turns it off.
-    int8_min_rows: int = 8
+    #: activations (x quantized once per op to blocks of 32, dp4a/sdot4 products): a
+    #: measured variant, off by default (a huge number).
+    int8_min_rows: int = 1 << 30
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
