@@ -34,9 +34,11 @@ F32 = np.float32
 #: Activation rows up to which a projection runs the numba kernels (one row: the row
 #: kernels; several: the tile kernels, see ``vt_cpu.weights.MM_MIN_ROWS``); more rows
 #: (prefill) multiply dequantized tiles with BLAS. Measured crossovers of the tile kernels
-#: with the BLAS tiles (one thread, 1536x768, ``docs/benchmarks.md``).
+#: on the team with the BLAS tiles on as many threads (two, 1536x576, 576x1536, 49152x576
+#: and 2048x2048: ``docs/benchmarks.md``), so a short prompt (a chat turn) is not a
+#: dequantized copy of every weight.
 KERNEL_MAX_ROWS: dict[str, int] = {
-    "Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 16, "Q5_K": 16, "Q6_K": 32,
+    "Q8_0": 48, "Q4_0": 80, "Q4_1": 80, "Q4_K": 32, "Q5_K": 32, "Q6_K": 32,
 }  # fmt: skip
 #: One activation row times Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K: 8 or 16 (the default) runs
 #: kernels.q8 (integer activations of that many bits), 32 the float kernels of kernels.quant.

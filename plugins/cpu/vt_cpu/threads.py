@@ -1,10 +1,11 @@
-"""One owner of the CPU threads: numba's pool and BLAS's are sized together.
+"""One owner of the CPU threads: the team's, numba's pool and BLAS's are sized together.
 
 The backend runs its kernels on its stream threads. A kernel either runs on the calling
-thread alone (numba's serial variant; BLAS limited to one thread) or splits its rows
-over numba's pool (OpenMP or TBB, ``n`` threads, the caller included). BLAS always runs
-single-threaded, through ``threadpoolctl``, so no BLAS pool ever spins beside numba's;
-prefill tiles run on the same ``n`` threads through :meth:`ThreadOwner.tiles`.
+thread alone (BLAS limited to one thread) or splits its rows: the decode matmuls as jobs
+of the team (:mod:`vt_cpu.team`: ``n - 1`` helpers that spin between kernels), the other
+numba kernels over numba's pool (OpenMP or TBB, ``n`` threads, the caller included). BLAS
+always runs single-threaded, through ``threadpoolctl``, so no BLAS pool ever spins beside
+the others; prefill tiles run on ``n`` threads through :meth:`ThreadOwner.tiles`.
 
 Whether splitting pays depends on the machine *now*: on an idle machine two threads
 nearly halve a matrix-vector product, on a busy one every hand-off to a second thread
@@ -118,8 +119,10 @@ def _release_blas() -> None:
 class Idle:
     """Whether the machine has a core to spare for a second thread, sampled every
     ``period`` seconds from the kernel's count of runnable threads (``/proc/loadavg``) less
-    this process's own (``/proc/self/task``), smoothed: other processes' runnable threads
-    must leave a core idle.
+    this process's own (``/proc/self/task``), smoothed: busy while other processes' runnable
+    threads could take every core but half of one (two on a 2-core machine: the under-load
+    benchmark's hogs). One other runnable thread (a local client parsing an answer) is left
+    to :class:`Choice`, which measures whether the second thread still pays.
     Without ``/proc`` (not Linux) it always says yes and :class:`Choice` alone decides."""
 
     def __init__(self, cpus: int, period: float = 0.25, path: str = "/proc/loadavg",
@@ -167,7 +170,7 @@ class Idle:
                 self.others = 0.0
             else:
                 self.others += 0.3 * (got - self.others)
-        return self.others <= self.cpus - 1.5
+        return self.others < self.cpus - 0.5
 
 
 class ThreadOwner:
