@@ -20,7 +20,7 @@ from vt.testing.tiny import quantize_matrix
 from vt.testing.tolerances import kernel_tolerance, nmse
 from vt_cpu import CpuBackend, weights
 from vt_cpu import ops as cpu_ops
-from vt_cpu.kernels import q8
+from vt_cpu.kernels import jobs, q8
 
 F32 = np.dtype(np.float32)
 KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -218,13 +218,18 @@ def test_the_backend_runs_one_row_through_the_integer_kernels_as_set(
     else:
         monkeypatch.setenv(cpu_ops.ACT_BITS_ENV, setting)
     calls: list[int] = []
-    real = q8.bind
+    real, real_job = q8.bind, jobs.q8_job
 
     def spy(*args, **kw):  # noqa: ANN002, ANN003, ANN202
         calls.append(args[-1])
         return real(*args, **kw)
 
+    def spy_job(weight, x, out, res, bits, shared=None):  # noqa: ANN001, ANN202
+        calls.append(bits)  # the team's job of the same kernels (vt_cpu.kernels.jobs)
+        return real_job(weight, x, out, res, bits, shared)
+
     monkeypatch.setattr(q8, "bind", spy)
+    monkeypatch.setattr(jobs, "q8_job", spy_job)
     default = vt.envs.get(cpu_ops.ACT_BITS_ENV, {})
     expected = int(setting) if setting is not None else default
     rows, cols = 24, 64
