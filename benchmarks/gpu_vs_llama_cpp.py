@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = {"smol": ("135m", "Q4_1"), "1b": ("1b", "Q8_0")}
+SHAPES = {"smol": ("135m", "Q4_1"), "1b": ("1b", "Q8_0"), "1b-q4km": ("1b", "Q4_K_M")}
 BATCHES = (1, 8, 32)
 CMAKE_FLAGS = [
     "-G", "Ninja", "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DGGML_NATIVE=ON",
@@ -136,7 +136,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-src", type=Path, help="llama.cpp's tree, or a tar of it")
     ap.add_argument("--build-dir", type=Path, default=Path("/tmp/llama-build"))
-    ap.add_argument("--models", default="smol,1b", help="comma-separated: smol, 1b")
+    ap.add_argument("--models", default="smol,1b", help="comma-separated: smol, 1b, 1b-q4km")
     ap.add_argument("--model-dir", type=Path, default=Path("/tmp"))
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--out", type=Path)

@@ -160,9 +160,10 @@ EOF"
         echo "llama.cpp build started in the background: /tmp/llama-build.log" | tee -a "$OUT/log.txt"
         ;;
     vsllama:*)  # wait (at most N s) for that build, then vt and llama.cpp side by side
+        # (VSMODELS=smol,1b,1b-q4km picks the shapes; default smol,1b)
         w=${s#vsllama:}
         step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-bench && test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
-            tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build --out $OUT/gpu_vs_llama_cpp.json"
+            tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build ${VSMODELS:+--models $VSMODELS} --out $OUT/gpu_vs_llama_cpp.json"
         ;;
     int8:*)  # decode batches of 8 and 32 on int8 activations (dp4a), as batch1 measures them
         m=${s#int8:}

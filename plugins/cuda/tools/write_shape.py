@@ -2,13 +2,17 @@
 
     python plugins/cuda/tools/write_shape.py OUT.gguf --shape 135m --weight-type Q4_1
     python plugins/cuda/tools/write_shape.py OUT.gguf --shape 1b --weight-type Q8_0
+    python plugins/cuda/tools/write_shape.py OUT.gguf --shape 1b --weight-type Q4_K_M
 
 Shapes (architecture ``llama``, tied Q8_0 embedding): ``135m`` is SmolLM2-135M (30 layers,
 dim 576, ffn 1536, 9/3 heads, vocab 49152), ``1b`` Llama-3.2-1B (16 layers, dim 2048, ffn
 8192, 32/8 heads, vocab 128256). The blocks are random bytes with their scales set so that
 each weight has about unit variance over the row (``1/sqrt(cols)`` per value): no float
 matrix is made and nothing is quantized, so the 1B file (1.3 GB) takes seconds. Only the
-cost of running it is real. The tokenizer is :func:`vt.testing.tiny.tiny_vocab`'s, padded
+cost of running it is real. ``Q4_K_M`` is llama.cpp's mix of that name for llama models:
+Q4_K projections, Q6_K for ``attn_v`` and ``ffn_down`` in the layers llama.cpp gives more
+bits (the first and last eighth, every third between), and a Q6_K embedding (tied: also
+the output matrix). The tokenizer is :func:`vt.testing.tiny.tiny_vocab`'s, padded
 with filler tokens to the vocabulary size (as ``write_smollm2_shape.py``).
 """
 
@@ -30,6 +34,23 @@ SHAPES: dict[str, dict[str, int | float]] = {
            "vocab": 128256, "context_length": 8192, "rope_base": 500000.0},
 }  # fmt: skip
 _STD = {T.Q8_0: 73.6, T.Q4_0: 4.6, T.Q4_1: 4.6}  # std of a uniform random code
+#: K-quants: a uniform code times a random 6-bit (Q4_K) or int8 (Q6_K) sub-block scale.
+_STD_K = {T.Q4_K: 4.6 * 36.4, T.Q6_K: 18.5 * 73.6}
+MIXES = ("Q4_K_M",)
+
+
+def _more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's ``use_more_bits``: the layers whose attn_v / ffn_down Q4_K_M keeps Q6_K."""
+    eighth = n_layers // 8
+    return layer < eighth or layer >= 7 * n_layers // 8 or (layer - eighth) % 3 == 2
+
+
+def layer_type(weight_type: str, name: str, layer: int, n_layers: int) -> T:
+    """The type of projection ``name`` of ``layer`` (a mix picks per tensor)."""
+    if weight_type != "Q4_K_M":
+        return T[weight_type]
+    more = name in ("attn_v", "ffn_down") and _more_bits(layer, n_layers)
+    return T.Q6_K if more else T.Q4_K
 
 
 def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: T, gain: float = 1.0):
@@ -37,6 +58,15 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: T, gain
     block, size = GGML_QUANT_SIZES[qtype]
     n = rows * cols // block
     raw = np.frombuffer(rng.bytes(n * size), np.uint8).reshape(n, size).copy()
+    if qtype in _STD_K:
+        d = np.float16(gain / (_STD_K[qtype] * np.sqrt(cols)))
+        if qtype == T.Q4_K:  # [d, dmin, 12 bytes of 6-bit scales/mins, 128 of nibbles]
+            raw[:, 0:2] = np.full((n, 1), d, np.float16).view(np.uint8)
+            # value = d sc q - dmin m: about centred with mean sc = mean m, mean q = 7.5
+            raw[:, 2:4] = np.full((n, 1), np.float16(7.5 * float(d)), np.float16).view(np.uint8)
+        else:  # Q6_K: [ql 128, qh 64, int8 scales 16, d]
+            raw[:, 208:210] = np.full((n, 1), d, np.float16).view(np.uint8)
+        return raw.reshape(rows, cols // block * size)
     d = np.float16(gain / (_STD[qtype] * np.sqrt(cols)))
     raw[:, 0:2] = np.full((n, 1), d, np.float16).view(np.uint8)
     if qtype == T.Q4_1:  # value = d * q + m with q in 0..15: centre it
@@ -46,7 +76,7 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: T, gain
 
 def write(path: Path, shape: str, weight_type: str, seed: int = 0) -> Path:
     c = SHAPES[shape]
-    wtype, etype = T[weight_type], T.Q8_0
+    etype = T.Q6_K if weight_type == "Q4_K_M" else T.Q8_0
     dim, ffn, vocab = int(c["dim"]), int(c["ffn"]), int(c["vocab"])
     head_dim = dim // int(c["n_heads"])
     q_dim, kv_dim = dim, int(c["n_kv_heads"]) * head_dim
@@ -85,13 +115,15 @@ def write(path: Path, shape: str, weight_type: str, seed: int = 0) -> Path:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     w.add_tensor("token_embd.weight", random_blocks(rng, vocab, dim, etype, 4.0), raw_dtype=etype)
-    for i in range(int(c["n_layers"])):
+    n_layers = int(c["n_layers"])
+    for i in range(n_layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm(dim))
         for name, rows, cols in (("attn_q", q_dim, dim), ("attn_k", kv_dim, dim),
                                  ("attn_v", kv_dim, dim), ("attn_output", dim, q_dim),
                                  ("ffn_gate", ffn, dim), ("ffn_up", ffn, dim),
                                  ("ffn_down", dim, ffn)):  # fmt: skip
+            wtype = layer_type(weight_type, name, i, n_layers)
             w.add_tensor(p + name + ".weight", random_blocks(rng, rows, cols, wtype),
                          raw_dtype=wtype)  # fmt: skip
         w.add_tensor(p + "ffn_norm.weight", norm(dim))
@@ -107,7 +139,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="135m")
-    ap.add_argument("--weight-type", choices=[t.name for t in _STD], default="Q4_1")
+    types = [t.name for t in (*_STD, *_STD_K)] + list(MIXES)
+    ap.add_argument("--weight-type", choices=types, default="Q4_1")
     a = ap.parse_args()
     t0 = time.perf_counter()
     write(a.out, a.shape, a.weight_type)
