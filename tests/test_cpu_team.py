@@ -212,3 +212,44 @@ def test_a_multi_job_equals_its_parts(team: Team, kinds: tuple[str, ...], n: int
             np.testing.assert_array_equal(got, exp)
     if n == 1:
         assert len(shared) == len({k in ("Q4_0", "Q4_1") for k in kinds})  # quantized once each
+
+
+ATTENTION_SHAPES = [(1, 9, 3, 64), (5, 32, 8, 64), (3, 4, 4, 128), (2, 6, 1, 32)]
+
+
+@pytest.mark.parametrize(("n", "heads", "n_kv", "hd"), ATTENTION_SHAPES)
+def test_attention_jobs_equal_the_serial_kernels(team: Team, n: int, heads: int, n_kv: int,
+                                                 hd: int) -> None:  # fmt: skip
+    """Decode attention's two passes as jobs over (row, KV head) units give the serial
+    kernels' bits, shared or alone, as the context (and the scores buffer) grows."""
+    from vt_cpu.kernels import attention as A
+
+    rng = np.random.default_rng(9)
+    length, n_slots, n_layers = 200, 6, 3
+    cache = rng.standard_normal((length, n_slots, n_layers, 2, n_kv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, heads * hd)).astype(np.float32)
+    slots = rng.permutation(n_slots)[:n].astype(np.int32)
+    pos = rng.integers(0, 40, n).astype(np.int32)
+    maxes, out = np.empty(n * heads, np.float32), np.full((n, heads * hd), np.nan, np.float32)
+    aj = jobs.AttentionJobs(q, cache, 1, slots, pos, heads, 0.125, maxes, out)
+    job_s, job_v = aj.jobs()
+    for step in range(3):
+        pos += 50 * step  # the next calls see longer contexts: a larger buffer
+        total = A.packed_size(slots, pos, heads, length, n_slots)
+        ref_buf, want = np.empty(total, np.float32), np.empty_like(out)
+        A.scores(q, cache, 1, slots, pos, heads, 0.125, ref_buf, np.empty_like(maxes))
+        np.exp(ref_buf, out=ref_buf)
+        A.weighted_values(cache, 1, slots, pos, heads, ref_buf, want)
+        for shared in (False, True):
+            buf = np.full(total + 7, np.nan, np.float32)
+            aj.set_buffer(buf, total)
+            A.offsets(pos, heads, aj.starts)
+            out[:] = np.nan
+            for job in (job_s, job_v):
+                if shared:
+                    _run(team, job, 1)
+                else:
+                    ThreadOwner.alone_call(job)()
+                if job is job_s:
+                    np.exp(buf[:total], out=buf[:total])
+            np.testing.assert_array_equal(out, want, err_msg=f"step {step} shared {shared}")

@@ -114,6 +114,8 @@ def _warm_layers() -> None:
         fn.compile(sig)
     K.spin_seconds_probe(ctl, 1)
     J.address("multi")
+    J.address("attn_scores")  # decode attention as team jobs
+    J.address("attn_values")
 
 
 _CTL, _I = numba.types.Array(numba.types.int64, 1, "C"), numba.types.int64

@@ -56,6 +56,12 @@ def act_bits() -> int:
 #: Query rows up to which attention runs the numba kernels (decode steps of up to this
 #: many sequences); more rows (prefill) run the reference's batched BLAS matmuls.
 ATTENTION_KERNEL_MAX_ROWS = 32
+#: Decode attention goes to the team (jobs over a row's KV head) from this many units and
+#: this many scores (rows x heads x positions); below, a post costs more than a second
+#: thread saves (docs/benchmarks.md: 16 rows at 128 positions 333 -> 247 us, one row of
+#: the 1B shape at 2048 1117 -> 912 us; one row of 3 KV heads barely gains at any length).
+ATTENTION_TEAM_MIN_UNITS = 8
+ATTENTION_TEAM_MIN_SCORES = 16384
 
 
 def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray, max_len: int,
@@ -326,8 +332,43 @@ class CpuOps(ReferenceOps):
             return
         max_len, n_slots = layout.max_len, layout.n_slots
         size, scores, values, exp = A.packed_size, A.scores, A.weighted_values, np.exp
-        maxes = np.empty(heads, F32)
+        maxes = np.empty(n * heads, F32)
         scratch = self._attention_scratch
+        owner = self.threads
+        if (
+            owner.use_team
+            and owner.n > 1
+            and n * n_kv >= ATTENTION_TEAM_MIN_UNITS
+            and all(a.flags.c_contiguous for a in (qa, c, sl, pos, o))
+        ):
+            # the two passes as team jobs over (row, KV head) units: the same kernels, so
+            # the same bits whether the team shares them or the poster runs them alone
+            aj = J.AttentionJobs(qa, c, lay, sl, pos, heads, sc, maxes, o)
+            job_s, job_v = aj.jobs()
+            offsets, set_buffer, starts = A.offsets, aj.set_buffer, aj.starts
+            calls = [(owner.alone_call(j), owner.team_call(j)) for j in (job_s, job_v)]
+            choice, run = owner.choice(c[0, 0, 0].nbytes * max_len * n, "attention"), owner.run
+
+            def run_jobs() -> None:
+                total = size(sl, pos, heads, max_len, n_slots)
+                if total < 0:
+                    t = -total - 2
+                    code = total if t < n else t
+                    raise _ids_error("attention", code, pos, sl, max_len, n_slots)
+                buf = scratch(total)
+                if total < ATTENTION_TEAM_MIN_SCORES:  # short contexts: not worth a post
+                    scores(qa, c, lay, sl, pos, heads, sc, buf, maxes)
+                    exp(buf, out=buf)
+                    values(c, lay, sl, pos, heads, buf, o)
+                    return
+                set_buffer(buf if buf.base is None else buf.base, total)  # a view from 0
+                offsets(pos, heads, starts)
+                run(choice, *calls[0])
+                exp(buf, out=buf)
+                run(choice, *calls[1])
+
+            self.enqueue_host(stream, "attention", run_jobs)
+            return
 
         def run_native() -> None:
             total = size(sl, pos, heads, max_len, n_slots)

@@ -185,19 +185,19 @@ class ThreadOwner:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self.parallel_lock: threading.Lock | None = None  # set for a non-thread-safe layer
-        self._choices: dict[int, Choice] = {}
+        self._choices: dict[tuple[str, int], Choice] = {}
         self._team: Team | None = None
         #: Whether decode matmuls run as team jobs (``VT_CPU_TEAM``), else numba's pool.
         self.use_team = bool(vt.envs.get("VT_CPU_TEAM"))
         self.idle = Idle(self.n)
 
-    def choice(self, nbytes: int) -> Choice:
-        """The serial/parallel choice shared by kernels over about ``nbytes`` of weights
+    def choice(self, nbytes: int, kind: str = "matmul") -> Choice:
+        """The serial/parallel choice shared by kernels of ``kind`` over about ``nbytes``
         (one per power of two), so it is learnt from every projection of that size."""
-        bucket = max(0, int(nbytes)).bit_length()
-        got = self._choices.get(bucket)
+        key = (kind, max(0, int(nbytes)).bit_length())
+        got = self._choices.get(key)
         if got is None:
-            got = self._choices.setdefault(bucket, Choice())
+            got = self._choices.setdefault(key, Choice())
         return got
 
     def close(self) -> None:

@@ -68,43 +68,105 @@ def _prefetch_position(cache, p, slot, layer, kv, length, start, nbytes):
 
 
 @njit(**_KW)
-def scores(q, cache, layer, slots, positions, n_heads, scale, buf, maxes):
-    """``buf`` (packed: row by row, head by head, ``positions[t] + 1`` each) gets
-    ``scale q K^T`` minus each head's maximum; ``maxes``: float32 scratch of ``n_heads``."""
-    n = q.shape[0]
+def offsets(positions, n_heads, out):
+    """``out[t]``: where row ``t``'s scores start in the packed buffer (``out[n]``: its
+    size)."""
+    o = 0
+    for t in range(positions.shape[0]):
+        out[t] = o
+        o += n_heads * (positions[t] + 1)
+    out[positions.shape[0]] = o
+
+
+@njit(**_KW)
+def scores_units(q, cache, layer, slots, positions, n_heads, scale, buf, maxes, starts, u0,
+                 u1):  # fmt: skip
+    """Units ``u0 .. u1`` of :func:`scores`, a unit being one row's one KV head (its group of
+    query heads): ``u = t * n_kv + h``. ``maxes[t * n_heads + head]`` gets each head's
+    maximum; ``starts`` are :func:`offsets`."""
     n_kv, hd = cache.shape[4], cache.shape[5]
     group = n_heads // n_kv
     f_scale = F(scale)
-    o = 0
-    for t in range(n):
+    for u in range(u0, u1):
+        t, h = u // n_kv, u % n_kv
+        o = starts[t]
         length = positions[t] + 1
         slot = slots[t]
-        for head in range(n_heads):
-            maxes[head] = F(-np.inf)
+        m0 = t * n_heads + h * group
+        for gi in range(group):
+            maxes[m0 + gi] = F(-np.inf)
         for p in range(length):
-            _prefetch_position(cache, p, slot, layer, 0, length, 0, cache.strides[3])
-            for h in range(n_kv):
-                for gi in range(group):
-                    head = h * group + gi
-                    qh = q[t, head * hd : (head + 1) * hd]
-                    kh = cache[p, slot, layer, 0, h]
-                    acc = F(0.0)
-                    for e in range(hd):
-                        acc += qh[e] * kh[e]
-                    acc *= f_scale
-                    buf[o + head * length + p] = acc
-                    maxes[head] = max(maxes[head], acc)
-        for head in range(n_heads):
+            _prefetch_position(cache, p, slot, layer, 0, length, h * hd * 4, hd * 4)
+            kh = cache[p, slot, layer, 0, h]
+            for gi in range(group):
+                head = h * group + gi
+                qh = q[t, head * hd : (head + 1) * hd]
+                acc = F(0.0)
+                for e in range(hd):
+                    acc += qh[e] * kh[e]
+                acc *= f_scale
+                buf[o + head * length + p] = acc
+                maxes[m0 + gi] = max(maxes[m0 + gi], acc)
+        for gi in range(group):
+            head = h * group + gi
             bh = buf[o + head * length : o + (head + 1) * length]
-            m = maxes[head]
+            m = maxes[m0 + gi]
             for p in range(length):
                 bh[p] -= m
-        o += n_heads * length
+
+
+@njit(**_KW)
+def scores(q, cache, layer, slots, positions, n_heads, scale, buf, maxes):
+    """``buf`` (packed: row by row, head by head, ``positions[t] + 1`` each) gets
+    ``scale q K^T`` minus each head's maximum; ``maxes``: float32 scratch of ``n * n_heads``
+    (:func:`scores_units` over every unit)."""
+    n = q.shape[0]
+    starts = np.empty(n + 1, np.int64)
+    offsets(positions, n_heads, starts)
+    scores_units(q, cache, layer, slots, positions, n_heads, scale, buf, maxes, starts, 0,
+                 n * cache.shape[4])  # fmt: skip
 
 
 #: Largest ``n_heads * head_dim`` of :func:`weighted_values` (its accumulators live on
 #: the stack, 16 KiB).
 MAX_WIDTH = 4096
+
+
+@njit(**_KW)
+def values_units(cache, layer, slots, positions, n_heads, buf, out, starts, u0, u1):
+    """Units ``u0 .. u1`` of :func:`weighted_values` (a row's KV head, as
+    :func:`scores_units`)."""
+    n_kv, hd = cache.shape[4], cache.shape[5]
+    group = n_heads // n_kv
+    acc = carray(_stack_f32(MAX_WIDTH), MAX_WIDTH)
+    for u in range(u0, u1):
+        t, h = u // n_kv, u % n_kv
+        o = starts[t]
+        length = positions[t] + 1
+        slot = slots[t]
+        for gi in range(group):  # normalize first, as the reference does
+            head = h * group + gi
+            bh = buf[o + head * length : o + (head + 1) * length]
+            total = F(0.0)
+            for p in range(length):
+                total += bh[p]
+            for p in range(length):
+                bh[p] /= total
+        width = group * hd
+        for e in range(width):
+            acc[e] = F(0.0)
+        for p in range(length):
+            _prefetch_position(cache, p, slot, layer, 1, length, h * hd * 4, hd * 4)
+            vh = cache[p, slot, layer, 1, h]
+            for gi in range(group):
+                head = h * group + gi
+                ah = acc[gi * hd : (gi + 1) * hd]
+                w = buf[o + head * length + p]
+                for e in range(hd):
+                    ah[e] += w * vh[e]
+        base = h * group * hd
+        for e in range(width):
+            out[t, base + e] = acc[e]
 
 
 @njit(**_KW)
@@ -114,33 +176,7 @@ def weighted_values(cache, layer, slots, positions, n_heads, buf, out):
     weights are divided before the loop over V: inside it, reassociation moved the division
     into the innermost loop (a vector division per element of V)."""
     n = out.shape[0]
-    n_kv, hd = cache.shape[4], cache.shape[5]
-    group = n_heads // n_kv
-    width = n_heads * hd
-    acc = carray(_stack_f32(MAX_WIDTH), MAX_WIDTH)
-    o = 0
-    for t in range(n):
-        length = positions[t] + 1
-        slot = slots[t]
-        for head in range(n_heads):  # normalize first, as the reference does
-            bh = buf[o + head * length : o + (head + 1) * length]
-            total = F(0.0)
-            for p in range(length):
-                total += bh[p]
-            for p in range(length):
-                bh[p] /= total
-        for e in range(width):
-            acc[e] = F(0.0)
-        for p in range(length):
-            _prefetch_position(cache, p, slot, layer, 1, length, 0, cache.strides[3])
-            for h in range(n_kv):
-                for gi in range(group):
-                    head = h * group + gi
-                    ah = acc[head * hd : (head + 1) * hd]
-                    vh = cache[p, slot, layer, 1, h]
-                    w = buf[o + head * length + p]
-                    for e in range(hd):
-                        ah[e] += w * vh[e]
-        for e in range(width):
-            out[t, e] = acc[e]
-        o += n_heads * length
+    starts = np.empty(n + 1, np.int64)
+    offsets(positions, n_heads, starts)
+    values_units(cache, layer, slots, positions, n_heads, buf, out, starts, 0,
+                 n * cache.shape[4])  # fmt: skip

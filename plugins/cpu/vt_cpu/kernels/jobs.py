@@ -6,7 +6,10 @@ of units, their operands given as addresses and shapes in an int64 argument bloc
 - ``mm_q8_0``, ``mm_q4``, ``mm_qk45``, ``mm_q6_k``: the tile kernels of
   :mod:`vt_cpu.kernels.quant` (several activation rows), a unit being 4 weight rows (2 with
   8 activation rows or more); with a residual, a chunk adds it to its own rows;
-- ``multi``: several of these one after the other (:func:`multi_job`).
+- ``multi``: several of these one after the other (:func:`multi_job`);
+- ``attn_scores`` / ``attn_values``: decode attention's two passes
+  (:func:`vt_cpu.kernels.attention.scores_units`, ``values_units``), a unit being one
+  row's KV head with its query heads (:class:`AttentionJobs`).
 
 The argument blocks are built by :func:`q8_args` and :func:`mm_args`, which also return
 the number of units; the arrays they point into must outlive every run of the job (the
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 from numba import carray, cfunc, njit, types
 
+from . import attention as A
 from . import q8 as Q8
 from . import quant as Q
 from .team import call_job, ptr_f32, ptr_i8, ptr_i32, ptr_i64, ptr_u8
@@ -130,7 +134,44 @@ def multi(args, u0, u1):  # noqa: ANN001, ANN201
         base += units
 
 
+#: The attention jobs' argument block: [n, width, q, cache, max_len, n_slots, n_layers,
+#: n_kv, head_dim, slots, positions, buf, buf size, maxes, maxes size, starts, scale (a
+#: float32's address), layer, n_heads, out]; ``buf`` and its size change with the context
+#: and are set before each run (:class:`AttentionJobs`).
+ATTN_ARGS = 20
+BUF, BUF_SIZE = 11, 12
+
+
+@njit(**_INLINE)
+def _attn_views(a):  # noqa: ANN001, ANN202
+    n, width = a[0], a[1]
+    q = carray(ptr_f32(a[2]), (n, width))
+    cache = carray(ptr_f32(a[3]), (a[4], a[5], a[6], 2, a[7], a[8]))
+    slots = carray(ptr_i32(a[9]), n)
+    positions = carray(ptr_i32(a[10]), n)
+    buf = carray(ptr_f32(a[11]), a[12])
+    starts = carray(ptr_i64(a[15]), n + 1)
+    return q, cache, slots, positions, buf, starts
+
+
+def attn_scores(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), ATTN_ARGS)
+    q, cache, slots, positions, buf, starts = _attn_views(a)
+    maxes = carray(ptr_f32(a[13]), a[14])
+    scale = carray(ptr_f32(a[16]), 1)[0]
+    A.scores_units(q, cache, a[17], slots, positions, a[18], scale, buf, maxes, starts, u0, u1)
+
+
+def attn_values(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), ATTN_ARGS)
+    q, cache, slots, positions, buf, starts = _attn_views(a)
+    out = carray(ptr_f32(a[19]), (a[0], a[1]))
+    A.values_units(cache, a[17], slots, positions, a[18], buf, out, starts, u0, u1)
+
+
 _JOBS: dict[str, Callable[..., Any]] = {
+    "attn_scores": attn_scores,
+    "attn_values": attn_values,
     "multi": multi,
     "q8_16": q8_16, "q8_8": q8_8, "mm_q8_0": mm_q8_0, "mm_q4": mm_q4, "mm_qk45": mm_qk45,
     "mm_q6_k": mm_q6_k,
@@ -263,3 +304,39 @@ def mm_job(kind: str, raw: np.ndarray, x: np.ndarray, out: np.ndarray,
     args, units = mm_args(kind, raw, xb, tgt, out, res)
     keep = (xb, tgt, out) if res is None else (xb, tgt, out, res)
     return Job(None, MM_JOB[kind], args, units, keep)
+
+
+class AttentionJobs:
+    """Decode attention for fixed rows as two jobs (scores; ``np.exp`` between them on the
+    poster; values) over ``n * n_kv`` units: their argument block, the packed scores'
+    offsets and the float32 scale. :meth:`set_buffer` points them at this call's scores."""
+
+    def __init__(self, q: np.ndarray, cache: np.ndarray, layer: int, slots: np.ndarray,
+                 positions: np.ndarray, n_heads: int, scale: float, maxes: np.ndarray,
+                 out: np.ndarray) -> None:  # fmt: skip
+        n, width = q.shape
+        self.starts = np.zeros(n + 1, np.int64)
+        self.scale = np.array([scale], np.float32)
+        for arr in (q, cache, slots, positions, maxes, out):
+            assert arr.flags.c_contiguous, "a job's arrays are C-contiguous"
+        self.args = np.array(
+            [n, width, _addr(q), _addr(cache), *cache.shape[:3], cache.shape[4],
+             cache.shape[5], _addr(slots), _addr(positions), 0, 0, _addr(maxes), maxes.size,
+             _addr(self.starts), _addr(self.scale), layer, n_heads, _addr(out)],
+            np.int64,
+        )  # fmt: skip
+        self.units = n * int(cache.shape[4])
+        self._keep = (q, cache, slots, positions, maxes, out)
+        self._buf = -1
+
+    def set_buffer(self, buf: np.ndarray, size: int) -> None:
+        """This call's packed scores: ``size`` floats at the start of ``buf``."""
+        if id(buf) != self._buf:  # (numpy's address lookup costs ~1 us)
+            self._buf = id(buf)
+            self._keep_buf = buf
+            self.args[BUF] = _addr(buf)
+        self.args[BUF_SIZE] = size
+
+    def jobs(self) -> tuple[Job, Job]:
+        return (Job(None, "attn_scores", self.args, self.units, (self.starts,)),
+                Job(None, "attn_values", self.args, self.units, (self.starts,)))  # fmt: skip
