@@ -74,6 +74,18 @@ def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray,
     return ValueError(f"{kernel}: slot {int(slots[i])} is out of range [0, {n_slots})")
 
 
+def _attention_total(slots: np.ndarray, positions: np.ndarray, n_heads: int, max_len: int,
+                     n_slots: int) -> int:  # fmt: skip
+    """The packed scores' size for these rows (``kernels.attention.packed_size``); a bad
+    position or slot raises, naming it."""
+    total = A.packed_size(slots, positions, n_heads, max_len, n_slots)
+    if total < 0:
+        t = -total - 2  # a bad position at row t, or a bad slot at row t - n
+        code = total if t < positions.shape[0] else t
+        raise _ids_error("attention", code, positions, slots, max_len, n_slots)
+    return int(total)
+
+
 class _Projection:
     """A matrix weight's handle: its :class:`vt_cpu.weights.BlockWeight`."""
 
@@ -331,7 +343,7 @@ class CpuOps(ReferenceOps):
             self.enqueue_host(stream, "attention", run)
             return
         max_len, n_slots = layout.max_len, layout.n_slots
-        size, scores, values, exp = A.packed_size, A.scores, A.weighted_values, np.exp
+        scores, values, exp = A.scores, A.weighted_values, np.exp
         maxes = np.empty(n * heads, F32)
         scratch = self._attention_scratch
         owner = self.threads
@@ -350,11 +362,7 @@ class CpuOps(ReferenceOps):
             choice, run = owner.choice(c[0, 0, 0].nbytes * max_len * n, "attention"), owner.run
 
             def run_jobs() -> None:
-                total = size(sl, pos, heads, max_len, n_slots)
-                if total < 0:
-                    t = -total - 2
-                    code = total if t < n else t
-                    raise _ids_error("attention", code, pos, sl, max_len, n_slots)
+                total = _attention_total(sl, pos, heads, max_len, n_slots)
                 buf = scratch(total)
                 if total < ATTENTION_TEAM_MIN_SCORES:  # short contexts: not worth a post
                     scores(qa, c, lay, sl, pos, heads, sc, buf, maxes)
@@ -371,11 +379,7 @@ class CpuOps(ReferenceOps):
             return
 
         def run_native() -> None:
-            total = size(sl, pos, heads, max_len, n_slots)
-            if total < 0:
-                t = -total - 2  # a bad position at row t, or a bad slot at row t - n
-                code = total if t < n else t
-                raise _ids_error("attention", code, pos, sl, max_len, n_slots)
+            total = _attention_total(sl, pos, heads, max_len, n_slots)
             buf = scratch(total)
             scores(qa, c, lay, sl, pos, heads, sc, buf, maxes)
             exp(buf, out=buf)
