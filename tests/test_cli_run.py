@@ -420,6 +420,9 @@ def test_bench_prefills_in_chunks_of_max_batch_tokens(tiny: Path) -> None:
     obj = json.loads(res.stdout)
     assert obj["max_batch_tokens"] == 4 and obj["same_ids"]
     assert all(r["prefill_tok_s"] > 0 for r in obj["runs"])
+    unset = vt("bench", *args, "--repeat", "1", "--json")  # the backend's default_batch_tokens
+    assert unset.exit_code == 0, unset.output
+    assert json.loads(unset.stdout)["max_batch_tokens"] == 256
     bad = vt("bench", *args, "--max-batch-tokens", "0")
     assert bad.exit_code == 2 and "--max-batch-tokens" in bad.stderr and "0" in bad.stderr
 

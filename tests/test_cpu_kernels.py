@@ -148,6 +148,17 @@ def test_idle_says_whether_other_threads_leave_a_core_free(tmp_path: Path) -> No
     assert Idle(cpus=2, path=str(tmp_path / "missing"))()  # no /proc: Choice decides
 
 
+def test_one_slow_call_does_not_settle_a_choice() -> None:
+    """A sample counts at most 3x the mean: a first parallel call held up for milliseconds
+    (a compile, a page fault, a helper waking) must not keep parallel off for thousands of
+    calls."""
+    c = Choice(explore=8, warmup=2)
+    for way, seconds in ((0, 1.0), (1, 0.5), (0, 1.0), (1, 500.0)):  # one outlier
+        c.record(way, seconds)
+    assert c.times[1] == 0.5 + 0.2 * (1.5 - 0.5)  # clipped to 3x the mean, not 500
+    assert c.times[1] < c.times[0]  # parallel stays the faster way
+
+
 def test_kernels_of_one_size_share_a_choice() -> None:
     owner = ThreadOwner(2)
     try:

@@ -253,3 +253,29 @@ def test_attention_jobs_equal_the_serial_kernels(team: Team, n: int, heads: int,
                 if job is job_s:
                     np.exp(buf[:total], out=buf[:total])
             np.testing.assert_array_equal(out, want, err_msg=f"step {step} shared {shared}")
+
+
+def test_vt_cpu_team_0_keeps_numbas_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``VT_CPU_TEAM=0``: no team is started; the decode matmuls bind numba's kernels and
+    give the same answer within the kernels' bounds."""
+    import vt
+    from gguf import GGMLQuantizationType
+    from vt_cpu import CpuBackend
+
+    QTYPE_Q4_1 = int(GGMLQuantizationType.Q4_1)  # noqa: N806
+
+    w, x, _ = _inputs("Q4_1", 1, False)
+    want = np.empty((1, w.rows), np.float32)
+    ThreadOwner.alone_call(jobs.q8_job(w, x, want, None, 16))()
+    monkeypatch.setenv("VT_CPU_TEAM", "0")
+    backend = CpuBackend()
+    try:
+        assert backend.threads.use_team is False
+        data = w.arrays[0].reshape(-1)
+        p = backend._upload_weight(vt.WeightTensor("w", QTYPE_Q4_1, (w.rows, w.cols), data))
+        out = np.full_like(want, np.nan)
+        backend._project(p.handle, x, out, None)()
+        assert backend.threads._team is None  # never started
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    finally:
+        backend.close()

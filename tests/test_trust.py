@@ -393,9 +393,11 @@ def test_vt_serve_has_the_option_and_prints_the_verification(home: Path, tiny: P
         server = Server(llm, port=0)
         try:
             lines = startup_lines(llm, server, 1, 16)
+            unset = startup_lines(llm, server, 1, None)  # the runner's resolved value
         finally:
             server.sock.close()
     assert " | verified in " in lines[1]
+    assert f" | {llm.runner.max_batch_tokens} tokens per step | " in unset[0]
 
 
 def test_the_real_home_is_not_touched() -> None:

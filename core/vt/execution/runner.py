@@ -155,6 +155,12 @@ class _InputLayout:
         return cls(*offsets, nbytes=at)
 
 
+def batch_tokens(backend: Backend, asked: int | None) -> Any:
+    """Tokens per step: ``asked``, else the backend's ``default_batch_tokens`` (checked by
+    the runner like a number given)."""
+    return int(getattr(backend, "default_batch_tokens", 256)) if asked is None else asked
+
+
 class ModelRunner:
     """Runs the llama-family graph on ``backend`` in batched, asynchronous steps.
 
@@ -182,8 +188,7 @@ class ModelRunner:
         max_graphs: int = DEFAULT_MAX_GRAPHS,
     ) -> None:
         config = model.config
-        if max_batch_tokens is None:  # the backend's preference (Backend.default_batch_tokens)
-            max_batch_tokens = int(getattr(backend, "default_batch_tokens", 256))
+        max_batch_tokens = batch_tokens(backend, max_batch_tokens)
         if config.architecture in ARCHITECTURE_OPS:  # else LlamaGraph names the problem
             check_backend(backend, config.architecture)
         for name, value in (

@@ -150,7 +150,7 @@ def run_bench(
     ``verify``: as for :class:`vt.LLM` (None follows ``VT_VERIFY``); the verification runs
     before the clock of ``load_s`` starts, so it never counts as loading.
     """
-    from ..execution.runner import DEFAULT_MAX_MODEL_LEN, ModelRunner
+    from ..execution.runner import DEFAULT_MAX_MODEL_LEN, ModelRunner, batch_tokens
     from ..management.trust import open_verified_backend
     from ..model import Tokenizer, load_gguf
     from ..model.cache import resolve_model
@@ -183,7 +183,7 @@ def run_bench(
             params = SamplingParams(temperature=0.0, max_tokens=gen_tokens, ignore_eos=True)
             runs: list[BenchRun] = []
             batch_runs: list[BatchRun] = []
-            resolved_batch_tokens = max_batch_tokens or be.default_batch_tokens
+            resolved_batch_tokens = batch_tokens(be, max_batch_tokens)
             for async_on in (True, False):
                 say(f"async scheduling {'on' if async_on else 'off'}: loading the runner")
                 runner = ModelRunner(
@@ -191,12 +191,11 @@ def run_bench(
                     model_file,
                     max_slots=max(batches) if batches else 1,
                     max_model_len=limit,
-                    max_batch_tokens=max_batch_tokens,
+                    max_batch_tokens=resolved_batch_tokens,
                     kv_cache=kv_cache,
                     async_scheduling=async_on,
                 )
                 try:
-                    resolved_batch_tokens = runner.max_batch_tokens
                     engine = Engine(runner, tokenizer)
                     if batches:
                         for b in batches:
