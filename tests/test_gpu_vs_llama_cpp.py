@@ -38,3 +38,26 @@ def test_llama_bench_gives_pp512_and_tg128() -> None:
         {"n_prompt": 128, "n_gen": 0, "avg_ts": 1.0},  # another test: not read
     ]
     assert bench.parse_llama_bench(rows) == {"prefill_pp512": 52251.29, "tg128": 938.91}
+
+
+def test_the_q4_k_m_shape_is_llama_cpps_mix() -> None:
+    """write_shape.py's Q4_K_M: Q6_K attn_v and ffn_down in llama.cpp's more-bits layers
+    (the first and last eighth, every third between: 8 of 16), Q4_K elsewhere, and blocks
+    that decode to finite values of about unit row variance."""
+    import numpy as np
+    import vt
+    from gguf import GGMLQuantizationType as T
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import write_shape  # noqa: PLC0415
+
+    kinds = [[write_shape.layer_type("Q4_K_M", name, i, 16) for i in range(16)]
+             for name in ("attn_v", "ffn_down", "attn_q")]  # fmt: skip
+    assert kinds[0] == kinds[1] and kinds[0].count(T.Q6_K) == 8 and set(kinds[2]) == {T.Q4_K}
+    assert [i for i, t in enumerate(kinds[0]) if t == T.Q6_K] == [0, 1, 4, 7, 10, 13, 14, 15]
+    assert write_shape.layer_type("Q8_0", "attn_v", 0, 16) == T.Q8_0
+    rng = np.random.default_rng(0)
+    for qtype in (T.Q4_K, T.Q6_K):
+        raw = write_shape.random_blocks(rng, 8, 512, qtype).reshape(-1)
+        values = vt.reference.dequantize(vt.WeightTensor("w", int(qtype), (8, 512), raw))
+        assert np.isfinite(values).all() and 0.3 < values.std() * np.sqrt(512) < 3
