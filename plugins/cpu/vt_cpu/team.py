@@ -88,11 +88,6 @@ class Team:
             self._post.release()
         return True
 
-    def spinning(self) -> int:
-        """Helpers not parked now (each one a runnable thread while it spins)."""
-        ctl = self.ctl
-        return sum(1 for i in range(self.helpers) if ctl[K.PARKED + 8 * i] == 0)
-
     def close(self) -> None:
         """Stop the helpers (idempotent); later :meth:`run` calls return False."""
         if self._closed:

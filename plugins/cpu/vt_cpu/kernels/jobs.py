@@ -327,7 +327,8 @@ class AttentionJobs:
         )  # fmt: skip
         self.units = n * int(cache.shape[4])
         self._keep = (q, cache, slots, positions, maxes, out)
-        self._buf = -1
+        self._buf = -1  # id of the scores buffer args points into, held in _keep_buf
+        self._keep_buf: np.ndarray | None = None
 
     def set_buffer(self, buf: np.ndarray, size: int) -> None:
         """This call's packed scores: ``size`` floats at the start of ``buf``."""
