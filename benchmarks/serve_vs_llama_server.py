@@ -15,8 +15,11 @@ generate exactly ``max_tokens`` tokens per request) one after another until
 ``requests-per-client * N`` requests were sent or ``--time-limit-s`` passed (no new
 request after that; the answers in flight are waited for, each up to
 ``--request-timeout-s``). Every request has its
-own user message (the same sequence for both servers), so no prompt is served from a
-cache. Before each measurement N short requests warm the server up, then it waits (at
+own user message (the same sequence for both servers, never the warm-up's), so no
+prompt is served whole from a cache; the chat template's common start is, by a server
+with a prompt cache (llama-server's slots, vt's prefix caching), and
+``cached_prompt_tokens`` says how many tokens each server reported taking from it.
+Before each measurement N short requests warm the server up, then it waits (at
 most ``--quiet-wait-s``) until the rest of the machine keeps less than ``--quiet-below``
 of the CPUs busy; ``others_cpu_share`` says how busy other processes (not the two
 servers, not the clients) kept the CPUs during the measurement, and a measurement with
@@ -27,7 +30,8 @@ request to the last answer, mean request latency, and vt/llama-server ratios.
 ``--vt-baseline CMD`` starts a third server from another vt command (for example a venv
 of an older commit) and measures it in the same rounds, in the same alternation, so a
 change's before/after and both against llama-server come from one run
-(``vt_vs_baseline`` in the JSON).
+(``vt_vs_baseline`` in the JSON); ``--vt-baseline-args`` adds ``vt serve`` options to
+it, so ``--vt-baseline vt --vt-baseline-args=--no-prefix-caching`` measures a setting.
 
 Both servers are stopped at the end, on an error and on SIGTERM/Ctrl-C (SIGTERM, then
 SIGKILL after 10 s). The default model is ``vt model pull -q``'s path; llama-server is
@@ -58,6 +62,7 @@ from machine import busy_cpu_s, wait_quiet
 from openai import OpenAI
 
 MODEL_NAME = "bench"
+WARM_UP_K = 100_000  # the warm-up's request numbers: no measured prompt was seen before
 TOPICS = (
     "a lighthouse keeper",
     "the history of bread",
@@ -152,20 +157,30 @@ def chat(client: OpenAI, k: int, max_tokens: int) -> dict[str, Any]:
         extra_body={"ignore_eos": True},
     )
     usage = reply.usage
+    details = getattr(usage, "prompt_tokens_details", None)
     return {
         "latency_s": time.perf_counter() - t0,
         "completion_tokens": usage.completion_tokens if usage else 0,
         "prompt_tokens": usage.prompt_tokens if usage else 0,
+        "cached_tokens": (getattr(details, "cached_tokens", None) or 0) if details else 0,
     }
 
 
 def load(
-    server: Server, clients: int, n_requests: int, max_tokens: int, limit: float, timeout: float
+    server: Server,
+    clients: int,
+    n_requests: int,
+    max_tokens: int,
+    limit: float,
+    timeout: float,
+    first_k: int = 0,
 ) -> dict:
-    """``clients`` threads share ``n_requests`` requests (numbered, so both servers get the
-    same prompts); none starts after ``limit`` seconds, each may take ``timeout``."""
+    """``clients`` threads share ``n_requests`` requests (numbered from ``first_k``, so both
+    servers get the same prompts); none starts after ``limit`` seconds, each may take
+    ``timeout``."""
     lock = threading.Lock()
-    next_k = [0]
+    next_k = [first_k]
+    n_requests += first_k
     results: list[dict[str, Any]] = []
     errors: list[str] = []
     t0 = time.perf_counter()
@@ -201,6 +216,9 @@ def load(
         "requests": len(results),
         "errors": errors,
         "completion_tokens": tokens,
+        "prompt_tokens": sum(r["prompt_tokens"] for r in results),
+        # what the server says it took from its prompt cache (usage.prompt_tokens_details)
+        "cached_prompt_tokens": sum(r["cached_tokens"] for r in results),
         "short_answers": sum(r["completion_tokens"] < max_tokens for r in results),
         "wall_s": round(wall, 2),
         "completion_tok_s": round(tokens / wall, 2) if wall > 0 else None,
@@ -213,7 +231,7 @@ def load(
 def measure(servers: dict[str, Server], name: str, n: int, args: argparse.Namespace) -> dict:
     """Warm ``name`` up, wait for a quiet machine, then one measurement with ``n`` clients."""
     limits = (args.time_limit_s, args.request_timeout_s)
-    load(servers[name], n, n, 4, *limits)  # warm-up
+    load(servers[name], n, n, 4, *limits, first_k=WARM_UP_K)  # prompts never measured
     gate = wait_quiet(args.quiet_below, args.quiet_wait_s)
     every = list(servers.values())
     busy0, own0 = busy_cpu_s(), own_cpu_s(every)
@@ -244,6 +262,11 @@ def main() -> None:
     ap.add_argument(
         "--vt-baseline",
         help="another vt command (e.g. an older tree's venv), measured in the same rounds",
+    )
+    ap.add_argument(
+        "--vt-baseline-args",
+        default="",
+        help="extra 'vt serve' options of the baseline (e.g. --no-prefix-caching)",
     )
     ap.add_argument("--clients", default="1,4,16", help="concurrent clients, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -296,7 +319,8 @@ def main() -> None:
             [*shlex.split(args.vt_baseline), "serve", "--backend", "cpu", "--model", model]
             + ["--port", str(base_port), "--max-slots", str(args.slots)]
             + ["--max-model-len", str(args.ctx_per_slot)]
-            + ["--served-model-name", MODEL_NAME, "--log-level", "warning"],
+            + ["--served-model-name", MODEL_NAME, "--log-level", "warning"]
+            + shlex.split(args.vt_baseline_args),
             base_port,
         )
 

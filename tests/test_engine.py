@@ -1,8 +1,9 @@
 """The engine's scheduling, stop conditions and detokenization, over a fake runner.
 
 The fake runner is a tiny "model" whose next token is a pure function of what is in a slot's
-KV at the sampled position, and it checks the runner contract on every step: positions are
-written contiguously from 0, ``from_previous`` is used only right after the slot sampled,
+KV at the sampled position (or, with ``whole_context``, of everything the slot's KV holds), and
+it checks the runner contract on every step: a chunk starts at a written position (0, or
+within a prefix the slot kept), ``from_previous`` is used only right after the slot sampled,
 ``get_output`` is called once, the token budget and slot range hold.
 """
 
@@ -72,8 +73,10 @@ class FakeRunner:
         max_slots: int = 4,
         max_model_len: int = 64,
         max_batch_tokens: int = 16,
+        whole_context: bool = False,
     ) -> None:
         self.readback = readback
+        self.whole_context = whole_context
         self.max_slots = max_slots
         self.max_model_len = max_model_len
         self.max_batch_tokens = max_batch_tokens
@@ -86,6 +89,8 @@ class FakeRunner:
         self.max_outstanding = 0
 
     def _next(self, slot: int, pos: int, chunk) -> int:
+        if self.whole_context:  # any wrong position in the slot changes the next id
+            return 1 + hash(tuple(self.kv[slot][: pos + 1])) % (VOCAB - 1)
         tok = self.kv[slot][pos]
         if chunk.temperature == 0:
             return (tok + 1) % VOCAB
@@ -108,11 +113,12 @@ class FakeRunner:
                 ids = [self.last_sample[c.slot]]
             else:
                 ids = list(c.token_ids)
-            assert c.start_pos == len(self.kv[c.slot]), (
+            # As ModelRunner: a chunk may start at any written position (a reused prefix).
+            assert c.start_pos <= len(self.kv[c.slot]), (
                 f"slot {c.slot}: write at {c.start_pos} but {len(self.kv[c.slot])} written"
             )
             assert c.start_pos + len(ids) <= self.max_model_len
-            self.kv[c.slot].extend(ids)
+            self.kv[c.slot][c.start_pos :] = ids
             if c.sample:
                 tok = self._next(c.slot, len(self.kv[c.slot]) - 1, c)
                 out[c.slot] = tok
@@ -124,15 +130,20 @@ class FakeRunner:
             assert self.outstanding == 1
         return FakeStep(self, out)
 
-    def free_slot(self, slot: int) -> None:
-        self.kv[slot] = []
+    def seq_len(self, slot: int) -> int:
+        return len(self.kv[slot])
+
+    def free_slot(self, slot: int, keep: int = 0) -> None:
+        self.kv[slot] = self.kv[slot][:keep]
         self.last_sample.pop(slot, None)
         self.freed.append(slot)
 
 
-def _engine(readback: str = "host_view", **kw) -> tuple[Engine, FakeRunner]:
+def _engine(
+    readback: str = "host_view", prefix_caching: bool = True, **kw
+) -> tuple[Engine, FakeRunner]:
     runner = FakeRunner(readback, **kw)
-    return Engine(runner, FakeTokenizer()), runner
+    return Engine(runner, FakeTokenizer(), prefix_caching=prefix_caching), runner
 
 
 def _run(engine: Engine, earlier: list | None = None) -> dict[str, object]:

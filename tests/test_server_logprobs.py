@@ -33,16 +33,21 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("logprobs") / "tiny.gguf", tied=False)
 
 
+# Prefix caching off on both sides: a reused prefix leaves fewer rows to a step, which
+# may take another kernel (tests/test_prefix_cache.py); these tests compare logprobs with
+# a recomputation to 1e-5 and less.
 @pytest.fixture(scope="module")
 def ref(tiny: Path) -> Iterator[vt.LLM]:
-    with vt.LLM(model=tiny, backend="cpu", max_slots=1) as llm:
+    with vt.LLM(model=tiny, backend="cpu", max_slots=1, prefix_caching=False) as llm:
         yield llm
 
 
 @pytest.fixture(scope="module")
 def server(tiny: Path) -> Iterator[Server]:
     with (
-        vt.LLM(model=tiny, backend="cpu", max_slots=2, max_batch_tokens=8) as llm,
+        vt.LLM(
+            model=tiny, backend="cpu", max_slots=2, max_batch_tokens=8, prefix_caching=False
+        ) as llm,
         serving(llm) as srv,
     ):
         yield srv

@@ -292,11 +292,16 @@ class ModelRunner:
         order = [sample_slot.index(c.slot) for c in chunks if c.sample]
         return logits[order]
 
-    def free_slot(self, slot: int) -> None:
-        """Forget the sequence in ``slot``; the next chunk for it must start at position 0."""
+    def free_slot(self, slot: int, keep: int = 0) -> None:
+        """Forget the sequence in ``slot``; the next chunk for it must start at position 0,
+        or, with ``keep``, at any position up to ``keep``: positions ``0..keep-1`` (of those
+        written) stay as they are, for a next sequence that starts with the same tokens
+        (prefix reuse)."""
         self._check_open()
         self._check_slot(slot)
-        self._seq_len[slot] = 0
+        if not _is_int(keep) or keep < 0:
+            raise InvalidStepError(f"keep {keep!r} must be an integer >= 0")
+        self._seq_len[slot] = min(int(keep), self._seq_len[slot])
         if self._prev is not None:
             self._prev[1].pop(slot, None)
 

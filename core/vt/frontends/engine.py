@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import VtError
+from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -65,7 +66,7 @@ class Timings(BaseModel):
     queued_s: float = 0.0  # waiting for a free KV slot
     prefill_s: float | None = None  # first prompt chunk submitted -> first token read
     decode_s: float | None = None  # first token -> last token read
-    prefill_tok_s: float | None = None
+    prefill_tok_s: float | None = None  # prompt tokens computed (not reused) per second
     decode_tok_s: float | None = None  # (generated_tokens - 1) / decode_s
 
 
@@ -111,6 +112,9 @@ class RequestOutput(BaseModel):
     #: One entry per prompt id when ``SamplingParams.prompt_logprobs`` is set (the first is
     #: None: nothing predicts it), complete from the first output with an id; else None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    #: Prompt tokens not prefilled: their KV was reused from the slot's earlier request
+    #: (:mod:`vt.frontends.prefix_cache`).
+    num_cached_tokens: int = 0
 
 
 class _StopStrings:
@@ -148,7 +152,9 @@ class _Request:
     decoder: Any
     prompt: str | None = None
     slot: int | None = None
-    num_prefilled: int = 0  # prompt tokens submitted
+    num_prefilled: int = 0  # prompt tokens submitted (reused ones included)
+    num_cached: int = 0  # prompt tokens whose KV came from the slot's earlier request
+    fed: int = 0  # sampled ids submitted as inputs (their KV is written)
     output_ids: list[int] = field(default_factory=list)  # sampled ids read back
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # when params.logprobs
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
@@ -185,12 +191,15 @@ class Engine:
     """Schedules requests over a runner and turns sampled ids into text.
 
     ``runner`` follows :class:`vt.execution.runner.ModelRunner`; ``tokenizer`` is a
-    :class:`vt.model.Tokenizer` (``incremental_decoder()``, ``stop_ids``).
+    :class:`vt.model.Tokenizer` (``incremental_decoder()``, ``stop_ids``). With
+    ``prefix_caching`` a prompt skips the prefix it shares with what a free slot's KV holds
+    (:mod:`vt.frontends.prefix_cache`); the runner's ``free_slot`` must then take ``keep``.
     """
 
-    def __init__(self, runner: Any, tokenizer: Any) -> None:
+    def __init__(self, runner: Any, tokenizer: Any, *, prefix_caching: bool = True) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
+        self.prefix_caching = bool(prefix_caching)
         self.max_slots: int = int(runner.max_slots)
         self.max_model_len: int = int(runner.max_model_len)
         self.max_batch_tokens: int = int(runner.max_batch_tokens)
@@ -204,6 +213,7 @@ class Engine:
         self._running: list[_Request] = []
         self._requests: dict[str, _Request] = {}
         self._free_slots: list[int] = list(range(self.max_slots))
+        self._prefix = PrefixCache(self.max_slots)
         self._deferred_free: list[tuple[int, int]] = []  # (slot, free after step seq)
         self._inflight: _Step | None = None
         self._step_seq = 0
@@ -325,10 +335,8 @@ class Engine:
 
     def _schedule(self) -> list[tuple[_Request, int, list[int] | None, int, bool]]:
         """Pick this step's rows: (request, start_pos, token ids or None, n_tokens, samples)."""
-        while self._waiting and self._free_slots:
-            req = self._waiting.popleft()
-            req.slot = self._free_slots.pop(0)
-            self._running.append(req)
+        while self._waiting and self._admit(self._waiting[0]):
+            self._waiting.popleft()
         budget = self.max_batch_tokens
         rows: list[tuple[_Request, int, list[int] | None, int, bool]] = []
         for req in self._running:  # decode rows first: one token each
@@ -365,6 +373,43 @@ class Engine:
             budget -= len(chunk)
             logit_rows -= len(chunk) if req.params.prompt_logprobs is not None else int(last)
         return rows
+
+    def _admit(self, req: _Request) -> bool:
+        """Give ``req`` a slot, or return False when none is free.
+
+        With prefix caching it takes the slot whose KV shares the most of its prompt, and
+        skips that prefix. That may be a slot whose last step is still in flight (a request
+        that just finished): this request's steps run after it on the same stream, and
+        reading the shared prefix is the point. A prompt scored token by token (echo) needs
+        every row's logits, so it reuses nothing.
+        """
+        free = self._free_slots
+        slot, reused = (free[0], 0) if free else (-1, 0)
+        if self.prefix_caching and req.params.prompt_logprobs is None:
+            deferred = [s for s, _ in self._deferred_free]
+            if not free and not deferred:
+                return False
+            best, shared = self._prefix.pick(free + deferred, req.prompt_ids)
+            if shared == 0 and free:
+                best, shared = self._prefix.pick(free, req.prompt_ids)
+            if shared or best in free:
+                slot, reused = best, shared
+        if slot < 0:
+            return False
+        seq_len = getattr(self.runner, "seq_len", None)
+        if reused and seq_len is not None:
+            reused = min(reused, seq_len(slot))  # the runner's word over the table's
+        if slot in free:
+            free.remove(slot)
+        else:  # released now rather than after the step in flight
+            self._deferred_free = [(s, at) for s, at in self._deferred_free if s != slot]
+            self.runner.free_slot(slot, keep=self._prefix.held(slot))
+        # The runner kept the slot's held positions; the first chunk overwrites from
+        # ``reused`` on, so whatever the slot held past it is never read.
+        self._prefix.forget(slot)
+        req.slot, req.num_prefilled, req.num_cached = slot, reused, reused
+        self._running.append(req)
+        return True
 
     def _will_finish(self, req: _Request) -> bool:
         """Whether the ids sampled so far (read back or not) already reach a limit."""
@@ -412,6 +457,8 @@ class Engine:
                 req.t_scheduled = now
             if not req.prefill_done:
                 req.num_prefilled += n
+            else:
+                req.fed += 1  # a decode row: its input is the last sampled id
             if samples:
                 req.pending += 1
             step_rows.append((req, req.slot, samples))
@@ -534,6 +581,7 @@ class Engine:
             prompt_logprobs=list(req.prompt_logprobs)
             if req.params.prompt_logprobs is not None
             else None,
+            num_cached_tokens=req.num_cached,
         )
 
     def _timings(self, req: _Request) -> Timings:
@@ -542,7 +590,8 @@ class Engine:
         prefill_s = decode_s = prefill_rate = decode_rate = None
         if req.t_scheduled is not None and req.t_first is not None:
             prefill_s = req.t_first - req.t_scheduled
-            prefill_rate = n_prompt / prefill_s if prefill_s > 0 else None
+            computed = n_prompt - req.num_cached
+            prefill_rate = computed / prefill_s if prefill_s > 0 else None
         if req.t_first is not None and req.t_last is not None and n_gen > 1:
             decode_s = req.t_last - req.t_first
             decode_rate = (n_gen - 1) / decode_s if decode_s > 0 else None
@@ -569,6 +618,11 @@ class Engine:
             self._running.remove(req)
         if req.slot is not None:
             slot, req.slot = req.slot, None
+            if self.prefix_caching:
+                # What the slot's KV holds once its steps are done: the prompt chunks
+                # submitted and the sampled ids fed back as inputs.
+                fed = req.output_ids[: min(req.fed, len(req.output_ids))]
+                self._prefix.remember(slot, req.prompt_ids[: req.num_prefilled] + fed)
             inflight = self._inflight
             if inflight is not None and any(s == slot for _, s, _ in inflight.rows):
                 # The device may still write this slot's KV: reuse it only after that step.
@@ -577,7 +631,10 @@ class Engine:
                 self._release_slot(slot)
 
     def _release_slot(self, slot: int) -> None:
-        self.runner.free_slot(slot)
+        if self.prefix_caching:
+            self.runner.free_slot(slot, keep=self._prefix.held(slot))
+        else:
+            self.runner.free_slot(slot)
         self._free_slots.append(slot)
         self._free_slots.sort()
 
@@ -622,12 +679,14 @@ class Engine:
                 self._waiting.remove(req)
         for req in reversed(requeue):
             req.slot, req.num_prefilled, req.pending = None, 0, 0
+            req.num_cached = req.fed = 0
             req.t_scheduled = None
             req.decoder = self.tokenizer.incremental_decoder(skip_special=True)
             self._waiting.appendleft(req)
         self._running.clear()
         self._deferred_free.clear()
         self._free_slots = list(range(self.max_slots))
+        self._prefix.clear()  # the runner forgets every slot's positions as it recovers
         healthy, reason = True, None
         recover = getattr(self.runner, "recover", None)
         try:

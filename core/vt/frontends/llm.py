@@ -36,7 +36,9 @@ class LLM:
     generated tokens of one sequence; ``max_slots`` sequences run at once, and one step holds
     at most ``max_batch_tokens`` tokens (long prompts are prefilled in chunks of that size;
     None: the backend's ``default_batch_tokens``, 256 on cpu, 512 on a GPU).
-    ``async_scheduling=None`` follows ``VT_ASYNC_RUNNER`` (default on).
+    ``async_scheduling=None`` follows ``VT_ASYNC_RUNNER`` (default on). With
+    ``prefix_caching`` a prompt skips the prefix it shares with a free KV slot's earlier
+    request (:mod:`vt.frontends.prefix_cache`).
 
     The backend is verified before it is used
     (:func:`vt.management.trust.open_verified_backend`: the
@@ -56,6 +58,7 @@ class LLM:
         max_batch_tokens: int | None = None,
         async_scheduling: bool | None = None,
         verify: bool | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         from ..execution.runner import ModelRunner
         from ..management.trust import open_verified_backend
@@ -82,7 +85,7 @@ class LLM:
                 kv_cache=kv_cache,
                 async_scheduling=async_scheduling,
             )
-            self.engine = Engine(self.runner, self.tokenizer)
+            self.engine = Engine(self.runner, self.tokenizer, prefix_caching=prefix_caching)
         except BaseException:
             self.close()
             raise

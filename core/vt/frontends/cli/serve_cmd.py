@@ -114,6 +114,14 @@ DEFAULT_MAX_LOGPROBS = 20
     "output slot).",
 )
 @click.option(
+    "--prefix-caching/--no-prefix-caching",
+    default=True,
+    show_default=True,
+    help="Reuse a free slot's KV for the prefix a new prompt shares with its earlier "
+    "request (a chat template's system prompt, earlier turns), so only the rest is "
+    "prefilled. Off: every prompt is prefilled whole.",
+)
+@click.option(
     "--disable-metrics",
     is_flag=True,
     help="Do not serve GET /metrics (Prometheus).",
@@ -143,6 +151,7 @@ def serve(
     request_timeout: float,
     template_timeout: float,
     max_logprobs: int,
+    prefix_caching: bool,
     disable_metrics: bool,
     log_level: str,
 ) -> None:
@@ -222,7 +231,7 @@ def serve(
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         _serve(server, model, backend, kv_cache, max_model_len, no_verify, max_slots,
-               max_batch_tokens, key, host, stop)  # fmt: skip
+               max_batch_tokens, key, host, stop, prefix_caching)  # fmt: skip
     except KeyboardInterrupt:  # a second signal while stopping: give up waiting
         click.echo("vt serve: interrupted", err=True)
         sys.exit(130)
@@ -273,6 +282,7 @@ def _serve(
     key: str | None,
     host: str,
     stop: _StopSignal,
+    prefix_caching: bool = True,
 ) -> None:
     """Listen at once (``/health``: loading), load the model, serve until Ctrl-C."""
     from ..server.serve import exposure_warning
@@ -297,6 +307,7 @@ def _serve(
                     no_verify,
                     max_slots=max_slots,
                     max_batch_tokens=max_batch_tokens,
+                    prefix_caching=prefix_caching,
                 )
             except BaseException as exc:
                 server.fail_loading(str(exc) or type(exc).__name__)

@@ -48,6 +48,7 @@ from .protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
     TopLogprob,
     Usage,
     new_id,
@@ -757,8 +758,12 @@ class _Run:
     def _usage(self) -> Usage:
         prompt = sum(len(p.ids) for p in self.prompts)
         completion = sum(len(o.ids) for o in self.finals.values())
+        cached = sum(o.num_cached_tokens for o in self.finals.values())
         return Usage(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
 
     # ---- logprobs (token-aligned: one entry per generated id, the stop token included)

@@ -239,10 +239,16 @@ class ChatCompletionRequest(_GenerationRequest):
 # --------------------------------------------------------------------------- responses
 
 
+class PromptTokensDetails(BaseModel):
+    #: Prompt tokens whose KV was reused from an earlier request (prefix caching).
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(BaseModel):
