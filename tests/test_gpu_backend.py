@@ -1006,16 +1006,16 @@ def test_the_blas_copies_fall_back_to_a_value_a_thread(inputs: str) -> None:
     assert [launch.kernel for launch in rt.launches] == want
 
 
-def test_int8_activations_for_decode_batches_when_asked() -> None:
-    """int8_min_rows (off by default): from that many rows, x is packed into int8 rows in
-    scratch once per op (quantize_rows) and the q8a decode kernels read it; fewer rows,
-    float weights or a width that is not a multiple of 32 keep float32 activations."""
+def test_int8_activations_for_steps_of_8_rows_and_large_weights() -> None:
+    """From int8_min_rows (8) rows, x is packed into int8 rows in scratch once per op
+    (quantize_rows) and the q8a decode kernels read it; fewer rows, float weights or a width
+    that is not a multiple of 32 keep float32 activations (the size rule: next test)."""
     source, signatures = kernel_source(), kernel_signatures()
     assert "quantize_rows" in signatures
     assert "VT_DECODE_MM(q8a, WT_Q8A, 4)" in source and "VT_DECODE_SW(q8a, WT_Q8A, 2)" in source
     backend, rt = make()
-    assert backend.int8_min_rows > 1024  # a variant, not the default
-    backend.int8_min_rows = 8
+    assert backend.int8_min_rows == 8
+    backend.int8_min_values = 0  # these weights are small: take int8 regardless
     rng = np.random.default_rng(2)
     weights = {t: backend.upload_weight(weight_tensor("w", rng.standard_normal((40, 64)).astype(
         np.float32), t)) for t in ("Q8_0", "F16")}  # fmt: skip
@@ -1038,12 +1038,58 @@ def test_int8_activations_for_decode_batches_when_asked() -> None:
 
     stride = (64 + 8 + 16 + 15) // 16 * 16
     assert kernels(8, "Q8_0") == [("quantize_rows", True), ("matmul_small4_q8a", False)]
-    assert rt.args("malloc")[-1] == (8 * stride,)  # the packed rows' scratch
+    # the packed rows' scratch, then (dx, sum) pairs per 16 values for 64 rows (the mma's)
+    assert rt.args("malloc")[-1] == (8 * stride + 64 // 16 * 64 * 8,)
+    quantize = rt.launches[0] if rt.launches[0].kernel == "quantize_rows" else None
+    assert quantize is not None and quantize.grid == (1, 8, 1)  # 256 values a block, a row
     assert kernels(7, "Q8_0") == [("matmul_small4_q", True)]
     assert kernels(8, "F16") == [("matmul_small4_f16", True)]
     assert kernels(16, "Q8_0", "swiglu")[1] == ("swiglu_small2_q8a", False)
     (quantize, _), (qkv, _) = kernels(16, "Q8_0", "qkv")
     assert (quantize, qkv) == ("quantize_rows", "qkv_small4_q8a")
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("op", "big_rows", "n", "int8"),
+    [
+        ("matmul", 1 << 12, 8, True),  # 1 << 18 values, 8 rows: int8
+        ("matmul", 1 << 12, 7, False),  # 7 rows: float32
+        ("matmul", (1 << 12) - 1, 32, False),  # one row under 256K values: float32
+        ("qkv", 1 << 12, 8, True),  # wq of 256K values, wk and wv small: the largest counts
+        ("qkv", (1 << 12) - 1, 63, False),
+        ("swiglu", 1 << 12, 16, True),
+        ("swiglu", (1 << 12) - 1, 16, False),
+    ],
+)
+def test_int8_activations_by_the_weights_size(op: str, big_rows: int, n: int, int8: bool) -> None:
+    """The default: int8 activations for steps of 8+ rows only where the op's largest weight
+    has int8_min_values (256K) values or more (every projection of the 135M and 1B shapes),
+    as half inputs to the BLAS path go by blas_f16_min_values; smaller weights (the tiny
+    test models', at most 77K values, whose prompts of 8-63 tokens would otherwise change
+    their greedy ids against cpu's) keep float32."""
+    backend, rt = make()
+    assert backend.int8_min_rows == 8 and backend.int8_min_values == 1 << 18
+    big = backend.upload_weight(weight_tensor("w", np.ones((big_rows, 64), np.float32), "Q8_0"))
+    small = backend.upload_weight(weight_tensor("s", np.ones((40, 64), np.float32), "Q8_0"))
+    stream = backend.create_stream()
+    x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+
+    def out(features: int) -> vt.Tensor:
+        return vt.Tensor.of(backend.alloc(n * features * 4), F32, n, features)
+
+    rt.launches.clear()
+    if op == "matmul":
+        backend.launch("matmul", stream, out=out(big_rows), x=x, weight=big)
+    elif op == "qkv":
+        backend.launch("qkv", stream, q=out(big_rows), k=out(40), v=out(40), x=x, wq=big,
+                       wk=small, wv=small)  # fmt: skip
+    else:
+        backend.launch("swiglu", stream, out=out(big_rows), x=x, gate=big, up=big,
+                       scratch_gate=out(big_rows), scratch_up=out(big_rows))  # fmt: skip
+    kernels = [launch.kernel for launch in rt.launches]
+    assert (kernels[0] == "quantize_rows") == int8, kernels
+    assert kernels[-1].endswith("_q8a") == int8, kernels
     backend.close()
 
 
@@ -1071,6 +1117,7 @@ def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
 
 def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
     backend, rt = make()
+    backend.int8_min_rows = 1 << 30  # the float32 kernels (these weights would take int8)
     stream = backend.create_stream()
 
     def grid(out_f: int, n: int) -> tuple[tuple[int, int, int], int]:
@@ -1245,3 +1292,116 @@ def test_qkv_of_weights_of_different_kinds_is_three_launches() -> None:
     assert [launch.kernel for launch in rt.launches] == ["matmul_small1_f16"] + [
         "matmul_small1_q"
     ] * 2
+
+
+@pytest.mark.parametrize(
+    ("arch", "want"), [("sm_90", True), ("sm_90a", True), ("sm_80", True), ("sm_75", False),
+                       ("gfx942", False), ("fake_arch", False)],
+)  # fmt: skip
+def test_int8_steps_take_the_tensor_cores_where_the_device_has_them(arch: str, want: bool) -> None:
+    """int8_mma None (the default): the mma kernels on NVIDIA sm_80 and later, decided once
+    per backend; else the dp4a ones (HIP: their shuffle branch is never picked)."""
+    backend, rt = make()
+    assert backend.int8_mma is None
+    rt.arch = lambda: arch  # type: ignore[method-assign]
+    assert bool(backend._mma_tiles(8)) == want and backend.int8_mma is want
+    assert type(backend).int8_mma is None  # this backend only
+
+
+@pytest.mark.parametrize("op", ["matmul_add", "swiglu", "qkv"])
+@pytest.mark.parametrize(("n", "tiles"), [(8, 1), (9, 2), (17, 4), (32, 4), (33, 8), (63, 8)])
+def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
+    op: str, n: int, tiles: int
+) -> None:
+    """Steps of 8-63 rows on int8 activations with int8_mma: quantize_rows, then one
+    ``*_mma{tiles}_q8a`` launch of a block per 16 features (256 threads; 128 for swiglu's
+    8 tiles), with the q8a packed rows as x and the *_small kernels' arguments less rpb."""
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values = True, 0
+    c = OpCase(backend)
+    rng = np.random.default_rng(1)
+
+    def w(name: str, rows: int, wtype: str = "Q8_0") -> vt.Weight:
+        return c.w(name, rng.standard_normal((rows, 64)).astype(np.float32), wtype)
+
+    x = c.t("x", F32, n, 64)
+    if op == "matmul_add":
+        args = {
+            "out": c.t("out", F32, n, 40),
+            "x": x,
+            "weight": w("proj", 40),
+            "residual": c.t("residual", F32, n, 40),
+            "scratch": c.t("s", F32, n, 40),
+        }
+        kernel, blocks, scalars = "matmul_mma", 3, {"lg_block": 5, "n": n, "N": 40, "K": 64}
+    elif op == "swiglu":
+        args = {
+            "out": c.t("out", F32, n, 40),
+            "x": x,
+            "gate": w("gate", 40),
+            "up": w("up", 40, "Q4_1"),
+            "scratch_gate": c.t("sg", F32, n, 40),
+            "scratch_up": c.t("su", F32, n, 40),
+        }
+        kernel, blocks = "swiglu_mma", 3
+        scalars = {"glg": 5, "ulg": 5, "n": n, "N": 40, "K": 64}
+    else:
+        args = {
+            "q": c.t("q", F32, n, 32),
+            "k": c.t("k", F32, n, 16),
+            "v": c.t("v", F32, n, 8),
+            "x": x,
+            "wq": w("wq", 32),
+            "wk": w("wk", 16, "Q4_0"),
+            "wv": w("wv", 8),
+            "bq": c.w("bq", np.ones(32, np.float32)),
+        }
+        kernel, blocks = "qkv_mma", 4
+        scalars = {"lgq": 5, "lgk": 5, "lgv": 5, "n": n, "Nq": 32, "Nk": 16, "Nv": 8, "K": 64}
+    backend.launch(op, backend.create_stream(), **args)  # fmt: skip
+    quantize, launch = rt.launches
+    assert quantize.kernel == "quantize_rows" and quantize.args[1:] == [c.addresses["x"], n, 64]
+    assert launch.kernel == f"{kernel}{tiles}_q8a"
+    assert f"\nVT_DECODE_MMA(q8a, {tiles})\n" in kernel_source()  # instantiated
+    threads = 128 if op == "swiglu" and tiles == 8 else 256
+    assert launch.grid == (blocks, 1, 1) and launch.block == (threads, 1, 1)
+    weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
+    signature = kernel_signatures()[kernel]
+    assert len(launch.args) == len(signature), signature
+    for (ctype, name), value in zip(signature, launch.args, strict=True):
+        if name == "x":
+            assert value == quantize.args[0] != c.addresses["x"]  # the packed rows
+        elif "*" in ctype and name in c.addresses:
+            assert value == c.addresses[name], name
+        elif "*" in ctype and name in WEIGHT_POINTERS:
+            arg, attr = WEIGHT_POINTERS[name]
+            assert (value or 0) == (getattr(weights[arg], attr) if arg in weights else 0), name
+        elif "*" in ctype:
+            assert not value, name
+        else:
+            assert value == scalars.pop(name), name
+    assert scalars == {}
+
+
+def test_int8_mma_falls_back_to_dp4a_where_a_block_would_straddle_weights() -> None:
+    """qkv needs q's and k's features in whole 16s (a block's 16 features are one weight's),
+    swiglu one block size for gate and up; else the dp4a kernels run the step."""
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values = True, 0
+    c = OpCase(backend)
+    rng = np.random.default_rng(1)
+
+    def w(name: str, rows: int, cols: int = 256, wtype: str = "Q8_0") -> vt.Weight:
+        return c.w(name, rng.standard_normal((rows, cols)).astype(np.float32), wtype)
+
+    stream = backend.create_stream()
+    x = c.t("x", F32, 8, 256)
+    backend.launch("qkv", stream, q=c.t("q", F32, 8, 24), k=c.t("k", F32, 8, 16),
+                   v=c.t("v", F32, 8, 16), x=x, wq=w("wq", 24), wk=w("wk", 16),
+                   wv=w("wv", 16))  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == ["quantize_rows", "qkv_small4_q8a"]
+    rt.launches.clear()
+    backend.launch("swiglu", stream, out=c.t("out", F32, 8, 16), x=x, gate=w("g", 16),
+                   up=w("u", 16, wtype="Q6_K"), scratch_gate=c.t("sg", F32, 8, 16),
+                   scratch_up=c.t("su", F32, 8, 16))  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == ["quantize_rows", "swiglu_small2_q8a"]

@@ -170,6 +170,12 @@ class _Reservation:
         return end
 
 
+def _mma_threads(weights: int, tiles: int) -> int:
+    """Threads of a block of the int8 mma kernels (WARPS in matmul.cu's vt_mma_op: 8 warps
+    while a lane's sums, weights * tiles * 4, fit 32 floats of shared memory each, else 4)."""
+    return 32 * (8 if weights * tiles * 4 <= 32 else 4)
+
+
 def _blocks(n: int, per: int = _THREADS) -> int:
     return max(1, min(_MAX_BLOCKS, -(-n // per)))
 
@@ -209,10 +215,20 @@ class GpuBackend(
     #: The BLAS path's quantized-weight and x copies 16 (8) values a thread with 128-bit
     #: loads and stores (blas_copies.cu); False: a value a thread (a tool's "before").
     blas_wide_copies: bool = True
-    #: Decode batches of at least this many rows against quantized weights use int8
-    #: activations (x quantized once per op to blocks of 32, dp4a/sdot4 products): a
-    #: measured variant, off by default (a huge number).
-    int8_min_rows: int = 1 << 30
+    #: Steps of at least ``int8_min_rows`` rows against quantized weights of which the op's
+    #: largest has at least ``int8_min_values`` values use int8 activations (x quantized once
+    #: per op to blocks of 32, integer products on the tensor cores or dp4a/sdot4), as
+    #: llama.cpp does at every batch size; smaller weights keep float32 activations, as the
+    #: BLAS path keeps TF32 below ``blas_f16_min_values``. 256K values: every projection of
+    #: the 135M shape (the smallest op's largest weight, q, has 331K; +39-49% at batches
+    #: 8/32) and the 1B shape (+35-48%) gains (docs/gpu.md run 23), while the tiny test
+    #: models (at most 77K values a weight) keep cpu's numerics and greedy ids (run 21).
+    int8_min_rows: int = 8
+    int8_min_values: int = 1 << 18
+    #: Int8 steps of up to 64 rows on the tensor cores (``*_mma{1,2,4,8}_q8a``: mma.sync
+    #: with s8 inputs, every weight byte read once for all rows) instead of dp4a
+    #: (``*_small*_q8a``). None: where the device has them (NVIDIA sm_80 and later).
+    int8_mma: bool | None = None
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
@@ -577,27 +593,47 @@ class GpuBackend(
             grid = (-(-out_f // 64), -(-n // 64), 1)
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
         else:
-            grid, rpb, no = self._small_grid(n, out_f)
             suffix, xq = self._int8_x(stream, x, w)
             if xq:
                 args = (args[0], P(xq), *args[2:])
+            if xq and (nt := self._mma_tiles(n)):
+                self._kernel(f"matmul_mma{nt}_q8a", (-(-out_f // 16), 1, 1),
+                             _mma_threads(1, nt), stream, *args)  # fmt: skip
+                return
+            grid, rpb, no = self._small_grid(n, out_f)
             self._kernel(f"matmul_small{no}_{suffix}", grid, _THREADS, stream, *args, I32(rpb))
 
+    def _mma_tiles(self, n: int) -> int:
+        """Tiles of 8 rows (1, 2, 4 or 8) for an int8 step of n rows on the tensor-core
+        kernels, or 0: the dp4a ones (no tensor cores for s8, or more than 64 rows)."""
+        use = self.int8_mma
+        if use is None:
+            arch = self._rt.arch()
+            digits = arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")
+            use = arch.startswith("sm_") and digits.isdigit() and int(digits) >= 80
+            self.int8_mma = use  # this backend's device, once
+        if not use or n > 64:
+            return 0
+        return 1 << (-(-n // 8) - 1).bit_length()
+
     def _int8_x(self, stream: Stream, x: Tensor, *ws: GpuWeight) -> tuple[str, int]:
-        """For a decode batch of ``int8_min_rows`` rows or more against quantized weights
-        with blocks of 16 or 32 (K a multiple of 32): x packed as int8 rows in scratch
-        (``quantize_rows``) and the kernel suffix ``q8a``; else ``(suffix, 0)``, x as it is."""
+        """For a step of ``int8_min_rows`` rows or more against quantized weights with
+        blocks of 16 or 32 (K a multiple of 32), the largest of ``int8_min_values`` values or
+        more: x packed as int8 rows in scratch (``quantize_rows``) and the kernel suffix
+        ``q8a``; else ``(suffix, 0)``, x as it is (float32)."""
         n, k = x.shape
         if (
             n < max(2, self.int8_min_rows)
             or k % 32
             or any(w.kind != W.WT_Q or w.lg_block not in (4, 5) for w in ws)
+            or max(w.rows * w.cols for w in ws) < self.int8_min_values
         ):
             return ws[0].suffix, 0
         stride = (k + k // 8 + k // 4 + 15) // 16 * 16  # vt_q8a_stride in matmul.cu
-        xq = self._scratch_at_least(n * stride, slot="int8_x")
-        self._kernel("quantize_rows", (n, 1, 1), _THREADS, stream, P(xq), self._ptr(x), I32(n),
-                     I32(k))  # fmt: skip
+        pairs = (k // 16) * max(64, -(-n // 8) * 8) * 8  # vt_q8a_pairs: (dx, sum) pairs
+        xq = self._scratch_at_least(n * stride + pairs, slot="int8_x")
+        self._kernel("quantize_rows", (-(-k // _THREADS), n, 1), _THREADS, stream, P(xq),
+                     self._ptr(x), I32(n), I32(k))  # fmt: skip
         return "q8a", xq
 
     def _blas_matmul(
@@ -697,8 +733,15 @@ class GpuBackend(
             self._matmul(stream, scratch_up, x, u)
             self.op_silu_mul(stream, out, scratch_gate, scratch_up)
             return
-        grid, rpb, no = self._small_grid(n, g.rows, most=2)
         suffix, xq = self._int8_x(stream, x, g, u)
+        if xq and g.lg_block == u.lg_block and (nt := self._mma_tiles(n)):
+            self._kernel(
+                f"swiglu_mma{nt}_q8a", (-(-g.rows // 16), 1, 1), _mma_threads(2, nt), stream,
+                self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.lg_block), P(u.data),
+                P(u.scales), I32(u.lg_block), I32(n), I32(g.rows), I32(dim),
+            )  # fmt: skip
+            return
+        grid, rpb, no = self._small_grid(n, g.rows, most=2)
         self._kernel(
             f"swiglu_small{no}_{suffix}", grid, _THREADS, stream,
             self._ptr(out), P(xq) if xq else self._ptr(x), P(g.data), P(g.scales),
@@ -722,11 +765,20 @@ class GpuBackend(
             for out, w, b in zip((q, k, v), ws, bs, strict=True):
                 self._matmul(stream, out, x, w, b)
             return
-        grid, rpb, no = self._small_grid(n, sum(w.rows for w in ws))
+        total = sum(w.rows for w in ws)
         per_weight: list[Any] = []
         for w, b in zip(ws, bs, strict=True):
             per_weight += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
         suffix, xq = self._int8_x(stream, x, *ws)
+        # A block of the mma kernel takes 16 features of one weight: q and k in whole 16s.
+        if xq and ws[0].rows % 16 == 0 and ws[1].rows % 16 == 0 and (nt := self._mma_tiles(n)):
+            self._kernel(
+                f"qkv_mma{nt}_q8a", (-(-total // 16), 1, 1), _mma_threads(1, nt), stream,
+                self._ptr(q), self._ptr(k), self._ptr(v), P(xq), *per_weight, I32(n),
+                *(I32(w.rows) for w in ws), I32(dim),
+            )  # fmt: skip
+            return
+        grid, rpb, no = self._small_grid(n, total)
         self._kernel(
             f"qkv_small{no}_{suffix}", grid, _THREADS, stream,
             self._ptr(q), self._ptr(k), self._ptr(v), P(xq) if xq else self._ptr(x),

@@ -182,46 +182,53 @@ def test_blas_copies_are_bit_exact(cuda: Any, wtype: str) -> None:
 
 
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
-@pytest.mark.parametrize("n", [8, 17, 32])
-def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int) -> None:
-    """GpuBackend.int8_min_rows (a variant, off by default): matmul (with the residual),
-    swiglu and qkv of decode batches on int8 activations, within the kit's bounds."""
+@pytest.mark.parametrize("n", [8, 17, 32, 63])
+@pytest.mark.parametrize("mma", [True, False])
+def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int, mma: bool) -> None:
+    """Int8 activations (GpuBackend.int8_min_rows, int8_min_values; lowered here to take
+    these small weights), on the tensor cores (int8_mma) or dp4a: matmul (with the
+    residual), swiglu and qkv of decode batches, within the kit's bounds. Features 80, 80
+    and 72: whole tiles of 16 and a partial one (qkv's v, the third matmul)."""
     k_in = 512 if wtype.endswith("_K") else 96
+    rows = (80, 80, 72)
     rng = np.random.default_rng(n)
-    mats = [weight_tensor(f"w{i}", rng.standard_normal((72, k_in)).astype(np.float32), wtype)
-            for i in range(3)]  # fmt: skip
+    mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wtype)
+            for i, r in enumerate(rows)]  # fmt: skip
     x = rng.standard_normal((n, k_in)).astype(np.float32)
-    res = rng.standard_normal((n, 72)).astype(np.float32)
-    saved = cuda.int8_min_rows
-    cuda.int8_min_rows = 8
+    saved = cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma
+    cuda.int8_min_rows, cuda.int8_min_values = 8, 0
+    cuda.int8_mma = mma  # forced on, the kernels' shuffle branch runs where sm_80 is missing
     io = IO(cuda)
     ws = [cuda.upload_weight(t) for t, _ in mats]
     refs = [ref for _, ref in mats]
     try:
         stream = cuda.create_stream()
         xb = f32(io.put(x), n, k_in)
-        out = [f32(io.empty(n * 72 * 4), n, 72) for _ in range(3)]
-        scratch = [f32(io.empty(n * 72 * 4), n, 72) for _ in range(2)]
-        cuda.launch("matmul_add", stream, out=out[0], x=xb, weight=ws[0],
-                    residual=f32(io.put(res), n, 72), scratch=scratch[0])  # fmt: skip
-        cuda.synchronize(stream)
-        got = io.get(out[0].buffer, np.float32, (n, 72))
-        want = R.matmul(x, refs[0]) + res
-        assert nmse(got, want) <= kernel_tolerance("matmul_add", wtype)
+        out = [f32(io.empty(n * r * 4), n, r) for r in rows]
+        scratch = [f32(io.empty(n * 80 * 4), n, 80) for _ in range(2)]
+        for i in (0, 2):
+            res = rng.standard_normal((n, rows[i])).astype(np.float32)
+            cuda.launch("matmul_add", stream, out=out[i], x=xb, weight=ws[i],
+                        residual=f32(io.put(res), n, rows[i]),
+                        scratch=f32(scratch[0].buffer, n, rows[i]))  # fmt: skip
+            cuda.synchronize(stream)
+            got = io.get(out[i].buffer, np.float32, (n, rows[i]))
+            want = R.matmul(x, refs[i]) + res
+            assert nmse(got, want) <= kernel_tolerance("matmul_add", wtype), i
         cuda.launch("swiglu", stream, out=out[1], x=xb, gate=ws[0], up=ws[1],
                     scratch_gate=scratch[0], scratch_up=scratch[1])  # fmt: skip
         cuda.synchronize(stream)
         want = R.silu_mul(R.matmul(x, refs[0]), R.matmul(x, refs[1]))
-        got = io.get(out[1].buffer, np.float32, (n, 72))
+        got = io.get(out[1].buffer, np.float32, (n, 80))
         assert nmse(got, want) <= kernel_tolerance("swiglu", wtype)
         cuda.launch("qkv", stream, q=out[0], k=out[1], v=out[2], x=xb, wq=ws[0], wk=ws[1],
                     wv=ws[2])  # fmt: skip
         cuda.synchronize(stream)
-        for o, ref in zip(out, refs, strict=True):
-            got = io.get(o.buffer, np.float32, (n, 72))
+        for o, ref, r in zip(out, refs, rows, strict=True):
+            got = io.get(o.buffer, np.float32, (n, r))
             assert nmse(got, R.matmul(x, ref)) <= kernel_tolerance("qkv", wtype)
     finally:
-        cuda.int8_min_rows = saved
+        cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = saved
         for w in ws:
             cuda.free_weight(w)
         io.close()

@@ -3,11 +3,13 @@
     python plugins/cuda/tools/emulate_kernels.py [-k SUBSTRING]
 
 Compiles the attention kernels (``attention_split``, ``attention_combine``,
-``attention_tiled_*``) and the BLAS path's 16-byte copies (``dequantize16_q``,
-``dequantize16_h_q``, ``to_half8``) from ``core/vt/gpu/kernels`` with g++ (C++20), one
-``std::thread`` per GPU thread: ``__syncthreads`` is a block barrier, a shuffle goes through
-memory between two barriers of its warp, ``__shared__`` is a static. Then it runs
-``gpu_checks.py``'s tiled-attention cases and bit-exact copy checks on the fake runtime
+``attention_tiled_*``), the BLAS path's 16-byte copies (``dequantize16_q``,
+``dequantize16_h_q``, ``to_half8``) and the int8 tensor-core kernels (``quantize_rows``,
+``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch) from
+``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
+``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
+its warp, ``__shared__`` is a static. Then it runs ``gpu_checks.py``'s tiled-attention
+cases, bit-exact copy checks and int8 tensor-core checks on the fake runtime
 (``tests/fake_gpu.py``), those kernels' launches routed to the emulation; ``-k`` keeps
 the cases whose name contains SUBSTRING. What it cannot see: timing, the memory model
 between blocks (blocks run one after another), warp-divergent shuffles (every shuffle must
@@ -65,16 +67,25 @@ template <typename T> T vt_shfl(T v, int m, T* lanes) {
 inline float vt_shfl_any(float v, int m) { return vt_shfl(v, m, vt_lane_f); }
 inline int vt_shfl_any(int v, int m) { return vt_shfl(v, m, vt_lane_i); }
 #define VT_SHFL_XOR(v, m) vt_shfl_any((v), (m))
+inline int vt_shfl32(int v, int src) {  // lane src of the caller's 32 (VT_WARP is 32 here)
+    int t = threadIdx.x;
+    vt_lane_i[t] = v;
+    vt_warp_sync();
+    int r = vt_lane_i[(t / 32) * 32 + src];
+    vt_warp_sync();
+    return r;
+}
+#define VT_SHFL32(v, src) vt_shfl32((v), (src))
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 using std::max;
 using std::min;
 """
 
 GLUE = r"""
-struct alignas(16) vt_f4 { float x, y, z, w; };  // matmul.cu's
 __device__ __forceinline__ long long vt_kv_index(int pos, int slot, int layer, int kv,
                                                  int n_slots, int n_layers, int row) {
     return ((((long long)pos * n_slots + slot) * n_layers + layer) * 2 + kv) * row;
@@ -105,6 +116,22 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
     attention_tiled_##S(P(float*, 0), P(const float*, 1), P(const float*, 2), P(const int*, 3), \
         P(const int*, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10),    \
         P(int, 11), P(int, 12), P(float, 13)); }); return 1; }
+// the int8 tensor-core kernels (their shuffle branch), per tiles of 8 rows
+#define MMA(NO)                                                                       \
+    if (!std::strcmp(name, "matmul_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
+        matmul_mma##NO##_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),    \
+            P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7), \
+            P(int, 8), P(int, 9)); }); return 1; }                                            \
+    if (!std::strcmp(name, "swiglu_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
+        swiglu_mma##NO##_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),    \
+            P(const float*, 3), P(int, 4), P(const vt_i8*, 5), P(const float*, 6), P(int, 7), \
+            P(int, 8), P(int, 9), P(int, 10)); }); return 1; }                                \
+    if (!std::strcmp(name, "qkv_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                   \
+        qkv_mma##NO##_q8a(P(float*, 0), P(float*, 1), P(float*, 2), P(const unsigned char*, 3), \
+            P(const vt_i8*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),            \
+            P(const vt_i8*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),          \
+            P(const vt_i8*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),        \
+            P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20)); }); return 1; }
 extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
     TILED(h64r64) TILED(h64r32) TILED(h64r16) TILED(h128r32) TILED(h128r16) TILED(h256r16)
     if (!std::strcmp(name, "attention_split")) { vt_grid(g, block, [=] {
@@ -124,11 +151,15 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
             P(long long, 4)); }); return 1; }
     if (!std::strcmp(name, "to_half8")) { vt_grid(g, block, [=] {
         to_half8(P(vt_u16*, 0), P(const float*, 1), P(long long, 2)); }); return 1; }
+    if (!std::strcmp(name, "quantize_rows")) { vt_grid(g, block, [=] {
+        quantize_rows(P(unsigned char*, 0), P(const float*, 1), P(int, 2), P(int, 3)); });
+        return 1; }
+    MMA(1) MMA(2) MMA(4) MMA(8)
     return 0;
 }
 """
 
-PARTS = ("common.cu", "attention.cu", "attention_tiled.cu", "blas_copies.cu")
+PARTS = ("common.cu", "matmul.cu", "attention.cu", "attention_tiled.cu", "blas_copies.cu")
 
 
 def build(folder: Path) -> ctypes.CDLL:
@@ -187,6 +218,14 @@ def main() -> None:
                 checks.test_blas_copies_are_bit_exact(backend, wtype)
                 ran += 1
                 print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        backend.int8_mma = True  # the tensor-core kernels (their HIP branch) for int8 steps
+        for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+            for n in (8, 17, 32, 63):
+                label = f"int8 mma {wtype} n={n}"
+                if a.k in label:
+                    checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         print(f"{ran} emulated checks passed")
 
 

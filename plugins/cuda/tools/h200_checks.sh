@@ -165,11 +165,29 @@ EOF"
         step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-bench && test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
             tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build ${VSMODELS:+--models $VSMODELS} --out $OUT/gpu_vs_llama_cpp.json"
         ;;
-    int8:*)  # decode batches of 8 and 32 on int8 activations (dp4a), as batch1 measures them
+    int8:*)  # decode batches of 8 and 32 on int8 activations from 8 rows (the default since run 23)
         m=${s#int8:}
         B="bench --backend cuda --model /tmp/$m.gguf --batch 8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json"
         step "int8-$m" 300 "python3 plugins/cuda/tools/bench_variant.py --int8-rows 8 $B > /tmp/int8-$m.json; \
             python3 plugins/cuda/tools/batch_table.py /tmp/int8-$m.json"
+        ;;
+    dp4a:*)  # decode batches of 8 and 32 on int8 activations with the dp4a kernels, not mma
+        m=${s#dp4a:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch 8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json"
+        step "dp4a-$m" 300 "python3 plugins/cuda/tools/bench_variant.py --int8-mma 0 $B > $OUT/dp4a-$m.json; \
+            python3 plugins/cuda/tools/batch_table.py $OUT/dp4a-$m.json"
+        ;;
+    int8all:*)  # decode batches of 8 and 32 with int8 activations for every quantized weight
+        m=${s#int8all:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch 8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json"
+        step "int8all-$m" 300 "python3 plugins/cuda/tools/bench_variant.py --int8-values 0 $B > $OUT/int8all-$m.json; \
+            python3 plugins/cuda/tools/batch_table.py $OUT/int8all-$m.json"
+        ;;
+    kvar:*)  # decode batches of 8 and 32 with the bench_variant.py flags in KFLAGS (e.g. --kdefine)
+        m=${s#kvar:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch 8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json"
+        step "kvar-$m" 300 "python3 plugins/cuda/tools/bench_variant.py ${KFLAGS:-} $B > $OUT/kvar-$m.json; \
+            python3 plugins/cuda/tools/batch_table.py $OUT/kvar-$m.json"
         ;;
     splits:*)  # decode at batch 1 and 8 with attention split over at most 1, 4, 8, 16, 32 blocks
         m=${s#splits:}

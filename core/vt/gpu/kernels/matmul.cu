@@ -39,6 +39,14 @@ struct VtRow {
 __device__ __forceinline__ long long vt_q8a_stride(int K) {
     return ((long long)K + K / 8 + K / 4 + 15) / 16 * 16;
 }
+// After the n packed rows, for the int8 mma kernels: (dx, sum) per block of 16 values and
+// row, [K / 16][n8] (n8: 64, the most rows they take, or n rounded up to 8; the padding
+// rows are never written and their sums never stored), so a lane's two rows of a tile, 2t
+// and 2t + 1, are one 16-byte load.
+__device__ __forceinline__ int vt_q8a_n8(int n) { return n <= 64 ? 64 : (n + 7) / 8 * 8; }
+__device__ __forceinline__ vt_f2* vt_q8a_pairs(unsigned char* x, int n, int K) {
+    return (vt_f2*)(x + (long long)n * vt_q8a_stride(K));
+}
 
 // sum of the four int8 products of a and b, plus c: dp4a on NVIDIA, sdot4 where AMD has it.
 __device__ __forceinline__ int vt_dot4(int a, int b, int c) {
@@ -359,28 +367,287 @@ VT_MATMUL(q, WT_Q)
 VT_DECODE_MM(q8a, WT_Q8A, 4)
 VT_DECODE_SW(q8a, WT_Q8A, 2)
 
-// x[n, K] float32 -> packed int8 rows for the WT_Q8A decode kernels (see vt_q8a_stride):
-// one block per row, a thread per block of 32 values.
+// x[n, K] float32 -> packed int8 rows for the WT_Q8A decode kernels (see vt_q8a_stride),
+// then, after the n rows, the int8 mma kernels' pairs (vt_q8a_pairs): a group of 32 lanes
+// per block of 32 values, a lane per value (the max and the sums by shuffles); grid
+// (ceil(K / 256), n), 256 threads.
 extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int n, int K) {
     long long rs = vt_q8a_stride(K);
-    const float* xr = x + (long long)blockIdx.x * K;
-    unsigned char* row = out + (long long)blockIdx.x * rs;
-    float* dxs = (float*)(row + K);
-    float* sums = (float*)(row + K + K / 8);
-    for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
-        float amax = 0.0f, s0 = 0.0f, s1 = 0.0f;
-        for (int j = 0; j < 32; ++j) {
-            float v = xr[b * 32 + j];
-            amax = fmaxf(amax, fabsf(v));
-            if (j < 16) s0 += v; else s1 += v;
-        }
-        float dx = amax / 127.0f;
-        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int j = 0; j < 32; ++j)
-            row[b * 32 + j] = (unsigned char)(vt_i8)(int)rintf(xr[b * 32 + j] * inv);
-        dxs[b] = dx;
-        sums[2 * b] = s0;
-        sums[2 * b + 1] = s1;
+    int lane = threadIdx.x % 32, nb = K / 32;
+    int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int bc = min(b, nb - 1);  // a group past the row computes on the last block, stores nothing
+    int r = blockIdx.y;
+    float v = x[(long long)r * K + bc * 32 + lane];
+    float amax = fabsf(v), s = v;
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, VT_SHFL_XOR(amax, m));
+    for (int m = 8; m > 0; m >>= 1) s += VT_SHFL_XOR(s, m);  // over each 16 lanes
+    if (b >= nb) return;  // after the last shuffle
+    float dx = amax / 127.0f;
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    unsigned char* row = out + (long long)r * rs;
+    row[bc * 32 + lane] = (unsigned char)(vt_i8)(int)rintf(v * inv);
+    if ((lane & 15) == 0) {
+        int h = 2 * bc + lane / 16;  // the block of 16
+        ((float*)(row + K + K / 8))[h] = s;
+        if (lane == 0) ((float*)(row + K))[bc] = dx;
+        vt_f2* pairs = vt_q8a_pairs(out, n, K);
+        pairs[(long long)h * vt_q8a_n8(n) + r] = {dx, s};
     }
 }
 
+// ------------------------------------------------------------------------ int8 mma
+//
+// Decode steps of 8-64 rows on int8 activations, on the tensor cores: mma.sync
+// m16n8k32 (weights in blocks of 32) or m16n8k16 (blocks of 16: Q6_K) with s8 inputs and
+// s32 sums, sm_80 and later. A block computes 16 output features (of one weight; of the
+// gate and the up weight for swiglu) for every row of x, in NT tiles of 8 rows, its
+// WARPS warps taking the K blocks in turn (U blocks a warp in one go, their loads issued
+// together), so each weight byte is read from memory once for all rows; the warps' sums
+// meet in shared memory (a fixed order) for the epilogue. Per K block of 32 (16) values the
+// integer sum of codes is scaled as the dp4a path scales it: scale_w * dx * isum +
+// offset_w * sum(x) (x's sums over the block from quantize_rows), accumulated in float32.
+// Weights are the A operand (16 feature rows), x the B operand (8 rows): a lane (g, t) =
+// (lane / 4, lane % 4) holds A rows g and g + 8 and B row g; K is permuted within a block
+// (the dot product does not care) so that a lane's share of a row is one 8-byte (4-byte)
+// load: logical 4-byte units t and 4 + t of the PTX fragment are bytes [8t, 8t + 8).
+// Without sm_80 (older NVIDIA parts, HIP: no AMD GPU here, never run) vt_mma_* compute the
+// same sums from warp shuffles and 4-way dot products; the host picks these kernels only
+// where the tensor cores have them (GpuBackend.int8_mma).
+#if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define VT_MMA_NATIVE 1
+#endif
+
+// c[4] += A (16 x 32, a[4]) B (32 x 8, b[2]): PTX's fragments of mma.m16n8k32 .s8: a[0] row
+// g units t, a[1] row g + 8 unit t, a[2] row g unit 4 + t, a[3] row g + 8 unit 4 + t; b[0]
+// column g unit t, b[1] unit 4 + t; c[0], c[1] row g columns 2t, 2t + 1, c[2], c[3] row g + 8.
+__device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32* b) {
+#ifdef VT_MMA_NATIVE
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        int ga = g * 4 + s, n0 = 8 * t + s, n1 = 8 * t + 4 + s;
+        int a0 = (int)VT_SHFL32((int)a[0], ga), a1 = (int)VT_SHFL32((int)a[1], ga);
+        int a2 = (int)VT_SHFL32((int)a[2], ga), a3 = (int)VT_SHFL32((int)a[3], ga);
+        int b00 = (int)VT_SHFL32((int)b[0], n0), b01 = (int)VT_SHFL32((int)b[1], n0);
+        int b10 = (int)VT_SHFL32((int)b[0], n1), b11 = (int)VT_SHFL32((int)b[1], n1);
+        c[0] = vt_dot4(a0, b00, vt_dot4(a2, b01, c[0]));
+        c[1] = vt_dot4(a0, b10, vt_dot4(a2, b11, c[1]));
+        c[2] = vt_dot4(a1, b00, vt_dot4(a3, b01, c[2]));
+        c[3] = vt_dot4(a1, b10, vt_dot4(a3, b11, c[3]));
+    }
+#endif
+}
+
+// c[4] += A (16 x 16, a[2]: rows g and g + 8, unit t) B (16 x 8, b[0]: column g, unit t).
+__device__ __forceinline__ void vt_mma_k16(int* c, const vt_u32* a, const vt_u32* b) {
+#ifdef VT_MMA_NATIVE
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+#else
+    int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        int ga = g * 4 + s, n0 = 8 * t + s, n1 = 8 * t + 4 + s;
+        int a0 = (int)VT_SHFL32((int)a[0], ga), a1 = (int)VT_SHFL32((int)a[1], ga);
+        int b0 = (int)VT_SHFL32((int)b[0], n0), b1 = (int)VT_SHFL32((int)b[0], n1);
+        c[0] = vt_dot4(a0, b0, c[0]);
+        c[1] = vt_dot4(a0, b1, c[1]);
+        c[2] = vt_dot4(a1, b0, c[2]);
+        c[3] = vt_dot4(a1, b1, c[3]);
+    }
+#endif
+}
+
+// K blocks a warp loads in one go: more for fewer tiles of x (less work a block, so more
+// loads in flight to cover the memory's latency), within the registers. (A tool may
+// define them before the source: bench_variant.py --kdefine.)
+#ifndef VT_MMA_U1
+#define VT_MMA_U1 4  // 1 or 2 tiles of 8 rows
+#endif
+#ifndef VT_MMA_U4
+#define VT_MMA_U4 2
+#endif
+#ifndef VT_MMA_U8
+#define VT_MMA_U8 1
+#endif
+#define MMA_U(NT) ((NT) >= 8 ? VT_MMA_U8 : (NT) >= 4 ? VT_MMA_U4 : VT_MMA_U1)
+
+// acc[m][j][e] += this warp's K blocks of weight m's rows (ra, rb) against x's tile j.
+template <int KB, int MT, int NT, int WARPS>
+__device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* const* wd,
+                                            const float* const* ws, int lg, long long ra,
+                                            long long rb, const unsigned char* x, int n, int K) {
+    constexpr int CW = KB / 4;  // a lane's bytes of a row per K block: 8 (k32) or 4 (k16)
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int g = lane >> 2, t = lane & 3;
+    long long rs = vt_q8a_stride(K);
+    int nkb = K / KB, n8 = vt_q8a_n8(n);
+    const vt_f2* pairs = vt_q8a_pairs((unsigned char*)x, n, K);
+    constexpr int U = MMA_U(NT);
+    for (int kb0 = warp * U; kb0 < nkb; kb0 += WARPS * U) {
+        vt_u32 a[U][MT][4];
+        vt_f2 sa[U][MT], sb[U][MT];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int kb = min(kb0 + u, nkb - 1);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
+                if (KB == 32) {
+                    vt_codes<8> va = *(const vt_codes<8>*)(wd[m] + ia + t * CW);
+                    vt_codes<8> vb = *(const vt_codes<8>*)(wd[m] + ib + t * CW);
+                    a[u][m][0] = va.w[0], a[u][m][2] = va.w[1];
+                    a[u][m][1] = vb.w[0], a[u][m][3] = vb.w[1];
+                } else {
+                    a[u][m][0] = *(const vt_u32*)(wd[m] + ia + t * CW);
+                    a[u][m][1] = *(const vt_u32*)(wd[m] + ib + t * CW);
+                }
+                sa[u][m] = *(const vt_f2*)(ws[m] + 2 * (ia >> lg));
+                sb[u][m] = *(const vt_f2*)(ws[m] + 2 * (ib >> lg));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int kb = kb0 + u;
+            if (kb < nkb) {  // the same for the whole warp
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const unsigned char* xb = x + (long long)min(j * 8 + g, n - 1) * rs;
+                    vt_u32 b[2];
+                    if (KB == 32) {
+                        vt_codes<8> vx = *(const vt_codes<8>*)(xb + kb * KB + t * CW);
+                        b[0] = vx.w[0], b[1] = vx.w[1];
+                    } else {
+                        b[0] = *(const vt_u32*)(xb + kb * KB + t * CW);
+                    }
+                    // x rows 2t and 2t + 1 of the tile: their scale and sum over the block
+                    const vt_f4* pr = (const vt_f4*)(pairs + (long long)(kb * KB / 16) * n8 +
+                                                     j * 8 + 2 * t);  // fmt: skip
+                    vt_f4 p0 = pr[0];
+                    float dx[2] = {p0.x, p0.z}, xs[2] = {p0.y, p0.w};
+                    if (KB == 32) {
+                        vt_f4 p1 = pr[n8 / 2];  // the second block of 16
+                        xs[0] += p1.y, xs[1] += p1.w;
+                    }
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        int c[4] = {0, 0, 0, 0};
+                        if (KB == 32) vt_mma_k32(c, a[u][m], b);
+                        else vt_mma_k16(c, a[u][m], b);
+                        acc[m][j][0] += sa[u][m].x * dx[0] * (float)c[0] + sa[u][m].y * xs[0];
+                        acc[m][j][1] += sa[u][m].x * dx[1] * (float)c[1] + sa[u][m].y * xs[1];
+                        acc[m][j][2] += sb[u][m].x * dx[0] * (float)c[2] + sb[u][m].y * xs[0];
+                        acc[m][j][3] += sb[u][m].x * dx[1] * (float)c[3] + sb[u][m].y * xs[1];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// MODE 0: out = x @ W.T (+ bias) (+ residual: out may alias it); 1: out = silu(x @ G.T) *
+// (x @ U.T) (weights 0 and 1, the same block size); 2: q, k, v of weights 0, 1, 2 over
+// N0 + N1 + N2 features (the host checks N0 and N1 are multiples of 16, so a block's 16
+// features are one weight's). x: quantize_rows's packed rows.
+template <int MODE, int NT>
+__device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* x,
+                          const vt_i8* w0, const float* s0, int lg0, const float* b0,
+                          const vt_i8* w1, const float* s1, int lg1, const float* b1,
+                          const vt_i8* w2, const float* s2, int lg2, const float* b2,
+                          const float* residual, int n, int N0, int N1, int N2, int K) {
+    constexpr int MT = MODE == 1 ? 2 : 1;
+    constexpr int E = MT * NT * 4;
+    constexpr int WARPS = E <= 32 ? 8 : 4;  // the host launches 32 * WARPS threads
+    int f = blockIdx.x * 16;
+    const vt_i8* wd[MT];
+    const float* ws[MT];
+    int lg = lg0, N = N0;
+    float* out = o0;
+    const float* bias = b0;
+    wd[0] = w0, ws[0] = s0;
+    if (MODE == 1) wd[MT - 1] = w1, ws[MT - 1] = s1;
+    if (MODE == 2 && f >= N0 + N1) {
+        f -= N0 + N1, wd[0] = w2, ws[0] = s2, lg = lg2, N = N2, out = o2, bias = b2;
+    } else if (MODE == 2 && f >= N0) {
+        f -= N0, wd[0] = w1, ws[0] = s1, lg = lg1, N = N1, out = o1, bias = b1;
+    }
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int g = lane >> 2;
+    long long ra = min(f + g, N - 1), rb = min(f + g + 8, N - 1);
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
+    if (lg == 5) vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lg, ra, rb, x, n, K);
+    else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lg, ra, rb, x, n, K);
+    __shared__ float red[WARPS][E][32];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[warp][(m * NT + j) * 4 + e][lane] = acc[m][j][e];
+    __syncthreads();
+    for (int it = threadIdx.x; it < NT * 4 * 32; it += WARPS * 32) {
+        int L = it % 32, e = (it / 32) % 4, j = it / 128;
+        int o = f + (L >> 2) + 8 * (e >> 1), row = j * 8 + 2 * (L & 3) + (e & 1);
+        float v[MT];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            float s = 0.0f;
+            for (int w = 0; w < WARPS; ++w) s += red[w][(m * NT + j) * 4 + e][L];
+            v[m] = s;
+        }
+        if (row < n && o < N) {
+            long long at = (long long)row * N + o;
+            if (MODE == 1) {
+                float gv = v[0], uv = v[MT - 1];
+                float denom = __fadd_rn(expf(-gv), 1.0f);
+                out[at] = __fdiv_rn(__fmul_rn(gv, uv), denom);
+            } else {
+                float val = bias ? v[0] + bias[o] : v[0];
+                out[at] = residual ? __fadd_rn(residual[at], val) : val;
+            }
+        }
+    }
+}
+
+// Per NO (tiles of 8 rows: 1, 2, 4, 8): matmul_mma1_q8a, swiglu_mma2_q8a, qkv_mma4_q8a, ...
+// with the arguments of the matching *_small kernels less rpb.
+#define VT_DECODE_MMA(SUFFIX, NO)                                                             \
+    extern "C" __global__ void matmul_mma##NO##_##SUFFIX(                                     \
+        float* out, const unsigned char* x, const vt_i8* data, const float* sm, int lg_block, \
+        const float* bias, const float* residual, int n, int N, int K) {                      \
+        vt_mma_op<0, NO>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
+                         data, sm, lg_block, bias, residual, n, N, 0, 0, K);                   \
+    }                                                                                          \
+    extern "C" __global__ void swiglu_mma##NO##_##SUFFIX(                                     \
+        float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
+        const vt_i8* udata, const float* usm, int ulg, int n, int N, int K) {                 \
+        vt_mma_op<1, NO>(out, out, out, x, gdata, gsm, glg, 0, udata, usm, ulg, 0, udata, usm, \
+                         ulg, 0, 0, n, N, 0, 0, K);                                            \
+    }                                                                                          \
+    extern "C" __global__ void qkv_mma##NO##_##SUFFIX(                                        \
+        float* q, float* k, float* v, const unsigned char* x, const vt_i8* wq,                \
+        const float* sq, int lgq, const float* bq, const vt_i8* wk, const float* sk, int lgk, \
+        const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
+        int Nq, int Nk, int Nv, int K) {                                                       \
+        vt_mma_op<2, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
+                         Nq, Nk, Nv, K);                                                       \
+    }
+VT_DECODE_MMA(q8a, 1)
+VT_DECODE_MMA(q8a, 2)
+VT_DECODE_MMA(q8a, 4)
+VT_DECODE_MMA(q8a, 8)
