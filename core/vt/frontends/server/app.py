@@ -689,7 +689,9 @@ class _Run:
 
     async def respond(self, stream: bool, include_usage: bool, chat: bool) -> Response:
         loop = asyncio.get_running_loop()
-        self.engine_loop.submit(self.id, self.prompts, self.params, self.queue, loop)
+        self.engine_loop.submit(
+            self.id, self.prompts, self.params, self.queue, loop, finals_only=not stream
+        )
         try:
             first = await self.queue.get()  # accepted, or refused before anything ran
         except BaseException:

@@ -67,6 +67,7 @@ class _Group:
     queue: asyncio.Queue[Delivery]
     rids: list[str] = field(default_factory=list)
     live: int = 0  # prompts counted against the queue bound and not finished yet
+    finals_only: bool = False  # a non-streaming answer: only finished outputs are delivered
 
     def deliver(self, item: Delivery) -> None:
         try:
@@ -119,9 +120,13 @@ class EngineLoop:
         params: SamplingParams,
         out: asyncio.Queue[Delivery],
         loop: asyncio.AbstractEventLoop,
+        finals_only: bool = False,
     ) -> None:
-        """Queue one request of one or more prompts; its deliveries go to ``out``."""
-        group = _Group(request_id, prompts, params, loop, out)
+        """Queue one request of one or more prompts; its deliveries go to ``out``. With
+        ``finals_only`` (a non-streaming answer) a prompt's output is delivered once, when it
+        finishes: a delivery a token would wake the event loop, and take the GIL from the
+        engine's threads, every step for nothing."""
+        group = _Group(request_id, prompts, params, loop, out, finals_only=finals_only)
         if self._stopped.is_set():
             group.deliver(Delivery(error=ShuttingDown("the server is shutting down")))
             return
@@ -269,6 +274,8 @@ class EngineLoop:
             group = self._groups.get(out.request_id)
             if group is None:
                 continue  # aborted while its last step was in flight
+            if group.finals_only and not out.finished:
+                continue
             if out.finished:
                 del self._groups[out.request_id]
                 self._release(group, 1)
