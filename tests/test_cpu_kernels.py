@@ -238,6 +238,28 @@ def test_kernels_compile_once_per_format_and_are_in_the_disk_cache() -> None:
     assert kernels_compile.threading_layer in ("omp", "tbb", "workqueue")
 
 
+def test_with_the_team_a_formats_pool_kernels_stay_on_disk() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from vt_cpu import compile as C\n"
+        "from vt_cpu.kernels import quant as Q\n"
+        "C.ensure_compiled('Q4_0', quiet=True, pool=sys.argv[1] == 'pool')\n"
+        "print(sorted(k.__name__ for k in C._GROUPS['Q4_0'] if k.overloads))\n"
+    )
+
+    def loaded(mode: str) -> str:
+        run = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    everything = "['dq_q4', 'mm1_q4', 'mm_q4', 'mv1_q4', 'mv_q4']"
+    assert loaded("pool") == everything  # and now they are all in the disk cache
+    assert loaded("team") == "['dq_q4']"  # only prefill's dequantizer (and the team's job)
+
+
 def test_the_cache_goes_under_vt_home_when_the_package_is_not_writable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,12 @@ later runs load them from the cache (:data:`vt_cpu.kernels.CACHE_DIR`, or the pa
 ``__pycache__``). When the cache lacks a kernel (or loading takes more than two seconds),
 one line goes to stderr first and one when it is done, so a first ``vt run`` does not look
 hung.
+
+With the team (``VT_CPU_TEAM``, the default) a format's matmuls run as team jobs and its
+numba-pool kernels (``mv*``/``mm*`` and the int8 ``mv*``) never run; once the disk cache
+holds them they are not loaded at all (numba would load one on a first call), which keeps
+~20 MiB of numba's memory out of a Q4_1 model's process. A first run still compiles them,
+so turning the team off later finds them cached.
 """
 
 from __future__ import annotations
@@ -46,13 +52,17 @@ def _blocks(nbytes: int, n: int) -> np.ndarray:
     return _ro(np.zeros((n, nbytes), np.uint8))
 
 
-def _warm_kind(kind: str) -> None:
-    """Call the kernels of one weight format once, with the types the backend passes."""
+def _warm_kind(kind: str, pool: bool = True) -> None:
+    """Call the kernels of one weight format once, with the types the backend passes;
+    without ``pool`` only the team's job and the dequantizer (prefill's tiles)."""
     J.address(J.MM_JOB[kind])  # the tile kernels as a team job
     rows = np.zeros(1, np.int64)
     x = np.zeros((1, 8, 32), F32)  # one activation row of 256 values
     out, res = np.zeros((1, 4), F32), np.zeros((1, 4), F32)
     deq = np.zeros((1, 256), F32)
+    if not pool:
+        _warm_dequantizer(kind, rows, deq)
+        return
     if kind == "Q8_0":
         q8 = _blocks(34, 32)
         q8s = _ro(q8.view(np.int8))
@@ -85,14 +95,28 @@ def _warm_kind(kind: str) -> None:
         Q.dq_q6_k(q6, q6s, rows, deq)
 
 
-def _warm_int8() -> None:
+def _warm_dequantizer(kind: str, rows: np.ndarray, deq: np.ndarray) -> None:
+    if kind == "Q8_0":
+        q8 = _blocks(34, 32)
+        Q.dq_q8_0(_ro(q8.view(np.int8)), q8, rows, deq)
+    elif kind in ("Q4_0", "Q4_1"):
+        Q.dq_q4(_blocks(20, 32), rows, deq, True)
+    elif kind in ("Q4_K", "Q5_K"):
+        Q.dq_qk45(_blocks(176, 4), rows, deq, True)
+    elif kind == "Q6_K":
+        q6 = _blocks(210, 4)
+        Q.dq_q6_k(q6, _ro(q6.view(np.int8)), rows, deq)
+
+
+def _warm_int8(pool: bool = True) -> None:
     x = np.zeros((1, 64), F32)
     out = np.zeros((1, 4), F32)
     raw = _blocks(34, 8)
     for bits in (8, 16):
-        xq, xd, xi = Q8.scratch(1, 64, bits)
-        Q8.mv1(0, raw, x, xq, xd, xi, out, out, True)
-        Q8.mv(0, raw, x, xq, xd, xi, out, out, True, 2)
+        if pool:
+            xq, xd, xi = Q8.scratch(1, 64, bits)
+            Q8.mv1(0, raw, x, xq, xd, xi, out, out, True)
+            Q8.mv(0, raw, x, xq, xd, xi, out, out, True, 2)
         J.address(f"q8_{bits}")
 
 
@@ -160,19 +184,23 @@ def _cached(kernel: Any) -> bool | None:
         return None
 
 
-def ensure_compiled(kind: str = "layers", quiet: bool = False) -> float:
+def ensure_compiled(kind: str = "layers", quiet: bool = False, pool: bool = True) -> float:
     """Compile or load the kernels of ``kind`` (a weight format, or ``"layers"`` for the
-    activation ops) once per process; returns the seconds it took (0 when done before)."""
+    activation ops) once per process; returns the seconds it took (0 when done before).
+    ``pool=False`` (the backend runs its matmuls on the team) loads a format's numba-pool
+    kernels only where the disk cache lacks them, to compile them once."""
     global seconds, threading_layer
     if kind in _done or kind not in _GROUPS:
         return 0.0
     with _lock:
-        if kind in _done:
+        missing = any(_cached(k) is False for k in _GROUPS[kind])
+        pool = pool or missing or kind == "layers"
+        done_as = kind if pool else f"{kind} (team)"
+        if kind in _done or done_as in _done:
             return 0.0
         start = time.perf_counter()
         finished = threading.Event()
         announced = []
-        missing = any(_cached(k) is False for k in _GROUPS[kind])
 
         def announce() -> None:
             if not finished.wait(0.0 if missing else 2.0) and not quiet:
@@ -191,20 +219,20 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False) -> float:
             if kind == "layers":
                 _warm_layers()
             elif kind == "int8":
-                _warm_int8()
+                _warm_int8(pool)
             else:
-                _warm_kind(kind)
+                _warm_kind(kind, pool)
         finally:
             finished.set()
             watcher.join()
         took = time.perf_counter() - start
         seconds = (seconds or 0.0) + took
-        if threading_layer is None and kind != "layers":
+        if threading_layer is None and kind != "layers" and pool:
             try:
                 threading_layer = numba.threading_layer()
             except ValueError:  # pragma: no cover - no parallel kernel ran
                 threading_layer = None
         if announced:
             print(f"vt cpu: {kind} kernels ready in {took:.0f} s", file=sys.stderr, flush=True)
-        _done.add(kind)
+        _done.add(done_as)
         return took

@@ -133,7 +133,7 @@ class CpuOps(ReferenceOps):
         kernels_compile.ensure_compiled()
         handle = W.upload(tensor)
         if isinstance(handle, W.BlockWeight):
-            kernels_compile.ensure_compiled(handle.kind)
+            kernels_compile.ensure_compiled(handle.kind, pool=not self.threads.use_team)
             if kernels_compile.threading_layer == "workqueue":
                 self.threads.parallel_lock = WORKQUEUE_LOCK
             handle = _Projection(handle)
@@ -163,7 +163,7 @@ class CpuOps(ReferenceOps):
         if not self.threads.use_team or not x.flags.c_contiguous:
             return None
         if x.shape[0] == 1 and act_bits() != 32 and q8.supports(w.kind):
-            kernels_compile.ensure_compiled("int8")
+            kernels_compile.ensure_compiled("int8", pool=False)
             return J.q8_job(w, x, out, res, act_bits(), shared)
         return w.job(x, out, res) if x.shape[0] > 1 else None
 
