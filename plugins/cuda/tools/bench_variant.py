@@ -6,7 +6,8 @@
 the backend's own tiled kernel runs prefill); ``--blas-f16`` / ``--blas-tf32``: its inputs
 in half precision / TF32 for every weight (``GpuBackend.blas_inputs``; the default "auto"
 picks by the weight's size); ``--splits N``: attention splits a row's positions over at
-most N blocks (``GpuBackend.attention_max_splits``); ``--int8-rows N``: decode batches of N
+most N blocks (``GpuBackend.attention_max_splits``); ``--min-split N``: each split at least
+N positions long (``GpuBackend.attention_min_split``); ``--int8-rows N``: decode batches of N
 rows or more on int8 activations (``GpuBackend.int8_min_rows``; a huge N: float32
 activations everywhere); ``--int8-values N``: int8 activations only where the op's largest
 weight has N values or more (``GpuBackend.int8_min_values``; 0: every quantized weight);
@@ -47,6 +48,7 @@ def main() -> None:
         ["--blas-f16"],
         ["--blas-tf32"],
         ["--splits"],
+        ["--min-split"],
         ["--int8-rows"],
         ["--int8-values"],
         ["--int8-mma"],
@@ -71,6 +73,9 @@ def main() -> None:
             args = args[2:]
         elif args[0] == "--tiled-rows":
             GpuBackend.attention_tiled_min_rows = int(args[1])
+            args = args[2:]
+        elif args[0] == "--min-split":
+            GpuBackend.attention_min_split = int(args[1])
             args = args[2:]
         elif args[0] == "--splits":
             GpuBackend.attention_max_splits = int(args[1])

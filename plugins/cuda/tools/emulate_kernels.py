@@ -116,6 +116,11 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
     attention_tiled_##S(P(float*, 0), P(const float*, 1), P(const float*, 2), P(const int*, 3), \
         P(const int*, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10),    \
         P(int, 11), P(int, 12), P(float, 13)); }); return 1; }
+// the batch-1 float32 decode matmul and rms_norm
+#define SMALL1(S) if (!std::strcmp(name, "matmul_small1_" #S)) { vt_grid(g, block, [=] {       \
+    matmul_small1_##S(P(float*, 0), P(const float*, 1), P(const void*, 2), P(const float*, 3),  \
+        P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7), P(int, 8), P(int, 9),      \
+        P(int, 10)); }); return 1; }
 // the int8 tensor-core kernels (their shuffle branch), per tiles of 8 rows
 #define MMA(NO)                                                                       \
     if (!std::strcmp(name, "matmul_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
@@ -155,11 +160,18 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
         quantize_rows(P(unsigned char*, 0), P(const float*, 1), P(int, 2), P(int, 3)); });
         return 1; }
     MMA(1) MMA(2) MMA(4) MMA(8)
+    SMALL1(q) SMALL1(f32)
+    if (!std::strcmp(name, "rms_norm")) { vt_grid(g, block, [=] {
+        rms_norm(P(float*, 0), P(const float*, 1), P(const float*, 2), P(int, 3), P(int, 4),
+            P(float, 5)); }); return 1; }
     return 0;
 }
 """
 
-PARTS = ("common.cu", "matmul.cu", "attention.cu", "attention_tiled.cu", "blas_copies.cu")
+PARTS = (
+    "common.cu", "embedding_norm.cu", "matmul.cu", "attention.cu", "attention_tiled.cu",
+    "blas_copies.cu",
+)  # fmt: skip
 
 
 def build(folder: Path) -> ctypes.CDLL:

@@ -189,6 +189,18 @@ EOF"
         step "kvar-$m" 300 "python3 plugins/cuda/tools/bench_variant.py ${KFLAGS:-} $B > $OUT/kvar-$m.json; \
             python3 plugins/cuda/tools/batch_table.py $OUT/kvar-$m.json"
         ;;
+    kvars:*)  # decode batches KBATCH (default 1,8,32) per variant of bench_variant.py flags in
+        # KVARS ('|' between variants; the JSON stays in /tmp, the table goes to the log)
+        m=${s#kvars:}
+        B="bench --backend cuda --model /tmp/$m.gguf --batch ${KBATCH:-1,8,32} --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json"
+        IFS='|' read -ra VS <<< "${KVARS:-}"
+        i=0
+        for v in "${VS[@]}"; do
+            i=$((i + 1))
+            step "kvars-$m-$i" 300 "echo 'variant $i: $v'; python3 plugins/cuda/tools/bench_variant.py $v $B > /tmp/kvars-$m-$i.json; \
+                python3 plugins/cuda/tools/batch_table.py /tmp/kvars-$m-$i.json"
+        done
+        ;;
     splits:*)  # decode at batch 1 and 8 with attention split over at most 1, 4, 8, 16, 32 blocks
         m=${s#splits:}
         B="bench --backend cuda --model /tmp/$m.gguf --batch 1,8 --prompt-tokens 512 --gen-tokens 128 --repeat 2 --max-model-len 1024 --json"
