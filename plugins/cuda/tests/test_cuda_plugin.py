@@ -210,6 +210,19 @@ def test_it_is_the_shared_gpu_backend_with_every_primitive_op() -> None:
     assert CudaBackend.op_names() == tuple(vt.OPS)  # fused ops included
 
 
+@pytest.mark.parametrize(("major", "minor", "mma"), [(9, 0, True), (8, 0, True), (8, 6, True),
+                                                    (7, 5, False), (7, 0, False)])  # fmt: skip
+def test_int8_steps_take_the_tensor_cores_from_sm_80(major: int, minor: int, mma: bool) -> None:
+    """The adapter's arch string ("sm_90") is what GpuBackend.int8_mma reads by default:
+    mma.sync with s8 inputs needs sm_80 (Ampere) or later; older parts take dp4a."""
+    profile = H200.model_copy(
+        update={"compute_capability_major": major, "compute_capability_minor": minor}
+    )
+    backend, _, _ = make(profile)
+    assert backend._rt.arch() == f"sm_{major}{minor}"
+    assert bool(backend._mma_tiles(8)) is mma and backend._mma_tiles(9) == (2 if mma else 0)
+
+
 # --------------------------------------------------------------------------- memory
 
 
