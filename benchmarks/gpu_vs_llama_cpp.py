@@ -12,8 +12,8 @@ Llama-3.2-1B Q8_0) unless they exist, then measures, alternating engines per mod
 
 - vt: ``vt bench --batch 1,8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2`` (aggregate
   decode tok/s per batch, async scheduling on) and ``vt bench --prompt-tokens 512
-  --gen-tokens 16 --repeat 3`` (prefill tok/s of a 512-token prompt; with the engine's
-  prefix caching off, so that every repeat computes its whole prompt);
+  --gen-tokens 16 --repeat 3`` (prefill tok/s of a 512-token prompt; ``vt bench``'s
+  engine runs without prefix caching, so every repeat computes its whole prompt);
 - llama.cpp: ``llama-bench -p 512 -n 128 -ngl 99 -o json`` (pp512, tg128) and
   ``llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32 -ngl 99`` (S_TG, the aggregate decode
   rate, per batch).
@@ -86,25 +86,12 @@ def model_path(name: str, folder: Path) -> Path:
     return path
 
 
-#: ``vt bench`` with the engine's prefix caching off. Its timed repeats of one prompt would
-#: otherwise reuse the prompt's cached KV (the engine's prefix caching, commit 1f2988d): the
-#: second and third of ``--repeat 3`` compute 1 of 512 tokens, so the best prefill rate is
-#: the first, cold run's. (Decode is unaffected: the KV is the same however it was made.)
-VT_BENCH_NO_PREFIX = (
-    "import functools, sys\n"
-    "import vt.frontends.bench as b\n"
-    "b.Engine = functools.partial(b.Engine, prefix_caching=False)\n"
-    "from vt.frontends import cli\n"
-    "sys.argv = ['vt', *sys.argv[1:]]\n"
-    "cli.main()\n"
-)
-
-
 def vt_prefill(model: Path, backend: str) -> float:
-    """pp512: the best of 3 prefills of a 512-token prompt, each computing every token."""
-    cmd = [sys.executable, "-c", VT_BENCH_NO_PREFIX, "bench", "--backend", backend, "--model",
-           str(model), "--json", "--prompt-tokens", "512", "--gen-tokens", "16", "--repeat",
-           "3", "--max-model-len", "1024"]  # fmt: skip
+    """pp512: the best of 3 prefills of a 512-token prompt (``vt bench`` runs its engine
+    without prefix caching, so every repeat computes the whole prompt)."""
+    cmd = ["vt", "bench", "--backend", backend, "--model", str(model), "--json",
+           "--prompt-tokens", "512", "--gen-tokens", "16", "--repeat", "3",
+           "--max-model-len", "1024"]  # fmt: skip
     pre = json.loads(run(cmd))
     return max(r["prefill_tok_s"] for r in pre["runs"])
 

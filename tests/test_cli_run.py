@@ -323,6 +323,7 @@ def test_bench_json(tiny: Path) -> None:
     for r in obj["runs"]:
         assert r["prompt_tokens"] == 20 and r["gen_tokens"] == 8 and r["repeat"] == 2
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
+        assert r["cached_prompt_tokens"] == 0  # each repeat prefills all 20 tokens
         assert set(r["kv_cache"]) == KV_KEYS
         assert r["graphs"] is True and "captured once per shape" in r["graphs_reason"]
     # cpu declares graphs: decode steps replay with async scheduling on and off (then the

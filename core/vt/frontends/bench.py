@@ -53,6 +53,9 @@ class BenchRun(BaseModel):
     prefill_tok_s: float | None  # best of the repeats
     decode_tok_s: float | None
     kv_cache: dict[str, Any]
+    #: Prompt tokens a repeat took from a cache (most of any repeat): 0, every repeat
+    #: prefills its whole prompt (the bench's engine runs without prefix caching).
+    cached_prompt_tokens: int = 0
     ids: list[int]
     graphs: bool = False  # decode-step graph replay on (VT_GRAPHS, graphs capability)
     graphs_reason: str = ""
@@ -196,7 +199,9 @@ def run_bench(
                     async_scheduling=async_on,
                 )
                 try:
-                    engine = Engine(runner, tokenizer)
+                    # Every repeat must compute its whole prompt: with prefix caching the
+                    # second would reuse the first's KV and time one token's prefill.
+                    engine = Engine(runner, tokenizer, prefix_caching=False)
                     if batches:
                         for b in batches:
                             say(f"async {'on' if async_on else 'off'}, batch {b}: x{repeat}")
@@ -351,6 +356,7 @@ def _record(async_on: bool, runner: Any, outs: list[RequestOutput]) -> BenchRun:
         prefill_tok_s=prefill.prefill_tok_s,
         decode_tok_s=decode.decode_tok_s,
         kv_cache=runner.kv.stats().model_dump(),
+        cached_prompt_tokens=max(o.num_cached_tokens for o in outs),
         ids=ids,
         graphs=runner.graphs,
         graphs_reason=runner.graphs_reason,
