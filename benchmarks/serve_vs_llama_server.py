@@ -14,11 +14,11 @@ completions (``temperature 0``, ``max_tokens``, ``ignore_eos`` so that both serv
 generate exactly ``max_tokens`` tokens per request) one after another until
 ``requests-per-client * N`` requests were sent or ``--time-limit-s`` passed (no new
 request after that; the answers in flight are waited for, each up to
-``--request-timeout-s``). Every request has its
-own user message (the same sequence for both servers, never the warm-up's), so no
-prompt is served whole from a cache; the chat template's common start is, by a server
-with a prompt cache (llama-server's slots, vt's prefix caching), and
-``cached_prompt_tokens`` says how many tokens each server reported taking from it.
+``--request-timeout-s``). Every request has its own user message (the same sequence for
+both servers in a round, new in every round and never the warm-up's), so no prompt is
+served whole from a cache; the chat template's common start is, by a server with a prompt
+cache (llama-server's slots, vt's prefix caching), and ``cached_prompt_tokens`` says how
+many tokens each server reported taking from it.
 Before each measurement N short requests warm the server up, then it waits (at
 most ``--quiet-wait-s``) until the rest of the machine keeps less than ``--quiet-below``
 of the CPUs busy; ``others_cpu_share`` says how busy other processes (not the two
@@ -62,7 +62,7 @@ from machine import busy_cpu_s, wait_quiet
 from openai import OpenAI
 
 MODEL_NAME = "bench"
-WARM_UP_K = 100_000  # the warm-up's request numbers: no measured prompt was seen before
+WARM_UP_K = 900_000  # the warm-up's request numbers: no measured prompt was seen before
 TOPICS = (
     "a lighthouse keeper",
     "the history of bread",
@@ -228,14 +228,17 @@ def load(
     }
 
 
-def measure(servers: dict[str, Server], name: str, n: int, args: argparse.Namespace) -> dict:
-    """Warm ``name`` up, wait for a quiet machine, then one measurement with ``n`` clients."""
+def measure(
+    servers: dict[str, Server], name: str, n: int, args: argparse.Namespace, first_k: int = 0
+) -> dict:
+    """Warm ``name`` up, wait for a quiet machine, then one measurement with ``n`` clients
+    whose requests are numbered from ``first_k``."""
     limits = (args.time_limit_s, args.request_timeout_s)
     load(servers[name], n, n, 4, *limits, first_k=WARM_UP_K)  # prompts never measured
     gate = wait_quiet(args.quiet_below, args.quiet_wait_s)
     every = list(servers.values())
     busy0, own0 = busy_cpu_s(), own_cpu_s(every)
-    res = load(servers[name], n, n * args.requests_per_client, args.max_tokens, *limits)
+    res = load(servers[name], n, n * args.requests_per_client, args.max_tokens, *limits, first_k)
     busy1, own1 = busy_cpu_s(), own_cpu_s(every)
     if busy0 is not None and busy1 is not None and res["wall_s"]:
         others = max(0.0, busy1 - busy0 - (own1 - own0))
@@ -335,14 +338,16 @@ def main() -> None:
             server.start(args.start_timeout_s)
             print(f"{server.name} ready in {server.ready_s:.1f} s", file=sys.stderr, flush=True)
         turn = 0
-        for n in levels:
+        for level, n in enumerate(levels):
             samples: dict[str, list[dict]] = {name: [] for name in servers}
             for rnd in range(args.rounds):
                 order = list(servers) if turn % 2 == 0 else list(servers)[::-1]
                 turn += 1
                 for name in order:
                     for attempt in range(1 + args.retry_noisy):
-                        res = measure(servers, name, n, args)
+                        # every server gets the same prompts in a round, never seen before
+                        first_k = (level * 100 + rnd * 10 + attempt) * 1000
+                        res = measure(servers, name, n, args, first_k)
                         res["round"], res["attempt"] = rnd, attempt
                         samples[name].append(res)
                         print(

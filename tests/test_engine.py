@@ -86,6 +86,7 @@ class FakeRunner:
         self.outstanding = 0
         self.steps: list[list] = []
         self.freed: list[int] = []
+        self.copies: list[tuple[int, int, int]] = []  # copy_prefix calls: (src, dst, n)
         self.max_outstanding = 0
 
     def _next(self, slot: int, pos: int, chunk) -> int:
@@ -132,6 +133,12 @@ class FakeRunner:
 
     def seq_len(self, slot: int) -> int:
         return len(self.kv[slot])
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        assert src != dst and 0 <= n <= len(self.kv[src])
+        self.kv[dst] = self.kv[src][:n]
+        self.last_sample.pop(dst, None)
+        self.copies.append((src, dst, n))
 
     def free_slot(self, slot: int, keep: int = 0) -> None:
         self.kv[slot] = self.kv[slot][:keep]

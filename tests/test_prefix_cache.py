@@ -124,6 +124,34 @@ def test_a_stopped_request_lends_its_prefix_before_its_last_step_is_read() -> No
     assert out.ids == _one_by_one([SYSTEM + [31]], prefix_caching=False)[0].ids
 
 
+def test_another_conversation_copies_the_shared_prefix_and_leaves_the_history() -> None:
+    # B shares 8 tokens with A's slot, which holds 33: B takes an empty slot with those 8
+    # copied, and A's whole history is still there for A's next turn.
+    engine, runner = _engine(max_slots=3)
+    a, b = SYSTEM[:8] + list(range(30, 50)), SYSTEM[:8] + [60, 61]
+    rid = engine.add_request(a, GREEDY)
+    out_a = _run(engine)[rid]
+    rid = engine.add_request(b, GREEDY)
+    out_b = _run(engine)[rid]
+    assert runner.copies == [(0, 1, 8)] and out_b.num_cached_tokens == 8
+    assert out_b.ids == _one_by_one([b], prefix_caching=False)[0].ids
+    turn = a + out_a.ids + [5]
+    rid = engine.add_request(turn, GREEDY)
+    out = _run(engine)[rid]
+    assert out.num_cached_tokens == len(a) + len(out_a.ids) - 1
+    assert out.ids == _one_by_one([turn], prefix_caching=False)[0].ids
+    assert runner.copies == [(0, 1, 8)]  # the next turn reused its own slot in place
+
+
+def test_with_every_other_slot_busy_the_prefix_is_reused_in_place() -> None:
+    engine, runner = _engine(max_slots=1)
+    a, b = SYSTEM[:8] + list(range(30, 50)), SYSTEM[:8] + [60, 61]
+    for prompt in (a, b):
+        rid = engine.add_request(prompt, GREEDY)
+        out = _run(engine)[rid]
+    assert runner.copies == [] and out.num_cached_tokens == 8
+
+
 def test_slots_keep_their_prefixes_apart() -> None:
     # Two conversations through two slots, one after the other: each turn finds its own.
     engine, _ = _engine(max_slots=2)
@@ -225,6 +253,26 @@ def test_runner_keeps_a_prefix_and_refuses_to_skip_past_it(tiny: Path) -> None:
             runner.free_slot(0, keep=-1)
         runner.free_slot(0)
         assert runner.seq_len(0) == 0
+
+
+def test_a_copied_prefix_gives_the_logits_of_the_original(tiny: Path) -> None:
+    backend, _ = registry.create_backend("cpu")
+    model = load_gguf(tiny)
+    with ModelRunner(backend, model, max_slots=2, max_model_len=64) as runner:
+        runner.execute([SeqChunk(slot=0, start_pos=0, token_ids=list(range(1, 11)))])
+        runner.copy_prefix(0, 1, 6)
+        assert runner.seq_len(1) == 6 and runner.seq_len(0) == 10
+        rest = [SeqChunk(slot=1, start_pos=6, token_ids=[7, 8, 9, 10])]
+        copied = runner.compute_logits(rest)
+        runner.free_slot(0, keep=6)
+        in_place = runner.compute_logits([SeqChunk(slot=0, start_pos=6, token_ids=[7, 8, 9, 10])])
+        np.testing.assert_array_equal(copied, in_place)
+        with pytest.raises(InvalidStepError, match="both slot 1"):
+            runner.copy_prefix(1, 1, 2)
+        with pytest.raises(InvalidStepError, match="11 positions asked of slot 0"):
+            runner.copy_prefix(0, 1, 11)
+        with pytest.raises(InvalidStepError, match="outside"):
+            runner.copy_prefix(0, 2, 1)
 
 
 def test_llm_reuses_a_chat_prefix_with_the_same_ids(tiny: Path) -> None:

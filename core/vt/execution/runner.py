@@ -305,6 +305,36 @@ class ModelRunner:
         if self._prev is not None:
             self._prev[1].pop(slot, None)
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make ``dst`` hold ``src``'s first ``n`` positions, as :meth:`free_slot` with
+        ``keep=n`` leaves them in place: its next chunk may start at any position up to
+        ``n``. The KV bytes are copied on the runner's stream, ordered after every step
+        enqueued so far (``src``'s last one included) and before the next, one position at
+        a time (a slot's position is contiguous in the position-major cache), so the copy
+        is bit for bit what ``src`` computed. ``dst``'s own sequence is forgotten."""
+        self._check_open()
+        self._check_slot(src)
+        self._check_slot(dst)
+        if src == dst:
+            raise InvalidStepError(f"copy_prefix: source and destination are both slot {src}")
+        if not _is_int(n) or not 0 <= n <= self._seq_len[src]:
+            raise InvalidStepError(
+                f"copy_prefix: {n!r} positions asked of slot {src}, which holds "
+                f"{self._seq_len[src]}"
+            )
+        assert self.kv is not None and self.stream is not None
+        layout, cache = self.layout, self.kv.buffer
+        size, stride = layout.token_bytes, layout.position_bytes
+        for pos in range(n):
+            base = pos * stride
+            self.backend.copy_d2d(
+                cache.view(base + dst * size, size), cache.view(base + src * size, size), size,
+                self.stream,
+            )  # fmt: skip
+        self._seq_len[dst] = n
+        if self._prev is not None:
+            self._prev[1].pop(dst, None)
+
     def seq_len(self, slot: int) -> int:
         """Positions of ``slot`` written by the steps enqueued so far."""
         self._check_slot(slot)

@@ -377,14 +377,15 @@ class Engine:
     def _admit(self, req: _Request) -> bool:
         """Give ``req`` a slot, or return False when none is free.
 
-        With prefix caching it takes the slot whose KV shares the most of its prompt, and
-        skips that prefix. That may be a slot whose last step is still in flight (a request
-        that just finished): this request's steps run after it on the same stream, and
-        reading the shared prefix is the point. A prompt scored token by token (echo) needs
-        every row's logits, so it reuses nothing.
+        With prefix caching it reuses the most of its prompt that a free slot's KV holds
+        (:mod:`vt.frontends.prefix_cache` says how it chooses, and when the prefix is
+        copied into another slot instead). The slot may be one whose last step is still in
+        flight (a request that just stopped): this request's steps run after it on the
+        same stream. A prompt scored token by token (echo) needs every row's logits, so it
+        reuses nothing.
         """
         free = self._free_slots
-        slot, reused = (free[0], 0) if free else (-1, 0)
+        slot, reused, source = (free[0] if free else -1), 0, -1
         if self.prefix_caching and req.params.prompt_logprobs is None:
             deferred = [s for s, _ in self._deferred_free]
             if not free and not deferred:
@@ -392,20 +393,25 @@ class Engine:
             best, shared = self._prefix.pick(free + deferred, req.prompt_ids)
             if shared == 0 and free:
                 best, shared = self._prefix.pick(free, req.prompt_ids)
-            if shared or best in free:
+            seq_len = getattr(self.runner, "seq_len", None)
+            if shared and seq_len is not None:
+                shared = min(shared, seq_len(best))  # the runner's word over the table's
+            target = self._prefix.copy_target(best, shared, [s for s in free if s != best])
+            if target is not None and hasattr(self.runner, "copy_prefix"):
+                slot, reused, source = target, shared, best
+            elif shared or best in free:
                 slot, reused = best, shared
         if slot < 0:
             return False
-        seq_len = getattr(self.runner, "seq_len", None)
-        if reused and seq_len is not None:
-            reused = min(reused, seq_len(slot))  # the runner's word over the table's
         if slot in free:
             free.remove(slot)
         else:  # released now rather than after the step in flight
             self._deferred_free = [(s, at) for s, at in self._deferred_free if s != slot]
             self.runner.free_slot(slot, keep=self._prefix.held(slot))
-        # The runner kept the slot's held positions; the first chunk overwrites from
-        # ``reused`` on, so whatever the slot held past it is never read.
+        if source >= 0:
+            self.runner.copy_prefix(source, slot, reused)
+        # The slot holds at least ``reused`` of the prompt's positions; the first chunk
+        # overwrites from there on, so whatever it held past them is never read.
         self._prefix.forget(slot)
         req.slot, req.num_prefilled, req.num_cached = slot, reused, reused
         self._running.append(req)

@@ -6,9 +6,14 @@ common prefix: the runner keeps those positions (``ModelRunner.free_slot(slot, k
 and the request's first chunk starts after them. This is llama-server's slot prompt cache
 and vLLM's prefix caching, for a cache laid out as one row of positions per slot.
 
-Among the free slots a new request takes the one sharing the longest prefix with its
-prompt; ties (none sharing anything, say) go to the slot freed longest ago, so the slots
-freed last keep their prefixes for the requests most likely to want them.
+Among the free slots a new request looks for the one sharing the longest prefix with its
+prompt (ties: the slot freed longest ago). If that prefix is at least half of what the
+slot holds (the next turn of a conversation, or the same prompt again), the request takes
+that slot and overwrites only the rest. If it is less (another conversation that shares the
+chat template's system prompt), taking the slot would destroy the longer history it holds,
+as llama-server's ``--slot-prompt-similarity 0.5`` also reasons: the runner copies the
+shared prefix (``ModelRunner.copy_prefix``) into the free slot freed longest ago (an empty
+one first) and the request takes that one, so both histories stay until slots run out.
 
 Numerics: the reused positions hold exactly the KV the earlier request computed for the
 same tokens at the same positions. The request's own steps have fewer rows than a full
@@ -60,6 +65,14 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._tokens = [None] * len(self._tokens)
+
+    def copy_target(self, best: int, shared: int, others: list[int]) -> int | None:
+        """Where to copy ``best``'s first ``shared`` positions instead of reusing ``best``
+        in place: the slot of ``others`` freed longest ago (an empty one first), when
+        ``shared`` is less than half of what ``best`` holds; else None."""
+        if not shared or not others or 2 * shared >= self.held(best):
+            return None
+        return min(others, key=lambda s: (self._tokens[s] is not None, self._freed_at[s]))
 
     def pick(self, free_slots: list[int], prompt: list[int]) -> tuple[int, int]:
         """``(slot, reused)``: the free slot for ``prompt`` and how many of its first
