@@ -701,3 +701,33 @@ def test_runner_logprobs_on_the_device_equal_cpu(tiny: Any) -> None:
             assert top[0][0] == ids_g[s]  # greedy: the sampled id is the most likely
             assert chosen == pytest.approx(lp_c[s][0], abs=1e-4)
             assert [v for _, v in top] == pytest.approx([v for _, v in lp_c[s][1]], abs=1e-4)
+
+
+@pytest.mark.parametrize("kv", ["vmm", "contiguous"])
+def test_prefix_caching_reuses_and_copies_kv_on_the_device(tmp_path: Path, kv: str) -> None:
+    """The engine's prefix caching on cuda (graphs, async readback): a prompt sharing a
+    short prefix with a slot that holds more gets that prefix copied into another slot
+    (``ModelRunner.copy_prefix``, copy_d2d on the KV cache); a conversation's next turn
+    reuses its own slot in place. The ids are cpu's without prefix caching."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="llama", weight_type="Q8_0",
+                           n_layers=2, tied=False)  # fmt: skip
+    params = vt.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    a = [3, 17, 42, 5, 9, 60, 1, 33, 21] * 2
+
+    def conversation(backend: str, caching: bool) -> list[tuple[list[int], int]]:
+        with vt.LLM(model=path, backend=backend, max_slots=3, max_model_len=128,
+                    kv_cache=kv if backend == "cuda" else "auto", prefix_caching=caching,
+                    verify=False) as llm:  # fmt: skip
+            out_a = llm.generate({"prompt_token_ids": a}, params)[0]
+            b = a[:6] + [8, 2, 50]
+            out_b = llm.generate({"prompt_token_ids": b}, params)[0]
+            c = a + out_a.ids + [7]
+            out_c = llm.generate({"prompt_token_ids": c}, params)[0]
+            d = b + out_b.ids + [11]
+            out_d = llm.generate({"prompt_token_ids": d}, params)[0]
+            return [(o.ids, o.num_cached_tokens) for o in (out_a, out_b, out_c, out_d)]
+
+    want = conversation("cpu", False)
+    got = conversation("cuda", True)
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    assert [n for _, n in got] == [0, 6, len(a) + 7, 9 + 7]
