@@ -672,6 +672,30 @@ def test_default_model_served_equals_llm() -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(("flag", "state"), [([], "on"), (["--no-prefix-caching"], "off")])
+def test_vt_serve_prefix_caching_option_reaches_the_engine(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch, flag: list[str], state: str
+) -> None:
+    from vt.frontends.cli import serve_cmd
+
+    lines, engines = serve_cmd.startup_lines, []
+
+    def record_then_stop(llm: Any, *args: Any) -> list[str]:
+        engines.append(llm.engine)
+        os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: stops serving
+        return lines(llm, *args)
+
+    monkeypatch.setattr(serve_cmd, "startup_lines", record_then_stop)
+    result = CliRunner().invoke(
+        main, ["serve", "--model", str(tiny), "--backend", "cpu", "--port", "0",
+               "--max-slots", "1", "--log-level", "warning", *flag],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [e.prefix_caching for e in engines] == [state == "on"]
+    assert f" | prefix caching {state} | " in result.output
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
 def test_a_signal_right_after_ready_stops_vt_serve_cleanly(
     tiny: Path, stop_signal: int, monkeypatch: pytest.MonkeyPatch

@@ -361,9 +361,10 @@ def startup_lines(
         template = "chat template checked"
     else:
         template = f"chat template unusable ({renderer.probe_error}): chat requests get 400"
+    caching = "on" if getattr(getattr(a, "engine", None), "prefix_caching", False) else "off"
     lines = [
         f"model {a.model_name} ({a.model_path}) | max_model_len {a.max_model_len} | "
-        f"{max_slots} slot(s) | {steps} tokens per step | {template}",
+        f"{max_slots} slot(s) | {steps} tokens per step | prefix caching {caching} | {template}",
         f"backend {a.backend_name} ({a.backend_reason}) | {a.verification.summary()} | "
         f"readback {a.readback} | "
         f"kv {kv['backend']} {kv['mapped_bytes'] / _MIB:.1f}/{kv['reserved_bytes'] / _MIB:.1f} "
