@@ -248,6 +248,9 @@ def test_with_the_team_a_formats_pool_kernels_stay_on_disk() -> None:
         "from vt_cpu.kernels import quant as Q\n"
         "C.ensure_compiled('Q4_0', quiet=True, pool=sys.argv[1] == 'pool')\n"
         "print(sorted(k.__name__ for k in C._GROUPS['Q4_0'] if k.overloads))\n"
+        "def boom(kernel): raise AssertionError('the disk cache was looked at again')\n"
+        "C._cached = boom  # every later weight upload asks again: done, nothing to check\n"
+        "assert C.ensure_compiled('Q4_0', quiet=True, pool=sys.argv[1] == 'pool') == 0.0\n"
     )
 
     def loaded(mode: str) -> str:

@@ -190,12 +190,13 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False, pool: bool = True
     ``pool=False`` (the backend runs its matmuls on the team) loads a format's numba-pool
     kernels only where the disk cache lacks them, to compile them once."""
     global seconds, threading_layer
-    if kind in _done or kind not in _GROUPS:
-        return 0.0
+    team_done = f"{kind} (team)"
+    if kind in _done or (not pool and team_done in _done) or kind not in _GROUPS:
+        return 0.0  # every weight upload asks: no lock, no look at the disk cache
     with _lock:
         missing = any(_cached(k) is False for k in _GROUPS[kind])
         pool = pool or missing or kind == "layers"
-        done_as = kind if pool else f"{kind} (team)"
+        done_as = kind if pool else team_done
         if kind in _done or done_as in _done:
             return 0.0
         start = time.perf_counter()
