@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import gpu_vs_llama_cpp as bench  # noqa: E402
@@ -61,3 +63,27 @@ def test_the_q4_k_m_shape_is_llama_cpps_mix() -> None:
         raw = write_shape.random_blocks(rng, 8, 512, qtype).reshape(-1)
         values = vt.reference.dequantize(vt.WeightTensor("w", int(qtype), (8, 512), raw))
         assert np.isfinite(values).all() and 0.3 < values.std() * np.sqrt(512) < 3
+
+
+def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vt.gpu import GpuBackend
+    from vt.gpu import backend as backend_module
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import bench_variant  # noqa: PLC0415
+
+    for name in ("int8_min_rows", "attention_max_splits", "int8_mma", "native_fused",
+                 "blas_inputs", "blas_min_rows"):  # fmt: skip
+        monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))  # restored after
+    monkeypatch.setattr(backend_module, "kernel_source", lambda: "int x;")
+    rest = bench_variant.apply(
+        ["--int8-rows", "8", "--splits", "4", "--int8-mma", "0", "--no-fused", "--blas-f16",
+         "--blas-min-rows", "99", "--kdefine", "VT_X=2", "bench", "--batch", "1"]
+    )  # fmt: skip
+    assert rest == ["bench", "--batch", "1"]
+    assert (GpuBackend.int8_min_rows, GpuBackend.attention_max_splits) == (8, 4)
+    assert GpuBackend.int8_mma is False and GpuBackend.native_fused == frozenset()
+    assert (GpuBackend.blas_inputs, GpuBackend.blas_min_rows) == ("f16", 99)
+    assert backend_module.kernel_source() == "#define VT_X 2\nint x;"

@@ -40,53 +40,40 @@ def _define(name: str, value: str) -> None:
     backend_module.kernel_source = lambda: text  # type: ignore[assignment]
 
 
-def main() -> None:
-    args = sys.argv[1:]
-    while args[:1] in (
-        ["--no-fused"],
-        ["--blas-min-rows"],
-        ["--blas-f16"],
-        ["--blas-tf32"],
-        ["--splits"],
-        ["--min-split"],
-        ["--int8-rows"],
-        ["--int8-values"],
-        ["--int8-mma"],
-        ["--kdefine"],
-        ["--tiled-rows"],
-    ):
-        if args[0] == "--no-fused":
-            GpuBackend.native_fused = frozenset()
-            args = args[1:]
-        elif args[0] == "--int8-rows":
-            GpuBackend.int8_min_rows = int(args[1])
-            args = args[2:]
-        elif args[0] == "--kdefine":
+#: Options taking an integer, and the ``GpuBackend`` attribute each sets.
+_NUMBERS = {
+    "--blas-min-rows": "blas_min_rows",
+    "--splits": "attention_max_splits",
+    "--min-split": "attention_min_split",
+    "--int8-rows": "int8_min_rows",
+    "--int8-values": "int8_min_values",
+    "--tiled-rows": "attention_tiled_min_rows",
+}
+
+
+def apply(args: list[str]) -> list[str]:
+    """Set the variant the leading options name; returns the rest (``vt``'s command line)."""
+    while args:
+        flag = args[0]
+        if flag in _NUMBERS:
+            setattr(GpuBackend, _NUMBERS[flag], int(args[1]))
+        elif flag == "--int8-mma":
+            GpuBackend.int8_mma = bool(int(args[1]))
+        elif flag == "--kdefine":
             name, _, value = args[1].partition("=")
             _define(name, value)
-            args = args[2:]
-        elif args[0] == "--int8-mma":
-            GpuBackend.int8_mma = bool(int(args[1]))
-            args = args[2:]
-        elif args[0] == "--int8-values":
-            GpuBackend.int8_min_values = int(args[1])
-            args = args[2:]
-        elif args[0] == "--tiled-rows":
-            GpuBackend.attention_tiled_min_rows = int(args[1])
-            args = args[2:]
-        elif args[0] == "--min-split":
-            GpuBackend.attention_min_split = int(args[1])
-            args = args[2:]
-        elif args[0] == "--splits":
-            GpuBackend.attention_max_splits = int(args[1])
-            args = args[2:]
-        elif args[0] in ("--blas-f16", "--blas-tf32"):
-            GpuBackend.blas_inputs = args[0].removeprefix("--blas-")
-            args = args[1:]
+        elif flag == "--no-fused":
+            GpuBackend.native_fused = frozenset()
+        elif flag in ("--blas-f16", "--blas-tf32"):
+            GpuBackend.blas_inputs = flag.removeprefix("--blas-")
         else:
-            GpuBackend.blas_min_rows = int(args[1])
-            args = args[2:]
-    sys.argv = ["vt", *args]
+            return args
+        args = args[1 if flag in ("--no-fused", "--blas-f16", "--blas-tf32") else 2 :]
+    return args
+
+
+def main() -> None:
+    sys.argv = ["vt", *apply(sys.argv[1:])]
     cli.main()
 
 
