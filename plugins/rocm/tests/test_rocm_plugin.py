@@ -131,6 +131,49 @@ def test_no_device_is_unavailable_naming_the_call() -> None:
     )
 
 
+_NO_LIBRARY = """
+import ctypes, sys
+
+real = ctypes.CDLL
+
+
+def cdll(name, *args, **kwargs):
+    if "amdhip64" in str(name):
+        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+    return real(name, *args, **kwargs)
+
+
+ctypes.CDLL = cdll
+import vt
+from vt_rocm.backend import RocmBackend
+
+probe = RocmBackend.probe()
+assert not probe.available
+print(probe.reason)
+try:
+    RocmBackend()
+except vt.BackendUnavailableError as e:
+    print(e)
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("hip", "rocm")))
+"""
+
+
+def test_a_missing_hip_library_is_found_before_importing_the_bindings() -> None:
+    # The bindings cost ~9 MiB and 25 ms to import: a machine without libamdhip64 (where
+    # they could only fail) never imports them.
+    if importlib.util.find_spec("hip") is None:
+        pytest.skip("hip-python is not installed: the probe says so before any library look")
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_LIBRARY], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    reason, error, modules = done.stdout.splitlines()
+    assert reason.startswith("the HIP runtime could not be loaded: failed to dlopen '")
+    assert "amdhip64" in reason and "cannot open shared object file" in reason
+    assert error == f"backend 'rocm' is unavailable: {reason}"
+    assert "rocm.bindings.hip" not in modules and "'hip'" not in modules
+
+
 def test_importing_the_plugin_does_not_import_hip() -> None:
     code = "import sys, vt_rocm.plugin; assert 'hip' not in sys.modules, 'hip imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -9,7 +9,10 @@ GpuBackend, shared with the CUDA backend.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -29,11 +32,46 @@ class HipError(GpuCallError):
     """A HIP or hiprtc call returned an error; names the call and HIP's error name and string."""
 
 
+class HipLibraryError(RuntimeError):
+    """The HIP runtime library (libamdhip64) cannot be loaded."""
+
+
 def import_hip() -> ModuleType:
-    """hip-python's runtime module. Raises ImportError when hip-python is not installed."""
+    """hip-python's runtime module. Raises ImportError when hip-python is not installed, and
+    :class:`HipLibraryError` when it is but the HIP runtime library cannot be loaded."""
+    check_hip_library()
     from hip import hip
 
     return hip
+
+
+def check_hip_library() -> None:
+    """Raise :class:`HipLibraryError` when the library hip-python would load cannot be loaded.
+
+    hip-python's bindings cost ~9 MiB of memory and ~25 ms to import, and on a machine
+    without ROCm their first call fails to dlopen libamdhip64 anyway: look for the library
+    first, at the path hip-python itself resolves (its pure-Python ``paths`` module), so a
+    process that never uses ROCm never imports the bindings. Without hip-python (the
+    import then says so), or with a layout that has no ``paths`` module, this checks
+    nothing and hip-python looks for the library itself.
+    """
+    try:
+        installed = importlib.util.find_spec("hip") is not None
+    except (ImportError, ValueError):
+        installed = False
+    if not installed:
+        return
+    try:
+        from rocm.bindings.util.paths import get_library_path
+
+        path = os.fsdecode(get_library_path("amdhip64"))
+    except Exception:  # another layout, or its lookup failed: let hip-python look itself
+        return
+    try:
+        ctypes.CDLL(path)
+    except OSError as e:
+        # The words hip-python's own RuntimeError uses, so the reason reads the same.
+        raise HipLibraryError(f"failed to dlopen '{path}': {e}") from e
 
 
 def import_hiprtc() -> ModuleType:

@@ -11,7 +11,7 @@ import re
 from vt import BackendUnavailableError, Probe
 from vt.gpu import GpuBackend
 
-from .adapter import INSTALL_HINT, HipError, HipRuntime
+from .adapter import INSTALL_HINT, HipError, HipLibraryError, HipRuntime
 from .caps import DeviceProfile, capabilities_from_device
 
 
@@ -38,6 +38,8 @@ def load_runtime(device: int = 0) -> HipRuntime:
         return HipRuntime.load(device)
     except ImportError as e:
         raise BackendUnavailableError(f"backend 'rocm' is unavailable: {import_reason(e)}") from e
+    except HipLibraryError as e:
+        raise BackendUnavailableError(f"backend 'rocm' is unavailable: {runtime_reason(e)}") from e
 
 
 class RocmBackend(GpuBackend):
@@ -60,6 +62,8 @@ class RocmBackend(GpuBackend):
             runtime = HipRuntime.load()
         except ImportError as e:
             return Probe(available=False, reason=import_reason(e))
+        except HipLibraryError as e:
+            return Probe(available=False, reason=runtime_reason(e))
         return cls.probe_runtime(runtime)
 
     @classmethod
