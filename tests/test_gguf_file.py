@@ -624,3 +624,52 @@ def test_vt_run_refuses_overlapping_tensors_in_one_line(tiny: Path) -> None:
     assert result.exit_code == 1
     errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1 and errors[0].startswith(f"Error: {tiny}: tensor 'blk.0.attn_norm")
+
+
+# --------------------------------------------------------------------------- string arrays
+
+
+def test_string_arrays_are_held_compactly_and_read_like_lists(tmp_path: Path) -> None:
+    from vt.model.string_array import StringArray
+
+    texts = ["héllo", "", "Ġthe", "<|im_end|>", "日本"]
+    path = _raw_gguf(
+        tmp_path / "s.gguf",
+        [
+            _kv(
+                "x.s",
+                ARRAY,
+                _array_head(STRING, len(texts))
+                + b"".join(struct.pack("<Q", len(t.encode())) + t.encode() for t in texts),
+            )
+        ],
+    )
+    value = scan_gguf(path).metadata["x.s"]
+    assert isinstance(value, StringArray)
+    assert value == texts and texts == value and value != texts[:-1]
+    assert value == StringArray.of(texts) and value != ["x"] * len(texts)
+    assert len(value) == 5 and list(value) == texts and value[0] == "héllo"
+    assert value[-1] == "日本" and value[np.int64(2)] == "Ġthe" and value[1:3] == ["", "Ġthe"]
+    assert value.index("<|im_end|>") == 3 and "日本" in value and "x" not in value
+    with pytest.raises(IndexError):
+        value[5]
+    with pytest.raises(TypeError):
+        value["a"]
+    with pytest.raises(TypeError):
+        hash(value)
+    assert repr(value) == "StringArray(['héllo', '', 'Ġthe', ...], 5 strings)"
+
+
+def test_a_vocabulary_costs_what_the_file_stores() -> None:
+    from vt.model.string_array import StringArray
+
+    tokens = [f"tok{i}" for i in range(100_000)]
+    array = StringArray.of(tokens)
+    assert array.nbytes == sum(map(len, tokens)) + 4 * (len(tokens) + 1)  # ~1 MB, not ~6
+
+
+def test_a_bad_string_in_an_array_names_its_index(tmp_path: Path) -> None:
+    items = struct.pack("<Q", 2) + b"ok" + struct.pack("<Q", 2) + b"\xff\xfe"
+    path = _raw_gguf(tmp_path / "s.gguf", [_kv("x.s", ARRAY, _array_head(STRING, 2) + items)])
+    with pytest.raises(ModelError, match=r"key/value 'x.s'\[1\] is not valid UTF-8"):
+        scan_gguf(path)

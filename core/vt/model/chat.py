@@ -32,6 +32,7 @@ from jinja2.exceptions import SecurityError
 
 from ..errors import ModelError
 from . import template_sandbox as sandbox
+from .string_array import ARRAY_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ class ChatTemplate:
 
         def token(key: str) -> str:
             i = metadata.get(key)
-            ok = isinstance(i, int) and isinstance(tokens, list) and 0 <= i < len(tokens)
+            ok = isinstance(i, int) and isinstance(tokens, ARRAY_TYPES) and 0 <= i < len(tokens)
             return tokens[i] if ok and isinstance(tokens[i], str) else ""
 
         bos, eos = token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")

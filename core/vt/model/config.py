@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import ModelError
 from ..protocol.backend import RopeParams, RopeStyle
+from .string_array import ARRAY_TYPES
 
 #: architecture -> RoPE style (see MODEL_FACTS.md: llama GGUFs are permuted for "normal").
 SUPPORTED_ARCHITECTURES: dict[str, RopeStyle] = {
@@ -163,7 +164,7 @@ def config_from_gguf(
             f"{arch}.vocab_size ({vocab_size}) disagrees with token_embd.weight's {embd_rows} rows"
         )
     tokens = metadata.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list) and len(tokens) > vocab_size:
+    if isinstance(tokens, ARRAY_TYPES) and len(tokens) > vocab_size:
         raise ModelError(
             f"tokenizer.ggml.tokens has {len(tokens)} tokens, more than the {vocab_size} "
             "rows of token_embd.weight"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from array import array
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -28,6 +29,7 @@ from ..errors import ModelError
 from ..protocol.backend import WeightTensor
 from ..reference.quant import SUPPORTED_TYPES as SUPPORTED_TENSOR_TYPES
 from .config import ModelConfig, config_from_gguf
+from .string_array import StringArray
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -143,6 +145,10 @@ class _Cursor:
         return value
 
     def string(self, what: str) -> str:
+        return str(self.raw_string(what), "utf-8")
+
+    def raw_string(self, what: str) -> bytes:
+        """A string's bytes, checked to be valid UTF-8."""
         n = self.unpack("<Q", f"{what} (length)")
         self.need(n, what)
         self.string_bytes += n
@@ -154,9 +160,18 @@ class _Cursor:
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         try:
-            return raw.decode("utf-8")
+            raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise self.fail(f"{what} is not valid UTF-8 ({e})") from None
+        return raw
+
+    def strings(self, count: int, what: str) -> StringArray:
+        """An array of ``count`` strings, held as one blob (no Python string per item)."""
+        blob, ends = bytearray(), array("I", [0])
+        for i in range(count):
+            blob += self.raw_string(f"{what}[{i}]")
+            ends.append(len(blob))
+        return StringArray(bytes(blob), ends)
 
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         """Read one value: a scalar, a string, or an array as a list (within the bounds)."""
@@ -191,6 +206,8 @@ class _Cursor:
             raw = np.frombuffer(self.buf, _NUMPY_TYPES[item_type], count, self.pos)
             self.pos += n
             return raw.astype(bool).tolist() if item_type == GGUFValueType.BOOL else raw.tolist()
+        if item_type == GGUFValueType.STRING:
+            return self.strings(count, what)
         return [self.value(item_type, f"{what}[{i}]", depth + 1) for i in range(count)]
 
 
@@ -406,7 +423,8 @@ class ModelFile:
         self.layout = layout
         self._data: np.ndarray | None = data  # the whole file, read-only (a memory map)
         self._infos = {t.name: t for t in layout.tensors}
-        #: Every key/value as plain Python values (str, int, float, bool, list).
+        #: Every key/value as plain Python values (str, int, float, bool, list), string
+        #: arrays as :class:`StringArray` (a read-only list of str, held compactly).
         self.metadata: dict[str, Any] = dict(layout.metadata)
         self.config: ModelConfig = config_from_gguf(
             self.metadata, {n: t.shape for n, t in self._infos.items()}, self._rope_freqs()

@@ -24,6 +24,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import ModelError
+from .string_array import ARRAY_TYPES, StringArray
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 TOKEN_NORMAL = 1
@@ -91,13 +92,15 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in table.items()}
 
 
-def _as_list(metadata: Mapping[str, Any], key: str, required: bool = True) -> list | None:
+def _as_list(
+    metadata: Mapping[str, Any], key: str, required: bool = True
+) -> list | StringArray | None:
     value = metadata.get(key)
     if value is None:
         if required:
             raise ModelError(f"required metadata {key!r} is missing")
         return None
-    if not isinstance(value, list):
+    if not isinstance(value, ARRAY_TYPES):
         raise ModelError(f"metadata {key!r} must be an array, got {type(value).__name__}")
     return value
 
@@ -127,7 +130,7 @@ class Tokenizer:
     def __init__(
         self,
         hf: HFTokenizer,
-        tokens: list[str],
+        tokens: Sequence[str],
         token_types: list[int],
         model: str,
         bos_id: int | None,
@@ -149,7 +152,8 @@ class Tokenizer:
         self.special_ids = frozenset(
             i for i, t in enumerate(token_types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
         )
-        by_text = {t: i for i, t in enumerate(tokens)}
+        ends = frozenset(END_OF_TURN_TOKENS)
+        by_text = {t: i for i, t in enumerate(tokens) if t in ends}
         stops = {i for i in (eos_id, *extra_stop_ids) if i is not None}
         stops |= {by_text[t] for t in END_OF_TURN_TOKENS if t in by_text}
         self.stop_ids: frozenset[int] = frozenset(stops)
@@ -168,7 +172,8 @@ class Tokenizer:
             raise ModelError("required metadata 'tokenizer.ggml.model' is missing")
         tokens = _as_list(metadata, "tokenizer.ggml.tokens")
         assert tokens is not None
-        if not tokens or not all(isinstance(t, str) for t in tokens):
+        strings = isinstance(tokens, StringArray) or all(isinstance(t, str) for t in tokens)
+        if not tokens or not strings:
             raise ModelError("metadata 'tokenizer.ggml.tokens' must be a non-empty string array")
         n = len(tokens)
         types = _as_list(metadata, "tokenizer.ggml.token_type", required=False)
