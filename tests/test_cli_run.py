@@ -456,3 +456,25 @@ def test_default_model_bench() -> None:
     obj = json.loads(res.stdout)
     assert obj["same_ids"] is True
     assert all(r["decode_tok_s"] > 0 for r in obj["runs"])
+
+
+_BENCH_MODULES = """
+import sys
+from vt.frontends.cli import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+finally:
+    heavy = ("jinja2", "starlette", "uvicorn", "rocm.bindings.hip", "hip")
+    print(sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+def test_bench_imports_no_template_engine_server_or_hip_bindings(tiny: Path) -> None:
+    # Memory (issue 10): what vt bench never uses, it never imports (each costs RSS).
+    args = ["bench", "--model", str(tiny), "--backend", "cpu", "--prompt-tokens", "8",
+            "--gen-tokens", "2", "--repeat", "1", "--json"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _BENCH_MODULES, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"

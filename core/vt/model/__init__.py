@@ -5,6 +5,8 @@ The llama-family graph (``vt.model.graph``) lives beside these and is the runner
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .cache import (
     DEFAULT_MODEL,
     CachedModel,
@@ -14,13 +16,6 @@ from .cache import (
     pull,
     resolve_model,
     vt_home,
-)
-from .chat import (
-    ChatTemplate,
-    ChatTemplateError,
-    RenderLimits,
-    TemplateRenderer,
-    validate_messages,
 )
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .gguf_file import (
@@ -32,6 +27,30 @@ from .gguf_file import (
     scan_gguf,
 )
 from .tokenizer import IncrementalDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from .chat import (
+        ChatTemplate,
+        ChatTemplateError,
+        RenderLimits,
+        TemplateRenderer,
+        validate_messages,
+    )
+
+# Chat templates need jinja2 (~7 MiB resident, 15 ms to import): loaded when first asked
+# for, so a process that never renders a chat (vt bench, the runner) never imports it.
+_CHAT_NAMES = frozenset(
+    ("ChatTemplate", "ChatTemplateError", "RenderLimits", "TemplateRenderer", "validate_messages")
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CHAT_NAMES:
+        from . import chat
+
+        return getattr(chat, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_MODEL",
