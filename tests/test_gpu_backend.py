@@ -488,6 +488,10 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
                                "swiglu_small1", "swiglu_small2", "qkv_small1", "qkv_small4")
           for s in ("f32", "f16", "bf16", "q")),
     }  # fmt: skip
+    for gv in (1, 2, 4):  # the one-row kernels, per features a block
+        assert f"\nVT_GEMV({gv})\n" in source
+    for kind in ("matmul", "swiglu", "qkv"):
+        assert f'extern "C" __global__ void {kind}_gemv##GV##_q(' in source.replace("\\\n", "")
     signatures = kernel_signatures()
     for name in names:
         prefix, _, suffix = name.rpartition("_")
@@ -1108,9 +1112,11 @@ def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
     assert small5.args == [out.buffer.handle, x.buffer.handle, h.data, h.scales, 5, None, None,
                            5, 37, 96, 8]  # fmt: skip
     # 5 rows: 4 features per warp, 8 warps per block: ceil(37 / 32) blocks, each with every
-    # row; 1 row: one feature per warp, ceil(37 / 8) blocks
+    # row; 1 row: the gemv kernel, 2 features a block of 64 threads (K <= 1024), no n
     assert (small5.kernel, small5.grid, small5.block) == ("matmul_small4_q", (2, 1, 1), (256, 1, 1))
-    assert (small1.kernel, small1.grid) == ("matmul_small1_q", (5, 1, 1))
+    assert (small1.kernel, small1.grid, small1.block) == ("matmul_gemv2_q", (19, 1, 1),
+                                                          (64, 1, 1))  # fmt: skip
+    assert small1.args[-3:] == [None, 37, 96]  # no residual, then N, K
     assert (tiled.kernel, tiled.grid, tiled.block) == ("matmul_tiled_q", (1, 1, 1), (256, 1, 1))
     assert tiled.args[-4:] == [None, 5, 37, 96]  # no residual, then n, N, K
 
@@ -1134,6 +1140,7 @@ def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
     assert grid(32 * 16, 32) == ((16, 4, 1), 8)  # 16 blocks: 4 row groups of 8
     assert grid(32 * 100, 32) == ((100, 2, 1), 16)
     assert grid(32 * 16, 3) == ((16, 1, 1), 8)
+    backend.gemv_features = 0  # one row on the warp kernel
     assert grid(8 * 16, 1) == ((16, 1, 1), 8)  # one row: one feature per warp
 
 
@@ -1290,7 +1297,7 @@ def test_qkv_of_weights_of_different_kinds_is_three_launches() -> None:
         wv=case.w("wv", np.ones((4, 32), np.float32), "Q8_0"),
     )  # fmt: skip
     assert [launch.kernel for launch in rt.launches] == ["matmul_small1_f16"] + [
-        "matmul_small1_q"
+        "matmul_gemv2_q"
     ] * 2
 
 

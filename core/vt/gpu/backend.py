@@ -231,6 +231,11 @@ class GpuBackend(
     int8_mma: bool | None = None
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
+    #: Steps of one row against quantized weights (K a multiple of 16, 16-byte aligned)
+    #: run on the gemv kernels (``*_gemv{1,2,4}_q``: a block of 64-128 threads per this
+    #: many output features, K split over the whole block) instead of a warp per feature
+    #: (``*_small1_q``); 0: the warp kernels (a tool's "before").
+    gemv_features: int = 2
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
     #: a tool clears it to measure what the fusion buys.
     native_fused: frozenset[str] = frozenset({"matmul_add", "swiglu", "rope_kv_store", "qkv"})
@@ -571,6 +576,21 @@ class GpuBackend(
         rpb = self._rows_per_block(n, blocks_x)
         return (blocks_x, -(-n // rpb), 1), rpb, per_warp
 
+    def _gemv(self, x: Tensor, *ws: GpuWeight) -> tuple[int, int]:
+        """(features per block, threads per block) of the gemv kernels for a one-row step
+        against ``ws``, or (0, 0): the warp kernels. 64 threads where K <= 1024 (16 values
+        a thread: K = 576 leaves most of 128 idle), else 128."""
+        n, k = x.shape
+        ok = (
+            n == 1 and self.gemv_features in (1, 2, 4) and k % 16 == 0
+            and (self._ptr(x).value or 0) % 16 == 0
+            and all(w.kind == W.WT_Q and w.data % 16 == 0 and w.scales % 8 == 0
+                    and w.lg_block >= 4 for w in ws)
+        )  # fmt: skip
+        if not ok:
+            return 0, 0
+        return self.gemv_features, 64 if k <= 1024 else 128
+
     def _matmul(
         self,
         stream: Stream,
@@ -585,17 +605,21 @@ class GpuBackend(
             return
         out_f, in_f = w.rows, w.cols
         res = P(0) if residual is None else self._ptr(residual)
-        args = (self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.lg_block), P(bias),
-                res, I32(n), I32(out_f), I32(in_f))  # fmt: skip
+        args = [self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.lg_block), P(bias),
+                res, I32(n), I32(out_f), I32(in_f)]  # fmt: skip
         if n >= self.blas_min_rows and self._rt.blas():
             self._blas_matmul(stream, out, x, w, bias, residual)
         elif n >= self.tiled_min_rows:
             grid = (-(-out_f // 64), -(-n // 64), 1)
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
+        elif (gv := self._gemv(x, w))[0]:
+            del args[7]  # n: one row
+            self._kernel(f"matmul_gemv{gv[0]}_q", (-(-out_f // gv[0]), 1, 1), gv[1], stream,
+                         *args)  # fmt: skip
         else:
             suffix, xq = self._int8_x(stream, x, w)
             if xq:
-                args = (args[0], P(xq), *args[2:])
+                args = [args[0], P(xq), *args[2:]]
             if xq and (nt := self._mma_tiles(n)):
                 self._kernel(f"matmul_mma{nt}_q8a", (-(-out_f // 16), 1, 1),
                              _mma_threads(1, nt), stream, *args)  # fmt: skip
@@ -733,6 +757,13 @@ class GpuBackend(
             self._matmul(stream, scratch_up, x, u)
             self.op_silu_mul(stream, out, scratch_gate, scratch_up)
             return
+        if (gv := self._gemv(x, g, u))[0]:
+            self._kernel(
+                f"swiglu_gemv{gv[0]}_q", (-(-g.rows // gv[0]), 1, 1), gv[1], stream,
+                self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.lg_block),
+                P(u.data), P(u.scales), I32(u.lg_block), I32(g.rows), I32(dim),
+            )  # fmt: skip
+            return
         suffix, xq = self._int8_x(stream, x, g, u)
         if xq and g.lg_block == u.lg_block and (nt := self._mma_tiles(n)):
             self._kernel(
@@ -769,6 +800,13 @@ class GpuBackend(
         per_weight: list[Any] = []
         for w, b in zip(ws, bs, strict=True):
             per_weight += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
+        if (gv := self._gemv(x, *ws))[0]:
+            self._kernel(
+                f"qkv_gemv{gv[0]}_q", (-(-total // gv[0]), 1, 1), gv[1], stream,
+                self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(x), *per_weight,
+                *(I32(w.rows) for w in ws), I32(dim),
+            )  # fmt: skip
+            return
         suffix, xq = self._int8_x(stream, x, *ws)
         # A block of the mma kernel takes 16 features of one weight: q and k in whole 16s.
         if xq and ws[0].rows % 16 == 0 and ws[1].rows % 16 == 0 and (nt := self._mma_tiles(n)):

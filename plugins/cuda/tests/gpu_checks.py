@@ -234,6 +234,62 @@ def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int, mma: bool
         io.close()
 
 
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("k_in", [96, 4608])
+@pytest.mark.parametrize("gv", [1, 2, 4])
+def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
+    """One row on the gemv kernels (GpuBackend.gemv_features = gv; a block of 64 threads for
+    K = 96, 128 for K = 4608: several passes): matmul with bias, with the residual, swiglu
+    and qkv within the kit's bounds, and close to the warp kernels (gemv_features 0): the
+    same float32 numerics, summed in another order. Features 37, 37, 13: partial blocks."""
+    if wtype.endswith("_K") and k_in % 256:
+        k_in = 512
+    rows = (37, 37, 13)
+    rng = np.random.default_rng(k_in + gv)
+    mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wtype)
+            for i, r in enumerate(rows)]  # fmt: skip
+    b_tensor, b_ref = weight_tensor("b", rng.standard_normal(37).astype(np.float32), "F32")
+    x = rng.standard_normal((1, k_in)).astype(np.float32)
+    res = rng.standard_normal((1, 37)).astype(np.float32)
+    saved = cuda.gemv_features
+    io = IO(cuda)
+    ws = [cuda.upload_weight(t) for t, _ in mats]
+    bias = cuda.upload_weight(b_tensor)
+    refs = [ref for _, ref in mats]
+    try:
+        stream = cuda.create_stream()
+        xb = f32(io.put(x), 1, k_in)
+        got: dict[int, list[np.ndarray]] = {}
+        for features in (gv, 0):
+            cuda.gemv_features = features
+            outs = [f32(io.empty(4 * r), 1, r) for r in (37, 37, 37, 37, 37, 13)]
+            scratch = [f32(io.empty(4 * 37), 1, 37) for _ in range(2)]
+            cuda.launch("matmul", stream, out=outs[0], x=xb, weight=ws[0], bias=bias)
+            cuda.launch("matmul_add", stream, out=outs[1], x=xb, weight=ws[1],
+                        residual=f32(io.put(res), 1, 37), scratch=scratch[0])  # fmt: skip
+            cuda.launch("swiglu", stream, out=outs[2], x=xb, gate=ws[0], up=ws[1],
+                        scratch_gate=scratch[0], scratch_up=scratch[1])  # fmt: skip
+            cuda.launch("qkv", stream, q=outs[3], k=outs[4], v=outs[5], x=xb, wq=ws[0],
+                        wk=ws[1], wv=ws[2])  # fmt: skip
+            cuda.synchronize(stream)
+            got[features] = [io.get(o.buffer, np.float32, (1, o.shape[1])) for o in outs]
+        want = [
+            R.matmul(x, refs[0], b_ref), R.matmul(x, refs[1]) + res,
+            R.silu_mul(R.matmul(x, refs[0]), R.matmul(x, refs[1])), R.matmul(x, refs[0]),
+            R.matmul(x, refs[1]), R.matmul(x, refs[2]),
+        ]  # fmt: skip
+        ops = ("matmul", "matmul_add", "swiglu", "qkv", "qkv", "qkv")
+        for i, (op, w) in enumerate(zip(ops, want, strict=True)):
+            assert nmse(got[gv][i], w) <= kernel_tolerance(op, wtype), (op, i)
+            assert nmse(got[gv][i], got[0][i]) <= 1e-10, (op, i)
+    finally:
+        cuda.gemv_features = saved
+        for w in ws:
+            cuda.free_weight(w)
+        cuda.free_weight(bias)
+        io.close()
+
+
 @pytest.mark.parametrize("length", [1, 17, 127, 129, 1024, 1025, 3000])
 @pytest.mark.parametrize(
     ("n_kv", "hd", "rows"), [(3, 64, 2), (1, 128, 1), (2, 256, 3), (8, 64, 70)]

@@ -15,6 +15,8 @@ weight has N values or more (``GpuBackend.int8_min_values``; 0: every quantized 
 ``GpuBackend.int8_mma``, by default where the device has them); ``--kdefine NAME=VALUE``:
 ``#define NAME VALUE`` before the kernel source (e.g. ``VT_MMA_U4=4``: the int8 mma
 kernels' K blocks a warp loads in one go);
+``--gemv N``: one-row steps on the gemv kernels with N (1, 2, 4) features a block
+(``GpuBackend.gemv_features``; 0: a warp per feature, the kernels before them);
 ``--tiled-rows N``: attention
 of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
 huge N: every step on ``attention_split``, as before it). ``--no-fused``:
@@ -48,6 +50,7 @@ _NUMBERS = {
     "--int8-rows": "int8_min_rows",
     "--int8-values": "int8_min_values",
     "--tiled-rows": "attention_tiled_min_rows",
+    "--gemv": "gemv_features",
 }
 
 

@@ -5,11 +5,12 @@
 Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``attention_tiled_*``), the BLAS path's 16-byte copies (``dequantize16_q``,
 ``dequantize16_h_q``, ``to_half8``) and the int8 tensor-core kernels (``quantize_rows``,
-``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch) from
+``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch) and the batch-1
+gemv kernels (``matmul_gemv*``, ``swiglu_gemv*``, ``qkv_gemv*``) from
 ``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
 ``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
 its warp, ``__shared__`` is a static. Then it runs ``gpu_checks.py``'s tiled-attention
-cases, bit-exact copy checks and int8 tensor-core checks on the fake runtime
+cases, bit-exact copy checks, int8 tensor-core checks and gemv checks on the fake runtime
 (``tests/fake_gpu.py``), those kernels' launches routed to the emulation; ``-k`` keeps
 the cases whose name contains SUBSTRING. What it cannot see: timing, the memory model
 between blocks (blocks run one after another), warp-divergent shuffles (every shuffle must
@@ -121,6 +122,16 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
     matmul_small1_##S(P(float*, 0), P(const float*, 1), P(const void*, 2), P(const float*, 3),  \
         P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7), P(int, 8), P(int, 9),      \
         P(int, 10)); }); return 1; }
+#define SMALL1SW(S) if (!std::strcmp(name, "swiglu_small1_" #S)) { vt_grid(g, block, [=] {   \
+    swiglu_small1_##S(P(float*, 0), P(const float*, 1), P(const void*, 2), P(const float*, 3),  \
+        P(int, 4), P(const void*, 5), P(const float*, 6), P(int, 7), P(int, 8), P(int, 9),       \
+        P(int, 10), P(int, 11)); }); return 1; }                                                 \
+    if (!std::strcmp(name, "qkv_small1_" #S)) { vt_grid(g, block, [=] {                         \
+    qkv_small1_##S(P(float*, 0), P(float*, 1), P(float*, 2), P(const float*, 3),                 \
+        P(const void*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),                   \
+        P(const void*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),                 \
+        P(const void*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),               \
+        P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(int, 21)); }); return 1; }
 // the int8 tensor-core kernels (their shuffle branch), per tiles of 8 rows
 #define MMA(NO)                                                                       \
     if (!std::strcmp(name, "matmul_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
@@ -137,7 +148,24 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
             P(const vt_i8*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),          \
             P(const vt_i8*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),        \
             P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20)); }); return 1; }
+// the batch-1 gemv kernels, per features a block
+#define GEMV(GV)                                                                              \
+    if (!std::strcmp(name, "matmul_gemv" #GV "_q")) { vt_grid(g, block, [=] {                \
+        matmul_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),              \
+            P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
+            P(int, 8)); }); return 1; }                                                         \
+    if (!std::strcmp(name, "swiglu_gemv" #GV "_q")) { vt_grid(g, block, [=] {                \
+        swiglu_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),              \
+            P(const float*, 3), P(int, 4), P(const void*, 5), P(const float*, 6), P(int, 7),   \
+            P(int, 8), P(int, 9)); }); return 1; }                                              \
+    if (!std::strcmp(name, "qkv_gemv" #GV "_q")) { vt_grid(g, block, [=] {                   \
+        qkv_gemv##GV##_q(P(float*, 0), P(float*, 1), P(float*, 2), P(const float*, 3),        \
+            P(const void*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),             \
+            P(const void*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),           \
+            P(const void*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),         \
+            P(int, 16), P(int, 17), P(int, 18), P(int, 19)); }); return 1; }
 extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
+    GEMV(1) GEMV(2) GEMV(4)
     TILED(h64r64) TILED(h64r32) TILED(h64r16) TILED(h128r32) TILED(h128r16) TILED(h256r16)
     if (!std::strcmp(name, "attention_split")) { vt_grid(g, block, [=] {
         attention_split(P(float*, 0), P(float*, 1), P(const float*, 2), P(const float*, 3),
@@ -160,7 +188,7 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
         quantize_rows(P(unsigned char*, 0), P(const float*, 1), P(int, 2), P(int, 3)); });
         return 1; }
     MMA(1) MMA(2) MMA(4) MMA(8)
-    SMALL1(q) SMALL1(f32)
+    SMALL1(q) SMALL1(f32) SMALL1SW(q)
     if (!std::strcmp(name, "rms_norm")) { vt_grid(g, block, [=] {
         rms_norm(P(float*, 0), P(const float*, 1), P(const float*, 2), P(int, 3), P(int, 4),
             P(float, 5)); }); return 1; }
@@ -238,6 +266,14 @@ def main() -> None:
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+            for k_in in (96, 4608):
+                for gv in (1, 2, 4):
+                    label = f"gemv {wtype} K={k_in} gv={gv}"
+                    if a.k in label:
+                        checks.test_gemv_one_row(backend, wtype, k_in, gv)
+                        ran += 1
+                        print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         print(f"{ran} emulated checks passed")
 
 

@@ -13,7 +13,8 @@
 # --batch 1,8,32: as is, with the fused ops decomposed, and, for smol, with VT_GRAPHS=0;
 # batch1:MODEL only as is),
 # batch_old MODEL (the same on .whl/old), kprofile MODEL (profile_decode.py at batch 1 and
-# 32 with a per-kernel table); MODEL is smol or 1b, as in `batch:smol`. Prefill: attn (the
+# 32 with a per-kernel table; kprofile1 MODEL: batch 1 only); MODEL is smol or 1b, as in
+# `batch:smol`. checksk:EXPR: gpu_checks.py -k EXPR. Prefill: attn (the
 # attention op alone, tiled vs split, bench_attention.py), pp:1b,smol (pp512 variants in one
 # process and per-kernel profiles of the PROFILE variants, bench_prefill.py; VARIANTS and
 # PROFILE override its lists, PROFILE= profiles none).
@@ -217,6 +218,14 @@ EOF"
         step "pp-$ms" 400 "python3 plugins/cuda/tools/bench_prefill.py $files --chunks 256,512 \
             --variants ${VARIANTS:-split-tf32-narrow,tiled-tf32-narrow,tiled-tf32,tiled-f16-narrow,tiled-f16} \
             --profile '${PROFILE-tiled-tf32,tiled-f16}'"
+        ;;
+    kprofile1:*)  # the same at batch 1 only
+        m=${s#kprofile1:}
+        step "kprofile1-$m" 300 "python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --steps 64 --batch 1 --kernels --no-cprofile"
+        ;;
+    checksk:*)  # gpu_checks.py's tests whose names match the pytest -k expression after the colon
+        step "gpu_checks-k" 400 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -rfE \
+            plugins/cuda/tests/gpu_checks.py -k '${s#checksk:}'"
         ;;
     kprofile:*)
         m=${s#kprofile:}

@@ -367,6 +367,216 @@ VT_MATMUL(q, WT_Q)
 VT_DECODE_MM(q8a, WT_Q8A, 4)
 VT_DECODE_SW(q8a, WT_Q8A, 2)
 
+// ------------------------------------------------------------------------ batch 1 (gemv)
+//
+// One row of x against quantized weights (WT_Q with K a multiple of 16, x, the codes and the
+// pairs aligned: the host checks): a block of 64 or 128 threads (the host's choice by K;
+// blockDim.x, at most GV_MAX_THREADS) per GV output features (1, 2 or 4), every thread of
+// the block on every feature. Each thread reads 16 codes of each of the block's weight rows
+// in one 128-bit load, with their (scale, offset) pair, per pass of blockDim.x * 16 values
+// (K = 2048 is one pass of 128 threads), VT_GV_UNROLL passes' loads issued before any of
+// their arithmetic. Why: matmul_small1 (a warp per feature) walks K in K / 512 dependent
+// passes and gives the 1B shape's o projection 2,048 warps in all, too few loads in flight
+// to cover the memory's latency (1.45 TB/s of 4.8, docs/gpu.md run 25). The sums: warp
+// shuffles, then the block's warps in a fixed order through shared memory. Dequantization is
+// vt_wload's two roundings, products and sums float32 (matmul_small1's numerics; the order of
+// the sums differs).
+#define GV_MAX_THREADS 128
+#ifndef VT_GV_UNROLL
+#define VT_GV_UNROLL 1
+#endif
+
+// 16 codes from global memory: on NVIDIA read-only and not kept in L1 (every weight byte is
+// read once a step; ld.global.nc.L1::no_allocate, sm_70+: 1B shape 804 -> 819 tok/s at batch
+// 1, 135M 866 -> 888, run 29); plain loads on HIP, or where a tool defines VT_GV_L1.
+#ifndef VT_GV_L1
+#if !defined(VT_HIP) && !defined(VT_EMULATE)
+#define VT_GV_NC 1
+#endif
+#endif
+__device__ __forceinline__ vt_codes<16> vt_gv_load(const vt_i8* p) {
+#ifdef VT_GV_NC
+    vt_codes<16> c;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(c.w[0]), "=r"(c.w[1]), "=r"(c.w[2]), "=r"(c.w[3])
+        : "l"(p));
+    return c;
+#else
+    return *(const vt_codes<16>*)p;
+#endif
+}
+
+// sums[i] (every thread gets them) = dequant(w[i]) . x over K, for the block's NW weight rows.
+template <int NW>
+__device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K, float* sums) {
+    __shared__ float red[GV_MAX_THREADS / VT_WARP][NW];
+    constexpr int U = VT_GV_UNROLL;
+    int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
+    int step = blockDim.x * 16;
+    float acc[NW];
+#pragma unroll
+    for (int i = 0; i < NW; ++i) acc[i] = 0.0f;
+    for (int k0 = t * 16; k0 < K; k0 += U * step) {
+        vt_codes<16> raw[U][NW];
+        vt_f2 so[U][NW];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int k = min(k0 + u * step, K - 16);  // past K: a valid load, never used
+#pragma unroll
+            for (int i = 0; i < NW; ++i) {
+                long long at = w[i].at + k;
+                raw[u][i] = vt_gv_load((const vt_i8*)w[i].data + at);
+                so[u][i] = *(const vt_f2*)(w[i].sm + 2 * (at >> w[i].lg));  // 16 codes, one block
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int k = k0 + u * step;
+            if (k < K) {
+                const vt_f4* xp = (const vt_f4*)(x + k);
+                float xv[16];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    vt_f4 a = xp[c];
+                    xv[4 * c] = a.x, xv[4 * c + 1] = a.y, xv[4 * c + 2] = a.z, xv[4 * c + 3] = a.w;
+                }
+#pragma unroll
+                for (int i = 0; i < NW; ++i) {
+                    float s = acc[i];
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        int code = (int)(vt_i8)((raw[u][i].w[j >> 2] >> (8 * (j & 3))) & 0xffu);
+                        s += __fadd_rn(__fmul_rn(so[u][i].x, (float)code), so[u][i].y) * xv[j];
+                    }
+                    acc[i] = s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NW; ++i) acc[i] = vt_warp_sum(acc[i]);
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < NW; ++i) red[warp][i] = acc[i];
+    }
+    __syncthreads();
+    int warps = blockDim.x / VT_WARP;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+        float s = red[0][i];
+        for (int v = 1; v < warps; ++v) s += red[v][i];
+        sums[i] = s;
+    }
+}
+
+// out = x @ W.T (+ bias) (+ residual: out may alias it) for one row: features GV * blockIdx.x..
+template <int GV>
+__device__ void vt_gemv(float* out, const float* x, const void* data, const float* sm, int lg,
+                        const float* bias, const float* residual, int N, int K) {
+    int o0 = blockIdx.x * GV;
+    VtRow w[GV];
+#pragma unroll
+    for (int i = 0; i < GV; ++i) w[i] = {data, sm, lg, (long long)min(o0 + i, N - 1) * K};
+    float s[GV];
+    vt_gv_rows<GV>(w, x, K, s);
+#pragma unroll
+    for (int i = 0; i < GV; ++i) {
+        int o = o0 + i;
+        if ((int)threadIdx.x == i && o < N) {
+            float v = bias ? s[i] + bias[o] : s[i];
+            out[o] = residual ? __fadd_rn(residual[o], v) : v;
+        }
+    }
+}
+
+// out = silu(x @ G.T) * (x @ U.T) for one row: gate and up rows of GV features in one pass.
+template <int GV>
+__device__ void vt_swiglu_gemv(float* out, const float* x, const void* gdata, const float* gsm,
+                               int glg, const void* udata, const float* usm, int ulg, int N,
+                               int K) {
+    int o0 = blockIdx.x * GV;
+    VtRow w[2 * GV];
+#pragma unroll
+    for (int i = 0; i < GV; ++i) {
+        long long at = (long long)min(o0 + i, N - 1) * K;
+        w[i] = {gdata, gsm, glg, at};
+        w[GV + i] = {udata, usm, ulg, at};
+    }
+    float s[2 * GV];
+    vt_gv_rows<2 * GV>(w, x, K, s);
+#pragma unroll
+    for (int i = 0; i < GV; ++i) {
+        int o = o0 + i;
+        if ((int)threadIdx.x == i && o < N) {
+            float g = s[i], u = s[GV + i];
+            float denom = __fadd_rn(expf(-g), 1.0f);
+            out[o] = __fdiv_rn(__fmul_rn(g, u), denom);
+        }
+    }
+}
+
+// q, k, v for one row: GV of the Nq + Nk + Nv features per block, each of its own weight.
+template <int GV>
+__device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const void* wq,
+                            const float* sq, int lgq, const float* bq, const void* wk,
+                            const float* sk, int lgk, const float* bk, const void* wv,
+                            const float* sv, int lgv, const float* bv, int Nq, int Nk, int Nv,
+                            int K) {
+    int total = Nq + Nk + Nv;
+    int g0 = blockIdx.x * GV;
+    VtRow w[GV];
+    float* outs[GV];
+    const float* biases[GV];
+    int os[GV];
+#pragma unroll
+    for (int i = 0; i < GV; ++i) {
+        int g = min(g0 + i, total - 1);
+        if (g >= Nq + Nk) {
+            os[i] = g - Nq - Nk, outs[i] = v, biases[i] = bv;
+            w[i] = {wv, sv, lgv, (long long)os[i] * K};
+        } else if (g >= Nq) {
+            os[i] = g - Nq, outs[i] = k, biases[i] = bk;
+            w[i] = {wk, sk, lgk, (long long)os[i] * K};
+        } else {
+            os[i] = g, outs[i] = q, biases[i] = bq;
+            w[i] = {wq, sq, lgq, (long long)os[i] * K};
+        }
+    }
+    float s[GV];
+    vt_gv_rows<GV>(w, x, K, s);
+#pragma unroll
+    for (int i = 0; i < GV; ++i) {
+        if ((int)threadIdx.x == i && g0 + i < total)
+            outs[i][os[i]] = biases[i] ? s[i] + biases[i][os[i]] : s[i];
+    }
+}
+
+// matmul_gemv1_q, swiglu_gemv2_q, qkv_gemv4_q, ...: the arguments of the matching *_small
+// kernels less n and rpb.
+#define VT_GEMV(GV)                                                                            \
+    extern "C" __global__ void matmul_gemv##GV##_q(float* out, const float* x, const void* data, \
+                                                   const float* sm, int lg_block,              \
+                                                   const float* bias, const float* residual,   \
+                                                   int N, int K) {                             \
+        vt_gemv<GV>(out, x, data, sm, lg_block, bias, residual, N, K);                         \
+    }                                                                                          \
+    extern "C" __global__ void swiglu_gemv##GV##_q(                                            \
+        float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
+        const void* udata, const float* usm, int ulg, int N, int K) {                         \
+        vt_swiglu_gemv<GV>(out, x, gdata, gsm, glg, udata, usm, ulg, N, K);                    \
+    }                                                                                          \
+    extern "C" __global__ void qkv_gemv##GV##_q(                                               \
+        float* q, float* k, float* v, const float* x, const void* wq, const float* sq,        \
+        int lgq, const float* bq, const void* wk, const float* sk, int lgk, const float* bk,  \
+        const void* wv, const float* sv, int lgv, const float* bv, int Nq, int Nk, int Nv,    \
+        int K) {                                                                               \
+        vt_qkv_gemv<GV>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, Nq, Nk, \
+                        Nv, K);                                                                \
+    }
+VT_GEMV(1)
+VT_GEMV(2)
+VT_GEMV(4)
+
 // x[n, K] float32 -> packed int8 rows for the WT_Q8A decode kernels (see vt_q8a_stride),
 // then, after the n rows, the int8 mma kernels' pairs (vt_q8a_pairs): a group of 32 lanes
 // per block of 32 values, a lane per value (the max and the sums by shuffles); grid
