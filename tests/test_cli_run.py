@@ -465,6 +465,7 @@ try:
     main(sys.argv[1:], standalone_mode=False)
 finally:
     heavy = ("jinja2", "starlette", "uvicorn", "rocm.bindings.hip", "hip")
+    heavy += ("psutil",) if sys.platform == "linux" else ()
     print(sorted(m for m in heavy if m in sys.modules))
 """
 
@@ -478,3 +479,11 @@ def test_bench_imports_no_template_engine_server_or_hip_bindings(tiny: Path) -> 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_bench_rss_reads_what_psutil_reads() -> None:
+    import psutil
+    from vt.frontends.bench import peak_rss_bytes, rss_bytes
+
+    now, theirs = rss_bytes(), psutil.Process().memory_info().rss
+    assert abs(now - theirs) < 4 << 20 and peak_rss_bytes() >= now

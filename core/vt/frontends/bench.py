@@ -20,6 +20,7 @@ before the clock starts).
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -119,9 +120,14 @@ def peak_rss_bytes() -> int:
 
 
 def rss_bytes() -> int:
-    import psutil
+    """The process's resident set size now."""
+    try:  # Linux: what psutil reads, without importing it (~2 MiB resident)
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import psutil
 
-    return int(psutil.Process().memory_info().rss)
+        return int(psutil.Process().memory_info().rss)
 
 
 def bench_prompt(tokenizer: Any, n: int) -> list[int]:
