@@ -37,8 +37,8 @@ def _inputs(kind: str, n: int, residual: bool, rows: int = 45):
 
 
 def _run(team: Team, job: jobs.Job, chunk: int) -> None:
-    if job.prepare is not None:
-        job.prepare()
+    for p in job.pre:  # the activations' quantization, on the poster
+        ThreadOwner.alone_call(p)()
     assert team.run(job.address, int(job.args.ctypes.data), job.units, chunk)
 
 
@@ -220,8 +220,9 @@ ATTENTION_SHAPES = [(1, 9, 3, 64), (5, 32, 8, 64), (3, 4, 4, 128), (2, 6, 1, 32)
 @pytest.mark.parametrize(("n", "heads", "n_kv", "hd"), ATTENTION_SHAPES)
 def test_attention_jobs_equal_the_serial_kernels(team: Team, n: int, heads: int, n_kv: int,
                                                  hd: int) -> None:  # fmt: skip
-    """Decode attention's two passes as jobs over (row, KV head) units give the serial
-    kernels' bits, shared or alone, as the context (and the scores buffer) grows."""
+    """Decode attention as jobs (check and lay out, scores, values over (row, KV head)
+    units) gives the serial kernels' bits, shared or alone, as the context grows; a bad
+    position leaves its code in the status word and writes nothing."""
     from vt_cpu.kernels import attention as A
 
     rng = np.random.default_rng(9)
@@ -231,28 +232,50 @@ def test_attention_jobs_equal_the_serial_kernels(team: Team, n: int, heads: int,
     slots = rng.permutation(n_slots)[:n].astype(np.int32)
     pos = rng.integers(0, 40, n).astype(np.int32)
     maxes, out = np.empty(n * heads, np.float32), np.full((n, heads * hd), np.nan, np.float32)
-    aj = jobs.AttentionJobs(q, cache, 1, slots, pos, heads, 0.125, maxes, out)
-    job_s, job_v = aj.jobs()
+    buf = np.full(n * heads * length, np.nan, np.float32)
+    aj = jobs.AttentionJobs(q, cache, 1, slots, pos, heads, 0.125, maxes, out, buf)
+    prep, job_s, job_v = aj.jobs()
     for step in range(3):
-        pos += 50 * step  # the next calls see longer contexts: a larger buffer
+        pos += 50 * step  # the next calls see longer contexts
         total = A.packed_size(slots, pos, heads, length, n_slots)
         ref_buf, want = np.empty(total, np.float32), np.empty_like(out)
         A.scores(q, cache, 1, slots, pos, heads, 0.125, ref_buf, np.empty_like(maxes))
-        np.exp(ref_buf, out=ref_buf)
         A.weighted_values(cache, 1, slots, pos, heads, ref_buf, want)
         for shared in (False, True):
-            buf = np.full(total + 7, np.nan, np.float32)
-            aj.set_buffer(buf, total)
-            A.offsets(pos, heads, aj.starts)
             out[:] = np.nan
+            ThreadOwner.alone_call(prep)()
+            assert aj.status[0] == 0 and aj.starts[n] == total
             for job in (job_s, job_v):
                 if shared:
                     _run(team, job, 1)
                 else:
                     ThreadOwner.alone_call(job)()
-                if job is job_s:
-                    np.exp(buf[:total], out=buf[:total])
             np.testing.assert_array_equal(out, want, err_msg=f"step {step} shared {shared}")
+    pos[n - 1] = length  # out of range: its code, nothing computed
+    ThreadOwner.alone_call(prep)()
+    assert aj.status[0] == -(2 + n - 1)
+
+
+def test_attention_exp_is_within_an_ulp_or_two_of_float64() -> None:
+    """The softmax's ``exp`` (a polynomial LLVM vectorizes) against float64's, over the
+    range scores minus their maximum take; 0 where float32's exp would be denormal."""
+    from numba import njit
+    from vt_cpu.kernels.attention import expf
+
+    @njit
+    def apply(x: np.ndarray) -> None:
+        for i in range(x.shape[0]):
+            x[i] = expf(x[i])
+
+    x = -np.abs(np.random.default_rng(1).standard_normal(200_000) * 15).astype(np.float32)
+    x[:4] = [0.0, -1e-9, -86.99, -87.01]
+    got = x.copy()
+    apply(got)
+    want = np.exp(x.astype(np.float64))
+    normal = x >= -87.0
+    ulps = np.abs(got[normal] - want[normal]) / np.spacing(want[normal].astype(np.float32))
+    assert ulps.max() <= 2.0
+    assert got[0] == 1.0 and np.all(got[~normal] == 0.0)
 
 
 def test_vt_cpu_team_0_keeps_numbas_pool(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -107,6 +107,9 @@ _DECLARED = [
         "with helper threads that wait for the next kernel spinning (about 2 ms, then "
         "asleep); `0` uses numba's thread pool instead, which wakes its threads per kernel "
         "(`docs/benchmarks.md`)"),
+    Var("VT_CPU_PROGRAM", "boolean", "1", "the `cpu` backend replays a captured decode "
+        "step's ops as one native program of jobs, without Python between them; `0` runs "
+        "them op by op (`docs/benchmarks.md`)"),
     Var("VT_API_KEY", "string", None, "`vt serve` requires this key as "
         "`Authorization: Bearer KEY` on `/v1/*` (as `--api-key`, which wins)",
         shown_default="none"),

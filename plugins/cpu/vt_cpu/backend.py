@@ -15,7 +15,7 @@ import numpy as np
 import vt
 from vt.reference import HostMemory
 
-from . import vmm
+from . import program, vmm
 from .logprobs import LogprobsOp
 from .ops import CpuOps
 from .streams import CpuEvent, StreamError, WorkerStream
@@ -253,6 +253,8 @@ class CpuBackend(
 
     def _end_capture(self, stream: vt.Stream) -> vt.Graph:
         ops = self._worker(stream).end_capture()
+        if vt.envs.get("VT_CPU_PROGRAM"):
+            ops = program.build(ops, self.threads)
         return vt.Graph(_Graph(tuple(ops)), stream.name)
 
     def _graph(self, graph: vt.Graph) -> _Graph:

@@ -118,6 +118,7 @@ def _warm_int8(pool: bool = True) -> None:
             Q8.mv1(0, raw, x, xq, xd, xi, out, out, True)
             Q8.mv(0, raw, x, xq, xd, xi, out, out, True, 2)
         J.address(f"q8_{bits}")
+        J.address(f"quant{bits}")
 
 
 def _warm_layers() -> None:
@@ -137,9 +138,9 @@ def _warm_layers() -> None:
     for fn, sig in _TEAM_SIGNATURES:
         fn.compile(sig)
     K.spin_seconds_probe(ctl, 1)
-    J.address("multi")
-    J.address("attn_scores")  # decode attention as team jobs
-    J.address("attn_values")
+    for job in ("multi", "attn_prep", "attn_scores", "attn_values", "rms_norm", "silu_mul",
+                "rope_kv", "gather"):  # fmt: skip
+        J.address(job)  # the ops as jobs (team jobs, and the steps of a graph's program)
 
 
 _CTL, _I = numba.types.Array(numba.types.int64, 1, "C"), numba.types.int64
@@ -149,6 +150,7 @@ _TEAM_SIGNATURES = (
     (K.post, (_CTL, _I, _I, _I, _I, _I)),
     (K.finish, (_CTL,)),
     (K.run_alone, (_I, _I, _I)),
+    (K.run_program, (_CTL, _CTL, _I, numba.types.boolean)),
     (K.stop, (_CTL,)),
 )
 

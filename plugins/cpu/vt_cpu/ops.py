@@ -13,6 +13,7 @@ kernels; the reference ran ~50 numpy calls for the same layer.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ from .kernels import attention as A
 from .kernels import jobs as J
 from .kernels import layers as L
 from .kernels import q8
+from .program import NativeOp, Step
 from .threads import WORKQUEUE_LOCK, ThreadOwner
 
 F32 = np.float32
@@ -62,6 +64,9 @@ ATTENTION_KERNEL_MAX_ROWS = 32
 #: the 1B shape at 2048 1117 -> 912 us; one row of 3 KV heads barely gains at any length).
 ATTENTION_TEAM_MIN_UNITS = 8
 ATTENTION_TEAM_MIN_SCORES = 16384
+#: Largest table of RoPE angles (cos and sin of every position) kept for the jobs; a longer
+#: context computes each step's angles instead (and its graphs replay op by op there).
+ROPE_TABLE_MAX_BYTES = 32 << 20
 
 
 def _ids_error(kernel: str, code: int, positions: np.ndarray, slots: np.ndarray, max_len: int,
@@ -101,12 +106,12 @@ class CpuOps(ReferenceOps):
     threads: ThreadOwner
     native_ops: ClassVar[tuple[str, ...]] = (
         "embedding", "rms_norm", "matmul", "matmul_add", "swiglu", "rope_kv_store", "attention",
-        "qkv", "silu_mul",
+        "qkv", "silu_mul", "gather_rows",
     )  # fmt: skip
     #: From the reference: the ops without weights that have no kernel here. An op that
     #: takes weights is native or runs as its decomposition, never dequantized as a whole.
     reference_ops: ClassVar[tuple[str, ...]] = (
-        "rope", "kv_store", "add", "gather_rows", "sample",
+        "rope", "kv_store", "add", "sample",
     )  # fmt: skip
 
     def supports(self, op: str, dtype: str | None = None) -> bool:
@@ -126,6 +131,19 @@ class CpuOps(ReferenceOps):
             if len(cache) >= 8:
                 cache.clear()
             got = cache[key] = rope_cos_sin(positions, params)
+        return got
+
+    def _rope_table(self, params: vt.RopeParams, max_len: int) -> tuple[Any, Any] | None:
+        """``rope_cos_sin`` of every position below ``max_len`` (shared by the layers and
+        the graphs of a runner), or None past :data:`ROPE_TABLE_MAX_BYTES`."""
+        if max_len * params.head_dim * 4 > ROPE_TABLE_MAX_BYTES:
+            return None
+        tables = self.__dict__.setdefault("_rope_tables", {})
+        key = (params, int(max_len))
+        got = tables.get(key)
+        if got is None:
+            cos, sin = rope_cos_sin(np.arange(max_len), params)
+            got = tables[key] = (np.ascontiguousarray(cos), np.ascontiguousarray(sin))
         return got
 
     # ---- weights
@@ -187,10 +205,10 @@ class CpuOps(ReferenceOps):
                 job = J.multi_job([j for j in jobs if j is not None])
                 serial = owner.alone_call(job)  # the same compiled kernels as shared: same bits
                 if owner.n <= 1:
-                    return serial
+                    return NativeOp(serial, [Step(job)])
                 nbytes = sum(p.weight.nbytes for p, _, _ in items)
                 choice, run, par = owner.choice(nbytes * n), owner.run, owner.team_call(job)
-                return lambda: run(choice, serial, par)
+                return NativeOp(lambda: run(choice, serial, par), [Step(job, choice)])
         if len(items) > 1:
             calls = [self._projections([item], x) for item in items]
 
@@ -248,6 +266,9 @@ class CpuOps(ReferenceOps):
             [(self._projection(w), o, None) for w, o in zip((wq, wk, wv), outs, strict=True)], xa
         )
         biases = [(o, b.handle) for o, b in zip(outs, (bq, bk, bv), strict=True) if b is not None]
+        if not biases:
+            self.enqueue_host(stream, "qkv", project)
+            return
 
         def run() -> None:
             project()
@@ -264,20 +285,56 @@ class CpuOps(ReferenceOps):
         project = self._projections(
             [(self._projection(gate), sg, None), (self._projection(up), su, None)], xa
         )
-        silu = L.silu_mul
+        silu = self._silu_mul(sg, su, o)
 
         def run() -> None:
             project()
-            silu(sg, su, o)
+            silu()
 
+        if isinstance(project, NativeOp) and isinstance(silu, NativeOp):
+            run = NativeOp(run, project.steps + silu.steps)
         self.enqueue_host(stream, "swiglu", run)
+
+    def _silu_mul(self, g: np.ndarray, u: np.ndarray, o: np.ndarray) -> Callable[[], None]:
+        """``o = silu(g) * u`` as a job where the arrays allow (C-contiguous, 2-D)."""
+        if g.ndim == 2 and all(a.flags.c_contiguous and a.shape == g.shape for a in (u, o)):
+            job = J.silu_mul_job(g, u, o)
+            return NativeOp(self.threads.alone_call(job), [Step(job)])
+        kernel = L.silu_mul
+        return lambda: kernel(g, u, o)
 
     # ---- activations
     def op_silu_mul(self, stream: vt.Stream, out: vt.Tensor, gate: vt.Tensor,
                     up: vt.Tensor) -> None:  # fmt: skip
         o, g, u = self._array(out), self._array(gate), self._array(up)
-        kernel = L.silu_mul
-        self.enqueue_host(stream, "silu_mul", lambda: kernel(g, u, o))
+        self.enqueue_host(stream, "silu_mul", self._silu_mul(g, u, o))
+
+    def op_gather_rows(self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor,
+                       rows: vt.Tensor) -> None:  # fmt: skip
+        o, xa, r = self._array(out), self._array(x), self._array(rows)
+        if not (
+            xa.ndim == 2
+            and o.shape == (r.shape[0], xa.shape[1])
+            and r.dtype == np.int32
+            and all(a.flags.c_contiguous for a in (o, xa, r))
+            and o.dtype == xa.dtype == F32
+        ):
+            self._run_reference("gather_rows", stream, out=out, x=x, rows=rows)
+            return
+        job = J.gather_job(xa, r, o)
+        status, call, limit = job.status, self.threads.alone_call(job), xa.shape[0]
+        assert status is not None
+
+        def error() -> BaseException:
+            i, status[0] = int(status[0]) - 1, 0
+            return ValueError(f"gather_rows: row {int(r[i])} is out of range [0, {limit})")
+
+        def run() -> None:
+            call()
+            if status[0]:
+                raise error()
+
+        self.enqueue_host(stream, "gather_rows", NativeOp(run, [Step(job)], error))
 
     def op_embedding(self, stream: vt.Stream, out: vt.Tensor, ids: vt.Tensor,
                      table: vt.Weight) -> None:  # fmt: skip
@@ -297,6 +354,16 @@ class CpuOps(ReferenceOps):
         o, xa = self._array(out), self._array(x)
         w = self._weight_array(weight)
         kernel, e = L.rms_norm, float(eps)
+        if (
+            xa.ndim == 2
+            and xa.shape == o.shape
+            and w.shape == xa.shape[1:]
+            and all(a.flags.c_contiguous and a.dtype == F32 for a in (xa, w, o))
+        ):
+            job = J.rms_norm_job(xa, w, e, o)
+            op = NativeOp(self.threads.alone_call(job), [Step(job)])
+            self.enqueue_host(stream, "rms_norm", op)
+            return
         self.enqueue_host(stream, "rms_norm", lambda: kernel(xa, w, e, o))
 
     def op_rope_kv_store(self, stream: vt.Stream, q: vt.Tensor, k: vt.Tensor, v: vt.Tensor,
@@ -307,6 +374,30 @@ class CpuOps(ReferenceOps):
         pos, sl, c = self._array(positions), self._array(slots), self._array(cache)
         neox = params.style == vt.RopeStyle.neox
         kernel, lay, heads, angles = L.rope_kv_store, int(layer), int(n_heads), self._angles
+        table = self._rope_table(params, layout.max_len)
+        arrays = (qa, ka, va, pos, sl, c)
+        if (
+            table is not None
+            and qa.ndim == 2
+            and all(a.flags.c_contiguous for a in arrays)
+            and all(a.dtype == F32 for a in (qa, ka, va, c))
+            and pos.dtype == sl.dtype == np.int32
+        ):
+            job = J.rope_job(qa, ka, va, pos, sl, c, lay, heads, *table, neox)
+            status, call = job.status, self.threads.alone_call(job)
+            assert status is not None
+
+            def error() -> BaseException:
+                code, status[0] = int(status[0]), 0
+                return _ids_error("rope_kv_store", code, pos, sl, layout.max_len, layout.n_slots)
+
+            def run_job() -> None:
+                call()
+                if status[0]:
+                    raise error()
+
+            self.enqueue_host(stream, "rope_kv_store", NativeOp(run_job, [Step(job)], error))
+            return
 
         def run() -> None:
             cos, sin = angles(pos, params)
@@ -343,49 +434,80 @@ class CpuOps(ReferenceOps):
             self.enqueue_host(stream, "attention", run)
             return
         max_len, n_slots = layout.max_len, layout.n_slots
-        scores, values, exp = A.scores, A.weighted_values, np.exp
         maxes = np.empty(n * heads, F32)
-        scratch = self._attention_scratch
         owner = self.threads
-        if (
-            owner.use_team
-            and owner.n > 1
-            and n * n_kv >= ATTENTION_TEAM_MIN_UNITS
-            and all(a.flags.c_contiguous for a in (qa, c, sl, pos, o))
+        if not (
+            all(a.flags.c_contiguous for a in (qa, c, sl, pos, o))
+            and pos.dtype == sl.dtype == np.int32
         ):
-            # the two passes as team jobs over (row, KV head) units: the same kernels, so
-            # the same bits whether the team shares them or the poster runs them alone
-            aj = J.AttentionJobs(qa, c, lay, sl, pos, heads, sc, maxes, o)
-            job_s, job_v = aj.jobs()
-            offsets, set_buffer, starts = A.offsets, aj.set_buffer, aj.starts
-            calls = [(owner.alone_call(j), owner.team_call(j)) for j in (job_s, job_v)]
-            choice, run = owner.choice(c[0, 0, 0].nbytes * max_len * n, "attention"), owner.run
+            scores, values, scratch = A.scores, A.weighted_values, self._attention_scratch
 
-            def run_jobs() -> None:
+            def run_native() -> None:
                 total = _attention_total(sl, pos, heads, max_len, n_slots)
                 buf = scratch(total)
-                if total < ATTENTION_TEAM_MIN_SCORES:  # short contexts: not worth a post
-                    scores(qa, c, lay, sl, pos, heads, sc, buf, maxes)
-                    exp(buf, out=buf)
-                    values(c, lay, sl, pos, heads, buf, o)
-                    return
-                set_buffer(buf if buf.base is None else buf.base, total)  # a view from 0
-                offsets(pos, heads, starts)
-                run(choice, *calls[0])
-                exp(buf, out=buf)
-                run(choice, *calls[1])
+                scores(qa, c, lay, sl, pos, heads, sc, buf, maxes)
+                values(c, lay, sl, pos, heads, buf, o)
 
-            self.enqueue_host(stream, "attention", run_jobs)
+            self.enqueue_host(stream, "attention", run_native)
+            return
+        # Three jobs (check and lay out, scores, values) over a buffer with room for the
+        # longest context: the same kernels whether the team shares a pass or not, and a
+        # captured step runs them as part of its program.
+        buf = self._attention_buffer(stream, n * heads * max_len)
+        aj = J.AttentionJobs(qa, c, lay, sl, pos, heads, sc, maxes, o, buf)
+        prep, job_s, job_v = aj.jobs()
+        status, starts = aj.status, aj.starts
+
+        def error() -> BaseException:
+            code, status[0] = int(status[0]), 0
+            if code == 1:  # pragma: no cover - the buffer is sized for max_len
+                return RuntimeError("attention: the scores buffer is too small")
+            t = -code - 2  # a bad position at row t, or a bad slot at row t - n
+            return _ids_error("attention", code if t < n else t, pos, sl, max_len, n_slots)
+
+        check = owner.alone_call(prep)
+        alone = [owner.alone_call(j) for j in (job_s, job_v)]
+        if owner.use_team and owner.n > 1 and n * n_kv >= ATTENTION_TEAM_MIN_UNITS:
+            choice = owner.choice(c[0, 0, 0].nbytes * max_len * n, "attention")
+            shared = [owner.team_call(j) for j in (job_s, job_v)]
+            run, gate = owner.run, aj.size_address
+            steps = [Step(prep), *(Step(j, choice, gate, ATTENTION_TEAM_MIN_SCORES)
+                                   for j in (job_s, job_v))]  # fmt: skip
+
+            def run_jobs() -> None:
+                check()
+                if status[0]:
+                    raise error()
+                if starts[n] < ATTENTION_TEAM_MIN_SCORES:  # short contexts: not worth a post
+                    alone[0]()
+                    alone[1]()
+                    return
+                run(choice, alone[0], shared[0])
+                run(choice, alone[1], shared[1])
+
+            self.enqueue_host(stream, "attention", NativeOp(run_jobs, steps, error))
             return
 
-        def run_native() -> None:
-            total = _attention_total(sl, pos, heads, max_len, n_slots)
-            buf = scratch(total)
-            scores(qa, c, lay, sl, pos, heads, sc, buf, maxes)
-            exp(buf, out=buf)
-            values(c, lay, sl, pos, heads, buf, o)
+        def run_alone_jobs() -> None:
+            check()
+            if status[0]:
+                raise error()
+            alone[0]()
+            alone[1]()
 
-        self.enqueue_host(stream, "attention", run_native)
+        steps = [Step(prep), Step(job_s), Step(job_v)]
+        self.enqueue_host(stream, "attention", NativeOp(run_alone_jobs, steps, error))
+
+    def _attention_buffer(self, stream: vt.Stream, size: int) -> np.ndarray:
+        """A float32 buffer of at least ``size`` for the attention ops bound to ``stream``
+        (its ops run one at a time, so they share it); a larger need gets a new one, and
+        the ops bound to the old one keep it."""
+        bufs = self.__dict__.setdefault("_attention_buffers", weakref.WeakKeyDictionary())
+        key = stream.handle
+        buf = bufs.get(key)
+        if buf is None or buf.size < size:
+            buf = bufs[key] = np.empty(max(size, 1 << 14), F32)
+        return buf
 
     def _attention_scratch(self, size: int) -> np.ndarray:
         """A float32 scratch of ``size`` for the calling thread (grown, never shrunk)."""

@@ -22,6 +22,16 @@ class StreamError(vt.VtError):
     """Work enqueued on a CPU stream raised; the message names the stream and the op."""
 
 
+class OpFailed(Exception):
+    """Raised by work that runs several ops (a program, :mod:`vt_cpu.program`): which op
+    failed (``op``) and how (``error``), so the stream's error names that op."""
+
+    def __init__(self, op: str, error: BaseException) -> None:
+        super().__init__(f"{op}: {error}")
+        self.op = op
+        self.error = error
+
+
 class _Batch:
     """Work enqueued as one queue item (a graph's replay)."""
 
@@ -100,6 +110,8 @@ class WorkerStream:
         try:
             fn()
         except BaseException as exc:  # recorded, re-raised by synchronize
+            if isinstance(exc, OpFailed):
+                op, exc = exc.op, exc.error
             if self._error is None:
                 err = StreamError(
                     f"cpu stream {self.name!r}: {op} failed: {type(exc).__name__}: {exc}"

@@ -88,6 +88,21 @@ class Team:
             self._post.release()
         return True
 
+    def begin(self) -> bool:
+        """Become the poster for a series of jobs (a program, :mod:`vt_cpu.program`),
+        waking the parked helpers first; False while another thread posts or after
+        :meth:`close`. :meth:`end` gives the team back."""
+        if self._closed or not self._post.acquire(blocking=False):
+            return False
+        ctl = self.ctl
+        for i, e in enumerate(self._events):
+            if ctl[K.PARKED + 8 * i]:
+                e.set()
+        return True
+
+    def end(self) -> None:
+        self._post.release()
+
     def close(self) -> None:
         """Stop the helpers (idempotent); later :meth:`run` calls return False."""
         if self._closed:

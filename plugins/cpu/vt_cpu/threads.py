@@ -76,6 +76,14 @@ class Choice:
             return 1 - best
         return best if self._next % self.timing_every == 0 else best + 2
 
+    def settled(self) -> int:
+        """The faster way once both were tried ``warmup`` times (0 serial, 1 parallel),
+        else -1; unlike :meth:`pick` it changes nothing."""
+        c0, c1 = self.calls
+        if c0 < self.warmup or c1 < self.warmup:
+            return -1
+        return 0 if self.times[0] <= self.times[1] else 1
+
     def record(self, way: int, seconds: float) -> None:
         n = self.calls[way]
         self.calls[way] = n + 1
@@ -247,13 +255,13 @@ class ThreadOwner:
     def team_call(self, job: Job) -> Callable[[], None]:
         """A :class:`vt_cpu.kernels.jobs.Job` as a call for :meth:`run`: posted to the
         team, or run on the calling thread alone while another thread posts."""
-        prepare, args, units = job.prepare, job.args, job.units
+        pre, args, units = _pre(job), job.args, job.units
         fn, addr = self.team, job.address  # started and compiled now, not in a timed call
         at, chunk = int(args.ctypes.data), fn.chunk(units)  # (ctypes costs ~1 us a call)
 
         def call(job: Job = job) -> None:  # holds the job: args points into its arrays
-            if prepare is not None:
-                prepare()
+            for p_addr, p_at, p_units in pre:
+                run_alone(p_addr, p_at, p_units)
             if not fn.run(addr, at, units, chunk):
                 run_alone(addr, at, units)
 
@@ -263,12 +271,12 @@ class ThreadOwner:
     def alone_call(job: Job) -> Callable[[], None]:
         """A :class:`vt_cpu.kernels.jobs.Job` on the calling thread alone: the same
         compiled kernel as :meth:`team_call`, so the two give the same bits."""
-        prepare, args, units = job.prepare, job.args, job.units
+        pre, args, units = _pre(job), job.args, job.units
         addr, at = job.address, int(args.ctypes.data)
 
         def call(job: Job = job) -> None:  # holds the job: args points into its arrays
-            if prepare is not None:
-                prepare()
+            for p_addr, p_at, p_units in pre:
+                run_alone(p_addr, p_at, p_units)
             run_alone(addr, at, units)
 
         return call
@@ -328,3 +336,8 @@ class ThreadOwner:
                     max_workers=max(1, self.n - 1), thread_name_prefix="vt-cpu-tiles"
                 )
             return self._pool
+
+
+def _pre(job: Job) -> list[tuple[int, int, int]]:
+    """``(address, argument block's address, units)`` of each of ``job.pre``."""
+    return [(p.address, int(p.args.ctypes.data), p.units) for p in job.pre]

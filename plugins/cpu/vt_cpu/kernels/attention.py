@@ -5,8 +5,9 @@ positions ``0 .. positions[t]`` of slot ``slots[t]``. Three calls for all rows o
 
 1. :func:`scores`: ``s = scale q K^T`` per row and head (K of a position read once for
    the KV head's query heads), minus the row's maximum, into one packed float32 buffer;
-2. ``np.exp`` over that buffer in place (numpy's SIMD exp; numba's is a scalar call);
-3. :func:`weighted_values`: ``out = (sum_p e_p V_p) / sum_p e_p`` per row and head.
+2. :func:`weighted_values`: ``e = exp(s)`` in place (:func:`expf`, a polynomial that LLVM
+   vectorizes: numba's own ``exp`` is a scalar libm call per value), then
+   ``out = (sum_p e_p V_p) / sum_p e_p`` per row and head.
 
 The reference's order of operations (softmax in float32 with the maximum subtracted,
 normalized before the weighted sum of V), summed in another order. Rows are independent,
@@ -20,7 +21,8 @@ loads into gathers (4x slower).
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit
+from numba import carray, njit, types
+from numba.extending import intrinsic
 
 from .quant import _prefetch, _stack_f32
 
@@ -32,6 +34,40 @@ _KW = {
     "fastmath": {"reassoc", "contract"},
     "error_model": "numpy",  # a division by zero gives inf/nan, as numpy does
 }
+
+
+@intrinsic
+def _pow2(typingctx, n):  # noqa: ANN001, ANN202
+    """``2.0 ** n`` as float32 for an int32 ``n`` in ``[-126, 127]`` (the exponent's bits)."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, sig, args):
+        bits = builder.shl(builder.add(args[0], context.get_constant(types.int32, 127)),
+                           context.get_constant(types.int32, 23))  # fmt: skip
+        return builder.bitcast(bits, context.get_value_type(types.float32))
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)  # no fast-math: reassociation would undo the ln 2 split
+def expf(x):
+    """``exp(x)`` in float32 for ``x <= 0`` (scores minus their maximum), within about 2 ulp
+    of the exact value (Cephes' ``expf``: ``x = n ln 2 + r``, a degree-6 polynomial in ``r``,
+    times ``2**n``); 0 below -87 (where float32's exp is denormal: weights under 1e-38 next
+    to the maximum's 1). Branch-free, so a loop of it vectorizes."""
+    small = x < F(-87.0)
+    x = max(x, F(-87.0))
+    n = np.floor(x * F(1.44269504088896341) + F(0.5))
+    r = x - n * F(0.693359375)
+    r = r - n * F(-2.12194440e-4)
+    p = F(1.9875691500e-4)
+    p = p * r + F(1.3981999507e-3)
+    p = p * r + F(8.3334519073e-3)
+    p = p * r + F(4.1665795894e-2)
+    p = p * r + F(1.6666665459e-1)
+    p = p * r + F(5.0000001201e-1)
+    y = (p * r * r + r + F(1.0)) * _pow2(np.int32(n))
+    return F(0.0) if small else y
 
 
 @njit(**_KW)
@@ -144,12 +180,14 @@ def values_units(cache, layer, slots, positions, n_heads, buf, out, starts, u0, 
         o = starts[t]
         length = positions[t] + 1
         slot = slots[t]
-        for gi in range(group):  # normalize first, as the reference does
+        for gi in range(group):  # exp, then normalize first, as the reference does
             head = h * group + gi
             bh = buf[o + head * length : o + (head + 1) * length]
             total = F(0.0)
             for p in range(length):
-                total += bh[p]
+                e = expf(bh[p])
+                bh[p] = e
+                total += e
             for p in range(length):
                 bh[p] /= total
         width = group * hd
@@ -171,8 +209,9 @@ def values_units(cache, layer, slots, positions, n_heads, buf, out, starts, u0, 
 
 @njit(**_KW)
 def weighted_values(cache, layer, slots, positions, n_heads, buf, out):
-    """``out[t, head] = sum_p w_p V_p`` with ``w = e / sum e`` for ``buf`` holding
-    ``e = exp(s - max)`` (normalized in place; ``n_heads * head_dim <= MAX_WIDTH``). The
+    """``out[t, head] = sum_p w_p V_p`` with ``w = e / sum e``, ``e = exp(s - max)`` for
+    ``buf`` holding ``s - max`` (:func:`scores`; ``buf`` gets ``w`` in place;
+    ``n_heads * head_dim <= MAX_WIDTH``). The
     weights are divided before the loop over V: inside it, reassociation moved the division
     into the innermost loop (a vector division per element of V)."""
     n = out.shape[0]

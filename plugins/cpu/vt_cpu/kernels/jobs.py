@@ -9,7 +9,17 @@ of units, their operands given as addresses and shapes in an int64 argument bloc
 - ``multi``: several of these one after the other (:func:`multi_job`);
 - ``attn_scores`` / ``attn_values``: decode attention's two passes
   (:func:`vt_cpu.kernels.attention.scores_units`, ``values_units``), a unit being one
-  row's KV head with its query heads (:class:`AttentionJobs`).
+  row's KV head with its query heads (:class:`AttentionJobs`); ``attn_prep`` checks the
+  rows' positions and slots and lays out the packed scores (one unit);
+- ``quant8`` / ``quant16``: the activations' quantization of the ``q8_*`` jobs
+  (:func:`vt_cpu.kernels.q8.quantize_range`), a unit being a row;
+- ``rms_norm``, ``silu_mul``, ``rope_kv``: the activation ops of
+  :mod:`vt_cpu.kernels.layers` over rows (``rope_kv`` writes a bad row's code to a status
+  word instead of returning it).
+
+A backend op is one or more of these jobs (run alone or shared, the same compiled code
+either way), so a captured graph can run as a program of jobs (:mod:`vt_cpu.program`)
+without returning to Python between ops.
 
 The argument blocks are built by :func:`q8_args` and :func:`mm_args`, which also return
 the number of units; the arrays they point into must outlive every run of the job (the
@@ -27,12 +37,14 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 
 from . import attention as A
+from . import layers as L
 from . import q8 as Q8
 from . import quant as Q
 from .team import call_job, ptr_f32, ptr_i8, ptr_i32, ptr_i64, ptr_u8
 
 SIGNATURE = types.void(types.int64, types.int64, types.int64)
 _KW = {"cache": True, "boundscheck": False, "fastmath": {"reassoc", "contract"}}
+_EXACT = {"cache": True, "boundscheck": False}  # the layers' kernels that equal numpy
 Q8_ARGS, MM_ARGS = 15, 13
 _INLINE = {**_KW, "inline": "always"}
 
@@ -136,10 +148,10 @@ def multi(args, u0, u1):  # noqa: ANN001, ANN201
 
 #: The attention jobs' argument block: [n, width, q, cache, max_len, n_slots, n_layers,
 #: n_kv, head_dim, slots, positions, buf, buf size, maxes, maxes size, starts, scale (a
-#: float32's address), layer, n_heads, out]; ``buf`` and its size change with the context
-#: and are set before each run (:class:`AttentionJobs`).
-ATTN_ARGS = 20
-BUF, BUF_SIZE = 11, 12
+#: float32's address), layer, n_heads, out, status]; ``buf`` holds room for the longest
+#: context (:class:`AttentionJobs`).
+ATTN_ARGS = 21
+BUF, BUF_SIZE, ATTN_STATUS = 11, 12, 20
 
 
 @njit(**_INLINE)
@@ -169,9 +181,114 @@ def attn_values(args, u0, u1):  # noqa: ANN001, ANN201
     A.values_units(cache, a[17], slots, positions, a[18], buf, out, starts, u0, u1)
 
 
+def attn_prep(args, u0, u1):  # noqa: ANN001, ANN201
+    """Check the rows (a bad position or slot: its code from ``packed_size`` in the status
+    word) and lay out the packed scores (``starts``; ``starts[n]`` is their size)."""
+    a = carray(ptr_i64(args), ATTN_ARGS)
+    n = a[0]
+    slots = carray(ptr_i32(a[9]), n)
+    positions = carray(ptr_i32(a[10]), n)
+    total = A.packed_size(slots, positions, a[18], a[4], a[5])
+    status = carray(ptr_i64(a[ATTN_STATUS]), 1)
+    if total < 0:
+        status[0] = total
+    elif total > a[BUF_SIZE]:  # cannot happen: the buffer holds n_heads * max_len a row
+        status[0] = 1
+    else:
+        A.offsets(positions, a[18], carray(ptr_i64(a[15]), n + 1))
+
+
+#: The activations' quantization: [x, n, k, xq, xq columns, xd, blocks, xi, xi columns,
+#: pairs].
+QUANT_ARGS = 10
+
+
+@njit(**_INLINE)
+def _quant_views(a):  # noqa: ANN001, ANN202
+    n = a[1]
+    x = carray(ptr_f32(a[0]), (n, a[2]))
+    xd = carray(ptr_f32(a[5]), (n, a[6]))
+    xi = carray(ptr_i32(a[7]), (n, a[8]))
+    return x, xd, xi
+
+
+def quant16(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), QUANT_ARGS)
+    x, xd, xi = _quant_views(a)
+    Q8.quantize_range(x, carray(ptr_u8(a[3]), (a[1], a[4])), xd, xi, a[9] != 0, u0, u1)
+
+
+def quant8(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), QUANT_ARGS)
+    x, xd, xi = _quant_views(a)
+    Q8.quantize_range(x, carray(ptr_i8(a[3]), (a[1], a[4])), xd, xi, a[9] != 0, u0, u1)
+
+
+def rms_norm(args, u0, u1):  # noqa: ANN001, ANN201
+    """[x, n, dim, w, eps (a float32's address), out]."""
+    a = carray(ptr_i64(args), 6)
+    n, dim = a[1], a[2]
+    x = carray(ptr_f32(a[0]), (n, dim))
+    out = carray(ptr_f32(a[5]), (n, dim))
+    eps = carray(ptr_f32(a[4]), 1)[0]
+    L.rms_norm_rows(x, carray(ptr_f32(a[3]), dim), eps, out, u0, u1)
+
+
+def silu_mul(args, u0, u1):  # noqa: ANN001, ANN201
+    """[gate, up, out, n, dim]."""
+    a = carray(ptr_i64(args), 5)
+    n, dim = a[3], a[4]
+    gate = carray(ptr_f32(a[0]), (n, dim))
+    up = carray(ptr_f32(a[1]), (n, dim))
+    L.silu_mul_rows(gate, up, carray(ptr_f32(a[2]), (n, dim)), u0, u1)
+
+
+#: RoPE and the KV store: [q, n, q width, k, kv width, v, positions, slots, cache, max_len,
+#: n_slots, n_layers, n_kv, head_dim, layer, n_heads, cos, sin, neox, status].
+ROPE_ARGS = 20
+
+
+def rope_kv(args, u0, u1):  # noqa: ANN001, ANN201
+    a = carray(ptr_i64(args), ROPE_ARGS)
+    n, kw = a[1], a[4]
+    q = carray(ptr_f32(a[0]), (n, a[2]))
+    k = carray(ptr_f32(a[3]), (n, kw))
+    v = carray(ptr_f32(a[5]), (n, kw))
+    positions = carray(ptr_i32(a[6]), n)
+    slots = carray(ptr_i32(a[7]), n)
+    cache = carray(ptr_f32(a[8]), (a[9], a[10], a[11], 2, a[12], a[13]))
+    half = a[13] // 2
+    cos = carray(ptr_f32(a[16]), (a[9], half))
+    sin = carray(ptr_f32(a[17]), (a[9], half))
+    code = L.rope_kv_rows(q, k, v, positions, slots, cache, a[14], a[15], cos, sin, a[18] != 0,
+                          u0, u1)  # fmt: skip
+    if code != -1:
+        carray(ptr_i64(a[19]), 1)[0] = code
+
+
+def gather(args, u0, u1):  # noqa: ANN001, ANN201
+    """[x, x rows, dim, rows, out, status]: ``out[i] = x[rows[i]]``; a row out of range
+    leaves ``1 + i`` of the first in the status word and copies nothing."""
+    a = carray(ptr_i64(args), 6)
+    m, dim = a[1], a[2]
+    rows = carray(ptr_i32(a[3]), u1)
+    for i in range(u0, u1):
+        if rows[i] < 0 or rows[i] >= m:
+            carray(ptr_i64(a[5]), 1)[0] = 1 + i
+            return
+    x = carray(ptr_f32(a[0]), (m, dim))
+    out = carray(ptr_f32(a[4]), (u1, dim))
+    for i in range(u0, u1):
+        out[i, :] = x[rows[i], :]
+
+
 _JOBS: dict[str, Callable[..., Any]] = {
+    "attn_prep": attn_prep,
+    "gather": gather,
     "attn_scores": attn_scores,
     "attn_values": attn_values,
+    "quant8": quant8, "quant16": quant16, "rms_norm": rms_norm, "silu_mul": silu_mul,
+    "rope_kv": rope_kv,
     "multi": multi,
     "q8_16": q8_16, "q8_8": q8_8, "mm_q8_0": mm_q8_0, "mm_q4": mm_q4, "mm_qk45": mm_qk45,
     "mm_q6_k": mm_q6_k,
@@ -190,8 +307,10 @@ def address(name: str) -> int:
         with _lock:
             got = _compiled.get(name)
             if got is None:
-                # The numba-level helpers are compiled inline into each job.
-                got = _compiled[name] = cfunc(SIGNATURE, **_KW)(_JOBS[name])
+                # The numba-level helpers are compiled inline into each job, with the
+                # job's fast-math flags: none where the kernel rounds as numpy does.
+                kw = _EXACT if name in ("rope_kv", "silu_mul") else _KW
+                got = _compiled[name] = cfunc(SIGNATURE, **kw)(_JOBS[name])
     return int(got.address)
 
 
@@ -234,17 +353,19 @@ def mm_args(kind: str, raw: np.ndarray, xb: np.ndarray, tgt: np.ndarray, out: np
 
 
 class Job:
-    """One matmul bound as a team job: ``prepare()`` (on the poster, before the job: the
-    activations' quantization, or nothing), then job ``name`` over ``units``."""
+    """A bound job: job ``name`` over ``units`` with its argument block ``args``, after
+    the jobs of ``pre`` (each run alone, in order, first: the activations' quantization).
+    ``status``: a word the job sets to a nonzero code on bad input (or None)."""
 
-    __slots__ = ("prepare", "name", "args", "units", "_keep")
+    __slots__ = ("pre", "name", "args", "units", "status", "_keep")
 
-    def __init__(self, prepare: Callable[[], Any] | None, name: str, args: np.ndarray,
-                 units: int, keep: tuple[np.ndarray, ...]) -> None:  # fmt: skip
-        self.prepare = prepare
+    def __init__(self, pre: tuple[Job, ...], name: str, args: np.ndarray, units: int,
+                 keep: tuple[Any, ...], status: np.ndarray | None = None) -> None:  # fmt: skip
+        self.pre = pre
         self.name = name
         self.args = args
         self.units = units
+        self.status = status
         self._keep = keep  # the arrays args points into
 
     @property
@@ -252,47 +373,94 @@ class Job:
         return address(self.name)
 
 
+def quant_job(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xi: np.ndarray,
+              pairs: bool) -> Job:  # fmt: skip
+    """:func:`vt_cpu.kernels.q8.quantize_rows` of ``x`` into ``(xq, xd, xi)`` as a job."""
+    for arr in (x, xq, xd, xi):
+        assert arr.flags.c_contiguous, "a job's arrays are C-contiguous"
+    n, k = x.shape
+    args = np.array(
+        [_addr(x), n, k, _addr(xq), xq.shape[1], _addr(xd), xd.shape[1], _addr(xi),
+         xi.shape[1], pairs],
+        np.int64,
+    )  # fmt: skip
+    name = "quant16" if xq.dtype == np.uint8 else "quant8"
+    return Job((), name, args, n, (x, xq, xd, xi))
+
+
 def q8_job(weight: Any, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, bits: int,
            shared: dict[bool, tuple[np.ndarray, ...]] | None = None) -> Job:  # fmt: skip
     """``out = x @ w.T (+ res)`` with ``bits``-bit activations (8 or 16) as a job, for a
     :class:`vt_cpu.weights.BlockWeight` of a format with :mod:`vt_cpu.kernels.q8` kernels.
     Jobs over the same ``x`` given the same ``shared`` dict quantize it once: the first of
-    each activation order (the nibble formats interleave it) prepares, the others reuse."""
+    each activation order (the nibble formats interleave it) has the quantization as its
+    ``pre``, the others reuse its result."""
     n, k = x.shape
     raw = weight.arrays[0] if weight.kind == "Q6_K" else weight.arrays[-1]
     fid = Q8.FMT_ID[weight.kind]
     pairs = fid in (1, 2)
-    prepare: Callable[[], Any] | None = None
+    pre: tuple[Job, ...] = ()
     if shared is not None and pairs in shared:
         xq, xd, xi = shared[pairs]
     else:
         xq, xd, xi = Q8.scratch(n, k, bits)
         if shared is not None:
             shared[pairs] = (xq, xd, xi)
-        quantize = Q8.quantize_rows
-
-        def prepare() -> None:
-            quantize(x, xq, xd, xi, pairs)
-
+        pre = (quant_job(x, xq, xd, xi, pairs),)
     args, units = q8_args(fid, raw, xq, xd, xi, out, res)
-    return Job(prepare, "q8_16" if bits == 16 else "q8_8", args, units, (x, xq, xd, xi, out))
+    return Job(pre, "q8_16" if bits == 16 else "q8_8", args, units, (x, xq, xd, xi, out))
 
 
 def multi_job(parts: list[Job]) -> Job:
     """Several jobs as one (``multi``): their units one after the other, so the team posts
-    and waits once (Q, K and V; gate and up). Each part's ``prepare`` runs first, in order."""
+    and waits once (Q, K and V; gate and up). Each part's ``pre`` runs first, in order."""
     if len(parts) == 1:
         return parts[0]
     args = np.array([len(parts)] + [v for p in parts for v in (p.address, int(p.args.ctypes.data),
                                                                p.units)], np.int64)  # fmt: skip
-    prepares = [p.prepare for p in parts if p.prepare is not None]
+    pre = tuple(j for p in parts for j in p.pre)
+    return Job(pre, "multi", args, sum(p.units for p in parts), tuple(parts))
 
-    def prepare() -> None:
-        for f in prepares:
-            f()
 
-    return Job(prepare if prepares else None, "multi", args, sum(p.units for p in parts),
-               tuple(parts))  # fmt: skip
+def rms_norm_job(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> Job:
+    """``out = rms_norm(x) * w`` (:func:`vt_cpu.kernels.layers.rms_norm`) as a job."""
+    n, dim = x.shape
+    e = np.array([eps], np.float32)
+    args = np.array([_addr(x), n, dim, _addr(w), _addr(e), _addr(out)], np.int64)
+    return Job((), "rms_norm", args, n, (x, w, e, out))
+
+
+def silu_mul_job(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Job:
+    """``out = silu(gate) * up`` (:func:`vt_cpu.kernels.layers.silu_mul`) as a job."""
+    n, dim = gate.shape
+    args = np.array([_addr(gate), _addr(up), _addr(out), n, dim], np.int64)
+    return Job((), "silu_mul", args, n, (gate, up, out))
+
+
+def gather_job(x: np.ndarray, rows: np.ndarray, out: np.ndarray) -> Job:
+    """``out[i] = x[rows[i]]`` as a job; a row out of range leaves ``1 + i`` in ``status``."""
+    status = np.zeros(1, np.int64)
+    args = np.array([_addr(x), x.shape[0], x.shape[1], _addr(rows), _addr(out), _addr(status)],
+                    np.int64)  # fmt: skip
+    return Job((), "gather", args, rows.shape[0], (x, rows, out), status)
+
+
+def rope_job(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
+             slots: np.ndarray, cache: np.ndarray, layer: int, n_heads: int, cos: np.ndarray,
+             sin: np.ndarray, neox: bool) -> Job:  # fmt: skip
+    """RoPE of ``q`` and ``k`` by the tables ``cos``, ``sin`` (``[max_len, head_dim / 2]``)
+    and the KV store (:func:`vt_cpu.kernels.layers.rope_kv_rows`) as a job; a bad position
+    or slot leaves its code in ``status``."""
+    n = q.shape[0]
+    status = np.zeros(1, np.int64)
+    args = np.array(
+        [_addr(q), n, q.shape[1], _addr(k), k.shape[1], _addr(v), _addr(positions),
+         _addr(slots), _addr(cache), *cache.shape[:3], cache.shape[4], cache.shape[5], layer,
+         n_heads, _addr(cos), _addr(sin), neox, _addr(status)],
+        np.int64,
+    )  # fmt: skip
+    keep = (q, k, v, positions, slots, cache, cos, sin)
+    return Job((), "rope_kv", args, n, keep, status)
 
 
 def mm_job(kind: str, raw: np.ndarray, x: np.ndarray, out: np.ndarray,
@@ -303,41 +471,42 @@ def mm_job(kind: str, raw: np.ndarray, x: np.ndarray, out: np.ndarray,
     tgt = out if res is None else np.empty_like(out)
     args, units = mm_args(kind, raw, xb, tgt, out, res)
     keep = (xb, tgt, out) if res is None else (xb, tgt, out, res)
-    return Job(None, MM_JOB[kind], args, units, keep)
+    return Job((), MM_JOB[kind], args, units, keep)
 
 
 class AttentionJobs:
-    """Decode attention for fixed rows as two jobs (scores; ``np.exp`` between them on the
-    poster; values) over ``n * n_kv`` units: their argument block, the packed scores'
-    offsets and the float32 scale. :meth:`set_buffer` points them at this call's scores."""
+    """Decode attention for fixed rows as three jobs over the packed scores in ``buf``
+    (room for ``n_heads * max_len`` scores a row): ``attn_prep`` (one unit), then the scores
+    and the values over ``n * n_kv`` units; a bad position or slot leaves its code in
+    ``status``, and ``starts[n]`` holds the scores' size once ``attn_prep`` ran."""
 
     def __init__(self, q: np.ndarray, cache: np.ndarray, layer: int, slots: np.ndarray,
                  positions: np.ndarray, n_heads: int, scale: float, maxes: np.ndarray,
-                 out: np.ndarray) -> None:  # fmt: skip
+                 out: np.ndarray, buf: np.ndarray) -> None:  # fmt: skip
         n, width = q.shape
         self.starts = np.zeros(n + 1, np.int64)
         self.scale = np.array([scale], np.float32)
-        for arr in (q, cache, slots, positions, maxes, out):
+        self.status = np.zeros(1, np.int64)
+        for arr in (q, cache, slots, positions, maxes, out, buf):
             assert arr.flags.c_contiguous, "a job's arrays are C-contiguous"
+        assert buf.size >= n * n_heads * cache.shape[0], "room for the longest context"
         self.args = np.array(
             [n, width, _addr(q), _addr(cache), *cache.shape[:3], cache.shape[4],
-             cache.shape[5], _addr(slots), _addr(positions), 0, 0, _addr(maxes), maxes.size,
-             _addr(self.starts), _addr(self.scale), layer, n_heads, _addr(out)],
+             cache.shape[5], _addr(slots), _addr(positions), _addr(buf), buf.size, _addr(maxes),
+             maxes.size, _addr(self.starts), _addr(self.scale), layer, n_heads, _addr(out),
+             _addr(self.status)],
             np.int64,
         )  # fmt: skip
         self.units = n * int(cache.shape[4])
-        self._keep = (q, cache, slots, positions, maxes, out)
-        self._buf = -1  # id of the scores buffer args points into, held in _keep_buf
-        self._keep_buf: np.ndarray | None = None
+        self._keep = (q, cache, slots, positions, maxes, out, buf)
 
-    def set_buffer(self, buf: np.ndarray, size: int) -> None:
-        """This call's packed scores: ``size`` floats at the start of ``buf``."""
-        if id(buf) != self._buf:  # (numpy's address lookup costs ~1 us)
-            self._buf = id(buf)
-            self._keep_buf = buf
-            self.args[BUF] = _addr(buf)
-        self.args[BUF_SIZE] = size
+    @property
+    def size_address(self) -> int:
+        """The address of ``starts[n]``: the scores' size (after ``attn_prep``)."""
+        return _addr(self.starts) + 8 * (self.starts.size - 1)
 
-    def jobs(self) -> tuple[Job, Job]:
-        return (Job(None, "attn_scores", self.args, self.units, (self.starts,)),
-                Job(None, "attn_values", self.args, self.units, (self.starts,)))  # fmt: skip
+    def jobs(self) -> tuple[Job, Job, Job]:
+        keep = (self.starts, self.scale, self.status, self._keep)
+        return (Job((), "attn_prep", self.args, 1, keep, self.status),
+                Job((), "attn_scores", self.args, self.units, keep),
+                Job((), "attn_values", self.args, self.units, keep))  # fmt: skip

@@ -2,8 +2,10 @@
 
 Float32 in and out. The fused ops equal their decomposition into the reference's parts
 bit for bit (tests/test_graph.py compares the logits), so RoPE angles come from
-``vt.reference.rope_cos_sin`` and the swiglu epilogue is this module's ``silu_mul``, which
-is also the backend's ``silu_mul`` op.
+``vt.reference.rope_cos_sin`` (a table over every position, whose rows equal the
+function's for those positions) and the swiglu epilogue is this module's ``silu_mul``,
+which is also the backend's ``silu_mul`` op. Each kernel has a ``*_rows`` form over a
+range of rows, which :mod:`vt_cpu.kernels.jobs` binds as a job.
 Decode attention is :mod:`vt_cpu.kernels.attention` (prefill keeps the reference's
 batched BLAS matmuls). A kernel that
 indexes with ids read from device memory checks them first and returns the first bad row
@@ -24,8 +26,14 @@ _KW = {"cache": True, "nogil": True, "boundscheck": False}
 @njit(**_KW, fastmath=FM)
 def rms_norm(x, w, eps, out):
     """``out[i] = x[i] / sqrt(mean(x[i]**2) + eps) * w`` for ``x[n, dim]``."""
-    n, dim = x.shape
-    for i in range(n):
+    rms_norm_rows(x, w, eps, out, 0, x.shape[0])
+
+
+@njit(**_KW, fastmath=FM, inline="always")
+def rms_norm_rows(x, w, eps, out, u0, u1):
+    """:func:`rms_norm` of rows ``u0 .. u1``."""
+    dim = x.shape[1]
+    for i in range(u0, u1):
         s = F(0.0)
         for j in range(dim):
             s += x[i, j] * x[i, j]
@@ -59,6 +67,29 @@ def _rotate(x, t, n_heads, hd, cos, sin, neox):
             x[t, ib] = a * sin[i] + b * cos[i]
 
 
+@njit(**_KW, inline="always")
+def rope_kv_rows(q, k, v, positions, slots, cache, layer, n_heads, cos, sin, neox, u0, u1):
+    """:func:`rope_kv_store` of rows ``u0 .. u1`` with ``cos``, ``sin`` tables over every
+    position (``[max_len, head_dim / 2]``): row ``t`` takes ``cos[positions[t]]``. Returns
+    -1, or the first bad row's code as :func:`rope_kv_store` does (``n`` = ``q``'s rows)."""
+    n = q.shape[0]
+    max_len, n_slots, n_kv, hd = cache.shape[0], cache.shape[1], cache.shape[4], cache.shape[5]
+    for i in range(u0, u1):
+        if positions[i] < 0 or positions[i] >= max_len:
+            return -(2 + i)
+        if slots[i] < 0 or slots[i] >= n_slots:
+            return n + i
+    for t in range(u0, u1):
+        pos, slot = positions[t], slots[t]
+        _rotate(q, t, n_heads, hd, cos[pos], sin[pos], neox)
+        _rotate(k, t, n_kv, hd, cos[pos], sin[pos], neox)
+        for h in range(n_kv):
+            for e in range(hd):
+                cache[pos, slot, layer, 0, h, e] = k[t, h * hd + e]
+                cache[pos, slot, layer, 1, h, e] = v[t, h * hd + e]
+    return -1
+
+
 @njit(**_KW)
 def rope_kv_store(q, k, v, positions, slots, cache, layer, n_heads, cos, sin, neox):
     """RoPE of ``q`` and ``k`` in place (``cos``, ``sin``: ``[n, head_dim / 2]`` from
@@ -89,8 +120,14 @@ def rope_kv_store(q, k, v, positions, slots, cache, layer, n_heads, cos, sin, ne
 def silu_mul(gate, up, out):
     """``out = gate * up / (1 + exp(-gate))``, the reference's formula (``exp`` overflows to
     inf for very negative gates: the result is -0 there too); ``out`` may alias either."""
-    n, dim = gate.shape
-    for i in range(n):
+    silu_mul_rows(gate, up, out, 0, gate.shape[0])
+
+
+@njit(**_KW, inline="always")
+def silu_mul_rows(gate, up, out, u0, u1):
+    """:func:`silu_mul` of rows ``u0 .. u1``."""
+    dim = gate.shape[1]
+    for i in range(u0, u1):
         for j in range(dim):
             g = gate[i, j]
             out[i, j] = g * up[i, j] / (np.exp(-g) + F(1.0))

@@ -558,11 +558,16 @@ def quantize_rows(x, xq, xd, xi, pairs):
       ``xi[n, 2 nb]``: the block's sum of ``q`` at ``2 b``, of ``h`` at ``2 b + 1``.
 
     ``pairs``: the nibble formats' order, element j at 2j and element 16 + j at 2j + 1."""
+    quantize_range(x, xq, xd, xi, pairs, 0, x.shape[0])
+
+
+@njit(**_KW, inline="always")
+def quantize_range(x, xq, xd, xi, pairs, u0, u1):
+    """:func:`quantize_rows` of rows ``u0 .. u1`` (the job of :mod:`vt_cpu.kernels.jobs`)."""
     qmax = _qmax(xq)
     split = xq.shape[1] != x.shape[1]
-    n, k = x.shape
-    nb = k // 32
-    for t in range(n):
+    nb = x.shape[1] // 32
+    for t in range(u0, u1):
         for b in range(nb):
             amax = F(0.0)
             for j in range(32):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import llvmlite.binding as llvm
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -269,6 +269,35 @@ def finish(ctl):
 def run_alone(fn, args, total):
     """A job's units on the calling thread only (no team, or the team is busy)."""
     call_job(fn, args, 0, total)
+
+
+#: A program step's slots (int64): job address, argument block, units, units per chunk,
+#: shared (1) or alone (0), the address of a size that must reach the next slot's minimum
+#: for the step to be shared (0: none), that minimum, the address of a status word (0:
+#: none) that a failing job sets nonzero.
+STEP = 8
+
+
+@njit(**_KW)
+def run_program(ctl, prog, helpers, shared):
+    """Run a program's steps in order (:mod:`vt_cpu.program`): each as a posted job of the
+    team when ``shared`` and its slot say so (the caller holds the team, as a poster
+    does), else on the calling thread. Returns -1, or the index of the first step whose
+    status word is nonzero after it ran (the steps after it do not run)."""
+    for i in range(prog.shape[0] // STEP):
+        b = i * STEP
+        fn, args, units, chunk = prog[b], prog[b + 1], prog[b + 2], prog[b + 3]
+        share = shared and prog[b + 4] != 0
+        if share and prog[b + 5] != 0:
+            share = carray(ptr_i64(prog[b + 5]), 1)[0] >= prog[b + 6]
+        if share:
+            if post(ctl, fn, args, units, chunk, helpers):
+                finish(ctl)  # a parked helper is not woken here: the others take its chunks
+        elif units > 0:
+            call_job(fn, args, 0, units)
+        if prog[b + 7] != 0 and carray(ptr_i64(prog[b + 7]), 1)[0] != 0:
+            return i
+    return -1
 
 
 @njit(**_KW)
