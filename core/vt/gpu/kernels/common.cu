@@ -132,6 +132,19 @@ __device__ __forceinline__ float vt_warp_sum(float v) {
     return v;
 }
 
+// The block's maximum in two barriers, as vt_block_sum_warps below (same constraints).
+__device__ float vt_block_max_warps(float v, float* red) {
+    int lane = threadIdx.x % VT_WARP, warp = threadIdx.x / VT_WARP;
+    int warps = blockDim.x / VT_WARP;
+    for (int m = VT_WARP / 2; m > 0; m >>= 1) v = fmaxf(v, VT_SHFL_XOR(v, m));
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = lane < warps ? red[lane] : -__uint_as_float(0x7f800000u);
+    for (int m = VT_WARP / 2; m > 0; m >>= 1) r = fmaxf(r, VT_SHFL_XOR(r, m));
+    __syncthreads();  // red[] may be reused by the caller
+    return r;
+}
+
 // A block-wide sum in two barriers instead of log2(blockDim) (latency-bound kernels of one
 // block per row: rms_norm): warps reduce by shuffles, then the first warp sums their
 // results (blockDim a multiple of the warp, at most VT_WARP warps; red holds a warp's worth).

@@ -72,20 +72,21 @@ extern "C" __global__ void bias_add(float* out, const float* bias, int n, int m)
 
 // out[i] = x[i] * (1 / sqrt(mean(x[i]**2) + eps)) * w, one block per row. A thread keeps its
 // first RN_KEEP values of x in registers for the second pass (one read of x from memory
-// for rows of up to RN_KEEP * blockDim values: 2048 with 256 threads); sums in the same
-// order either way.
+// for rows of up to RN_KEEP * blockDim values: 2048 with 256 threads), and the weights it
+// needs for them, read together with x; sums in the same order either way.
 #define RN_KEEP 8
 extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, int n, int dim,
                                     float eps) {
     __shared__ float red[256];
     const float* xr = x + (long long)blockIdx.x * dim;
     float* o = out + (long long)blockIdx.x * dim;
-    float keep[RN_KEEP];
+    float keep[RN_KEEP], wk[RN_KEEP];  // w read with x: one memory round trip, not two
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < RN_KEEP; ++i) {
         int d = threadIdx.x + i * blockDim.x;
         keep[i] = d < dim ? xr[d] : 0.0f;
+        wk[i] = d < dim ? w[d] : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < RN_KEEP; ++i)
@@ -97,7 +98,7 @@ extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, 
 #pragma unroll
     for (int i = 0; i < RN_KEEP; ++i) {
         int d = threadIdx.x + i * blockDim.x;
-        if (d < dim) o[d] = (keep[i] * scale) * w[d];
+        if (d < dim) o[d] = (keep[i] * scale) * wk[i];
     }
     for (int d = threadIdx.x + RN_KEEP * blockDim.x; d < dim; d += blockDim.x)
         o[d] = (xr[d] * scale) * w[d];

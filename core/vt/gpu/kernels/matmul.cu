@@ -406,6 +406,19 @@ __device__ __forceinline__ vt_codes<16> vt_gv_load(const vt_i8* p) {
 #endif
 }
 
+// Code j (0-3) of a word of int8 codes as a float (exact either way). VT_GV_MAGIC: without a
+// conversion instruction, the bits of 2^23 + (code + 128) less 2^23 + 128 (I2F runs at a
+// quarter of the FP32 rate on sm_90): the default in run 30, whose gemv GPU time was no lower
+// than run 29's with the plain conversion (docs/gpu.md), so a variant.
+__device__ __forceinline__ float vt_code_f(vt_u32 word, int j) {
+#ifdef VT_GV_MAGIC
+    return __uint_as_float(0x4B000000u | (((word ^ 0x80808080u) >> (8 * j)) & 0xffu)) -
+           8388736.0f;
+#else
+    return (float)(int)(vt_i8)((word >> (8 * j)) & 0xffu);
+#endif
+}
+
 // sums[i] (every thread gets them) = dequant(w[i]) . x over K, for the block's NW weight rows.
 template <int NW>
 __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K, float* sums) {
@@ -440,14 +453,29 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
                     vt_f4 a = xp[c];
                     xv[4 * c] = a.x, xv[4 * c + 1] = a.y, xv[4 * c + 2] = a.z, xv[4 * c + 3] = a.w;
                 }
+#ifdef VT_GV_FACTOR
+                float xs = 0.0f;  // scale * sum(q x) + offset * sum(x): not vt_wload's roundings
+#pragma unroll
+                for (int j = 0; j < 16; ++j) xs += xv[j];
+#endif
 #pragma unroll
                 for (int i = 0; i < NW; ++i) {
                     float s = acc[i];
+#ifdef VT_GV_FACTOR
+                    float d = 0.0f;
+#endif
 #pragma unroll
                     for (int j = 0; j < 16; ++j) {
-                        int code = (int)(vt_i8)((raw[u][i].w[j >> 2] >> (8 * (j & 3))) & 0xffu);
-                        s += __fadd_rn(__fmul_rn(so[u][i].x, (float)code), so[u][i].y) * xv[j];
+                        float q = vt_code_f(raw[u][i].w[j >> 2], j & 3);
+#ifdef VT_GV_FACTOR
+                        d += q * xv[j];
+#else
+                        s += __fadd_rn(__fmul_rn(so[u][i].x, q), so[u][i].y) * xv[j];
+#endif
                     }
+#ifdef VT_GV_FACTOR
+                    s += so[u][i].x * d + so[u][i].y * xs;
+#endif
                     acc[i] = s;
                 }
             }
