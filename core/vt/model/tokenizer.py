@@ -212,7 +212,7 @@ class Tokenizer:
         return cls(
             hf,
             tokens,
-            [int(t) for t in types],
+            types,  # checked above to hold ints: shared with the metadata, not copied
             model,
             bos,
             eos,
