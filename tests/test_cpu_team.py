@@ -101,6 +101,31 @@ def test_parked_helpers_are_woken_and_finish_the_job() -> None:
         t.close()
 
 
+def test_park_stops_the_spinning_at_once_and_the_next_job_wakes_the_helpers() -> None:
+    """Before prefill's BLAS tiles run on a pool of their own, the team's helpers park
+    instead of spinning on the cores the tiles need; the next job still gets its answer."""
+    import time
+
+    from vt_cpu.kernels import team as K
+
+    t = Team(3, spin_seconds=60.0)  # without park() they would spin for a minute
+    try:
+        w, x, _ = _inputs("Q4_1", 1, False, rows=4096)
+        want = np.empty((1, w.rows), np.float32)
+        q8.bind(w, x, want, None, 16)[0]()
+        for _ in range(5):
+            out = np.full_like(want, np.nan)
+            _run(t, jobs.q8_job(w, x, out, None, 16), 4)
+            np.testing.assert_array_equal(out, want)
+            t.park()
+            deadline = time.monotonic() + 10
+            while not all(t.ctl[K.PARKED + 8 * i] for i in range(t.helpers)):
+                assert time.monotonic() < deadline, "the helpers kept spinning"
+                time.sleep(0.001)
+    finally:
+        t.close()
+
+
 def test_a_second_poster_runs_alone_and_both_results_are_right(team: Team) -> None:
     w, x, _ = _inputs("Q8_0", 1, False, rows=2048)
     want = np.empty((1, w.rows), np.float32)

@@ -152,6 +152,7 @@ _TEAM_SIGNATURES = (
     (K.run_alone, (_I, _I, _I)),
     (K.run_program, (_CTL, _CTL, _I, numba.types.boolean)),
     (K.stop, (_CTL,)),
+    (K.park_now, (_CTL,)),
 )
 
 

@@ -88,6 +88,13 @@ class Team:
             self._post.release()
         return True
 
+    def park(self) -> None:
+        """Let the helpers stop spinning now: the caller is about to run work on other
+        threads (prefill's BLAS tiles), which a spinning helper would take a core from.
+        The next job wakes them."""
+        if not self._closed:
+            K.park_now(self.ctl)
+
     def begin(self) -> bool:
         """Become the poster for a series of jobs (a program, :mod:`vt_cpu.program`),
         waking the parked helpers first; False while another thread posts or after

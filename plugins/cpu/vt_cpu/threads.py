@@ -307,6 +307,9 @@ class ThreadOwner:
         threads that take tiles as they go (a descheduled helper delays only its tile), or
         on the calling thread alone while the machine has no idle core."""
         starts = list(range(0, total, step))
+        team = self._team
+        if team is not None:  # its helpers would spin on the cores these tiles need
+            team.park()
         if self.n <= 1 or len(starts) < 2 or not self.idle():
             for r0 in starts:
                 fn(r0, min(total, r0 + step))

@@ -41,6 +41,7 @@ _KW = {"cache": True, "nogil": True, "boundscheck": False}
 SEQ, CLAIM, DONE = 0, 8, 16
 FN, ARGS, TOTAL, CHUNK, NCHUNKS = 24, 25, 26, 27, 28
 STOP = 32
+PARK_NOW = 33  # set: spinning helpers park at once (other threads need the cores)
 PARKED = 40  # + 8 * helper
 MASK32 = 0xFFFFFFFF
 
@@ -225,7 +226,7 @@ def helper_loop(ctl, me, last, spin):
             continue
         pause()
         idle += 1
-        if idle >= spin:
+        if idle >= spin or load_acquire(ctl, PARK_NOW) != 0:
             store_seq_cst(ctl, flag, 1)
             if load_acquire(ctl, SEQ) == last or load_acquire(ctl, STOP) != 0:
                 return last
@@ -240,6 +241,7 @@ def post(ctl, fn, args, total, chunk, helpers):
     return 1 at once (the caller wakes it, then calls :func:`finish`); else take part and
     return 0 once every chunk is done. The caller is the only poster of ``ctl``."""
     seq = ctl[SEQ] + 1
+    store_release(ctl, PARK_NOW, 0)
     ctl[FN] = fn
     ctl[ARGS] = args
     ctl[TOTAL] = total
@@ -308,6 +310,12 @@ def spin_seconds_probe(ctl, n):
         pause()
         s += load_acquire(ctl, STOP)
     return s
+
+
+@njit(**_KW)
+def park_now(ctl):
+    """Ask the spinning helpers to park at once (the next post wakes them)."""
+    store_seq_cst(ctl, PARK_NOW, 1)
 
 
 @njit(**_KW)
