@@ -90,25 +90,35 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     float acc[2][FA_MAXG];
 #pragma unroll
     for (int g = 0; g < FA_MAXG; ++g) acc[0][g] = acc[1][g] = 0.0f;
+    // Scores: lpn lanes per position (head_dim / 16 rounded up to a power of 2, at most 16:
+    // 4 float4s of a K row a lane), two positions a thread, 2 * FA_THREADS / lpn positions per
+    // pass (64 for head_dim 64), every load of a pass issued before its products, then the
+    // lanes' sums meet by shuffles. A thread walking a whole row (VT_FA_ROW, the kernel up
+    // to run 29) waited on one load after another: 13 us a call at 200 positions (run 29).
+    int lpn = 1;
+    while (lpn * 16 < head_dim && lpn < 16) lpn <<= 1;
+    int lp = t % lpn, pj = t / lpn, hp = FA_THREADS / lpn;
+    bool k16 = ((head_dim | row) & 3) == 0 && ((vt_u64)cache & 15) == 0;  // 16-byte loads
     for (int c0 = p0; c0 < p1; c0 += FA_CHUNK) {
         int cn = min(FA_CHUNK, p1 - c0);
-        float sg[FA_MAXG];
+#ifdef VT_FA_ROW
+        float sr[FA_MAXG];
 #pragma unroll
-        for (int g = 0; g < FA_MAXG; ++g) sg[g] = 0.0f;
+        for (int g = 0; g < FA_MAXG; ++g) sr[g] = 0.0f;
         if (t < cn) {
             const float* kp = cache + kbase + (long long)(c0 + t) * pos_stride;
             int d = 0;
-            if (((head_dim | row) & 3) == 0 && ((vt_u64)cache & 15) == 0) {  // 16-byte loads
+            if (k16) {
                 for (; d < head_dim; d += 4) {
                     vt_f4 k4 = *(const vt_f4*)(kp + d);
 #pragma unroll
                     for (int g = 0; g < FA_MAXG; ++g)
                         if (g < gb) {
                             const float* qg = qs + g * 256 + d;
-                            sg[g] += qg[0] * k4.x;
-                            sg[g] += qg[1] * k4.y;
-                            sg[g] += qg[2] * k4.z;
-                            sg[g] += qg[3] * k4.w;
+                            sr[g] += qg[0] * k4.x;
+                            sr[g] += qg[1] * k4.y;
+                            sr[g] += qg[2] * k4.z;
+                            sr[g] += qg[3] * k4.w;
                         }
                 }
             }
@@ -116,12 +126,79 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
                 float kd = kp[d];
 #pragma unroll
                 for (int g = 0; g < FA_MAXG; ++g)
-                    if (g < gb) sg[g] += qs[g * 256 + d] * kd;
+                    if (g < gb) sr[g] += qs[g * 256 + d] * kd;
+            }
+#pragma unroll
+            for (int g = 0; g < FA_MAXG; ++g)
+                if (g < gb) sc[g * FA_CHUNK + t] = sr[g] * scale;
+        }
+#else
+        for (int j0 = 0; j0 < cn; j0 += 2 * hp) {  // the same for the whole block
+            float sg[2][FA_MAXG];
+#pragma unroll
+            for (int p = 0; p < 2; ++p)
+#pragma unroll
+                for (int g = 0; g < FA_MAXG; ++g) sg[p][g] = 0.0f;
+            if (k16) {
+                vt_f4 k4[2][4];
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    int j = j0 + pj + p * hp;
+                    const float* kp = cache + kbase + (long long)(c0 + min(j, cn - 1)) * pos_stride;
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        int d = (lp + c * lpn) * 4;
+                        k4[p][c] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        if (j < cn && d < head_dim) k4[p][c] = *(const vt_f4*)(kp + d);
+                    }
+                }
+#pragma unroll
+                for (int p = 0; p < 2; ++p)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        int d = (lp + c * lpn) * 4;
+                        if (d < head_dim) {
+#pragma unroll
+                            for (int g = 0; g < FA_MAXG; ++g)
+                                if (g < gb) {
+                                    const float* qg = qs + g * 256 + d;
+                                    sg[p][g] += qg[0] * k4[p][c].x;
+                                    sg[p][g] += qg[1] * k4[p][c].y;
+                                    sg[p][g] += qg[2] * k4[p][c].z;
+                                    sg[p][g] += qg[3] * k4[p][c].w;
+                                }
+                        }
+                    }
+            } else {
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    int j = j0 + pj + p * hp;
+                    const float* kp = cache + kbase + (long long)(c0 + min(j, cn - 1)) * pos_stride;
+                    for (int d = lp; d < head_dim; d += lpn) {
+                        float kd = kp[d];
+#pragma unroll
+                        for (int g = 0; g < FA_MAXG; ++g)
+                            if (g < gb) sg[p][g] += qs[g * 256 + d] * kd;
+                    }
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < 2; ++p)
+#pragma unroll
+                for (int g = 0; g < FA_MAXG; ++g)
+                    if (g < gb)
+                        for (int m = lpn / 2; m > 0; m >>= 1) sg[p][g] += VT_SHFL_XOR(sg[p][g], m);
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                int j = j0 + pj + p * hp;
+                if (lp == 0 && j < cn) {
+#pragma unroll
+                    for (int g = 0; g < FA_MAXG; ++g)
+                        if (g < gb) sc[g * FA_CHUNK + j] = sg[p][g] * scale;
+                }
             }
         }
-#pragma unroll
-        for (int g = 0; g < FA_MAXG; ++g)
-            if (g < gb) sc[g * FA_CHUNK + t] = t < cn ? sg[g] * scale : -__uint_as_float(0x7f800000u);
+#endif
         __syncthreads();
         // Warp w updates heads w, w + warps, ...: chunk max, exp, sum, correction.
         for (int g = warp; g < gb; g += warps) {
@@ -149,7 +226,8 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
             float a[FA_MAXG];
 #pragma unroll
             for (int g = 0; g < FA_MAXG; ++g) a[g] = 0.0f;
-            for (int j = r; j < cn; j += R) {
+#pragma unroll 8
+            for (int j = r; j < cn; j += R) {  // unrolled: V loads in flight together
                 float vd = cache[vbase + (long long)(c0 + j) * pos_stride + d];
 #pragma unroll
                 for (int g = 0; g < FA_MAXG; ++g)
@@ -212,12 +290,14 @@ extern "C" __global__ void attention_combine(float* out, const float* part, cons
         l = pp[(long long)t * (head_dim + 2) + head_dim + 1];
         if (l > 0.0f) m = pp[(long long)t * (head_dim + 2) + head_dim];
     }
-    float mx = vt_block_max(m, red);
+    // Two barriers a reduction (warps, then their results), not log2(FA_THREADS).
+    float mx = vt_block_max_warps(m, red);
     float w = l > 0.0f ? expf(m - mx) : 0.0f;
     wt[t] = w;
-    float den = vt_block_sum(w * l, red);  // its barriers also publish wt[]
+    float den = vt_block_sum_warps(w * l, red);  // its barriers also publish wt[]
     for (int d = t; d < head_dim; d += FA_THREADS) {
         float num = 0.0f;
+#pragma unroll 8
         for (int k = 0; k < splits; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
         out[(long long)oh * head_dim + d] = ok ? num / den : vt_nan();
     }
