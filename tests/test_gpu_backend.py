@@ -886,6 +886,47 @@ def test_many_rows_go_to_the_vendor_blas_over_a_float32_copy_of_the_weight(wtype
     backend.close()
 
 
+@pytest.mark.parametrize("inputs", ["tf32", "f16"])
+def test_the_blas_path_keeps_its_weight_copies_within_a_fraction_of_the_memory(
+    inputs: str,
+) -> None:
+    """With device_memory() known, the dequantized copy a matmul makes is kept for the next
+    matmuls of that weight (one launch fewer each), while the kept copies fit
+    blas_keep_fraction of it; a weight past that makes its copy in scratch every time;
+    freeing a weight, or closing, frees its kept copy."""
+    backend, rt = make(blas="fake BLAS")
+    backend.blas_inputs, backend.blas_keep_fraction = inputs, 0.125
+    per = 40 * 64 * (2 if inputs == "f16" else 4)  # the copy's bytes
+    backend.device_memory = lambda: 8 * int(1.5 * per)  # type: ignore[method-assign]
+    values = np.random.default_rng(2).standard_normal((40, 64)).astype(np.float32)
+    weights = [backend.upload_weight(weight_tensor(f"w{i}", values, "Q8_0")) for i in range(2)]
+    stream = backend.create_stream()
+    n = backend.blas_min_rows
+    x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+    out = vt.Tensor.of(backend.alloc(n * 40 * 4), F32, n, 40)
+    copy = "dequantize16_h_q" if inputs == "f16" else "dequantize16_q"
+
+    def copies(weight: Any) -> list[Any]:
+        rt.launches.clear()
+        backend.launch("matmul", stream, out=out, x=x, weight=weight)
+        gemm = next(launch for launch in rt.launches if launch.kernel == "gemm")
+        made = [launch.args[0] for launch in rt.launches if launch.kernel == copy]
+        return [*made, gemm.args[4]]
+
+    first = copies(weights[0])  # made and kept: 1 of 1.5 copies' room
+    assert len(first) == 2 and first[0] == first[1]
+    assert copies(weights[0]) == [first[0]]  # no copy launched: the kept one read
+    assert len(copies(weights[1])) == 2 and len(copies(weights[1])) == 2  # no room: scratch
+    malloc, free = len(rt.args("malloc")), len(rt.args("free"))
+    backend.free_weight(weights[0])
+    assert len(rt.args("free")) == free + 2  # the weight and its kept copy
+    kept = copies(weights[1])  # room again: made and kept
+    assert len(kept) == 2 and copies(weights[1]) == [kept[0]]
+    assert len(rt.args("malloc")) == malloc + 1
+    backend.close()
+    assert len(rt.args("free")) >= free + 3
+
+
 @pytest.mark.parametrize("wtype", ["F32", "F16", "Q8_0"])
 def test_the_blas_path_with_half_inputs(wtype: str) -> None:
     """blas_inputs="f16": x (and a weight that is neither F32 nor F16) converted to half in

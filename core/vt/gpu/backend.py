@@ -212,6 +212,15 @@ class GpuBackend(
     #: Cleared the first time the runtime's ``gemm`` refuses half inputs (vt_rocm's
     #: hipBLAS path takes float32 only): "auto" then stays on float32 inputs.
     _blas_half_ok: bool = True
+    #: The BLAS path keeps its float32 or half copy of a weight for later matmuls instead of
+    #: making it again each time (a launch and a pass over the weight per matmul per
+    #: prefill chunk: 210 launches of a 512-token chunk of the 135M shape, whose prefill is
+    #: bound by the host's launches), while all kept copies fit this fraction of
+    #: ``device_memory()`` (the 1B shape's half copies: 1.9 GB; an H200's eighth: 17.6 GB);
+    #: 0, or a plugin that does not say its memory: none kept. Measured at 0.125 (run 32:
+    #: 135M pp512 about 1.9x, 1B +15-25%), but 0 by default until the kit and gpu_checks.py
+    #: have run with it on the device (run 32 ran only the matmul-path checks).
+    blas_keep_fraction: float = 0.0
     #: The BLAS path's quantized-weight and x copies 16 (8) values a thread with 128-bit
     #: loads and stores (blas_copies.cu); False: a value a thread (a tool's "before").
     blas_wide_copies: bool = True
@@ -258,6 +267,8 @@ class GpuBackend(
         self._granularity: int | None = None
         self._lock = threading.Lock()
         self._scratch: list[tuple[str, Buffer]] = []
+        self._kept: dict[tuple[int, str], Buffer] = {}  # (weight data, slot) -> its BLAS copy
+        self._kept_bytes = 0
 
     @property
     def runtime(self) -> GpuRuntime:
@@ -267,6 +278,7 @@ class GpuBackend(
         """Forget the kernels and let the adapter release its context (idempotent)."""
         while self._scratch:
             self._free(self._scratch.pop()[1])
+        self._drop_copies()
         self._functions.clear()
         self._kernels = None
         self._rt.close()
@@ -525,7 +537,9 @@ class GpuBackend(
         return Weight(tensor.name, tuple(int(d) for d in tensor.shape), handle, tensor.ggml_type)
 
     def _free_weight(self, weight: Weight) -> None:
-        self.free(self._gpu_weight(weight, "free_weight").buffer)
+        w = self._gpu_weight(weight, "free_weight")
+        self._drop_copies(w)  # before its address can be reused by another weight
+        self.free(w.buffer)
 
     def _gpu_weight(self, weight: Weight, what: str) -> GpuWeight:
         handle = weight.handle
@@ -660,6 +674,33 @@ class GpuBackend(
                      self._ptr(x), I32(n), I32(k))  # fmt: skip
         return "q8a", xq
 
+    def device_memory(self) -> int:
+        """Bytes of device memory where the plugin knows them; 0: unknown (nothing kept)."""
+        return 0
+
+    def _weight_copy(self, w: GpuWeight, slot: str, nbytes: int) -> tuple[int, bool]:
+        """Where the BLAS path's copy of ``w`` (``slot``: its float32 or half form) goes, and
+        whether it must be made: a copy kept from an earlier matmul is reused (False); a new
+        one is kept while all kept copies fit ``blas_keep_fraction`` of ``device_memory()``,
+        else it goes to scratch and is made again next time (True either way)."""
+        key = (w.data, slot)
+        kept = self._kept.get(key)
+        if kept is not None:
+            return self._addr(kept), False
+        if self._kept_bytes + nbytes <= self.blas_keep_fraction * self.device_memory():
+            buf = self._alloc(nbytes)
+            self._kept[key] = buf
+            self._kept_bytes += nbytes
+            return self._addr(buf), True
+        return self._scratch_at_least(nbytes, slot=slot), True
+
+    def _drop_copies(self, w: GpuWeight | None = None) -> None:
+        """Free the kept BLAS copies of ``w`` (None: of every weight)."""
+        for key in [k for k in self._kept if w is None or k[0] == w.data]:
+            buf = self._kept.pop(key)
+            self._kept_bytes -= buf.nbytes
+            self._free(buf)
+
     def _blas_matmul(
         self, stream: Stream, out: Tensor, x: Tensor, w: GpuWeight, bias: int,
         residual: Tensor | None,
@@ -688,19 +729,22 @@ class GpuBackend(
         if w.kind != W.WT_F32 and half:
             inputs = "f16"
             if w.kind != W.WT_F16:
-                wptr = self._scratch_at_least(total * 2, slot="half_weight")
-                self._kernel(f"{copy}_h_{w.suffix}", (_blocks(total // per), 1, 1), _THREADS,
-                             stream, P(wptr), P(w.data), P(w.scales), I32(w.lg_block),
-                             I64(total))  # fmt: skip
+                wptr, fresh = self._weight_copy(w, "half_weight", total * 2)
+                if fresh:
+                    self._kernel(f"{copy}_h_{w.suffix}", (_blocks(total // per), 1, 1),
+                                 _THREADS, stream, P(wptr), P(w.data), P(w.scales),
+                                 I32(w.lg_block), I64(total))  # fmt: skip
             xh = self._scratch_at_least(n * k * 2, slot="half_x")
             x8 = 8 if self.blas_wide_copies and (n * k) % 8 == 0 and xp % 16 == 0 else 1
             self._kernel("to_half8" if x8 > 1 else "to_half", (_blocks(n * k // x8), 1, 1),
                          _THREADS, stream, P(xh), P(xp), I64(n * k))  # fmt: skip
             xp = xh
         elif w.kind != W.WT_F32:
-            wptr = self._scratch_at_least(total * 4, slot="f32_weight")
-            self._kernel(f"{copy}_{w.suffix}", (_blocks(total // per), 1, 1), _THREADS, stream,
-                         P(wptr), P(w.data), P(w.scales), I32(w.lg_block), I64(total))  # fmt: skip
+            wptr, fresh = self._weight_copy(w, "f32_weight", total * 4)
+            if fresh:
+                self._kernel(f"{copy}_{w.suffix}", (_blocks(total // per), 1, 1), _THREADS,
+                             stream, P(wptr), P(w.data), P(w.scales), I32(w.lg_block),
+                             I64(total))  # fmt: skip
         accumulate = residual is not None
         if residual is not None and (rp := self._ptr(residual).value or 0) != op:
             self._rt.memcpy_d2d(op, rp, n * m * 4, stream.handle)

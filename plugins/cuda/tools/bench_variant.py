@@ -15,6 +15,8 @@ weight has N values or more (``GpuBackend.int8_min_values``; 0: every quantized 
 ``GpuBackend.int8_mma``, by default where the device has them); ``--kdefine NAME=VALUE``:
 ``#define NAME VALUE`` before the kernel source (e.g. ``VT_MMA_U4=4``: the int8 mma
 kernels' K blocks a warp loads in one go);
+``--blas-keep F``: the BLAS path keeps its weight copies within fraction F of the
+device's memory (``GpuBackend.blas_keep_fraction``; 0: a copy every matmul, as before);
 ``--gemv N``: one-row steps on the gemv kernels with N (1, 2, 4) features a block
 (``GpuBackend.gemv_features``; 0: a warp per feature, the kernels before them);
 ``--tiled-rows N``: attention
@@ -60,6 +62,8 @@ def apply(args: list[str]) -> list[str]:
         flag = args[0]
         if flag in _NUMBERS:
             setattr(GpuBackend, _NUMBERS[flag], int(args[1]))
+        elif flag == "--blas-keep":
+            GpuBackend.blas_keep_fraction = float(args[1])
         elif flag == "--int8-mma":
             GpuBackend.int8_mma = bool(int(args[1]))
         elif flag == "--kdefine":

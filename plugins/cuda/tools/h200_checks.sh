@@ -14,7 +14,7 @@
 # batch1:MODEL only as is),
 # batch_old MODEL (the same on .whl/old), kprofile MODEL (profile_decode.py at batch 1 and
 # 32 with a per-kernel table; kprofile1 MODEL: batch 1 only); MODEL is smol or 1b, as in
-# `batch:smol`. checksk:EXPR: gpu_checks.py -k EXPR. Prefill: attn (the
+# `batch:smol`. checksk:EXPR: gpu_checks.py -k EXPR (+ for " or "). Prefill: attn (the
 # attention op alone, tiled vs split, bench_attention.py), pp:1b,smol (pp512 variants in one
 # process and per-kernel profiles of the PROFILE variants, bench_prefill.py; VARIANTS and
 # PROFILE override its lists, PROFILE= profiles none).
@@ -223,9 +223,11 @@ EOF"
         m=${s#kprofile1:}
         step "kprofile1-$m" 300 "python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --steps 64 --batch 1 --kernels --no-cprofile"
         ;;
-    checksk:*)  # gpu_checks.py's tests whose names match the pytest -k expression after the colon
+    checksk:*)  # gpu_checks.py's tests whose names match the pytest -k expression after the
+        # colon, each + read as " or " (steps are split at spaces): checksk:gemv+tiled_matmul
+        k=${s#checksk:}
         step "gpu_checks-k" 400 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -rfE \
-            plugins/cuda/tests/gpu_checks.py -k '${s#checksk:}'"
+            plugins/cuda/tests/gpu_checks.py -k '${k//+/ or }'"
         ;;
     kprofile:*)
         m=${s#kprofile:}

@@ -54,6 +54,10 @@ class CudaBackend(GpuBackend):
         self.profile: DeviceProfile = rt.profile
         super().__init__(rt)
 
+    def device_memory(self) -> int:
+        """cuDeviceTotalMem (the BLAS path keeps weight copies within a fraction of it)."""
+        return int(self.profile.total_memory)
+
     @classmethod
     def probe(cls) -> Probe:
         try:
