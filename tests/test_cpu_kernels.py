@@ -301,13 +301,13 @@ def test_numba_compiles_with_the_kernels_cpu_features() -> None:
 
 
 @pytest.mark.parametrize(("n", "max_len"), [(1, 70), (3, 70), (16, 70), (32, 70), (33, 70),
-                                            (16, 600)])  # fmt: skip
+                                            (16, 600), (256, 70), (257, 70)])  # fmt: skip
 def test_attention_over_the_kv_cache_matches_the_reference(cpu: CpuBackend, n: int,
                                                            max_len: int) -> None:  # fmt: skip
-    # decode rows (each its own slot, any lengths) through the op: the numba kernels up to
+    # rows (their own slots or shared, any lengths) through the op: the numba kernels up to
     # ATTENTION_KERNEL_MAX_ROWS (16 rows of ~300 positions: as team jobs), the reference's
-    # matmuls beyond; rows may share a slot
-    layout = vt.KVLayout(n_layers=2, n_slots=34, max_len=max_len, n_kv_heads=2, head_dim=16)
+    # matmuls beyond
+    layout = vt.KVLayout(n_layers=2, n_slots=300, max_len=max_len, n_kv_heads=2, head_dim=16)
     heads, hd = 6, 16
     rng = np.random.default_rng(n)
     shape = (layout.max_len, layout.n_slots, layout.n_layers, 2, layout.n_kv_heads, hd)

@@ -55,9 +55,13 @@ def act_bits() -> int:
     return int(bits)
 
 
-#: Query rows up to which attention runs the numba kernels (decode steps of up to this
-#: many sequences); more rows (prefill) run the reference's batched BLAS matmuls.
-ATTENTION_KERNEL_MAX_ROWS = 32
+#: Query rows up to which attention runs the numba kernels (decode steps, and prefill
+#: chunks of up to the default 256 tokens: row by row, each up to its own position); more
+#: rows run the reference's batched BLAS matmuls. The kernels on the team beat those
+#: (single-threaded, every row over the chunk's longest context, then masked): a 128-token
+#: prompt's attention 37 -> 24 ms, the prefill 284 -> 267 ms; 1024 tokens in chunks of 256
+#: 966 -> 790 ms of 2.5 s (docs/benchmarks.md).
+ATTENTION_KERNEL_MAX_ROWS = 256
 #: Decode attention goes to the team (jobs over a row's KV head) from this many units and
 #: this many scores (rows x heads x positions); below, a post costs more than a second
 #: thread saves (docs/benchmarks.md: 16 rows at 128 positions 333 -> 247 us, one row of
