@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import vt_cpu.backend as cpu_backend
+from vt_cpu import anon
 
 _REUSE = """
 import gc
@@ -48,7 +49,7 @@ def test_a_large_buffer_is_resident_only_once_touched_and_returned_when_freed() 
 def test_large_and_small_buffers_are_zeroed_writable_and_private() -> None:
     be = cpu_backend.CpuBackend()
     try:
-        for n in (16, cpu_backend.MMAP_MIN_BYTES - 1, cpu_backend.MMAP_MIN_BYTES, 3 << 20):
+        for n in (16, anon.MMAP_MIN_BYTES - 1, anon.MMAP_MIN_BYTES, 3 << 20):
             buf = be.alloc(n)
             view = be.host_view(buf)
             assert view.nbytes == n and not view.any()

@@ -15,16 +15,13 @@ import numpy as np
 import vt
 from vt.reference import HostMemory
 
-from . import program, vmm
+from . import anon, program, vmm
 from .logprobs import LogprobsOp
 from .ops import CpuOps
 from .streams import CpuEvent, StreamError, WorkerStream
 from .threads import ThreadOwner
 
 DEFAULT_VMM_GRANULARITY = 2 << 20
-#: Buffers of at least this many bytes are mapped on their own (see ``CpuBackend._alloc``).
-MMAP_MIN_BYTES = 1 << 20
-_MAP_PRIVATE: int | None = getattr(mmap, "MAP_PRIVATE", None)  # None on Windows
 GRANULARITY_ENV = "VT_CPU_VMM_GRANULARITY"
 
 
@@ -157,18 +154,9 @@ class CpuBackend(
 
     # ---- memory
     def _alloc(self, nbytes: int) -> vt.Buffer:
-        # A large buffer gets its own anonymous mapping: its pages are zero when first
-        # touched and count only then (a 128-row step in buffers for 256 rows touches half),
-        # and they go back to the OS when the buffer is freed. np.zeros takes them from
-        # malloc, whose heap keeps what is freed: calloc then zeroes a reused chunk whole
-        # (every page resident at once), and a second runner's buffers stayed resident
-        # beside the first's (vt bench: +13 MiB on a 1B model).
-        if nbytes >= MMAP_MIN_BYTES and _MAP_PRIVATE is not None:
-            # Private: a forked child must not share the buffers (mmap's default is shared).
-            array = np.frombuffer(mmap.mmap(-1, nbytes, flags=_MAP_PRIVATE), dtype=np.uint8)
-        else:
-            array = np.zeros(nbytes, dtype=np.uint8)
-        return vt.Buffer(array, nbytes, 0, self.name)
+        # A large buffer gets its own anonymous mapping (vt_cpu.anon): a 128-row step in
+        # buffers for 256 rows touches half of it, and a freed one leaves no resident heap.
+        return vt.Buffer(anon.zeros(nbytes), nbytes, 0, self.name)
 
     def _free(self, buf: vt.Buffer) -> None:
         self._mem(buf)  # memory returns to the allocator when the last view is dropped

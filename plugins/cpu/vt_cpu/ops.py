@@ -22,6 +22,7 @@ import vt
 from vt.reference import ReferenceOps, rope_cos_sin
 from vt.reference import attention as ref_attention
 
+from . import anon
 from . import compile as kernels_compile
 from . import weights as W
 from .kernels import attention as A
@@ -509,8 +510,8 @@ class CpuOps(ReferenceOps):
         bufs = self.__dict__.setdefault("_attention_buffers", weakref.WeakKeyDictionary())
         key = stream.handle
         buf = bufs.get(key)
-        if buf is None or buf.size < size:
-            buf = bufs[key] = np.empty(max(size, 1 << 14), F32)
+        if buf is None or buf.size < size:  # (pages count once a context reaches them)
+            buf = bufs[key] = anon.zeros(4 * max(size, 1 << 14), F32)
         return buf
 
     def _attention_scratch(self, size: int) -> np.ndarray:
