@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -261,6 +262,34 @@ def test_with_the_team_a_formats_pool_kernels_stay_on_disk() -> None:
     everything = "['dq_q4', 'mm1_q4', 'mm_q4', 'mv1_q4', 'mv_q4']"
     assert loaded("pool") == everything  # and now they are all in the disk cache
     assert loaded("team") == "['dq_q4']"  # only prefill's dequantizer (and the team's job)
+
+
+def test_the_activation_ops_fallback_functions_stay_on_disk_once_cached() -> None:
+    """Every activation op runs as jobs; the numba functions only its fallbacks call are
+    compiled on a first run but not loaded by later ones (~11 MiB of numba's memory), nor
+    are the integer jobs of the activation width not in use."""
+    import subprocess
+    import sys
+
+    code = (
+        "from vt_cpu import compile as C\n"
+        "from vt_cpu.kernels import jobs as J\n"
+        "C.ensure_compiled('layers', quiet=True)\n"
+        "C.ensure_compiled('int8', quiet=True, pool=False)\n"
+        "print(sorted(k.__name__ for k in C._GROUPS['layers'] if getattr(k, 'overloads', 1)))\n"
+        "print(sorted(J._compiled))\n"
+        "def boom(kernel): raise AssertionError('the disk cache was looked at again')\n"
+        "C._cached = boom\n"
+        "assert C.ensure_compiled('layers', quiet=True) == 0.0\n"
+    )
+    kernels_compile.ensure_compiled("layers", quiet=True)  # compiled or found: then cached
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "VT_CPU_ACT_BITS": "16"})  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    layers, jobs = run.stdout.strip().splitlines()
+    assert layers == "['first_bad', 'helper_loop', 'post']"  # what the jobs' ops still call
+    assert "'q8_16'" in jobs and "'quant16'" in jobs
+    assert "q8_8" not in jobs and "quant8" not in jobs
 
 
 def test_the_cache_goes_under_vt_home_when_the_package_is_not_writable(

@@ -11,7 +11,9 @@ With the team (``VT_CPU_TEAM``, the default) a format's matmuls run as team jobs
 numba-pool kernels (``mv*``/``mm*`` and the int8 ``mv*``) never run; once the disk cache
 holds them they are not loaded at all (numba would load one on a first call), which keeps
 ~20 MiB of numba's memory out of a Q4_1 model's process. A first run still compiles them,
-so turning the team off later finds them cached.
+so turning the team off later finds them cached. Likewise the numba functions that only
+the activation ops' fallbacks call (~11 MiB: every op runs as jobs) and the integer
+kernels of the activation width not in use (``VT_CPU_ACT_BITS``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import numba
 import numpy as np
+import vt
 
 from . import kernels
 from .kernels import attention as A
@@ -109,6 +112,8 @@ def _warm_dequantizer(kind: str, rows: np.ndarray, deq: np.ndarray) -> None:
 
 
 def _warm_int8(pool: bool = True) -> None:
+    """The integer activations' jobs; with ``pool`` (or a first compile) both widths and
+    numba-pool kernels, else only the width ``VT_CPU_ACT_BITS`` asks for."""
     x = np.zeros((1, 64), F32)
     out = np.zeros((1, 4), F32)
     raw = _blocks(34, 8)
@@ -117,23 +122,30 @@ def _warm_int8(pool: bool = True) -> None:
             xq, xd, xi = Q8.scratch(1, 64, bits)
             Q8.mv1(0, raw, x, xq, xd, xi, out, out, True)
             Q8.mv(0, raw, x, xq, xd, xi, out, out, True, 2)
+        elif bits != vt.envs.get("VT_CPU_ACT_BITS"):
+            continue  # loaded on first use, if ever (~3 MiB each)
         J.address(f"q8_{bits}")
         J.address(f"quant{bits}")
 
 
-def _warm_layers() -> None:
+def _warm_layers(fallbacks: bool = True) -> None:
+    """The activation ops' jobs and the team's entry points; with ``fallbacks`` also the
+    numba functions that only the ops' fallbacks call (arrays a job cannot take, a RoPE
+    table too large): ~11 MiB of loaded code that a model's run never needs once they
+    are in the disk cache (a first call loads one)."""
     a = np.zeros((1, 8), F32)
-    L.rms_norm(a, _ro(np.ones(8, F32)), 1e-5, a)
     ids = np.zeros(1, np.int32)
     L.first_bad(ids, 1)
     cache = np.zeros((2, 1, 1, 2, 1, 8), F32)
-    cs = np.ones((1, 4), F32)
-    L.rope_kv_store(a, a, a, ids, ids, cache, 0, 1, cs, cs, False)
-    L.silu_mul(a, a, a)
-    q, out, buf = np.zeros((1, 16), F32), np.zeros((1, 16), F32), np.ones(2, F32)  # 2 heads
-    A.packed_size(ids, ids, 2, 1, 1)
-    A.scores(q, cache, 0, ids, ids, 2, 1.0, buf, np.zeros(2, F32))
-    A.weighted_values(cache, 0, ids, ids, 2, buf, out)
+    if fallbacks:
+        L.rms_norm(a, _ro(np.ones(8, F32)), 1e-5, a)
+        cs = np.ones((1, 4), F32)
+        L.rope_kv_store(a, a, a, ids, ids, cache, 0, 1, cs, cs, False)
+        L.silu_mul(a, a, a)
+        q, out, buf = np.zeros((1, 16), F32), np.zeros((1, 16), F32), np.ones(2, F32)  # 2 heads
+        A.packed_size(ids, ids, 2, 1, 1)
+        A.scores(q, cache, 0, ids, ids, 2, 1.0, buf, np.zeros(2, F32))
+        A.weighted_values(cache, 0, ids, ids, 2, buf, out)
     ctl = np.zeros(K.control_size(1), np.int64)
     for fn, sig in _TEAM_SIGNATURES:
         fn.compile(sig)
@@ -198,8 +210,9 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False, pool: bool = True
         return 0.0  # every weight upload asks: no lock, no look at the disk cache
     with _lock:
         missing = any(_cached(k) is False for k in _GROUPS[kind])
-        pool = pool or missing or kind == "layers"
-        done_as = kind if pool else team_done
+        # (for "layers", pool means the fallbacks' functions: needed with or without team)
+        pool = missing if kind == "layers" else pool or missing
+        done_as = kind if pool or kind == "layers" else team_done
         if kind in _done or done_as in _done:
             return 0.0
         start = time.perf_counter()
@@ -221,7 +234,7 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False, pool: bool = True
         watcher.start()
         try:
             if kind == "layers":
-                _warm_layers()
+                _warm_layers(pool)
             elif kind == "int8":
                 _warm_int8(pool)
             else:
