@@ -15,7 +15,7 @@ of units, their operands given as addresses and shapes in an int64 argument bloc
   (:func:`vt_cpu.kernels.q8.quantize_range`), a unit being a row;
 - ``rms_norm``, ``silu_mul``, ``rope_kv``: the activation ops of
   :mod:`vt_cpu.kernels.layers` over rows (``rope_kv`` writes a bad row's code to a status
-  word instead of returning it).
+  word instead of returning it); ``gather``: the op ``gather_rows``.
 
 A backend op is one or more of these jobs (run alone or shared, the same compiled code
 either way), so a captured graph can run as a program of jobs (:mod:`vt_cpu.program`)
