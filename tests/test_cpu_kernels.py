@@ -185,6 +185,19 @@ def test_tiles_cover_every_row_once_across_threads() -> None:
     assert sorted(seen) == [(r, min(100, r + 16)) for r in range(0, 100, 16)]
 
 
+@pytest.mark.parametrize(("rows", "cols"), [(576, 576), (1536, 576), (2048, 8192),
+                                            (8192, 2048), (40, 8192), (49152, 576)])  # fmt: skip
+def test_prefill_tiles_suit_blas_and_two_threads(rows: int, cols: int) -> None:
+    """A BLAS tile holds at most TILE_ELEMENTS weights but at least 16 rows, and a matrix
+    has at least TILES_MIN tiles where it has the rows for them (two threads share it)."""
+    w = weights.BlockWeight.__new__(weights.BlockWeight)
+    w.rows, w.cols = rows, cols
+    step = w.tile_rows()
+    assert step >= 16 or step == rows
+    assert step * cols <= weights.TILE_ELEMENTS or step == 16
+    assert -(-rows // step) >= min(weights.TILES_MIN, -(-rows // 16))
+
+
 def _blas_threads() -> dict[str, int]:
     return {p["filepath"]: p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
 

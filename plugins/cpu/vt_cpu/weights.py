@@ -44,8 +44,13 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 #: (``mv_*``: once per row). Measured, one thread, 1536x768 (``docs/benchmarks.md``).
 MM_MIN_ROWS: dict[str, int] = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 2, "Q4_K": 3, "Q5_K": 2, "Q6_K": 2}
 
-#: Rows of weights dequantized per BLAS tile in :meth:`BlockWeight.tiled`.
-TILE_ELEMENTS = 1 << 17
+#: Weights dequantized per BLAS tile in :meth:`BlockWeight.tiled` (at most; a matrix has
+#: at least :data:`TILES_MIN` tiles, so two threads share it). A tile of 2^17 had 16 rows
+#: of a 1B model's down projection (8192 columns), too few for BLAS to run well: 2^19 with
+#: at least four tiles a matrix measured prefill +9% on SmolLM2-135M and +16% on the 1B
+#: shape (Q4_K) against 2^17 (docs/benchmarks.md).
+TILE_ELEMENTS = 1 << 19
+TILES_MIN = 4
 
 
 @dataclass(eq=False)
@@ -134,7 +139,8 @@ class BlockWeight:
             Q.dq_q6_k(a[0], a[1], rows, out)
 
     def tile_rows(self) -> int:
-        return max(16, min(self.rows, TILE_ELEMENTS // max(1, self.cols)))
+        per = min(TILE_ELEMENTS // max(1, self.cols), -(-self.rows // TILES_MIN))
+        return max(16, min(self.rows, per))
 
     def tile(self, r0: int, r1: int, scratch: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[r0, r1)`` as float32 (a view for F32)."""
