@@ -678,22 +678,31 @@ def mv1_q6_k(raw, sc, x, out, res, add):
 
 @njit(**_KW)
 def dq_q6_k(raw, sc, rows, out):
+    # The scales are read once per 16 values, outside the loop over them (with them inside,
+    # and a division per value, LLVM kept the loop scalar: 0.7 -> 6.0 G values/s, same bits).
     nbk = out.shape[1] // 256
     for k in range(rows.shape[0]):
         i0 = rows[k] * nbk
+        o = out[k]
         for kb in range(nbk):
             i = i0 + kb
+            blk = raw[i]
+            di = _f16(raw, i, 208)
             for h in range(2):
                 base = kb * 256 + 128 * h
-                for j in range(32):
-                    v0, v1, v2, v3 = _q6(raw[i, 64 * h + j], raw[i, 64 * h + 32 + j],
-                                         raw[i, 128 + 32 * h + j])  # fmt: skip
-                    gs = 192 + 8 * h + j // 16
-                    di = _f16(raw, i, 208)
-                    out[k, base + j] = di * F(sc[i, gs]) * v0
-                    out[k, base + 32 + j] = di * F(sc[i, gs + 2]) * v1
-                    out[k, base + 64 + j] = di * F(sc[i, gs + 4]) * v2
-                    out[k, base + 96 + j] = di * F(sc[i, gs + 6]) * v3
+                ob = o[base : base + 128]
+                for half in range(2):
+                    gs = 192 + 8 * h + half
+                    s0, s1 = di * F(sc[i, gs]), di * F(sc[i, gs + 2])
+                    s2, s3 = di * F(sc[i, gs + 4]), di * F(sc[i, gs + 6])
+                    for jj in range(16):
+                        j = 16 * half + jj
+                        v0, v1, v2, v3 = _q6(blk[64 * h + j], blk[64 * h + 32 + j],
+                                             blk[128 + 32 * h + j])  # fmt: skip
+                        ob[j] = s0 * v0
+                        ob[32 + j] = s1 * v1
+                        ob[64 + j] = s2 * v2
+                        ob[96 + j] = s3 * v3
 
 
 # --------------------------------------------------------------------------- batched decode
