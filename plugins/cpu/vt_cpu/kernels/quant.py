@@ -226,12 +226,19 @@ def mv1_q8_0(q, raw, x, out, res, add):
 @njit(**_KW)
 def dq_q8_0(q, raw, rows, out):
     nb = out.shape[1] // 32
+    if nb == 0:
+        return
+    # 32 values a block, as a trip count LLVM cannot see: with a constant 32 it unrolled
+    # the loop into scalar code; now it vectorizes it (2.7 -> 7.0 G values/s, same bits)
+    per = out.shape[1] // nb
     for k in range(rows.shape[0]):
         i = rows[k] * nb
         for b in range(nb):
             db = _f16(raw, i + b, 0)
-            for j in range(32):
-                out[k, b * 32 + j] = db * F(q[i + b, 2 + j])
+            qb = q[i + b, 2:]
+            ob = out[k, b * 32 :]
+            for j in range(per):
+                ob[j] = db * F(qb[j])
 
 
 # --------------------------------------------------------------------------- Q4_0 / Q4_1
@@ -397,16 +404,21 @@ def mv1_q4(raw, x, out, res, add, has_min):
 @njit(**_KW)
 def dq_q4(raw, rows, out, has_min):
     nb = out.shape[1] // 32
+    if nb == 0:
+        return
+    half = out.shape[1] // nb // 2  # 16, unseen by LLVM: it vectorizes (see dq_q8_0)
     off = 4 if has_min else 2
     for k in range(rows.shape[0]):
         i = rows[k] * nb
         for b in range(nb):
             db = _f16(raw, i + b, 0)
             mb = _f16(raw, i + b, 2) if has_min else F(-8.0) * db
-            for j in range(16):
-                lo, hi = _nib(raw[i + b, off + j])
-                out[k, b * 32 + j] = db * lo + mb
-                out[k, b * 32 + 16 + j] = db * hi + mb
+            qb = raw[i + b, off:]
+            ob = out[k, b * 32 :]
+            for j in range(half):
+                lo, hi = _nib(qb[j])
+                ob[j] = db * lo + mb
+                ob[half + j] = db * hi + mb
 
 
 # --------------------------------------------------------------------------- Q4_K / Q5_K
