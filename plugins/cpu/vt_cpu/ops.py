@@ -36,12 +36,13 @@ F32 = np.float32
 
 #: Activation rows up to which a projection runs the numba kernels (one row: the row
 #: kernels; several: the tile kernels, see ``vt_cpu.weights.MM_MIN_ROWS``); more rows
-#: (prefill) multiply dequantized tiles with BLAS. Measured crossovers of the tile kernels
-#: on the team with the BLAS tiles on as many threads (two, 1536x576, 576x1536, 49152x576
-#: and 2048x2048: ``docs/benchmarks.md``), so a short prompt (a chat turn) is not a
-#: dequantized copy of every weight.
+#: (prefill) multiply dequantized tiles with BLAS. Measured crossovers of a whole prefill
+#: on the team against BLAS tiles on as many threads (``docs/benchmarks.md``): since the
+#: tiles grew and Q8_0/Q4_x/Q6_K dequantization vectorized, BLAS wins from ~44 rows on
+#: SmolLM2-135M (Q4_1; it was ~96), ~64 on the 1B shape's Q8_0, ~40 on its Q4_K, 24-32
+#: for Q6_K (Q5_K, not measured again, keeps 32).
 KERNEL_MAX_ROWS: dict[str, int] = {
-    "Q8_0": 48, "Q4_0": 80, "Q4_1": 80, "Q4_K": 32, "Q5_K": 32, "Q6_K": 32,
+    "Q8_0": 56, "Q4_0": 40, "Q4_1": 40, "Q4_K": 40, "Q5_K": 32, "Q6_K": 24,
 }  # fmt: skip
 #: One activation row times Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K: 8 or 16 (the default) runs
 #: kernels.q8 (integer activations of that many bits), 32 the float kernels of kernels.quant.
