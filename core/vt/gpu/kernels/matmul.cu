@@ -655,33 +655,6 @@ extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int
 #define VT_MMA_NATIVE 1
 #endif
 
-// c[4] += A (16 x 32, a[4]) B (32 x 8, b[2]): PTX's fragments of mma.m16n8k32 .s8: a[0] row
-// g units t, a[1] row g + 8 unit t, a[2] row g unit 4 + t, a[3] row g + 8 unit 4 + t; b[0]
-// column g unit t, b[1] unit 4 + t; c[0], c[1] row g columns 2t, 2t + 1, c[2], c[3] row g + 8.
-__device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32* b) {
-#ifdef VT_MMA_NATIVE
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        int ga = g * 4 + s, n0 = 8 * t + s, n1 = 8 * t + 4 + s;
-        int a0 = (int)VT_SHFL32((int)a[0], ga), a1 = (int)VT_SHFL32((int)a[1], ga);
-        int a2 = (int)VT_SHFL32((int)a[2], ga), a3 = (int)VT_SHFL32((int)a[3], ga);
-        int b00 = (int)VT_SHFL32((int)b[0], n0), b01 = (int)VT_SHFL32((int)b[1], n0);
-        int b10 = (int)VT_SHFL32((int)b[0], n1), b11 = (int)VT_SHFL32((int)b[1], n1);
-        c[0] = vt_dot4(a0, b00, vt_dot4(a2, b01, c[0]));
-        c[1] = vt_dot4(a0, b10, vt_dot4(a2, b11, c[1]));
-        c[2] = vt_dot4(a1, b00, vt_dot4(a3, b01, c[2]));
-        c[3] = vt_dot4(a1, b10, vt_dot4(a3, b11, c[3]));
-    }
-#endif
-}
-
 // c[4] += A (16 x 16, a[2]: rows g and g + 8, unit t) B (16 x 8, b[0]: column g, unit t).
 __device__ __forceinline__ void vt_mma_k16(int* c, const vt_u32* a, const vt_u32* b) {
 #ifdef VT_MMA_NATIVE
@@ -702,6 +675,23 @@ __device__ __forceinline__ void vt_mma_k16(int* c, const vt_u32* a, const vt_u32
         c[2] = vt_dot4(a1, b0, c[2]);
         c[3] = vt_dot4(a1, b1, c[3]);
     }
+#endif
+}
+
+// c[4] += A (16 x 32, a[4]) B (32 x 8, b[2]): PTX's fragments of mma.m16n8k32 .s8: a[0] row
+// g units t, a[1] row g + 8 unit t, a[2] row g unit 4 + t, a[3] row g + 8 unit 4 + t; b[0]
+// column g unit t, b[1] unit 4 + t; c[0], c[1] row g columns 2t, 2t + 1, c[2], c[3] row g + 8.
+// Without the instruction: units t and 4 + t as two k16 products (integer sums: the same).
+__device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32* b) {
+#ifdef VT_MMA_NATIVE
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    vt_mma_k16(c, a + 2, b + 1);
+    vt_mma_k16(c, a, b);
 #endif
 }
 
