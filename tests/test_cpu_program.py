@@ -151,3 +151,32 @@ def test_rope_tables_equal_each_positions_own_angles() -> None:
     for positions in ([0], [4095], [17, 3, 2048], list(range(100, 164))):
         c, s = rope_cos_sin(np.array(positions, I32), params)
         assert np.array_equal(cos[positions], c) and np.array_equal(sin[positions], s)
+
+
+def test_gather_rows_is_native_and_a_bad_row_names_itself(cpu: CpuBackend) -> None:
+    """``gather_rows`` runs as a job (so a graph's program takes it in): the reference's
+    rows, and for a row out of range the reference's message, nothing written."""
+    x = np.arange(12, dtype=F32).reshape(4, 3)
+    s = cpu.create_stream("g")
+    bx, brows, bout = cpu.alloc(x.nbytes), cpu.alloc(8), cpu.alloc(2 * 3 * 4)
+    try:
+        cpu.copy_h2d(bx, x)
+        args = dict(out=vt.Tensor.of(bout, F32, 2, 3), x=vt.Tensor.of(bx, F32, 4, 3),
+                    rows=vt.Tensor.of(brows, I32, 2))  # fmt: skip
+        cpu.copy_h2d(brows, np.array([3, 1], I32))
+        cpu.launch("gather_rows", s, **args)
+        cpu.synchronize(s)
+        got = cpu.host_view(bout).view(F32).reshape(2, 3)
+        assert np.array_equal(got, vt.reference.gather_rows(x, np.array([3, 1])))
+        cpu.copy_h2d(brows, np.array([0, 7], I32))
+        cpu.launch("gather_rows", s, **args)
+        with pytest.raises(StreamError, match=r"gather_rows failed: ValueError: "
+                           r"gather_rows: row 7 is out of range \[0, 4\)"):  # fmt: skip
+            cpu.synchronize(s)
+        assert np.array_equal(got, x[[3, 1]])  # untouched
+        cpu.copy_h2d(brows, np.array([2, 2], I32))  # the status word was cleared
+        cpu.launch("gather_rows", s, **args)
+        cpu.synchronize(s)
+        assert np.array_equal(got, x[[2, 2]])
+    finally:
+        cpu.destroy_stream(s)
