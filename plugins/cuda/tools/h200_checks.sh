@@ -17,7 +17,8 @@
 # `batch:smol`. checksk:EXPR: gpu_checks.py -k EXPR (+ for " or "). Prefill: attn (the
 # attention op alone, tiled vs split, bench_attention.py), pp:1b,smol (pp512 variants in one
 # process and per-kernel profiles of the PROFILE variants, bench_prefill.py; VARIANTS and
-# PROFILE override its lists, PROFILE= profiles none).
+# PROFILE override its lists, PROFILE= profiles none). inv:MODEL: same-prompt requests of one
+# batch, their greedy ids and the step shapes that computed them (gpu_batch_invariance.py).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -56,7 +57,7 @@ for s in $STEPS; do
     verify)  # the cost of vt.management.trust's verification: fresh, then from the cache
         step verify 300 "rm -rf $VT_HOME/verified; python3 - <<'EOF'
 import time
-from vt import registry, trust
+from vt.management import registry, trust
 t0 = time.perf_counter()
 backend, _ = registry.create_backend('cuda')
 backend.close()
@@ -218,6 +219,13 @@ EOF"
         step "pp-$ms" 400 "python3 plugins/cuda/tools/bench_prefill.py $files --chunks 256,512 \
             --variants ${VARIANTS:-split-tf32-narrow,tiled-tf32-narrow,tiled-tf32,tiled-f16-narrow,tiled-f16} \
             --profile '${PROFILE-tiled-tf32,tiled-f16}'"
+        ;;
+    inv:*)  # batch invariance: do same-prompt requests of batches 8 and 32 generate the same
+        # greedy ids, with the default tokens per step and with every prompt in one step,
+        # and where they part, what differed (benchmarks/gpu_batch_invariance.py)
+        m=${s#inv:}
+        step "inv-$m" 200 "python3 benchmarks/gpu_batch_invariance.py /tmp/$m.gguf --batch ${IBATCH:-8,32} \
+            --schedules ${ISCHED:-default,one} --out $OUT/inv-$m.json"
         ;;
     kprofile1:*)  # the same at batch 1 only
         m=${s#kprofile1:}
