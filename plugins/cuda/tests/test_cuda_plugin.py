@@ -223,6 +223,24 @@ def test_int8_steps_take_the_tensor_cores_from_sm_80(major: int, minor: int, mma
     assert bool(backend._mma_tiles(8)) is mma and backend._mma_tiles(9) == (2 if mma else 0)
 
 
+def test_the_blas_path_keeps_weight_copies_within_an_eighth_of_the_device_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On by default on cuda (GpuBackend's default is 0, none kept), the budget read from
+    cuDeviceTotalMem; bench_variant.py's --blas-keep sets CudaBackend's too."""
+    backend, _, _ = make(H200)
+    assert GpuBackend.blas_keep_fraction == 0.0
+    assert backend.blas_keep_fraction == 0.125 and backend.device_memory() == H200.total_memory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import bench_variant  # noqa: PLC0415
+
+    for cls in (GpuBackend, CudaBackend):
+        monkeypatch.setattr(cls, "blas_keep_fraction", cls.blas_keep_fraction)  # restored
+    assert bench_variant.apply(["--blas-keep", "0", "bench"]) == ["bench"]
+    assert backend.blas_keep_fraction == 0.0 and GpuBackend.blas_keep_fraction == 0.0
+    backend.close()
+
+
 # --------------------------------------------------------------------------- memory
 
 

@@ -16,7 +16,8 @@ weight has N values or more (``GpuBackend.int8_min_values``; 0: every quantized 
 ``#define NAME VALUE`` before the kernel source (e.g. ``VT_MMA_U4=4``: the int8 mma
 kernels' K blocks a warp loads in one go);
 ``--blas-keep F``: the BLAS path keeps its weight copies within fraction F of the
-device's memory (``GpuBackend.blas_keep_fraction``; 0: a copy every matmul, as before);
+device's memory (``GpuBackend.blas_keep_fraction``, and ``CudaBackend``'s, 0.125 by
+default; 0: a copy every matmul, as before run 33);
 ``--gemv N``: one-row steps on the gemv kernels with N (1, 2, 4) features a block
 (``GpuBackend.gemv_features``; 0: a warp per feature, the kernels before them);
 ``--tiled-rows N``: attention
@@ -44,6 +45,16 @@ def _define(name: str, value: str) -> None:
     backend_module.kernel_source = lambda: text  # type: ignore[assignment]
 
 
+def _backend_classes() -> list[type[GpuBackend]]:
+    """GpuBackend and the installed plugins' subclasses that set their own defaults."""
+    classes: list[type[GpuBackend]] = [GpuBackend]
+    try:
+        from vt_cuda.backend import CudaBackend
+    except ImportError:
+        return classes
+    return [*classes, CudaBackend]
+
+
 #: Options taking an integer, and the ``GpuBackend`` attribute each sets.
 _NUMBERS = {
     "--blas-min-rows": "blas_min_rows",
@@ -62,8 +73,9 @@ def apply(args: list[str]) -> list[str]:
         flag = args[0]
         if flag in _NUMBERS:
             setattr(GpuBackend, _NUMBERS[flag], int(args[1]))
-        elif flag == "--blas-keep":
-            GpuBackend.blas_keep_fraction = float(args[1])
+        elif flag == "--blas-keep":  # CudaBackend says its own default (0.125)
+            for cls in _backend_classes():
+                cls.blas_keep_fraction = float(args[1])
         elif flag == "--int8-mma":
             GpuBackend.int8_mma = bool(int(args[1]))
         elif flag == "--kdefine":

@@ -48,6 +48,15 @@ class CudaBackend(GpuBackend):
     name = "cuda"
     priority = 100
     description = "NVIDIA GPU through the CUDA driver (cuda-python) and NVRTC kernels"
+    #: The BLAS path (prefill, batches of 64+ rows) keeps its dequantized copy of each weight
+    #: for later matmuls while all kept copies fit this fraction of ``device_memory()``
+    #: (cuDeviceTotalMem): an H200's eighth is 17.6 GB, an 8 GB card's 1 GB. The copies are
+    #: float32 (weights under 1M values) or half: the 1B shape's take 1.9 GB, the 135M
+    #: shape's 0.4 GB. They are allocated at a weight's first prefill matmul, so a device
+    #: filled by weights and KV cache to within this fraction runs out of memory there
+    #: (0: none kept, a copy every matmul, as before run 33). docs/gpu.md (runs 32-33):
+    #: 135M pp512 about 1.9x, 1B +15-25%; the numerics are the same copies read again.
+    blas_keep_fraction = 0.125
 
     def __init__(self, runtime: CudaRuntime | None = None, platform: str | None = None) -> None:
         rt = runtime if runtime is not None else load_runtime(platform=platform)
