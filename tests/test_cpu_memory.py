@@ -60,3 +60,60 @@ def test_large_and_small_buffers_are_zeroed_writable_and_private() -> None:
             be.free(buf)
     finally:
         be.close()
+
+
+_EXTRAS = """
+import os, sys
+import numba
+import numpy as np
+from vt_cpu import compile as C
+
+C.ensure_compiled("layers", quiet=True)
+loaded = [m for m in ("scipy.linalg", "cffi") if m in sys.modules]
+print("loaded", ",".join(loaded) or "-")
+print("opt", int(numba.config.OPT))
+
+@numba.njit
+def dot(a):
+    return np.dot(a, a)
+
+try:
+    print("dot", dot(np.ones(3)))
+except Exception as e:
+    print("dot error", type(e).__name__, str(e).splitlines()[0])
+try:
+    import scipy.linalg  # the user's own import is never refused
+except ImportError:
+    print("no scipy")
+else:
+    print("dot after import", dot(np.ones(3)))
+"""
+
+
+def _extras(env_value: str | None) -> list[str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "VT_CPU_NUMBA_EXTRAS"}
+    if env_value is not None:
+        env["VT_CPU_NUMBA_EXTRAS"] = env_value
+    done = subprocess.run(
+        [sys.executable, "-c", _EXTRAS], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_numba_loads_neither_scipy_linalg_nor_cffi_for_the_kernels() -> None:
+    out = _extras(None)
+    # numba's target imports both only for np.dot/np.linalg and cffi calls in jitted code.
+    assert out[0] == "loaded -"
+    assert out[1] == "opt 3"  # the runtime's helpers compiled without LLVM's pipeline only
+    assert out[2] == "dot error ImportError scipy 0.16+ is required for linear algebra"
+    assert out[3] in ("dot after import 3.0", "no scipy")
+
+
+def test_vt_cpu_numba_extras_lets_numba_load_them() -> None:
+    pytest.importorskip("scipy")
+    out = _extras("1")
+    assert out[0].startswith("loaded scipy.linalg")
+    assert out[2] == "dot 3.0"

@@ -110,6 +110,10 @@ _DECLARED = [
     Var("VT_CPU_PROGRAM", "boolean", "1", "the `cpu` backend replays a captured decode "
         "step's ops as one native program of jobs, without Python between them; `0` runs "
         "them op by op (`docs/benchmarks.md`)"),
+    Var("VT_CPU_NUMBA_EXTRAS", "boolean", "0", "`1` lets numba import `scipy.linalg` "
+        "(~17 MiB with scipy's own OpenBLAS) and `cffi` for `np.dot`/`np.linalg` and cffi "
+        "calls in jitted code; the `cpu` backend's kernels make none, so by default numba is "
+        "refused them (your own jitted code in the same process then cannot use them)"),
     Var("VT_API_KEY", "string", None, "`vt serve` requires this key as "
         "`Authorization: Bearer KEY` on `/v1/*` (as `--api-key`, which wins)",
         shown_default="none"),

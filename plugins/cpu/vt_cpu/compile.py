@@ -191,6 +191,34 @@ _GROUPS: dict[str, tuple[Any, ...]] = {
 }
 
 
+def _init_numba_runtime() -> None:
+    """Initialize numba's CPU target, compiling its runtime's (NRT's) few helper functions
+    without LLVM's optimization pipeline.
+
+    numba compiles them when it first loads or compiles any function, at ``NUMBA_OPT`` (3),
+    which runs LLVM's whole pipeline once and so brings ~5 MiB more of ``libllvmlite``'s
+    code into memory. They are reference-count helpers whose kernels carry their own
+    inlined copies, so their optimization changes nothing measurable; every kernel is still
+    compiled at ``NUMBA_OPT`` (the target machine is made before and keeps its level). A
+    numba without these internals is left to initialize itself."""
+    try:
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.core.registry import cpu_target
+        from numba.core.runtime import rtsys
+    except ImportError:  # pragma: no cover - another numba layout
+        return
+    with global_compiler_lock:  # no other thread compiles while OPT is 0
+        ctx = cpu_target.target_context  # the code generator, at the configured level
+        if getattr(rtsys, "_init", True):
+            return
+        level = numba.config.OPT
+        numba.config.OPT = 0
+        try:
+            rtsys.initialize(ctx)
+        finally:
+            numba.config.OPT = level
+
+
 def _cached(kernel: Any) -> bool | None:
     """Whether numba's disk cache has an index for ``kernel`` (None: cannot tell)."""
     try:
@@ -209,6 +237,7 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False, pool: bool = True
     if kind in _done or (not pool and team_done in _done) or kind not in _GROUPS:
         return 0.0  # every weight upload asks: no lock, no look at the disk cache
     with _lock:
+        _init_numba_runtime()
         missing = any(_cached(k) is False for k in _GROUPS[kind])
         # (for "layers", pool means the fallbacks' functions: needed with or without team)
         pool = missing if kind == "layers" else pool or missing

@@ -7,12 +7,21 @@ thread-safe one (OpenMP or TBB) when the user did not pick one, so several strea
 launch parallel kernels at once; and on a CPU with AVX-512, LLVM may use 512-bit vectors
 (unless ``NUMBA_CPU_FEATURES`` is set). numba's settings are the process's: numba code
 compiled after this import gets the same.
+
+It also keeps numba from importing ``scipy.linalg`` and ``cffi`` for itself (unless
+``VT_CPU_NUMBA_EXTRAS=1``): numba's CPU target imports them, when it first compiles or
+loads a function, only to offer ``np.dot``/``np.linalg`` and cffi calls inside jitted code,
+which no vt kernel makes; ``scipy.linalg`` brings scipy's own OpenBLAS, ~17 MiB of a
+process that runs the default model in ~300.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import numba
 import vt
@@ -35,6 +44,38 @@ def _cache_dir() -> str | None:
     except OSError:
         return str(Path(os.path.expanduser(str(vt.envs.get(_HOME)))) / "numba-cache")
 
+
+#: What numba imports for features no vt kernel uses, by the numba module that imports it:
+#: scipy's linear algebra (``np.dot``/``np.linalg`` in jitted code: all of
+#: ``scipy.linalg`` and scipy's own OpenBLAS, ~17 MiB) and cffi (cffi functions called
+#: from jitted code: cffi and pycparser, ~1.6 MiB).
+_NUMBA_EXTRAS = {"numba.np.linalg": "scipy.linalg", "numba.core.typing.cffi_utils": "cffi"}
+
+
+class _NumbaExtrasRefused(importlib.abc.MetaPathFinder):
+    """Refuses the packages of :data:`_NUMBA_EXTRAS` to the numba modules named there only
+    (numba then treats them as not installed: jitted code calling ``np.dot`` fails to
+    compile with "scipy 0.16+ is required for linear algebra"); any other importer, or one
+    after the package is loaded, gets it as usual."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        package = next(
+            (p for p in _NUMBA_EXTRAS.values() if (name + ".").startswith(p + ".")), None
+        )
+        if package is None or package in sys.modules:
+            return None
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("importlib"):
+            frame = frame.f_back
+        if frame is not None and _NUMBA_EXTRAS.get(frame.f_globals.get("__name__")) == package:
+            raise ImportError(f"vt_cpu: {name} is not loaded for numba (VT_CPU_NUMBA_EXTRAS=1)")
+        return None
+
+
+if not vt.envs.get("VT_CPU_NUMBA_EXTRAS") and not any(
+    isinstance(f, _NumbaExtrasRefused) for f in sys.meta_path
+):
+    sys.meta_path.insert(0, _NumbaExtrasRefused())
 
 CACHE_DIR = _cache_dir()
 if CACHE_DIR is not None:
