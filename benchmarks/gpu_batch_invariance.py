@@ -15,16 +15,20 @@ many tokens per step.
 Each step's shape is recorded (the rows its forward pass ran, decode steps padded to
 their bucket, and its sampled rows: the GPU backend picks its kernels by these: gemv for 1
 row, float32 warp kernels for 2-7, int8 activations from 8, cuBLAS from 64, attention split
-by the grid it fills, the output projection over the sampled rows). A request's *history*
-up to its generated token i is the shapes of the steps that computed its prompt and
-tokens 0..i, with its own rows' count in each. Printed per (B, schedule), and as JSON:
+by the grid it fills, the output projection over the sampled rows; in a step of 64+ rows,
+a tile of rows of three or more sequences on ``attention_split``, the others on the tiled
+kernel). A request's *history* up to its generated token i is the shapes of the steps that
+computed its prompt and tokens 0..i, with its own rows' count in each, and how many of
+them took ``attention_split``. Printed per (B, schedule), and as JSON:
 
 - ``groups``: how many distinct id sequences, and how many distinct histories;
 - ``deterministic``: requests whose histories are equal generated equal ids (False would be
   a bug: the same computation giving different results);
 - ``explained``: every request whose ids part from request 0's at token i has a history
   that differs from request 0's at or before token i;
-- per request that parts from request 0: the token, and the first step shape that differed.
+- per request that parts from request 0: the token, and the first step shape that differed;
+- ``repeats_equal``: ``--repeat`` runs of the same batch and schedule (a new runner each)
+  generated the same ids, request by request.
 
 The recording wraps ``ModelRunner._enqueue`` (a private method: a diagnostic tool, not API).
 """
@@ -37,7 +41,8 @@ import sys
 import time
 from typing import Any
 
-Shape = tuple[int, int, int]  # (forward rows, sampled rows, this request's rows)
+#: (forward rows, sampled rows, this request's rows, of them on attention_split)
+Shape = tuple[int, int, int, int]
 
 
 def run_batch(
@@ -56,10 +61,17 @@ def run_batch(
     steps: list[tuple[int, int, list[tuple[int, int, bool]]]] = []
     enqueue = runner._enqueue
 
+    split = split_rows_of(be, model_file.config)
+
     def recording(chunks: list[Any]) -> Any:
         out, plan = enqueue(chunks)
-        rows = [(c.slot, c.n_tokens, c.sample) for c in plan.chunks]
-        steps.append((plan.rows or plan.n_tokens, len(plan.sampled), rows))
+        n = plan.rows or plan.n_tokens
+        slots = [c.slot for c in plan.chunks]
+        on_split = split(n, slots, plan.row0, [c.n_tokens for c in plan.chunks])
+        rows = [
+            (c.slot, c.n_tokens, c.sample, k) for c, k in zip(plan.chunks, on_split, strict=True)
+        ]
+        steps.append((n, len(plan.sampled), rows))
         return out, plan
 
     runner._enqueue = recording  # type: ignore[method-assign]
@@ -94,14 +106,40 @@ def run_batch(
         events: list[Shape] = []
         per_token: list[tuple[Shape, ...]] = []
         for rows, sampled, chunks in steps:
-            for s, n, samples in chunks:
+            for s, n, samples, on_split in chunks:
                 if s == slot[r]:
-                    events.append((rows, sampled, n))
+                    events.append((rows, sampled, n, on_split))
                     if samples:
                         per_token.append(tuple(events))
         histories.append(per_token[: len(ids[r])])
     seqs = [ids[r] for r in rids]
     return analyse(batch, tokens_per_step or max_rows, seqs, histories, steps, seconds)
+
+
+def split_rows_of(be: Any, config: Any) -> Any:
+    """``split(rows, slots, row0, counts)``: per chunk of a step, how many of its rows take
+    ``attention_split`` rather than the tiled prefill kernel, by the GPU backend's rule (a
+    step of ``attention_tiled_min_rows`` rows or more: tiles of rows of at most two
+    sequences on the tiled kernel; every row of a smaller step on the split kernel). A
+    backend without that rule: -1 per chunk."""
+    tiled = getattr(be, "_tiled_attention_kernel", None)
+    min_rows = getattr(be, "attention_tiled_min_rows", None)
+
+    def split(n: int, slots: list[int], row0: list[int], counts: list[int]) -> list[int]:
+        if tiled is None or min_rows is None:
+            return [-1] * len(slots)
+        if n < min_rows:
+            return list(counts)
+        _, tile = tiled(n, config.n_heads, config.head_dim)
+        owner = [-1] * n
+        for s, r0, k in zip(slots, row0, counts, strict=True):
+            owner[r0 : r0 + k] = [s] * k
+        many = {t for t in range(-(-n // tile))
+                if len({o for o in owner[t * tile : (t + 1) * tile] if o >= 0}) > 2}  # fmt: skip
+        return [sum(1 for i in range(r0, r0 + k) if i // tile in many)
+                for r0, k in zip(row0, counts, strict=True)]  # fmt: skip
+
+    return split
 
 
 def first_difference(a: list[Any], b: list[Any]) -> int | None:
@@ -158,6 +196,7 @@ def analyse(
         "explained": explained,
         "parted": parted,
         "step_shapes": shapes,  # (forward rows, sampled rows) of every step seen
+        "ids": seqs,
     }
 
 
@@ -169,6 +208,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--schedules", default="default,one", help="default, one, or N tokens a step")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each batch and schedule")
     ap.add_argument("--out")
     args = ap.parse_args()
     from vt.frontends.bench import bench_prompt
@@ -185,10 +225,17 @@ def main() -> None:
                 for sched in args.schedules.split(","):
                     per_step = {"default": None, "one": b * len(prompt)}.get(sched)
                     per_step = int(sched) if per_step is None and sched.isdigit() else per_step
-                    res = run_batch(be, model_file, tokenizer, b, prompt, args.gen_tokens, per_step)
+                    runs = [
+                        run_batch(be, model_file, tokenizer, b, prompt, args.gen_tokens, per_step)
+                        for _ in range(args.repeat)
+                    ]
+                    res = runs[0]
                     res["schedule"] = sched
+                    # the same batch and schedule again: the same ids (a new runner each time)
+                    res["repeats_equal"] = all(r["ids"] == res["ids"] for r in runs)
                     results.append(res)
-                    short = {k: v for k, v in res.items() if k not in ("parted", "step_shapes")}
+                    long = ("parted", "step_shapes", "ids")
+                    short = {k: v for k, v in res.items() if k not in long}
                     print(json.dumps(short), flush=True)
                     for p in res["parted"]:
                         print("   ", json.dumps(p), flush=True)

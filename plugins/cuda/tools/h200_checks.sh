@@ -19,6 +19,8 @@
 # process and per-kernel profiles of the PROFILE variants, bench_prefill.py; VARIANTS and
 # PROFILE override its lists, PROFILE= profiles none). inv:MODEL: same-prompt requests of one
 # batch, their greedy ids and the step shapes that computed them (gpu_batch_invariance.py).
+# keep:MODELS: pp512 with and without the BLAS path's kept weight copies; pprof:MODEL: a
+# 512-token prefill's wall time and kernels.
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -226,6 +228,20 @@ EOF"
         m=${s#inv:}
         step "inv-$m" 200 "python3 benchmarks/gpu_batch_invariance.py /tmp/$m.gguf --batch ${IBATCH:-8,32} \
             --schedules ${ISCHED:-default,one} --out $OUT/inv-$m.json"
+        ;;
+    keep:*)  # pp512 with the BLAS path's kept weight copies (0.125, the default) and without
+        # (0: a copy every matmul), alternating, twice, per model: keep:smol,1b
+        ms=${s#keep:}
+        B="bench --backend cuda --prompt-tokens 512 --gen-tokens 16 --repeat 3 --max-model-len 1024 --json"
+        for m in ${ms//,/ }; do
+            step "keep-$m" 300 "for i in 1 2; do for v in 0.125 0; do echo \"$m --blas-keep \$v\"; \
+                python3 plugins/cuda/tools/bench_variant.py --blas-keep \$v $B --model /tmp/$m.gguf \
+                | grep -o '\"prefill_tok_s\": *[0-9.]*'; done; done"
+        done
+        ;;
+    pprof:*)  # wall and GPU time of a 512-token prefill in one chunk, per kernel (the defaults)
+        m=${s#pprof:}
+        step "pprof-$m" 200 "python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --prefill 512"
         ;;
     kprofile1:*)  # the same at batch 1 only
         m=${s#kprofile1:}

@@ -10,7 +10,8 @@ milliseconds per step with graphs on and off; then (unless ``--no-cprofile``) a 
 of the eager steps (the functions with the most own time). ``--kernels``: the GPU time of
 each kernel over 16 steps with graphs on, from torch's CUPTI profiler (torch is not a vt
 dependency: only where it is installed), as a table per kernel and a sum per step.
-``--prefill N`` instead: the wall time of an N-token prefill in one chunk and its kernels.
+``--prefill N`` instead: the wall time of an N-token prefill in one chunk, its kernels, and
+(unless ``--no-cprofile``) a ``cProfile`` of 10 such prefills.
 """
 
 from __future__ import annotations
@@ -92,6 +93,22 @@ def prefill_table(runner: ModelRunner, tokens: int, reps: int = 3) -> str:
     )
 
 
+def prefill_cprofile(runner: ModelRunner, tokens: int, top: int, reps: int = 10) -> str:
+    """``cProfile`` of ``reps`` prefills of ``tokens`` tokens in one chunk: where the host's
+    time goes (a small model's prefill is bound by its launches)."""
+    toks = [(7 * i) % 1000 + 1 for i in range(tokens)]
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.enable()
+    for _ in range(reps):
+        runner.execute([SeqChunk(0, 0, toks)]).get_output()
+    prof.disable()
+    wall = (time.perf_counter() - start) / reps
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return f"cProfile of {reps} prefills ({wall * 1e3:.2f} ms each under it):\n" + text.getvalue()
+
+
 def profiled(work: Any, runner: ModelRunner, steps: int, what: str) -> str:
     """GPU time per kernel of ``work()`` (``steps`` steps), from torch's CUPTI profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -138,6 +155,8 @@ def main() -> None:
                 max_batch_tokens=a.prefill,
             ) as r:  # fmt: skip
                 print(prefill_table(r, a.prefill), flush=True)
+                if not a.no_cprofile:
+                    print(prefill_cprofile(r, a.prefill, a.top), flush=True)
         finally:
             backend.close()
         return
