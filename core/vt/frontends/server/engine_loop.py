@@ -260,10 +260,11 @@ class EngineLoop:
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the engine dropped its requests; tell them
-            self._step_failed(exc)
+            # Counted first: a client that reads /health after its error sees this step.
             self._update_stats(failed=1)
             if m is not None:
                 m.failed_steps.inc()
+            self._step_failed(exc)
             return
         if m is not None:
             m.steps.inc()
