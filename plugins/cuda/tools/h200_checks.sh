@@ -20,7 +20,7 @@
 # PROFILE override its lists, PROFILE= profiles none). inv:MODEL: same-prompt requests of one
 # batch, their greedy ids and the step shapes that computed them (gpu_batch_invariance.py).
 # keep:MODELS: pp512 with and without the BLAS path's kept weight copies; pprof:MODEL: a
-# 512-token prefill's wall time and kernels.
+# 512-token prefill's wall time and kernels; host: bench_host.py (host time of a call).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -238,6 +238,9 @@ EOF"
                 python3 plugins/cuda/tools/bench_variant.py --blas-keep \$v $B --model /tmp/$m.gguf \
                 | grep -o '\"prefill_tok_s\": *[0-9.]*'; done; done"
         done
+        ;;
+    host)  # host time of one call by layer: op dispatch, a kernel launch, a cuBLAS GEMM
+        step host 120 "python3 plugins/cuda/tools/bench_host.py"
         ;;
     pprof:*)  # wall and GPU time of a 512-token prefill in one chunk, per kernel (the defaults)
         m=${s#pprof:}

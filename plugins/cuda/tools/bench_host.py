@@ -1,0 +1,98 @@
+"""Host time of one GPU call, by layer: what a prefill chunk's 457 launches and 210 GEMMs
+cost the host (docs/gpu.md, run 34: the 135M shape's prefill is the host's time).
+
+    python plugins/cuda/tools/bench_host.py [--backend cuda] [--calls 400] [--rounds 5]
+
+Per call, enqueue time only (the stream drained before and after each round; the best
+round of ``--rounds``), for the 135M shape's q projection at 512 rows (576 x 576):
+
+- ``op silu_mul``: ``backend.launch("silu_mul", ...)``: the core's op dispatch (binding and
+  checks), the backend's op and one kernel launch;
+- ``kernel silu_mul``: the backend's ``_kernel`` alone (argument array, ``cuLaunchKernel``);
+- ``gemm f32`` / ``gemm f16``: ``runtime.gemm`` (``cublasGemmEx``, TF32 / half inputs) alone;
+- ``op matmul``: ``backend.launch("matmul", ...)`` of a Q8_0 weight at 512 rows: the BLAS
+  path with its kept copy (one GEMM; the f32 path for this weight's 331K values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import vt
+from gguf import GGMLQuantizationType
+from vt.gpu.backend import I32
+from vt.testing.tiny import quantize_matrix
+
+
+def timed(backend: Any, stream: Any, call: Callable[[], None], calls: int, rounds: int) -> float:
+    """Microseconds a call, the best of ``rounds`` rounds of ``calls`` enqueued calls."""
+    best = float("inf")
+    for _ in range(rounds):
+        backend.synchronize(stream)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, time.perf_counter() - t0)
+        backend.synchronize(stream)
+    return best / calls * 1e6
+
+
+def measure(backend: Any, calls: int = 400, rounds: int = 5) -> dict[str, float]:
+    f32 = np.dtype(np.float32)
+    n, m, k = 512, 576, 576
+    stream = backend.create_stream()
+    x = vt.Tensor.of(backend.alloc(n * k * 4), f32, n, k)
+    out = vt.Tensor.of(backend.alloc(n * m * 4), f32, n, m)
+    gate = vt.Tensor.of(backend.alloc(n * m * 4), f32, n, m)
+    up = vt.Tensor.of(backend.alloc(n * m * 4), f32, n, m)
+    for t in (x, out, gate, up):
+        backend.memset(t.buffer, 0, stream)
+    values = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32) * 0.05
+    q8 = GGMLQuantizationType.Q8_0
+    raw = np.ascontiguousarray(quantize_matrix(values, q8)).reshape(-1).view(np.uint8)
+    weight = backend.upload_weight(vt.WeightTensor("w", int(q8), (m, k), raw))
+    ptr = backend._ptr
+    rt = backend.runtime
+    half = backend.alloc(n * k * 2)
+    addr = int(half.handle)
+    xa, oa = ptr(x).value, ptr(out).value
+    blocks = -(-(n * m) // 256)
+    results = {
+        "op silu_mul": lambda: backend.launch("silu_mul", stream, out=out, gate=gate, up=up),
+        "kernel silu_mul": lambda: backend._kernel(
+            "silu_mul", (blocks, 1, 1), 256, stream, ptr(out), ptr(gate), ptr(up), I32(n * m)
+        ),
+        "gemm f32": lambda: rt.gemm(stream.handle, n, m, k, xa, xa, oa, False),
+        "gemm f16": lambda: rt.gemm(stream.handle, n, m, k, addr, addr, oa, False, "f16"),
+        "op matmul": lambda: backend.launch("matmul", stream, out=out, x=x, weight=weight),
+    }
+    got = {}
+    for name, call in results.items():
+        call()  # compile, load, make the kept copy
+        got[name] = round(timed(backend, stream, call, calls, rounds), 2)
+    backend.free_weight(weight)
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    from vt.management.registry import create_backend
+
+    backend, _ = create_backend(a.backend)
+    try:
+        for name, us in measure(backend, a.calls, a.rounds).items():
+            print(f"{name:<16} {us:8.2f} us a call (host, enqueue)", flush=True)
+    finally:
+        backend.close()
+
+
+if __name__ == "__main__":
+    main()
