@@ -9,6 +9,7 @@ round of ``--rounds``), for the 135M shape's q projection at 512 rows (576 x 576
 - ``op silu_mul``: ``backend.launch("silu_mul", ...)``: the core's op dispatch (binding and
   checks), the backend's op and one kernel launch;
 - ``kernel silu_mul``: the backend's ``_kernel`` alone (argument array, ``cuLaunchKernel``);
+- ``cuLaunchKernel``: cuda-python's call alone, its function, stream and arguments made once;
 - ``gemm f32`` / ``gemm f16``: ``runtime.gemm`` (``cublasGemmEx``, TF32 / half inputs) alone;
 - ``op matmul``: ``backend.launch("matmul", ...)`` of a Q8_0 weight at 512 rows: the BLAS
   path with its kept copy (one GEMM; the f32 path for this weight's 331K values).
@@ -41,6 +42,21 @@ def timed(backend: Any, stream: Any, call: Callable[[], None], calls: int, round
     return best / calls * 1e6
 
 
+def lean_launch(backend: Any, stream: Any, blocks: int, args: tuple[Any, ...]) -> Any:
+    """``cuLaunchKernel`` of silu_mul straight through cuda-python, everything made once."""
+    from vt.gpu.runtime import kernel_params
+
+    rt = backend.runtime
+    launch, fn, handle = rt.cu.cuLaunchKernel, backend._fn("silu_mul"), stream.handle
+    params, address = kernel_params(args)
+
+    def call() -> None:
+        launch(fn, blocks, 1, 1, 256, 1, 1, 0, handle, address, 0)
+        assert params is not None  # alive while the closure is
+
+    return call
+
+
 def measure(backend: Any, calls: int = 400, rounds: int = 5) -> dict[str, float]:
     f32 = np.dtype(np.float32)
     n, m, k = 512, 576, 576
@@ -65,6 +81,11 @@ def measure(backend: Any, calls: int = 400, rounds: int = 5) -> dict[str, float]
         "op silu_mul": lambda: backend.launch("silu_mul", stream, out=out, gate=gate, up=up),
         "kernel silu_mul": lambda: backend._kernel(
             "silu_mul", (blocks, 1, 1), 256, stream, ptr(out), ptr(gate), ptr(up), I32(n * m)
+        ),
+        # the floor under the adapter: cuda-python's cuLaunchKernel with the function, the
+        # stream and the argument array made once (what a launch costs without vt's layers)
+        "cuLaunchKernel": lean_launch(
+            backend, stream, blocks, (ptr(out), ptr(gate), ptr(up), I32(n * m))
         ),
         "gemm f32": lambda: rt.gemm(stream.handle, n, m, k, xa, xa, oa, False),
         "gemm f16": lambda: rt.gemm(stream.handle, n, m, k, addr, addr, oa, False, "f16"),
