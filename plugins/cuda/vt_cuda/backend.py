@@ -54,8 +54,9 @@ class CudaBackend(GpuBackend):
     #: float32 (weights under 1M values) or half: the 1B shape's take 1.9 GB, the 135M
     #: shape's 0.4 GB. They are allocated at a weight's first prefill matmul, so a device
     #: filled by weights and KV cache to within this fraction runs out of memory there
-    #: (0: none kept, a copy every matmul, as before run 33). docs/gpu.md (runs 32-33):
-    #: 135M pp512 about 1.9x, 1B +15-25%; the numerics are the same copies read again.
+    #: (0: none kept, a copy every matmul, as before run 33). docs/gpu.md (runs 32-36): 1B
+    #: pp512 +15-65%; 135M between +85% and none (its host-bound figure swings by up to 80%
+    #: between repeats); the numerics are the same copies read again.
     blas_keep_fraction = 0.125
 
     def __init__(self, runtime: CudaRuntime | None = None, platform: str | None = None) -> None:
