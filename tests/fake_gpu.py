@@ -4,8 +4,11 @@
 copies really move bytes. It records each call as ``(method, args)``; work enqueued on a
 capturing stream is recorded and runs on ``graph_launch``; kernels are recorded, not run
 (``launches``). ``fail[name] = code`` makes the next call of that method raise a
-:class:`vt.gpu.GpuCallError`. The vendor plugins' own fakes (``fake_cuda``, ``fake_hip``)
-test only how their adapters translate these calls.
+:class:`vt.gpu.GpuCallError`. ``memory=N`` gives it N bytes of device memory: ``malloc``
+and ``vmm_create`` take from them (``FAKE_ERROR_OUT_OF_MEMORY`` past the end), ``free`` and
+``vmm_release`` give back, ``memory_info`` says ``(free, total)``; without it
+``memory_info`` is None (a runtime that cannot say). The vendor plugins' own fakes
+(``fake_cuda``, ``fake_hip``) test only how their adapters translate these calls.
 """
 
 from __future__ import annotations
@@ -47,9 +50,16 @@ class FakeRuntime(GpuRuntime):
     vendor = "fake"
 
     def __init__(
-        self, warp: int = 32, vmm_granularity: int | None = GRANULARITY, blas: str | None = None
+        self,
+        warp: int = 32,
+        vmm_granularity: int | None = GRANULARITY,
+        blas: str | None = None,
+        memory: int | None = None,
     ) -> None:
         self.warp = warp
+        self.memory = memory  # total bytes of device memory, or None: not modelled
+        self.used = 0  # bytes taken by malloc and vmm_create (with ``memory``)
+        self._sizes: dict[Any, int] = {}  # pointer or physical handle -> bytes
         self.blas_name = blas
         self.granularity = vmm_granularity
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
@@ -110,12 +120,25 @@ class FakeRuntime(GpuRuntime):
         self.closed += 1
 
     # ---- memory
+    def _take(self, what: str, nbytes: int) -> None:
+        if self.memory is not None and self.used + nbytes > self.memory:
+            raise GpuCallError(f"{what}({nbytes})", 2, "FAKE_ERROR_OUT_OF_MEMORY", "out of memory")
+        self.used += nbytes
+
+    def memory_info(self) -> tuple[int, int] | None:
+        self._call("memory_info")
+        return None if self.memory is None else (self.memory - self.used, self.memory)
+
     def malloc(self, nbytes: int) -> int:
         self._call("malloc", nbytes)
-        return self._host(nbytes)
+        self._take("malloc", nbytes)
+        ptr = self._host(nbytes)
+        self._sizes[ptr] = nbytes
+        return ptr
 
     def free(self, ptr: int) -> None:
         self._call("free", ptr)
+        self.used -= self._sizes.pop(ptr, 0)
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: Any = None) -> None:
         self._call("memset", ptr, value, nbytes, stream)
@@ -188,7 +211,10 @@ class FakeRuntime(GpuRuntime):
 
     def vmm_create(self, nbytes: int) -> Any:
         self._call("vmm_create", nbytes)
-        return self._handle("mem")
+        self._take("vmm_create", nbytes)
+        handle = self._handle("mem")
+        self._sizes[handle] = nbytes
+        return handle
 
     def vmm_map(self, ptr: int, nbytes: int, handle: Any) -> None:
         self._call("vmm_map", ptr, nbytes, handle)
@@ -201,6 +227,7 @@ class FakeRuntime(GpuRuntime):
 
     def vmm_release(self, handle: Any) -> None:
         self._call("vmm_release", handle)
+        self.used -= self._sizes.pop(handle, 0)
 
     def vmm_address_free(self, ptr: int, nbytes: int) -> None:
         self._call("vmm_address_free", ptr, nbytes)

@@ -22,7 +22,7 @@ from vt.execution.memory import VmmArena
 from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuCallError, GpuWeight, kernel_source
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
-from vt.gpu.backend import RopeTable
+from vt.gpu.backend import RopeTable, _out_of_memory
 from vt.management import rules
 from vt.management.audit import probe_graphs
 from vt.model import load_gguf
@@ -894,7 +894,7 @@ def test_the_blas_path_keeps_its_weight_copies_within_a_fraction_of_the_memory(
     matmuls of that weight (one launch fewer each), while the kept copies fit
     blas_keep_fraction of it; a weight past that makes its copy in scratch every time;
     freeing a weight, or closing, frees its kept copy."""
-    backend, rt = make(blas="fake BLAS")
+    backend, rt = make(blas="fake BLAS", memory=1 << 40)  # free memory no limit here
     backend.blas_inputs, backend.blas_keep_fraction = inputs, 0.125
     per = 40 * 64 * (2 if inputs == "f16" else 4)  # the copy's bytes
     backend.device_memory = lambda: 8 * int(1.5 * per)  # type: ignore[method-assign]
@@ -925,6 +925,145 @@ def test_the_blas_path_keeps_its_weight_copies_within_a_fraction_of_the_memory(
     assert len(rt.args("malloc")) == malloc + 1
     backend.close()
     assert len(rt.args("free")) >= free + 3
+
+
+KEEP_K, KEEP_M = 64, 40
+KEEP_COPY = KEEP_M * KEEP_K * 4  # a Q8_0 weight's float32 copy (blas_inputs "auto": TF32)
+
+
+def keeping_backend(memory: int | None, floor: int = 0, fraction: float = 0.0) -> Any:
+    """A backend whose BLAS path may keep copies (blas_keep_fraction 0.5 of a known
+    device_memory, so only free memory limits them), on a fake of ``memory`` bytes; the
+    margin's floor is ``floor`` bytes or ``fraction`` of the device; two Q8_0 weights, x
+    and out of a 64-row matmul, and ``run(weight)``: the kernels one matmul launched and the
+    address its GEMM read the weight from."""
+    backend, rt = make(blas="fake BLAS", memory=memory)
+    backend.blas_keep_fraction = 0.5
+    backend.blas_keep_min_free_bytes = floor
+    backend.blas_keep_min_free_fraction = fraction
+    backend.device_memory = lambda: memory or 1 << 40  # type: ignore[method-assign]
+    values = np.random.default_rng(3).standard_normal((KEEP_M, KEEP_K)).astype(np.float32)
+    weights = [backend.upload_weight(weight_tensor(f"w{i}", values, "Q8_0")) for i in range(2)]
+    stream = backend.create_stream()
+    n = backend.blas_min_rows
+    x = vt.Tensor.of(backend.alloc(n * KEEP_K * 4), F32, n, KEEP_K)
+    out = vt.Tensor.of(backend.alloc(n * KEEP_M * 4), F32, n, KEEP_M)
+
+    def run(weight: Any) -> tuple[list[str], int]:
+        rt.launches.clear()
+        backend.launch("matmul", stream, out=out, x=x, weight=weight)
+        gemm = next(launch for launch in rt.launches if launch.kernel == "gemm")
+        return [launch.kernel for launch in rt.launches], gemm.args[4]
+
+    return backend, rt, weights, run
+
+
+def test_blas_copies_are_kept_while_free_memory_keeps_its_margin() -> None:
+    """Free memory after a kept copy must still hold the margin (here 1 MiB) and one more
+    copy of that size for scratch: on a device with room for one such copy and not two,
+    the first weight's copy is kept and read again, the second's is made in scratch every
+    time; freeing the first weight (and its copy) makes room for the second's."""
+    base, _, _, _ = keeping_backend(1 << 40)
+    used = base.runtime.used  # what the weights, x and out take
+    base.close()
+    margin = 1 << 20
+    # room for one kept copy: copy + margin + a scratch copy, and less than two of them
+    memory = used + margin + 2 * KEEP_COPY + KEEP_COPY // 2
+    backend, rt, weights, run = keeping_backend(memory, floor=margin)
+    kernels, first = run(weights[0])
+    assert kernels == ["dequantize16_q", "gemm"] and backend._kept_bytes == KEEP_COPY
+    assert run(weights[0]) == (["gemm"], first)  # the kept copy read again
+    asked = len(rt.args("memory_info"))
+    kernels, second = run(weights[1])  # refused: free memory short of copy + margin
+    assert kernels == ["dequantize16_q", "gemm"] and second != first
+    assert run(weights[1]) == (["dequantize16_q", "gemm"], second)  # scratch every time
+    assert backend._kept_bytes == KEEP_COPY and rt.used <= memory
+    assert len(rt.args("memory_info")) == asked + 1  # a refusal holds: asked once
+    backend.free_weight(weights[0])  # its copy goes with it: room again
+    kernels, kept = run(weights[1])
+    assert kernels == ["dequantize16_q", "gemm"] and run(weights[1]) == (["gemm"], kept)
+    assert backend._kept_bytes == KEEP_COPY
+    before = rt.used
+    backend.close()  # frees the kept copy and scratch
+    assert rt.used == before - KEEP_COPY - KEEP_COPY
+
+
+def no_pointers(launch: Any) -> tuple[Any, ...]:
+    """A BLAS-path launch without its addresses: the kernel, grid and other arguments."""
+    args = launch.args[:3] + launch.args[6:] if launch.kernel == "gemm" else launch.args[3:]
+    return launch.kernel, launch.grid, args
+
+
+@pytest.mark.parametrize("short", ["floor", "fraction", "kv growth", "unknown"])
+def test_blas_copies_are_not_kept_when_free_memory_is_short(short: str) -> None:
+    """None kept when free memory minus the copy would fall under the margin: its floor in
+    bytes, its fraction of the device, or what a VMM reservation (a KV cache) has yet to
+    map; nor on a runtime that cannot say its free memory. The matmuls then launch exactly
+    what blas_keep_fraction = 0 launches (a copy in scratch each time: the same numerics)."""
+    memory = 64 << 20
+    if short == "floor":
+        backend, rt, weights, run = keeping_backend(memory, floor=memory)
+    elif short == "fraction":
+        backend, rt, weights, run = keeping_backend(memory, fraction=1.0)
+    elif short == "unknown":
+        backend, rt, weights, run = keeping_backend(None)
+    else:
+        backend, rt, weights, run = keeping_backend(memory)
+        arena = VmmArena.reserve(backend, memory, min_growth=GRANULARITY)
+        arena.ensure(GRANULARITY)  # all but one granule still to map
+    reference, ref_rt, ref_weights, ref_run = keeping_backend(memory)
+    reference.blas_keep_fraction = 0.0  # the path before kept copies
+    for _ in range(2):
+        for w, ref in zip(weights, ref_weights, strict=True):
+            (kernels, _), (ref_kernels, _) = run(w), ref_run(ref)
+            assert kernels == ref_kernels == ["dequantize16_q", "gemm"]
+            assert [no_pointers(launch) for launch in rt.launches] == [
+                no_pointers(launch) for launch in ref_rt.launches
+            ]
+    assert backend._kept_bytes == 0 and not backend._kept
+    if short == "kv growth":
+        arena.release()
+        backend.free_weight(weights[0])  # frees memory: asks again, and now there is room
+        assert run(weights[1])[0] == ["dequantize16_q", "gemm"] and backend._kept_bytes > 0
+        assert run(weights[1])[0] == ["gemm"]
+    backend.close()
+    reference.close()
+
+
+def test_keeping_a_blas_copy_never_runs_out_of_memory() -> None:
+    """memory_info said there was room, but the copy's allocation runs out of memory (another
+    process took it meanwhile): the copy goes to scratch, the matmul runs, no error, and no
+    copy is kept after; any other failure of that allocation is raised."""
+    memory = 64 << 20
+    backend, rt, weights, run = keeping_backend(memory)
+    backend.blas_keep_fraction = 0.0
+    _, scratch = run(weights[0])  # scratch holds a copy's room already
+    backend.blas_keep_fraction = 0.5
+    rt.used = memory - KEEP_COPY // 2  # someone else took nearly all of it ...
+    rt.memory_info = lambda: (memory, memory)  # type: ignore[method-assign]  # ... unseen
+    for w in weights:
+        assert run(w) == (["dequantize16_q", "gemm"], scratch)
+    assert not backend._kept and rt.used == memory - KEEP_COPY // 2
+    backend.free_weight(weights[0])  # room may be asked for again: another error is raised
+    rt.used = 0
+    rt.fail["malloc"] = 700
+    with pytest.raises(GpuCallError, match="FAKE_ERROR_700"):
+        run(weights[1])
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "oom"),
+    [
+        ("CUDA_ERROR_OUT_OF_MEMORY", True),
+        ("hipErrorOutOfMemory", True),
+        ("hipErrorMemoryAllocation", True),  # hipErrorOutOfMemory's older name (2)
+        ("CUDA_ERROR_INVALID_VALUE", False),
+        ("hipErrorInvalidValue", False),
+    ],
+)
+def test_which_errors_of_a_kept_copy_fall_back_to_scratch(name: str, oom: bool) -> None:
+    assert _out_of_memory(GpuCallError("cuMemAlloc(1)", 2, name, "text")) is oom
 
 
 @pytest.mark.parametrize("wtype", ["F32", "F16", "Q8_0"])

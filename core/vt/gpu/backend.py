@@ -159,6 +159,11 @@ class _Reservation:
     segments: list[Segment] = field(default_factory=list)
     unmapped: list[Segment] = field(default_factory=list)  # unmapped, release failed
     released: bool = False
+    nbytes: int = 0  # the reservation's size
+
+    def unmapped_bytes(self) -> int:
+        """Bytes of the reservation no segment maps yet (what growth may still claim)."""
+        return 0 if self.released else max(0, self.nbytes - sum(s.nbytes for s in self.segments))
 
     def mapped_prefix(self) -> int:
         """End of the run of segments that starts at offset 0 without gaps."""
@@ -174,6 +179,13 @@ def _mma_threads(weights: int, tiles: int) -> int:
     """Threads of a block of the int8 mma kernels (WARPS in matmul.cu's vt_mma_op: 8 warps
     while a lane's sums, weights * tiles * 4, fit 32 floats of shared memory each, else 4)."""
     return 32 * (8 if weights * tiles * 4 <= 32 else 4)
+
+
+def _out_of_memory(error: GpuCallError) -> bool:
+    """Whether a failed call ran out of device memory (CUDA_ERROR_OUT_OF_MEMORY,
+    hipErrorOutOfMemory, hipErrorMemoryAllocation, a fake's ..._OUT_OF_MEMORY)."""
+    name = error.error_name.upper().replace("_", "")
+    return "OUTOFMEMORY" in name or "MEMORYALLOCATION" in name
 
 
 def _blocks(n: int, per: int = _THREADS) -> int:
@@ -221,6 +233,16 @@ class GpuBackend(
     #: 135M pp512 about 1.9x, 1B +15-25%), but 0 by default until the kit and gpu_checks.py
     #: have run with it on the device (run 32 ran only the matmul-path checks).
     blas_keep_fraction: float = 0.0
+    #: A copy is kept only while the device's free memory (``GpuRuntime.memory_info``)
+    #: after it still holds a margin for later steps: the larger of these bytes and this
+    #: fraction of the device, plus the bytes VMM reservations (the KV cache) have yet to
+    #: map, plus room for one more copy of the same size in scratch (where a weight's copy
+    #: goes once keeping stops). A runtime that cannot say its free memory keeps none; a
+    #: kept copy's allocation that runs out of memory anyway (another process took it)
+    #: goes to scratch instead. Either way that matmul, and every later one, runs the path
+    #: of ``blas_keep_fraction = 0`` (a copy in scratch each time: the same numerics).
+    blas_keep_min_free_bytes: int = 1 << 30
+    blas_keep_min_free_fraction: float = 1 / 16
     #: The BLAS path's quantized-weight and x copies 16 (8) values a thread with 128-bit
     #: loads and stores (blas_copies.cu); False: a value a thread (a tool's "before").
     blas_wide_copies: bool = True
@@ -269,6 +291,10 @@ class GpuBackend(
         self._scratch: list[tuple[str, Buffer]] = []
         self._kept: dict[tuple[int, str], Buffer] = {}  # (weight data, slot) -> its BLAS copy
         self._kept_bytes = 0
+        # Set when free memory refused a copy: no more copies kept (nor memory_info asked a
+        # matmul) until a weight's copies are freed.
+        self._keep_full = False
+        self._reservations: list[_Reservation] = []  # live VMM reservations (KV growth)
 
     @property
     def runtime(self) -> GpuRuntime:
@@ -429,7 +455,9 @@ class GpuBackend(
 
     def _vmm_reserve(self, nbytes: int) -> VirtualRange:
         self._check_multiple("reservation", nbytes)
-        return VirtualRange(_Reservation(int(self._rt.vmm_reserve(nbytes))), nbytes)
+        res = _Reservation(int(self._rt.vmm_reserve(nbytes)), nbytes=nbytes)
+        self._reservations = [r for r in self._reservations if not r.released] + [res]
+        return VirtualRange(res, nbytes)
 
     def _reservation(self, vrange: VirtualRange) -> _Reservation:
         res = vrange.handle
@@ -681,25 +709,58 @@ class GpuBackend(
     def _weight_copy(self, w: GpuWeight, slot: str, nbytes: int) -> tuple[int, bool]:
         """Where the BLAS path's copy of ``w`` (``slot``: its float32 or half form) goes, and
         whether it must be made: a copy kept from an earlier matmul is reused (False); a new
-        one is kept while all kept copies fit ``blas_keep_fraction`` of ``device_memory()``,
-        else it goes to scratch and is made again next time (True either way)."""
+        one is kept while all kept copies fit ``blas_keep_fraction`` of ``device_memory()``
+        and the device's free memory keeps its margin (:meth:`_room_to_keep`), else it
+        goes to scratch and is made again next time (True either way)."""
         key = (w.data, slot)
         kept = self._kept.get(key)
         if kept is not None:
             return self._addr(kept), False
-        if self._kept_bytes + nbytes <= self.blas_keep_fraction * self.device_memory():
-            buf = self._alloc(nbytes)
-            self._kept[key] = buf
-            self._kept_bytes += nbytes
-            return self._addr(buf), True
+        if self._room_to_keep(nbytes, slot):
+            try:
+                buf = self._alloc(nbytes)
+            except GpuCallError as e:
+                if not _out_of_memory(e):
+                    raise
+                self._keep_full = True  # the memory went elsewhere: scratch, as before
+            else:
+                self._kept[key] = buf
+                self._kept_bytes += nbytes
+                return self._addr(buf), True
         return self._scratch_at_least(nbytes, slot=slot), True
 
+    def _keep_margin(self, total: int, nbytes: int, slot: str) -> int:
+        """Bytes of free memory a kept copy of ``nbytes`` must leave on a device of
+        ``total`` bytes: ``blas_keep_min_free_*``, what VMM reservations have yet to map,
+        and room for a copy of that size in ``slot``'s scratch unless it has it already."""
+        floor = max(self.blas_keep_min_free_bytes, int(self.blas_keep_min_free_fraction * total))
+        growth = sum(r.unmapped_bytes() for r in self._reservations)
+        scratch = any(s == slot and buf.nbytes >= nbytes for s, buf in self._scratch)
+        return floor + growth + (0 if scratch else nbytes)
+
+    def _room_to_keep(self, nbytes: int, slot: str) -> bool:
+        """Whether a new copy of ``nbytes`` may be kept: within ``blas_keep_fraction`` of
+        ``device_memory()``, and (asked only then) free memory of at least the copy and
+        :meth:`_keep_margin`. A refusal for free memory (or a runtime that cannot say)
+        holds until a weight's copies are freed."""
+        if self._keep_full or (
+            self._kept_bytes + nbytes > self.blas_keep_fraction * self.device_memory()
+        ):
+            return False
+        info = self._rt.memory_info()
+        if info is None or info[0] < nbytes + self._keep_margin(info[1], nbytes, slot):
+            self._keep_full = True
+            return False
+        return True
+
     def _drop_copies(self, w: GpuWeight | None = None) -> None:
-        """Free the kept BLAS copies of ``w`` (None: of every weight)."""
+        """Free the kept BLAS copies of ``w`` (None: of every weight); the room they and the
+        weight leave may be kept in again."""
         for key in [k for k in self._kept if w is None or k[0] == w.data]:
             buf = self._kept.pop(key)
             self._kept_bytes -= buf.nbytes
             self._free(buf)
+        self._keep_full = False
 
     def _blas_matmul(
         self, stream: Stream, out: Tensor, x: Tensor, w: GpuWeight, bias: int,

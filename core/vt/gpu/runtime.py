@@ -90,6 +90,13 @@ class GpuRuntime(abc.ABC):
     @abc.abstractmethod
     def host_free(self, ptr: int) -> None: ...
 
+    def memory_info(self) -> tuple[int, int] | None:
+        """``(free, total)`` bytes of device memory now (``cuMemGetInfo``,
+        ``hipMemGetInfo``), or None when the runtime cannot say. Optional (not abstract, so
+        an older adapter still loads): GpuBackend keeps the BLAS path's weight copies only
+        while it can see room for them, so without it none are kept."""
+        return None
+
     # ---- streams and events (events only order work: no timing)
     @abc.abstractmethod
     def stream_create(self) -> Any: ...

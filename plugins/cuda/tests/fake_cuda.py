@@ -188,6 +188,7 @@ class FakeDriver:
             "cuMemAlloc": lambda n: (self._host(n),),
             "cuMemAllocManaged": lambda n, flags: (self._host(n),),
             "cuMemFree": lambda ptr: (),
+            "cuMemGetInfo": lambda: (p.total_memory // 2, p.total_memory),
             "cuMemsetD8": fill,
             "cuMemsetD8Async": fill,
             "cuMemcpyHtoD": copy,

@@ -241,6 +241,17 @@ def test_the_blas_path_keeps_weight_copies_within_an_eighth_of_the_device_memory
     backend.close()
 
 
+def test_free_memory_is_cumemgetinfo() -> None:
+    """What the BLAS path's kept copies look at before they are kept (GpuBackend's margin)."""
+    backend, driver, _ = make(H200)
+    assert backend.runtime.memory_info() == (H200.total_memory // 2, H200.total_memory)
+    assert driver.names()[-1] == "cuMemGetInfo"
+    driver.fail["cuMemGetInfo"] = CUresult.CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(CudaError, match=r"cuMemGetInfo\(\) failed: CUDA_ERROR_INVALID_VALUE"):
+        backend.runtime.memory_info()
+    backend.close()
+
+
 # --------------------------------------------------------------------------- memory
 
 

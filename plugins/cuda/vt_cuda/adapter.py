@@ -237,6 +237,11 @@ class CudaRuntime(GpuRuntime):
     def free(self, ptr: int) -> None:
         self.call("cuMemFree", ptr)
 
+    def memory_info(self) -> tuple[int, int]:
+        """``cuMemGetInfo``: free and total bytes of the device (its context's view)."""
+        free, total = self.call("cuMemGetInfo")
+        return int(free), int(total)
+
     def memset(self, ptr: int, value: int, nbytes: int, stream: Any = None) -> None:
         if stream is None:
             self.call("cuMemsetD8", ptr, value, nbytes)

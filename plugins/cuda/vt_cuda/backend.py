@@ -52,9 +52,11 @@ class CudaBackend(GpuBackend):
     #: for later matmuls while all kept copies fit this fraction of ``device_memory()``
     #: (cuDeviceTotalMem): an H200's eighth is 17.6 GB, an 8 GB card's 1 GB. The copies are
     #: float32 (weights under 1M values) or half: the 1B shape's take 1.9 GB, the 135M
-    #: shape's 0.4 GB. They are allocated at a weight's first prefill matmul, so a device
-    #: filled by weights and KV cache to within this fraction runs out of memory there
-    #: (0: none kept, a copy every matmul, as before run 33). docs/gpu.md (runs 32-36): 1B
+    #: shape's 0.4 GB. They are allocated at a weight's first prefill matmul, each only
+    #: while cuMemGetInfo's free memory keeps GpuBackend's margin after it (1 GiB or a
+    #: sixteenth of the device, the KV cache's unmapped growth, a scratch copy); past that,
+    #: or if the allocation runs out of memory, the copy goes to scratch as with 0 (none
+    #: kept, a copy every matmul, as before run 33). docs/gpu.md (runs 32-37): 1B
     #: pp512 +15-65%; 135M between +85% and none (its host-bound figure swings by up to 80%
     #: between repeats); the numerics are the same copies read again.
     blas_keep_fraction = 0.125

@@ -188,6 +188,7 @@ class FakeHip:
             "hipMalloc": lambda n: (self._host(n),),
             "hipMallocManaged": lambda n, flags: (self._host(n),),
             "hipFree": lambda ptr: (),
+            "hipMemGetInfo": lambda: (p.total_memory // 2, p.total_memory),
             "hipMemset": fill,
             "hipMemsetAsync": fill,
             "hipMemcpy": copy,

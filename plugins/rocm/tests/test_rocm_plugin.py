@@ -291,6 +291,12 @@ def test_alloc_uses_hipmalloc_on_a_discrete_device() -> None:
     assert buf.nbytes == 1024 and buf.owner == "rocm"
 
 
+def test_free_memory_is_hipmemgetinfo() -> None:
+    backend, fake = make(DISCRETE)
+    assert backend.runtime.memory_info() == (DISCRETE.total_memory // 2, DISCRETE.total_memory)
+    assert fake.calls[-1] == ("hipMemGetInfo", ())
+
+
 def test_alloc_uses_hipmallocmanaged_on_an_apu() -> None:
     backend, fake = make(APU)
     backend.alloc(4096)

@@ -260,6 +260,11 @@ class HipRuntime(GpuRuntime):
     def free(self, ptr: int) -> None:
         self.call("hipFree", ptr)
 
+    def memory_info(self) -> tuple[int, int]:
+        """``hipMemGetInfo``: free and total bytes of the current device."""
+        free, total = self.call("hipMemGetInfo")
+        return int(free), int(total)
+
     def memset(self, ptr: int, value: int, nbytes: int, stream: Any = None) -> None:
         if stream is None:
             self.call("hipMemset", ptr, value, nbytes)
