@@ -67,8 +67,12 @@ import os, sys
 import numba
 import numpy as np
 from vt_cpu import compile as C
+from vt_cpu.kernels import init_numba_runtime
+from vt_cpu.kernels import layers as L
 
 C.ensure_compiled("layers", quiet=True)
+init_numba_runtime()  # numba's target, as its first compile or load in a process builds it
+L.first_bad(np.zeros(1, np.int32), 1)
 loaded = [m for m in ("scipy.linalg", "cffi") if m in sys.modules]
 print("loaded", ",".join(loaded) or "-")
 print("opt", int(numba.config.OPT))

@@ -110,6 +110,9 @@ _DECLARED = [
     Var("VT_CPU_PROGRAM", "boolean", "1", "the `cpu` backend replays a captured decode "
         "step's ops as one native program of jobs, without Python between them; `0` runs "
         "them op by op (`docs/benchmarks.md`)"),
+    Var("VT_CPU_NATIVE", "boolean", "1", "the `cpu` backend maps its compiled jobs from "
+        "the object code numba saved for them, without building numba's target (~65 MiB); "
+        "`0` has numba load them (`docs/benchmarks.md`)"),
     Var("VT_CPU_NUMBA_EXTRAS", "boolean", "0", "`1` lets numba import `scipy.linalg` "
         "(~17 MiB with scipy's own OpenBLAS) and `cffi` for `np.dot`/`np.linalg` and cffi "
         "calls in jitted code; the `cpu` backend's kernels make none, so by default numba is "

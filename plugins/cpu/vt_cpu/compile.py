@@ -59,12 +59,12 @@ def _warm_kind(kind: str, pool: bool = True) -> None:
     """Call the kernels of one weight format once, with the types the backend passes;
     without ``pool`` only the team's job and the dequantizer (prefill's tiles)."""
     J.address(J.MM_JOB[kind])  # the tile kernels as a team job
+    J.address("dq")  # the dequantizers (embedding rows, prefill's BLAS tiles) as a job
     rows = np.zeros(1, np.int64)
     x = np.zeros((1, 8, 32), F32)  # one activation row of 256 values
     out, res = np.zeros((1, 4), F32), np.zeros((1, 4), F32)
     deq = np.zeros((1, 256), F32)
     if not pool:
-        _warm_dequantizer(kind, rows, deq)
         return
     if kind == "Q8_0":
         q8 = _blocks(34, 32)
@@ -98,19 +98,6 @@ def _warm_kind(kind: str, pool: bool = True) -> None:
         Q.dq_q6_k(q6, q6s, rows, deq)
 
 
-def _warm_dequantizer(kind: str, rows: np.ndarray, deq: np.ndarray) -> None:
-    if kind == "Q8_0":
-        q8 = _blocks(34, 32)
-        Q.dq_q8_0(_ro(q8.view(np.int8)), q8, rows, deq)
-    elif kind in ("Q4_0", "Q4_1"):
-        Q.dq_q4(_blocks(20, 32), rows, deq, True)
-    elif kind in ("Q4_K", "Q5_K"):
-        Q.dq_qk45(_blocks(176, 4), rows, deq, True)
-    elif kind == "Q6_K":
-        q6 = _blocks(210, 4)
-        Q.dq_q6_k(q6, _ro(q6.view(np.int8)), rows, deq)
-
-
 def _warm_int8(pool: bool = True) -> None:
     """The integer activations' jobs; with ``pool`` (or a first compile) both widths and
     numba-pool kernels, else only the width ``VT_CPU_ACT_BITS`` asks for."""
@@ -135,9 +122,9 @@ def _warm_layers(fallbacks: bool = True) -> None:
     are in the disk cache (a first call loads one)."""
     a = np.zeros((1, 8), F32)
     ids = np.zeros(1, np.int32)
-    L.first_bad(ids, 1)
     cache = np.zeros((2, 1, 1, 2, 1, 8), F32)
     if fallbacks:
+        L.first_bad(ids, 1)
         L.rms_norm(a, _ro(np.ones(8, F32)), 1e-5, a)
         cs = np.ones((1, 4), F32)
         L.rope_kv_store(a, a, a, ids, ids, cache, 0, 1, cs, cs, False)
@@ -146,26 +133,10 @@ def _warm_layers(fallbacks: bool = True) -> None:
         A.packed_size(ids, ids, 2, 1, 1)
         A.scores(q, cache, 0, ids, ids, 2, 1.0, buf, np.zeros(2, F32))
         A.weighted_values(cache, 0, ids, ids, 2, buf, out)
-    ctl = np.zeros(K.control_size(1), np.int64)
-    for fn, sig in _TEAM_SIGNATURES:
-        fn.compile(sig)
-    K.spin_seconds_probe(ctl, 1)
+    K.entries()  # the team's C entries
     for job in ("multi", "attn_prep", "attn_scores", "attn_values", "rms_norm", "silu_mul",
                 "rope_kv", "gather"):  # fmt: skip
         J.address(job)  # the ops as jobs (team jobs, and the steps of a graph's program)
-
-
-_CTL, _I = numba.types.Array(numba.types.int64, 1, "C"), numba.types.int64
-#: The team's entry points as the backend calls them (vt_cpu.team).
-_TEAM_SIGNATURES = (
-    (K.helper_loop, (_CTL, _I, _I, _I)),
-    (K.post, (_CTL, _I, _I, _I, _I, _I)),
-    (K.finish, (_CTL,)),
-    (K.run_alone, (_I, _I, _I)),
-    (K.run_program, (_CTL, _CTL, _I, numba.types.boolean)),
-    (K.stop, (_CTL,)),
-    (K.park_now, (_CTL,)),
-)
 
 
 #: The kernels each group needs (to tell a first compile from a load from the cache).
@@ -178,8 +149,6 @@ _GROUPS: dict[str, tuple[Any, ...]] = {
         A.packed_size,
         A.scores,
         A.weighted_values,
-        K.helper_loop,
-        K.post,
     ),
     "Q8_0": (Q.mv_q8_0, Q.mv1_q8_0, Q.mm_q8_0, Q.mm1_q8_0, Q.dq_q8_0),
     "Q4_0": (Q.mv_q4, Q.mv1_q4, Q.mm_q4, Q.mm1_q4, Q.dq_q4),
@@ -189,34 +158,6 @@ _GROUPS: dict[str, tuple[Any, ...]] = {
     "Q6_K": (Q.mv_q6_k, Q.mv1_q6_k, Q.mm_q6_k, Q.mm1_q6_k, Q.dq_q6_k),
     "int8": (Q8.mv1, Q8.mv),
 }
-
-
-def _init_numba_runtime() -> None:
-    """Initialize numba's CPU target, compiling its runtime's (NRT's) few helper functions
-    without LLVM's optimization pipeline.
-
-    numba compiles them when it first loads or compiles any function, at ``NUMBA_OPT`` (3),
-    which runs LLVM's whole pipeline once and so brings ~5 MiB more of ``libllvmlite``'s
-    code into memory. They are reference-count helpers whose kernels carry their own
-    inlined copies, so their optimization changes nothing measurable; every kernel is still
-    compiled at ``NUMBA_OPT`` (the target machine is made before and keeps its level). A
-    numba without these internals is left to initialize itself."""
-    try:
-        from numba.core.compiler_lock import global_compiler_lock
-        from numba.core.registry import cpu_target
-        from numba.core.runtime import rtsys
-    except ImportError:  # pragma: no cover - another numba layout
-        return
-    with global_compiler_lock:  # no other thread compiles while OPT is 0
-        ctx = cpu_target.target_context  # the code generator, at the configured level
-        if getattr(rtsys, "_init", True):
-            return
-        level = numba.config.OPT
-        numba.config.OPT = 0
-        try:
-            rtsys.initialize(ctx)
-        finally:
-            numba.config.OPT = level
 
 
 def _cached(kernel: Any) -> bool | None:
@@ -237,7 +178,6 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False, pool: bool = True
     if kind in _done or (not pool and team_done in _done) or kind not in _GROUPS:
         return 0.0  # every weight upload asks: no lock, no look at the disk cache
     with _lock:
-        _init_numba_runtime()
         missing = any(_cached(k) is False for k in _GROUPS[kind])
         # (for "layers", pool means the fallbacks' functions: needed with or without team)
         pool = missing if kind == "layers" else pool or missing
@@ -262,6 +202,8 @@ def ensure_compiled(kind: str = "layers", quiet: bool = False, pool: bool = True
         watcher = threading.Thread(target=announce, name="vt-cpu-compile-notice", daemon=True)
         watcher.start()
         try:
+            if pool:
+                kernels.init_numba_runtime()
             if kind == "layers":
                 _warm_layers(pool)
             elif kind == "int8":

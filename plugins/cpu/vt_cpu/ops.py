@@ -348,9 +348,11 @@ class CpuOps(ReferenceOps):
         w = self._projection(table).weight
 
         def run() -> None:
-            bad = L.first_bad(i, w.rows)
-            if bad >= 0:
-                raise ValueError(f"embedding: token id {int(i[bad])} is out of range [0, {w.rows})")
+            bad = np.flatnonzero((i < 0) | (i >= w.rows))
+            if bad.size:
+                raise ValueError(
+                    f"embedding: token id {int(i[bad[0]])} is out of range [0, {w.rows})"
+                )
             w.dequantize_rows(i.astype(np.int64), o)
 
         self.enqueue_host(stream, "embedding", run)

@@ -89,6 +89,7 @@ class Program:
                 self.step_op.append(k)
         self.prog = np.array(rows, np.int64).reshape(-1)
         self._alone = np.zeros(K.control_size(1), np.int64)
+        self._run = K.entries().run_program
         self._replays = 0
         self._modes_at = -MODES_EVERY  # the replay that last read the choices
         self.native_runs = 0  # replays run as one native call (the others: op by op)
@@ -107,13 +108,14 @@ class Program:
                 return
             self._modes_at = n
         team = owner.team if shared else None
+        prog, steps, run = self.prog.ctypes.data, self.prog.size // K.STEP, self._run
         if team is not None and team.begin():
             try:
-                failed = K.run_program(team.ctl, self.prog, team.helpers, True)
+                failed = run(team.ctl.ctypes.data, team.ctl.size, prog, steps, team.helpers, 1)
             finally:
                 team.end()
         else:
-            failed = K.run_program(self._alone, self.prog, 0, False)
+            failed = run(self._alone.ctypes.data, self._alone.size, prog, steps, 0, 0)
         self.native_runs += 1
         if failed >= 0:
             name, op = self.ops[self.step_op[failed]]

@@ -26,10 +26,11 @@ SPIN_SECONDS = 0.002
 def _pauses(seconds: float) -> int:
     """How many spin-wait pauses last about ``seconds`` on this CPU (measured once)."""
     ctl = np.zeros(K.control_size(1), np.int64)
-    K.spin_seconds_probe(ctl, 1000)  # compile / load
+    probe = K.entries().spin_seconds_probe  # mapped or compiled here
+    probe(ctl.ctypes.data, ctl.size, 1000)
     n = 20000
     t0 = time.perf_counter()
-    K.spin_seconds_probe(ctl, n)
+    probe(ctl.ctypes.data, ctl.size, n)
     per = max(1e-9, (time.perf_counter() - t0) / n)
     return max(1000, int(seconds / per))
 
@@ -43,6 +44,8 @@ class Team:
         self.n = n
         self.helpers = n - 1
         self.ctl = np.zeros(K.control_size(self.helpers), np.int64)
+        self._c = K.entries()
+        self._ctl = (self.ctl.ctypes.data, self.ctl.size)  # the control block, for C
         self.spin = _pauses(spin_seconds)
         self._events = [threading.Event() for _ in range(self.helpers)]
         self._post = threading.Lock()
@@ -58,8 +61,9 @@ class Team:
 
     def _helper(self, me: int) -> None:
         ctl, event, last = self.ctl, self._events[me], 0
+        helper_loop, (at, n) = self._c.helper_loop, self._ctl
         while True:
-            last = K.helper_loop(ctl, me, last, self.spin)
+            last = helper_loop(at, n, me, last, self.spin)
             if ctl[K.STOP]:
                 return
             event.wait()
@@ -79,11 +83,11 @@ class Team:
         if self._closed or not self._post.acquire(blocking=False):
             return False
         try:
-            ctl = self.ctl
-            if K.post(ctl, fn, args, total, max(1, chunk), self.helpers):
+            c, (at, n) = self._c, self._ctl
+            if c.post(at, n, fn, args, total, max(1, chunk), self.helpers):
                 for e in self._events:
                     e.set()
-                K.finish(ctl)
+                c.finish(at, n)
         finally:
             self._post.release()
         return True
@@ -93,7 +97,7 @@ class Team:
         threads (prefill's BLAS tiles), which a spinning helper would take a core from.
         The next job wakes them."""
         if not self._closed:
-            K.park_now(self.ctl)
+            self._c.park_now(*self._ctl)
 
     def begin(self) -> bool:
         """Become the poster for a series of jobs (a program, :mod:`vt_cpu.program`),
@@ -116,7 +120,7 @@ class Team:
             return
         with self._post:
             self._closed = True
-            K.stop(self.ctl)
+            self._c.stop(*self._ctl)
         for e in self._events:
             e.set()
         for t in self._threads:

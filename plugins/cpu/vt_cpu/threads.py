@@ -29,7 +29,7 @@ import vt
 from threadpoolctl import threadpool_limits
 
 from .kernels.jobs import Job
-from .kernels.team import run_alone
+from .kernels.team import entries
 from .team import Team
 
 
@@ -258,6 +258,7 @@ class ThreadOwner:
         pre, args, units = _pre(job), job.args, job.units
         fn, addr = self.team, job.address  # started and compiled now, not in a timed call
         at, chunk = int(args.ctypes.data), fn.chunk(units)  # (ctypes costs ~1 us a call)
+        run_alone = entries().run_alone
 
         def call(job: Job = job) -> None:  # holds the job: args points into its arrays
             for p_addr, p_at, p_units in pre:
@@ -273,6 +274,7 @@ class ThreadOwner:
         compiled kernel as :meth:`team_call`, so the two give the same bits."""
         pre, args, units = _pre(job), job.args, job.units
         addr, at = job.address, int(args.ctypes.data)
+        run_alone = entries().run_alone
 
         def call(job: Job = job) -> None:  # holds the job: args points into its arrays
             for p_addr, p_at, p_units in pre:

@@ -30,6 +30,7 @@ from vt.reference import dequantize
 
 from .kernels import jobs as J
 from .kernels import quant as Q
+from .kernels.team import entries
 
 F32 = np.float32
 T = GGMLQuantizationType
@@ -123,6 +124,16 @@ class BlockWeight:
     def dequantize_rows(self, rows: np.ndarray, out: np.ndarray) -> None:
         """``out[i] = w[rows[i]]`` as float32 (``rows`` int64, in range)."""
         a, k = self.arrays, self.kind
+        if k in J.DQ_FORMAT and rows.flags.c_contiguous and out.flags.c_contiguous:
+            raw = a[1] if k == "Q8_0" else a[0]  # the blocks' bytes (uint8)
+            args = np.array(
+                [J.DQ_FORMAT[k], raw.ctypes.data, raw.shape[0], raw.shape[1],
+                 rows.ctypes.data, out.ctypes.data, out.shape[1], k in ("Q4_1", "Q5_K")],
+                np.int64,
+            )  # fmt: skip
+            # The dq job: a C function that never builds numba's target (vt_cpu.native).
+            entries().run_alone(J.address("dq"), args.ctypes.data, rows.shape[0])
+            return
         if k == "F32":
             np.take(a[0], rows, axis=0, out=out)
         elif k == "F16":

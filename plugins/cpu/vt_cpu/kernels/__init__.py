@@ -106,3 +106,31 @@ if CPU_FEATURES is not None:
 if numba.config.THREADING_LAYER == "default":  # NUMBA_THREADING_LAYER unset
     # omp or tbb: safe to call from several threads at once (workqueue is not).
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+
+
+def init_numba_runtime() -> None:
+    """Initialize numba's CPU target, compiling its runtime's (NRT's) few helper functions
+    without LLVM's optimization pipeline.
+
+    numba compiles them when it first loads or compiles any function, at ``NUMBA_OPT`` (3),
+    which runs LLVM's whole pipeline once and so brings ~5 MiB more of ``libllvmlite``'s
+    code into memory. They are reference-count helpers whose kernels carry their own
+    inlined copies, so their optimization changes nothing measurable; every kernel is still
+    compiled at ``NUMBA_OPT`` (the target machine is made before and keeps its level). A
+    numba without these internals is left to initialize itself."""
+    try:
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.core.registry import cpu_target
+        from numba.core.runtime import rtsys
+    except ImportError:  # pragma: no cover - another numba layout
+        return
+    with global_compiler_lock:  # no other thread compiles while OPT is 0
+        ctx = cpu_target.target_context  # the code generator, at the configured level
+        if getattr(rtsys, "_init", True):
+            return
+        level = numba.config.OPT
+        numba.config.OPT = 0
+        try:
+            rtsys.initialize(ctx)
+        finally:
+            numba.config.OPT = level

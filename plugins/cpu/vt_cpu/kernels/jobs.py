@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 from numba import carray, cfunc, njit, types
 
+from .. import native
 from . import attention as A
+from . import init_numba_runtime
 from . import layers as L
 from . import q8 as Q8
 from . import quant as Q
@@ -282,7 +284,32 @@ def gather(args, u0, u1):  # noqa: ANN001, ANN201
         out[i, :] = x[rows[i], :]
 
 
+#: :func:`dq`'s format codes.
+DQ_FORMAT = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 1, "Q4_K": 2, "Q5_K": 2, "Q6_K": 3}
+
+
+def dq(args, u0, u1):  # noqa: ANN001, ANN201
+    """[format (:data:`DQ_FORMAT`), blocks, their rows, bytes a row, rows, out, out's
+    columns, flag (Q4_1's minimum, Q5_K's fifth bit)]: ``out[i]`` = weight row
+    ``rows[i]`` as float32 (the dequantizers of :mod:`vt_cpu.kernels.quant`)."""
+    a = carray(ptr_i64(args), 8)
+    raw = carray(ptr_u8(a[1]), (a[2], a[3]))
+    signed = carray(ptr_i8(a[1]), (a[2], a[3]))
+    rows = carray(ptr_i64(a[4]), u1)[u0:]
+    out = carray(ptr_f32(a[5]), (u1, a[6]))[u0:]
+    f = a[0]
+    if f == 0:
+        Q.dq_q8_0(signed, raw, rows, out)
+    elif f == 1:
+        Q.dq_q4(raw, rows, out, a[7] != 0)
+    elif f == 2:
+        Q.dq_qk45(raw, rows, out, a[7] != 0)
+    else:
+        Q.dq_q6_k(raw, signed, rows, out)
+
+
 _JOBS: dict[str, Callable[..., Any]] = {
+    "dq": dq,
     "attn_prep": attn_prep,
     "gather": gather,
     "attn_scores": attn_scores,
@@ -296,22 +323,31 @@ _JOBS: dict[str, Callable[..., Any]] = {
 #: The tile job of each weight format.
 MM_JOB = {"Q8_0": "mm_q8_0", "Q4_0": "mm_q4", "Q4_1": "mm_q4", "Q4_K": "mm_qk45",
           "Q5_K": "mm_qk45", "Q6_K": "mm_q6_k"}  # fmt: skip
-_compiled: dict[str, Any] = {}
+_compiled: dict[str, int] = {}
+_numba_jobs: dict[str, Any] = {}  # what numba compiled, kept alive for its code
 _lock = threading.Lock()
 
 
 def address(name: str) -> int:
-    """The C address of job ``name``, compiling (or loading) it on first use."""
+    """The C address of job ``name``: mapped from its saved object code
+    (:mod:`vt_cpu.native`), else compiled (or loaded) by numba on first use and saved."""
     got = _compiled.get(name)
     if got is None:
         with _lock:
             got = _compiled.get(name)
             if got is None:
-                # The numba-level helpers are compiled inline into each job, with the
-                # job's fast-math flags: none where the kernel rounds as numpy does.
-                kw = _EXACT if name in ("rope_kv", "silu_mul") else _KW
-                got = _compiled[name] = cfunc(SIGNATURE, **kw)(_JOBS[name])
-    return int(got.address)
+                got = _compiled[name] = native.load(name) or _numba_job(name)
+    return got
+
+
+def _numba_job(name: str) -> int:
+    # The numba-level helpers are compiled inline into each job, with the job's
+    # fast-math flags: none where the kernel rounds as numpy does.
+    kw = _EXACT if name in ("rope_kv", "silu_mul") else _KW
+    init_numba_runtime()
+    compiled = _numba_jobs[name] = cfunc(SIGNATURE, **kw)(_JOBS[name])
+    native.save(name, compiled)
+    return int(compiled.address)
 
 
 def _addr(a: np.ndarray) -> int:

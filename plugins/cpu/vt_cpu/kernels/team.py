@@ -322,3 +322,103 @@ def park_now(ctl):
 def stop(ctl):
     """Tell the helpers to return (they see it within one spin)."""
     store_seq_cst(ctl, STOP, 1)
+
+
+# --------------------------------------------------------------------------- C entries
+# The functions above as C functions of integers (an array as its address and length),
+# for the backend to call through ctypes: mapped by vt from their saved object code
+# (vt_cpu.native) or compiled by numba once, so a process that only runs them never
+# builds numba's target. ``entries()`` gives them as ctypes functions.
+
+_I = types.int64
+_CKW = {"cache": True, "boundscheck": False}
+
+
+def _ctl(ptr, n):  # noqa: ANN001, ANN202 - numba only
+    return carray(ptr_i64(ptr), n)
+
+
+_ctl = njit(**_KW, inline="always")(_ctl)
+
+
+def _c_helper_loop(ctl, n, me, last, spin):  # noqa: ANN001, ANN202
+    return helper_loop(_ctl(ctl, n), me, last, spin)
+
+
+def _c_post(ctl, n, fn, args, total, chunk, helpers):  # noqa: ANN001, ANN202
+    return post(_ctl(ctl, n), fn, args, total, chunk, helpers)
+
+
+def _c_finish(ctl, n):  # noqa: ANN001, ANN202
+    finish(_ctl(ctl, n))
+    return 0
+
+
+def _c_run_alone(fn, args, total):  # noqa: ANN001, ANN202
+    run_alone(fn, args, total)
+    return 0
+
+
+def _c_run_program(ctl, n, prog, steps, helpers, shared):  # noqa: ANN001, ANN202
+    return run_program(_ctl(ctl, n), carray(ptr_i64(prog), steps * STEP), helpers, shared != 0)
+
+
+def _c_spin_seconds_probe(ctl, n, pauses):  # noqa: ANN001, ANN202
+    return spin_seconds_probe(_ctl(ctl, n), pauses)
+
+
+def _c_park_now(ctl, n):  # noqa: ANN001, ANN202
+    park_now(_ctl(ctl, n))
+    return 0
+
+
+def _c_stop(ctl, n):  # noqa: ANN001, ANN202
+    stop(_ctl(ctl, n))
+    return 0
+
+
+#: name: (Python function, number of int64 arguments); each returns an int64.
+C_ENTRIES = {
+    "helper_loop": (_c_helper_loop, 5),
+    "post": (_c_post, 7),
+    "finish": (_c_finish, 2),
+    "run_alone": (_c_run_alone, 3),
+    "run_program": (_c_run_program, 6),
+    "spin_seconds_probe": (_c_spin_seconds_probe, 3),
+    "park_now": (_c_park_now, 2),
+    "stop": (_c_stop, 2),
+}
+
+
+class Entries:
+    """The C entries as ctypes functions (they release the GIL while they run)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        from .. import native
+
+        for name, (fn, nargs) in C_ENTRIES.items():
+
+            def compile_it(fn: object = fn, nargs: int = nargs) -> object:
+                from numba import cfunc
+
+                from . import init_numba_runtime
+
+                init_numba_runtime()
+                return cfunc(_I(*([_I] * nargs)), **_CKW)(fn)
+
+            addr = native.address(f"team.{name}", compile_it)
+            proto = ctypes.CFUNCTYPE(ctypes.c_int64, *([ctypes.c_int64] * nargs))
+            setattr(self, name, proto(addr))
+
+
+_entries: Entries | None = None
+
+
+def entries() -> Entries:
+    """The team's C entries, mapped or compiled once per process."""
+    global _entries
+    if _entries is None:
+        _entries = Entries()
+    return _entries
