@@ -645,13 +645,14 @@ class GpuBackend(
         n = x.shape[0]
         if n == 0:
             return
+        if n >= self.blas_min_rows and self._rt.blas():
+            self._blas_matmul(stream, out, x, w, bias, residual)
+            return
         out_f, in_f = w.rows, w.cols
         res = P(0) if residual is None else self._ptr(residual)
         args = [self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.lg_block), P(bias),
                 res, I32(n), I32(out_f), I32(in_f)]  # fmt: skip
-        if n >= self.blas_min_rows and self._rt.blas():
-            self._blas_matmul(stream, out, x, w, bias, residual)
-        elif n >= self.tiled_min_rows:
+        if n >= self.tiled_min_rows:
             grid = (-(-out_f // 64), -(-n // 64), 1)
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
         elif (gv := self._gemv(x, w))[0]:
@@ -773,7 +774,8 @@ class GpuBackend(
         more) a non-F32 weight and x go in as IEEE half instead (an F16 weight as it is):
         half the bytes of the copy, twice the tensor-core rate."""
         n, (m, k) = x.shape[0], (w.rows, w.cols)
-        xp, op = self._ptr(x).value or 0, self._ptr(out).value or 0
+        xp = int(x.buffer.handle) + x.buffer.offset
+        op = int(out.buffer.handle) + out.buffer.offset
         wptr, inputs, total = w.data, "f32", m * k
         # Quantized codes 16 at a time (blas_copies.cu) where 16 values share a scale pair
         # and the codes are 16-byte aligned; else a value a thread (embedding_norm.cu).

@@ -221,12 +221,18 @@ class GpuRuntime(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no BLAS")
 
 
+#: The argument arrays' types by length (made once: every launch builds one).
+_PARAM_ARRAYS = tuple(ctypes.c_void_p * n for n in range(1, 33))
+
+
 def kernel_params(args: Sequence[KernelArg]) -> tuple[ctypes.Array, int]:
     """The ``void**`` array of a launch: pointers to each argument's bytes.
 
     Returns the array (keep it alive until the launch call returns) and its address.
     """
-    array = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
+    n = len(args)
+    kind = _PARAM_ARRAYS[n - 1] if 0 < n <= len(_PARAM_ARRAYS) else ctypes.c_void_p * max(1, n)
+    array = kind(*map(ctypes.addressof, args))
     return array, ctypes.addressof(array)
 
 

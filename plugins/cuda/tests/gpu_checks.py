@@ -103,6 +103,89 @@ def test_the_device_run_has_cublas(cuda: Any) -> None:
     assert "TF32" in (cuda.runtime.blas() or "")
 
 
+@pytest.mark.parametrize("inputs", ["f32", "f16"])
+@pytest.mark.parametrize(
+    ("n", "m", "k", "shift"),
+    [(64, 131, 96, 0), (300, 131, 67, 0), (512, 576, 576, 0), (70, 131, 96, 4), (128, 40, 64, 16)],
+)
+def test_cublaslt_plans_equal_gemm_ex(
+    cuda: Any, inputs: str, n: int, m: int, k: int, shift: int
+) -> None:
+    """``runtime.gemm`` through a cuBLASLt plan and through cublasGemmEx
+    (``Cublas.use_lt = False``): both within TF32 (half inputs: float32 sums) rounding of
+    numpy's float64, overwriting and accumulating, with pointers 256-byte aligned or
+    shifted off it (a plan of their own)."""
+    from vt_cuda.blas import Cublas
+
+    rt = cuda.runtime
+    rng = np.random.default_rng(n + k)
+    dtype = np.float32 if inputs == "f32" else np.float16
+    x = rng.standard_normal((n, k)).astype(dtype)
+    w = rng.standard_normal((m, k)).astype(dtype)
+    base = rng.standard_normal((n, m)).astype(np.float32)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    io = IO(cuda)
+    bufs = [io.empty(a.nbytes + shift) for a in (x, w, base)]
+    ptrs = [int(b.handle) + shift for b in bufs]
+    for buf, a in zip(bufs, (x, w, base), strict=True):
+        cuda.copy_h2d(buf.view(shift, a.nbytes), np.ascontiguousarray(a).view(np.uint8))
+    stream = cuda.create_stream()
+    got = {}
+    try:
+        for lt in (True, False):
+            Cublas.use_lt = lt
+            for accumulate in (False, True):
+                cuda.copy_h2d(bufs[2].view(shift, base.nbytes), base.view(np.uint8))
+                rt.gemm(stream.handle, n, m, k, ptrs[0], ptrs[1], ptrs[2], accumulate, inputs)
+                cuda.synchronize(stream)
+                out = np.empty((n, m), np.float32)
+                cuda.copy_d2h(out, bufs[2].view(shift, base.nbytes))
+                ref = want + base if accumulate else want
+                tol = 1e-5 if inputs == "f32" else 1e-7
+                assert nmse(out, ref) <= tol, (lt, accumulate)
+                got[lt, accumulate] = out
+    finally:
+        Cublas.use_lt = True
+    for accumulate in (False, True):
+        assert nmse(got[True, accumulate], got[False, accumulate]) <= 1e-5
+    blas = rt._cublas()
+    plans = {key: plan for key, plan in blas._plans.items() if key[:4] == (n, m, k, inputs)}
+    assert plans, "no cuBLASLt plan was looked for"
+    if shift == 0 and inputs == "f32" and k % 4 == 0:
+        assert any(plan is not None for plan in plans.values()), blas.lt_reason
+
+
+def test_kept_blas_copies_look_at_free_memory(cuda: Any) -> None:
+    """cuMemGetInfo answers on the device; with a margin larger than the device no copy is
+    kept (the matmul runs on its scratch copy, right all the same), and freeing the
+    weight lets copies be kept again."""
+    free, total = cuda.runtime.memory_info()
+    assert 0 < free <= total == cuda.profile.total_memory
+    rng = np.random.default_rng(5)
+    tensor, ref = weight_tensor("w", rng.standard_normal((131, 96)).astype(np.float32), "Q8_0")
+    x = rng.standard_normal((70, 96)).astype(np.float32)
+    io = IO(cuda)
+    saved = cuda.blas_min_rows, cuda.blas_keep_min_free_bytes
+    cuda.blas_min_rows, cuda.blas_keep_min_free_bytes = 64, total
+    w = cuda.upload_weight(tensor)
+    try:
+        out = io.empty(70 * 131 * 4)
+        stream = cuda.create_stream()
+        for _ in range(2):
+            cuda.launch("matmul", stream, out=f32(out, 70, 131), x=f32(io.put(x), 70, 96),
+                        weight=w)  # fmt: skip
+            cuda.synchronize(stream)
+            got = io.get(out, np.float32, (70, 131))
+            assert nmse(got, R.matmul(x, ref, None)) <= kernel_tolerance("matmul", "Q8_0")
+        assert not any(key[0] == w.handle.data for key in cuda._kept)
+        assert cuda._keep_full
+    finally:
+        cuda.free_weight(w)
+        cuda.blas_min_rows, cuda.blas_keep_min_free_bytes = saved
+        io.close()
+    assert not cuda._keep_full
+
+
 @pytest.fixture(params=["own", "blas", "blas-f16"])
 def path(request: pytest.FixtureRequest, cuda: Any) -> Any:
     """The backend's own tiled kernel, or cuBLAS from blas_min_rows rows (TF32, or half

@@ -10,9 +10,11 @@ round of ``--rounds``), for the 135M shape's q projection at 512 rows (576 x 576
   checks), the backend's op and one kernel launch;
 - ``kernel silu_mul``: the backend's ``_kernel`` alone (argument array, ``cuLaunchKernel``);
 - ``cuLaunchKernel``: cuda-python's call alone, its function, stream and arguments made once;
-- ``gemm f32`` / ``gemm f16``: ``runtime.gemm`` (``cublasGemmEx``, TF32 / half inputs) alone;
+- ``gemm f32`` / ``gemm f16``: ``runtime.gemm`` (TF32 / half inputs) alone;
 - ``op matmul``: ``backend.launch("matmul", ...)`` of a Q8_0 weight at 512 rows: the BLAS
-  path with its kept copy (one GEMM; the f32 path for this weight's 331K values).
+  path with its kept copy (one GEMM; the f32 path for this weight's 331K values);
+each of the last three twice: ``lt`` through a cuBLASLt plan (``vt_cuda.blas``, the
+default), ``ex`` through cublasGemmEx (``Cublas.use_lt = False``, before run 37).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def measure(backend: Any, calls: int = 400, rounds: int = 5) -> dict[str, float]
     values = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32) * 0.05
     q8 = GGMLQuantizationType.Q8_0
     raw = np.ascontiguousarray(quantize_matrix(values, q8)).reshape(-1).view(np.uint8)
-    weight = backend.upload_weight(vt.WeightTensor("w", int(q8), (m, k), raw))
+    weight = w = backend.upload_weight(vt.WeightTensor("w", int(q8), (m, k), raw))
     ptr = backend._ptr
     rt = backend.runtime
     half = backend.alloc(n * k * 2)
@@ -87,14 +89,26 @@ def measure(backend: Any, calls: int = 400, rounds: int = 5) -> dict[str, float]
         "cuLaunchKernel": lean_launch(
             backend, stream, blocks, (ptr(out), ptr(gate), ptr(up), I32(n * m))
         ),
-        "gemm f32": lambda: rt.gemm(stream.handle, n, m, k, xa, xa, oa, False),
-        "gemm f16": lambda: rt.gemm(stream.handle, n, m, k, addr, addr, oa, False, "f16"),
-        "op matmul": lambda: backend.launch("matmul", stream, out=out, x=x, weight=weight),
     }
+    h = stream.handle
+    for lt in ("lt", "ex"):
+        results |= {
+            f"gemm f32 {lt}": lambda: rt.gemm(h, n, m, k, xa, xa, oa, False),
+            f"gemm f16 {lt}": lambda: rt.gemm(h, n, m, k, addr, addr, oa, False, "f16"),
+            f"op matmul {lt}": lambda: backend.launch("matmul", stream, out=out, x=x, weight=w),
+        }
     got = {}
+    cublas = type(rt._cublas()) if hasattr(rt, "_cublas") and rt._cublas() else None
     for name, call in results.items():
-        call()  # compile, load, make the kept copy
+        if cublas is not None:
+            cublas.use_lt = not name.endswith(" ex")
+        call()  # compile, load, make the kept copy (and the cuBLASLt plan)
         got[name] = round(timed(backend, stream, call, calls, rounds), 2)
+    if cublas is not None:
+        cublas.use_lt = True
+        blas = rt._cublas()
+        made = sum(plan is not None for plan in blas._plans.values())
+        print(f"cuBLASLt: {made} plans of {len(blas._plans)} shapes; {blas.lt_reason or 'ok'}")
     backend.free_weight(weight)
     return got
 

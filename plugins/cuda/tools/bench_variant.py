@@ -18,6 +18,8 @@ kernels' K blocks a warp loads in one go);
 ``--blas-keep F``: the BLAS path keeps its weight copies within fraction F of the
 device's memory (``GpuBackend.blas_keep_fraction``, and ``CudaBackend``'s, 0.125 by
 default; 0: a copy every matmul, as before run 33);
+``--blas-lt 0|1``: the CUDA plugin's GEMMs through cublasGemmEx (0, before run 37) or
+cuBLASLt plans cached per shape (1, the default; ``vt_cuda.blas.Cublas.use_lt``);
 ``--gemv N``: one-row steps on the gemv kernels with N (1, 2, 4) features a block
 (``GpuBackend.gemv_features``; 0: a warp per feature, the kernels before them);
 ``--tiled-rows N``: attention
@@ -76,6 +78,10 @@ def apply(args: list[str]) -> list[str]:
         elif flag == "--blas-keep":  # CudaBackend says its own default (0.125)
             for cls in _backend_classes():
                 cls.blas_keep_fraction = float(args[1])
+        elif flag == "--blas-lt":
+            from vt_cuda.blas import Cublas
+
+            Cublas.use_lt = bool(int(args[1]))
         elif flag == "--int8-mma":
             GpuBackend.int8_mma = bool(int(args[1]))
         elif flag == "--kdefine":

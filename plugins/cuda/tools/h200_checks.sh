@@ -20,7 +20,10 @@
 # PROFILE override its lists, PROFILE= profiles none). inv:MODEL: same-prompt requests of one
 # batch, their greedy ids and the step shapes that computed them (gpu_batch_invariance.py).
 # keep:MODELS: pp512 with and without the BLAS path's kept weight copies; pprof:MODEL: a
-# 512-token prefill's wall time and kernels; host: bench_host.py (host time of a call).
+# 512-token prefill's wall time and kernels; host: bench_host.py (host time of a call);
+# hostprev: the same from the tree in .whl/prev (core/ and plugins/cuda/ of an older commit);
+# ab:MODELS: pp512 alternating that tree, this one on cublasGemmEx and this one on cuBLASLt
+# plans, AB_ROUNDS (3) rounds (bench_ab.py; $OUT/ab.json).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -241,6 +244,18 @@ EOF"
         ;;
     host)  # host time of one call by layer: op dispatch, a kernel launch, a cuBLAS GEMM
         step host 120 "python3 plugins/cuda/tools/bench_host.py"
+        ;;
+    hostprev)  # the same on the older tree in .whl/prev
+        P=$ROOT/.whl/prev
+        step hostprev 120 "test -d $P && PYTHONPATH=$P/core:$P/plugins/cuda:/tmp/site \
+            python3 $P/plugins/cuda/tools/bench_host.py"
+        ;;
+    ab:*)  # pp512: .whl/prev's tree, this one on cublasGemmEx, this one on cuBLASLt plans
+        ms=${s#ab:}
+        for m in ${ms//,/ }; do
+            step "ab-$m" 400 "python3 plugins/cuda/tools/bench_ab.py /tmp/$m.gguf --rounds ${AB_ROUNDS:-3} \
+                --prev $ROOT/.whl/prev --out $OUT/ab.json"
+        done
         ;;
     pprof:*)  # wall and GPU time of a 512-token prefill in one chunk, per kernel (the defaults)
         m=${s#pprof:}

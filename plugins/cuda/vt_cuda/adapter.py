@@ -23,7 +23,7 @@ from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params
 
 from .blas import INSTALL_HINT as BLAS_HINT
 from .blas import PRECISION as BLAS_PRECISION
-from .blas import Cublas, import_cublas
+from .blas import Cublas, import_cublas, import_cublaslt
 from .caps import ATTRIBUTES, DeviceProfile, use_managed_alloc
 
 INSTALL_HINT = "pip install 'vt-cuda[cu13]', or 'vt-cuda[cu12]' for a CUDA 12 driver"
@@ -88,6 +88,7 @@ class CudaRuntime(GpuRuntime):
         self._ctx: Any = None
         self._blas: Cublas | None | bool = cublas  # None: not looked for yet; False: absent
         self.blas_reason = ""
+        self._success = driver.CUresult.CUDA_SUCCESS
         self.call("cuInit", 0)
         self.device_count = int(self.call("cuDeviceGetCount"))
         if device >= self.device_count:
@@ -384,8 +385,18 @@ class CudaRuntime(GpuRuntime):
         stream: Any,
         args: Sequence[Any],
     ) -> None:
+        # call()'s work inlined (the hottest call: every kernel of every step goes through it)
         params, address = kernel_params(args)
-        self.call("cuLaunchKernel", fn, *grid, *block, shared_mem, stream, address, 0)
+        if self._ctx is not None and not getattr(self._tls, "bound", False):
+            self._bind()
+        gx, gy, gz = grid
+        bx, by, bz = block
+        result = self.cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, address, 0)
+        err = result[0] if isinstance(result, tuple) else result
+        if err != self._success:
+            args_ = (fn, gx, gy, gz, bx, by, bz, shared_mem, stream, address, 0)
+            call = f"cuLaunchKernel({', '.join(_fmt(a) for a in args_)})"
+            raise CudaError(call, int(err), self.error_name(err), self.error_string(err))
         del params  # kept alive until the driver has copied the arguments
 
     # ---- vendor BLAS: cuBLAS through nvmath-python, when installed
@@ -394,7 +405,7 @@ class CudaRuntime(GpuRuntime):
         reason in ``blas_reason`` (matmuls of many rows then run on vt's own kernel)."""
         if self._blas is None:
             try:
-                blas = Cublas(import_cublas(), self)
+                blas = Cublas(import_cublas(), self, import_cublaslt())
                 self._bind()
                 blas.handle()
                 self._blas = blas
@@ -413,10 +424,11 @@ class CudaRuntime(GpuRuntime):
         self, stream: Any, n: int, m: int, k: int, x: int, w: int, out: int, accumulate: bool,
         inputs: str = "f32",
     ) -> None:  # fmt: skip
-        cublas = self._cublas()
+        cublas = self._blas or self._cublas()
         if cublas is None:
             raise NotImplementedError(f"no cuBLAS: {self.blas_reason}")
-        self._bind()
+        if self._ctx is not None and not getattr(self._tls, "bound", False):
+            self._bind()
         cublas.gemm(stream, n, m, k, x, w, out, accumulate, inputs)
 
     # ---- graphs: stream capture in this thread's mode, so another thread's unrelated CUDA
