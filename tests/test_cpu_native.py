@@ -73,8 +73,8 @@ def test_the_mapped_dequantizer_gives_the_references_rows(cache: Path, kind: str
     rows = np.array([5, 0, 3], np.int64)
     out = np.zeros((3, 512), np.float32)
     args = np.array(
-        [J.DQ_FORMAT[kind], raw.ctypes.data, raw.shape[0], raw.shape[1], rows.ctypes.data,
-         out.ctypes.data, 512, kind == "Q4_1"],
+        [J.DQ_FORMAT[kind], raw.ctypes.data, raw.shape[0], raw.shape[1], kind == "Q4_1",
+         rows.ctypes.data, out.ctypes.data, 512],
         np.int64,
     )  # fmt: skip
     _run(mapped, args, 3)

@@ -18,6 +18,7 @@ A :class:`BlockWeight` runs ``out = x @ w.T (+ res)`` two ways:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -52,6 +53,38 @@ MM_MIN_ROWS: dict[str, int] = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 2, "Q4_K": 3, "Q5_K
 #: shape (Q4_K) against 2^17 (docs/benchmarks.md).
 TILE_ELEMENTS = 1 << 19
 TILES_MIN = 4
+
+
+_local = threading.local()
+
+
+def _dq_block() -> tuple[np.ndarray, int]:
+    """The calling thread's argument block for the ``dq`` job, and its address."""
+    got = getattr(_local, "dq", None)
+    if got is None:
+        block = np.zeros(8, np.int64)
+        got = _local.dq = (block, block.ctypes.data)
+    return got
+
+
+#: ``0, 1, ..., m - 1`` (int64) and its address; the arrays it replaced (a thread may
+#: still read one: they are never freed; each at most half the next).
+_numbers: tuple[np.ndarray, int] = (np.zeros(0, np.int64), 0)
+_replaced: list[np.ndarray] = []
+_numbers_lock = threading.Lock()
+
+
+def _row_numbers(n: int) -> int:
+    """The address of ``0, 1, ..., m - 1`` for some ``m >= n``: every tile's row numbers
+    (``address + 8 * r0``), from one array that grows to the largest matrix's rows."""
+    global _numbers
+    if _numbers[0].shape[0] < n:
+        with _numbers_lock:
+            if _numbers[0].shape[0] < n:
+                arange = np.arange(max(n, 2 * _numbers[0].shape[0]), dtype=np.int64)
+                _replaced.append(_numbers[0])
+                _numbers = (arange, arange.ctypes.data)
+    return _numbers[1]
 
 
 @dataclass(eq=False)
@@ -125,14 +158,7 @@ class BlockWeight:
         """``out[i] = w[rows[i]]`` as float32 (``rows`` int64, in range)."""
         a, k = self.arrays, self.kind
         if k in J.DQ_FORMAT and rows.flags.c_contiguous and out.flags.c_contiguous:
-            raw = a[1] if k == "Q8_0" else a[0]  # the blocks' bytes (uint8)
-            args = np.array(
-                [J.DQ_FORMAT[k], raw.ctypes.data, raw.shape[0], raw.shape[1],
-                 rows.ctypes.data, out.ctypes.data, out.shape[1], k in ("Q4_1", "Q5_K")],
-                np.int64,
-            )  # fmt: skip
-            # The dq job: a C function that never builds numba's target (vt_cpu.native).
-            entries().run_alone(J.address("dq"), args.ctypes.data, rows.shape[0])
+            self._dq(rows.ctypes.data, rows.shape[0], out)
             return
         if k == "F32":
             np.take(a[0], rows, axis=0, out=out)
@@ -149,6 +175,21 @@ class BlockWeight:
         else:
             Q.dq_q6_k(a[0], a[1], rows, out)
 
+    def _dq(self, rows_at: int, n: int, out: np.ndarray) -> None:
+        """The ``dq`` job over ``n`` rows (int64, at ``rows_at``) into ``out``: a C function
+        that never builds numba's target (:mod:`vt_cpu.native`), its argument block the
+        calling thread's own."""
+        head = self.__dict__.get("_dq_head")
+        if head is None:
+            raw = self.arrays[1] if self.kind == "Q8_0" else self.arrays[0]  # uint8 blocks
+            flag = self.kind in ("Q4_1", "Q5_K")
+            head = (J.DQ_FORMAT[self.kind], raw.ctypes.data, *raw.shape, flag)
+            self.__dict__["_dq_head"] = head
+        args, at = _dq_block()
+        args[:5] = head
+        args[5], args[6], args[7] = rows_at, out.ctypes.data, out.shape[1]
+        entries().run_alone(J.address("dq"), at, n)
+
     def tile_rows(self) -> int:
         per = min(TILE_ELEMENTS // max(1, self.cols), -(-self.rows // TILES_MIN))
         return max(16, min(self.rows, per))
@@ -158,7 +199,10 @@ class BlockWeight:
         if self.kind == "F32":
             return self.arrays[0][r0:r1]
         out = scratch[: r1 - r0] if scratch is not None else np.empty((r1 - r0, self.cols), F32)
-        self.dequantize_rows(np.arange(r0, r1, dtype=np.int64), out)
+        if self.kind not in J.DQ_FORMAT:
+            self.dequantize_rows(np.arange(r0, r1, dtype=np.int64), out)
+            return out
+        self._dq(_row_numbers(r1) + 8 * r0, r1 - r0, out)
         return out
 
     # ---- prefill: BLAS on dequantized tiles

@@ -289,21 +289,21 @@ DQ_FORMAT = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 1, "Q4_K": 2, "Q5_K": 2, "Q6_K": 3}
 
 
 def dq(args, u0, u1):  # noqa: ANN001, ANN201
-    """[format (:data:`DQ_FORMAT`), blocks, their rows, bytes a row, rows, out, out's
-    columns, flag (Q4_1's minimum, Q5_K's fifth bit)]: ``out[i]`` = weight row
+    """[format (:data:`DQ_FORMAT`), blocks, their rows, bytes a row, flag (Q4_1's minimum,
+    Q5_K's fifth bit), rows (int64), out, out's columns]: ``out[i]`` = weight row
     ``rows[i]`` as float32 (the dequantizers of :mod:`vt_cpu.kernels.quant`)."""
     a = carray(ptr_i64(args), 8)
     raw = carray(ptr_u8(a[1]), (a[2], a[3]))
     signed = carray(ptr_i8(a[1]), (a[2], a[3]))
-    rows = carray(ptr_i64(a[4]), u1)[u0:]
-    out = carray(ptr_f32(a[5]), (u1, a[6]))[u0:]
+    rows = carray(ptr_i64(a[5]), u1)[u0:]
+    out = carray(ptr_f32(a[6]), (u1, a[7]))[u0:]
     f = a[0]
     if f == 0:
         Q.dq_q8_0(signed, raw, rows, out)
     elif f == 1:
-        Q.dq_q4(raw, rows, out, a[7] != 0)
+        Q.dq_q4(raw, rows, out, a[4] != 0)
     elif f == 2:
-        Q.dq_qk45(raw, rows, out, a[7] != 0)
+        Q.dq_qk45(raw, rows, out, a[4] != 0)
     else:
         Q.dq_q6_k(raw, signed, rows, out)
 
