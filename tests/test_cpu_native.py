@@ -163,3 +163,12 @@ def test_a_warm_process_runs_without_numbas_target_and_generates_the_same_ids(
     numba_only = _generate(model, False)
     assert numba_only["numba_target"] and numba_only["mapped"] == []
     assert warm["ids"] == numba_only["ids"] and len(warm["ids"][0]) == 12
+
+
+def test_saved_objects_go_where_numbas_cache_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numba
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))  # NUMBA_CACHE_DIR
+    assert native.cache_dir() == tmp_path / "vt-native"

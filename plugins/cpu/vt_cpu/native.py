@@ -199,10 +199,14 @@ _images: dict[str, Image] = {}
 
 
 def cache_dir() -> Path:
-    """Where saved objects go: ``vt-native`` beside numba's cache of the kernels."""
+    """Where saved objects go: ``vt-native`` in numba's cache of the kernels (the
+    package's ``__pycache__``, vt's cache directory, or ``NUMBA_CACHE_DIR``)."""
+    import numba
+
     from . import kernels
 
-    return Path(kernels.CACHE_DIR or kernels._HERE / "__pycache__") / "vt-native"
+    where = numba.config.CACHE_DIR or kernels.CACHE_DIR or kernels._HERE / "__pycache__"
+    return Path(where) / "vt-native"
 
 
 def key() -> str:
