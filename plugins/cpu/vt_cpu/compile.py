@@ -13,7 +13,9 @@ holds them they are not loaded at all (numba would load one on a first call), wh
 ~20 MiB of numba's memory out of a Q4_1 model's process. A first run still compiles them,
 so turning the team off later finds them cached. Likewise the numba functions that only
 the activation ops' fallbacks call (~11 MiB: every op runs as jobs) and the integer
-kernels of the activation width not in use (``VT_CPU_ACT_BITS``).
+kernels of the activation width not in use (``VT_CPU_ACT_BITS``). The team's jobs and
+entry points themselves are mapped by :mod:`vt_cpu.native` from the object code saved at
+their first compile, so a warm process never builds numba's target at all.
 """
 
 from __future__ import annotations

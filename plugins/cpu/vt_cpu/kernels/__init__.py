@@ -116,8 +116,10 @@ def init_numba_runtime() -> None:
     which runs LLVM's whole pipeline once and so brings ~5 MiB more of ``libllvmlite``'s
     code into memory. They are reference-count helpers whose kernels carry their own
     inlined copies, so their optimization changes nothing measurable; every kernel is still
-    compiled at ``NUMBA_OPT`` (the target machine is made before and keeps its level). A
-    numba without these internals is left to initialize itself."""
+    compiled at ``NUMBA_OPT`` (the target machine is made before and keeps its level).
+    Called before vt's first compile or load through numba (a process whose functions are
+    all mapped by :mod:`vt_cpu.native` never calls it). A numba without these internals is
+    left to initialize itself."""
     try:
         from numba.core.compiler_lock import global_compiler_lock
         from numba.core.registry import cpu_target
