@@ -131,8 +131,7 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
     for vnni in (True, False):
         monkeypatch.setattr(q8, "VNNI", vnni)
         d0, d1, d2 = (q8._block_rows(k, 4, bits) for k in KINDS[:3])
-        d3, d4 = q8._block_rows_q4_k(4, bits), q8._block_rows_q4_k(4, bits, True)
-        d5 = q8._block_rows_q6_k(4, bits)
+        d3, d4, d5 = (q8._block_rows_k(k, 4, bits) for k in KINDS[3:])  # per 256 values
 
         def run(fmt_id, raw, starts, xq, xd, xi, nb, d0=d0, d1=d1, d2=d2, d3=d3, d4=d4, d5=d5):  # noqa: ANN001, ANN202
             if fmt_id == 0:
@@ -152,8 +151,12 @@ def test_the_portable_ir_computes_what_vnni_computes(monkeypatch: pytest.MonkeyP
             cols = cols_for(kind, 4)
             w, _ = weight(kind, 8, cols, seed=4)
             x = np.random.default_rng(5).standard_normal((1, cols)).astype(np.float32)
-            xq, xd, xi = scratch(1, cols, bits)
-            q8.quantize_rows(x, xq, xd, xi, kind in ("Q4_0", "Q4_1"))
+            if kind.endswith("_K"):
+                xq, xd, xi = q8.scratch(1, cols, bits, True)
+                q8.quantize_rows_k(x, xq, xd, xi)
+            else:
+                xq, xd, xi = scratch(1, cols, bits)
+                q8.quantize_rows(x, xq, xd, xi, kind in ("Q4_0", "Q4_1"))
             starts = np.array([0, 4, 8, 28], np.int64)
             raw = w.arrays[0] if kind == "Q6_K" else w.arrays[-1]  # the uint8 blocks
             got = kernels[vnni](fid, raw, starts, xq[0], xd[0], xi[0], 4)

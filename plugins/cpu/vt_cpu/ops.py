@@ -181,7 +181,7 @@ class CpuOps(ReferenceOps):
 
     # ---- the matmuls
     def _job(self, w: W.BlockWeight, x: np.ndarray, out: np.ndarray, res: np.ndarray | None,
-             shared: dict[bool, tuple[np.ndarray, ...]]) -> J.Job | None:  # fmt: skip
+             shared: dict[int, tuple[np.ndarray, ...]]) -> J.Job | None:  # fmt: skip
         """``out = x @ w.T (+ res)`` as a team job, where the rows' kernel is one (the
         integer kernels for one row, the tile kernels for several); None otherwise."""
         if not self.threads.use_team or not x.flags.c_contiguous:
@@ -205,7 +205,7 @@ class CpuOps(ReferenceOps):
         each is a team job they run as one (one post, one wait, ``x`` quantized once)."""
         owner, n = self.threads, x.shape[0]
         if all(n <= KERNEL_MAX_ROWS.get(p.weight.kind, 0) for p, _, _ in items):
-            shared: dict[bool, tuple[np.ndarray, ...]] = {}
+            shared: dict[int, tuple[np.ndarray, ...]] = {}
             jobs = [self._job(p.weight, x, o, r, shared) for p, o, r in items]
             if all(j is not None for j in jobs):
                 job = J.multi_job([j for j in jobs if j is not None])

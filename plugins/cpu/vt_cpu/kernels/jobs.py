@@ -12,7 +12,8 @@ of units, their operands given as addresses and shapes in an int64 argument bloc
   row's KV head with its query heads (:class:`AttentionJobs`); ``attn_prep`` checks the
   rows' positions and slots and lays out the packed scores (one unit);
 - ``quant8`` / ``quant16``: the activations' quantization of the ``q8_*`` jobs
-  (:func:`vt_cpu.kernels.q8.quantize_range`), a unit being a row;
+  (:func:`vt_cpu.kernels.q8.quantize_range`; per 256 values for the K-quants,
+  :func:`vt_cpu.kernels.q8.quantize_range_k`), a unit being a row;
 - ``rms_norm``, ``silu_mul``, ``rope_kv``: the activation ops of
   :mod:`vt_cpu.kernels.layers` over rows (``rope_kv`` writes a bad row's code to a status
   word instead of returning it); ``gather``: the op ``gather_rows``.
@@ -201,7 +202,8 @@ def attn_prep(args, u0, u1):  # noqa: ANN001, ANN201
 
 
 #: The activations' quantization: [x, n, k, xq, xq columns, xd, blocks, xi, xi columns,
-#: pairs].
+#: layout (:func:`vt_cpu.kernels.q8.layout`: 0 blocks of 32, 1 the nibble formats' order,
+#: 2 per 256)].
 QUANT_ARGS = 10
 
 
@@ -214,16 +216,23 @@ def _quant_views(a):  # noqa: ANN001, ANN202
     return x, xd, xi
 
 
+@njit(**_INLINE)
+def _quant(a, xq, u0, u1):  # noqa: ANN001, ANN202 - numba only
+    x, xd, xi = _quant_views(a)
+    if a[9] == 2:
+        Q8.quantize_range_k(x, xq, xd, xi, u0, u1)
+    else:
+        Q8.quantize_range(x, xq, xd, xi, a[9] != 0, u0, u1)
+
+
 def quant16(args, u0, u1):  # noqa: ANN001, ANN201
     a = carray(ptr_i64(args), QUANT_ARGS)
-    x, xd, xi = _quant_views(a)
-    Q8.quantize_range(x, carray(ptr_u8(a[3]), (a[1], a[4])), xd, xi, a[9] != 0, u0, u1)
+    _quant(a, carray(ptr_u8(a[3]), (a[1], a[4])), u0, u1)
 
 
 def quant8(args, u0, u1):  # noqa: ANN001, ANN201
     a = carray(ptr_i64(args), QUANT_ARGS)
-    x, xd, xi = _quant_views(a)
-    Q8.quantize_range(x, carray(ptr_i8(a[3]), (a[1], a[4])), xd, xi, a[9] != 0, u0, u1)
+    _quant(a, carray(ptr_i8(a[3]), (a[1], a[4])), u0, u1)
 
 
 def rms_norm(args, u0, u1):  # noqa: ANN001, ANN201
@@ -410,14 +419,15 @@ class Job:
 
 
 def quant_job(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xi: np.ndarray,
-              pairs: bool) -> Job:  # fmt: skip
-    """:func:`vt_cpu.kernels.q8.quantize_rows` of ``x`` into ``(xq, xd, xi)`` as a job."""
+              layout: int) -> Job:  # fmt: skip
+    """:func:`vt_cpu.kernels.q8.quantize_rows` of ``x`` into ``(xq, xd, xi)`` as a job
+    (``layout`` 2: :func:`vt_cpu.kernels.q8.quantize_rows_k`)."""
     for arr in (x, xq, xd, xi):
         assert arr.flags.c_contiguous, "a job's arrays are C-contiguous"
     n, k = x.shape
     args = np.array(
         [_addr(x), n, k, _addr(xq), xq.shape[1], _addr(xd), xd.shape[1], _addr(xi),
-         xi.shape[1], pairs],
+         xi.shape[1], layout],
         np.int64,
     )  # fmt: skip
     name = "quant16" if xq.dtype == np.uint8 else "quant8"
@@ -425,24 +435,24 @@ def quant_job(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xi: np.ndarray,
 
 
 def q8_job(weight: Any, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, bits: int,
-           shared: dict[bool, tuple[np.ndarray, ...]] | None = None) -> Job:  # fmt: skip
+           shared: dict[int, tuple[np.ndarray, ...]] | None = None) -> Job:  # fmt: skip
     """``out = x @ w.T (+ res)`` with ``bits``-bit activations (8 or 16) as a job, for a
     :class:`vt_cpu.weights.BlockWeight` of a format with :mod:`vt_cpu.kernels.q8` kernels.
     Jobs over the same ``x`` given the same ``shared`` dict quantize it once: the first of
-    each activation order (the nibble formats interleave it) has the quantization as its
-    ``pre``, the others reuse its result."""
+    each activation layout (the nibble formats interleave it, the K-quants take it per 256
+    values) has the quantization as its ``pre``, the others reuse its result."""
     n, k = x.shape
     raw = weight.arrays[0] if weight.kind == "Q6_K" else weight.arrays[-1]
     fid = Q8.FMT_ID[weight.kind]
-    pairs = fid in (1, 2)
+    lay = Q8.layout(fid)
     pre: tuple[Job, ...] = ()
-    if shared is not None and pairs in shared:
-        xq, xd, xi = shared[pairs]
+    if shared is not None and lay in shared:
+        xq, xd, xi = shared[lay]
     else:
-        xq, xd, xi = Q8.scratch(n, k, bits)
+        xq, xd, xi = Q8.scratch(n, k, bits, lay == 2)
         if shared is not None:
-            shared[pairs] = (xq, xd, xi)
-        pre = (quant_job(x, xq, xd, xi, pairs),)
+            shared[lay] = (xq, xd, xi)
+        pre = (quant_job(x, xq, xd, xi, lay),)
     args, units = q8_args(fid, raw, xq, xd, xi, out, res)
     return Job(pre, "q8_16" if bits == 16 else "q8_8", args, units, (x, xq, xd, xi, out))
 

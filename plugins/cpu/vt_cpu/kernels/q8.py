@@ -8,12 +8,14 @@ block's result is scaled, once, by ``d_w * d_x`` in float32:
 
 - Q8_0 ``w = d q`` (``q`` int8): ``d_w d_x sum(q x)``;
 - Q4_0 ``w = d (q - 8)``: ``d_w d_x (sum(q x) - 8 sum(x))``, in int32;
-- Q4_1 ``w = d q + m``: ``d_w d_x sum(q x) + m d_x sum(x)``;
-- Q4_K, per sub-block ``s`` of 32 (6-bit scale ``sc`` and min ``mn`` under the block's
-  ``d``, ``dmin``): ``d sc_s d_x sum(q x) - dmin mn_s d_x sum(x)``; Q5_K the same with
-  a fifth bit per value;
-- Q6_K, per 16 values (int8 scale ``sc`` under the block's ``d``, 6-bit ``q``):
-  ``d sc d_x (sum(q x) - 32 sum(x))``, both sums in int32.
+- Q4_1 ``w = d q + m``: ``d_w d_x sum(q x) + m d_x sum(x)``.
+
+The K-quants (Q4_K, Q5_K, Q6_K: blocks of 256 values with integer scales per 32 or 16)
+take their activations per 256 values instead (:func:`quantize_rows_k`, llama.cpp's
+``q8_K``): one float32 scale a super-block, so a weight block's sub-block products times
+their 6- or 8-bit scales sum in int32 over the whole block and only the block's result is
+scaled, ``d d_x sum_s sc_s sum(q x) - dmin d_x sum_s mn_s sum_s(x)`` (Q4_K/Q5_K) or ``d
+d_x sum_g sc_g (sum(q x) - 32 sum_g(x))`` (Q6_K); :func:`_block_rows_k`.
 
 The same with 16-bit activations (``d = amax / 32767``): 256 times finer, and greedy ids
 stay those of a float64 forward where 8 bits (and llama.cpp) part from them at near-ties
@@ -28,10 +30,11 @@ of activations interleaved to match), one of the activations, ``vpdpbusd`` (AVX-
 or AVX-VNNI: 32 unsigned x signed byte products summed four by four into eight int32
 lanes; a Q8_0 weight is made unsigned by adding 128, taken back with the activations'
 sum), the lanes converted to float32 and multiplied by the block's scales into eight
-float32 accumulators per row, four rows sharing each activation load. Without VNNI the
-same IR multiplies widened vectors (LLVM picks ``vpmaddwd`` or the target's equivalent):
-the same integers, so the same results, on any CPU LLVM targets. The float16 block scales
-are read as LLVM ``half`` (``vcvtph2ps``).
+float32 accumulators per row, four rows sharing each activation load (the K-quants:
+``vpmaddubsw`` and ``vpdpwssd`` with the sub-block's scale, two sub-blocks a 512-bit
+instruction). Without VNNI the same IR multiplies widened vectors (LLVM picks
+``vpmaddwd`` or the target's equivalent): the same integers, so the same results, on any
+CPU LLVM targets. The float16 block scales are read as LLVM ``half`` (``vcvtph2ps``).
 
 :func:`mv1` runs on the calling thread, :func:`mv` splits the rows over ``nchunk`` of
 numba's threads; both quantize the activation rows (:func:`quantize_rows`) and compute
@@ -142,16 +145,33 @@ def _dot8(builder: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.
     return acc
 
 
-def _loop_rows(builder: ir.IRBuilder, nrows: int, nblocks: ir.Value, body) -> list[ir.Value]:  # noqa: ANN001
-    """``for b in range(nblocks)`` in IR with, per row, eight float32 lanes and a scalar
-    accumulated across blocks: ``body(b, accs, mins)`` returns their next values. Returns
-    each row's lanes summed plus its scalar."""
-    vf = _vec(FLT, 8)
+def _lanes_sum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """A float32 vector's lanes summed pairwise (a scalar as it is)."""
+    if not isinstance(v.type, ir.VectorType):
+        return v
+    width = v.type.count
+    while width > 1:
+        half = width // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, half), list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, half), list(range(half, width))))
+        v = builder.fadd(lo, hi, flags=("reassoc", "contract"))
+        width = half
+    return builder.extract_element(v, I32(0))
+
+
+def _loop_rows(builder: ir.IRBuilder, nrows: int, nblocks: ir.Value, body, lanes: int = 8,
+               min_lanes: int = 0) -> list[ir.Value]:  # noqa: ANN001 # fmt: skip
+    """``for b in range(nblocks)`` in IR with, per row, ``lanes`` float32 lanes and a
+    scalar (or ``min_lanes`` lanes) accumulated across blocks: ``body(b, accs, mins)``
+    returns their next values. Returns each row's lanes summed plus its scalar's."""
+    vf = _vec(FLT, lanes)
     flags = ("reassoc", "contract")
     entry = builder.block
     loop = builder.append_basic_block("q8.loop")
     done = builder.append_basic_block("q8.done")
     zero_f = ir.Constant(vf, None)
+    mt = _vec(FLT, min_lanes) if min_lanes else FLT
+    zero_m = ir.Constant(mt, None)
     builder.cbranch(builder.icmp_signed(">", nblocks, I64(0)), loop, done)
     builder.position_at_end(loop)
     b = builder.phi(I64)
@@ -161,8 +181,8 @@ def _loop_rows(builder: ir.IRBuilder, nrows: int, nblocks: ir.Value, body) -> li
         acc = builder.phi(vf)
         acc.add_incoming(zero_f, entry)
         accs.append(acc)
-        m = builder.phi(FLT)
-        m.add_incoming(FLT(0.0), entry)
+        m = builder.phi(mt)
+        m.add_incoming(zero_m, entry)
         mins.append(m)
     new_accs, new_mins = body(b, accs, mins)
     nxt = builder.add(b, I64(1))
@@ -179,23 +199,16 @@ def _loop_rows(builder: ir.IRBuilder, nrows: int, nblocks: ir.Value, body) -> li
         acc.add_incoming(zero_f, entry)
         acc.add_incoming(new_accs[k], body_end)
         finals.append(acc)
-        mn = builder.phi(FLT)
-        mn.add_incoming(FLT(0.0), entry)
+        mn = builder.phi(mt)
+        mn.add_incoming(zero_m, entry)
         mn.add_incoming(new_mins[k], body_end)
         final_mins.append(mn)
-    results = []
-    for k in range(nrows):
-        v, width = finals[k], 8
-        while width > 1:  # lanes summed pairwise
-            half = width // 2
-            lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, half), list(range(half))))
-            hi = builder.shuffle_vector(
-                v, v, ir.Constant(_vec(I32, half), list(range(half, width)))
-            )
-            v = builder.fadd(lo, hi, flags=flags)
-            width = half
-        results.append(builder.fadd(builder.extract_element(v, I32(0)), final_mins[k]))
-    return results
+    return [
+        builder.fadd(
+            _lanes_sum(builder, finals[k]), _lanes_sum(builder, final_mins[k]), flags=flags
+        )  # fmt: skip
+        for k in range(nrows)
+    ]
 
 
 def _activations(builder: ir.IRBuilder, arrays, ab: ir.Value, split: bool):  # noqa: ANN001, ANN202
@@ -315,180 +328,323 @@ def _block_rows(fmt: str, nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
     return intrinsic(impl)
 
 
-def _block_rows_q4_k(nrows: int, bits: int, five: bool = False):  # noqa: ANN202 - an intrinsic
-    """:func:`_block_rows` for Q4_K: ``nb`` counts blocks of 256 (144 bytes: ``d``,
-    ``dmin``, 12 bytes of 6-bit scales and mins, 128 of nibbles); sub-block ``s`` (32
-    values, activation block ``8 b + s``) is ``d sc_s q - dmin mn_s`` with ``q`` the low
-    nibbles of bytes ``32 (s // 2) ..`` for even ``s``, the high ones for odd. ``five``:
-    Q5_K (176 bytes: 32 bytes ``qh`` before the nibbles; bit ``s`` of ``qh[j]`` is bit 4 of
-    sub-block ``s``'s value ``j``)."""
+# --------------------------------------------------------------- K-quants, per 256 values
+
+#: int32 per super-block of 256 activations in the per-256 layout's sums (``xi``): the 8
+#: sums of each 32 values' quants, then the 16 sums of each 16 values' quants (8 bits) or
+#: high bytes (16 bits).
+KS = 24
+X86 = llvm.get_default_triple().startswith(("x86", "i686"))
+#: Whether the per-256 kernels use 512-bit vectors (two sub-blocks of 32 per instruction):
+#: with AVX-512 BW and VNNI.
+WIDE = {"avx512bw", "avx512vnni"} <= _features()
+#: Whether LLVM can assemble inline assembly here (numba does not set up the parser).
+ASM = False
+if WIDE and X86:
+    try:
+        llvm.initialize_native_asmparser()
+        ASM = True
+    except Exception:  # pragma: no cover - an llvmlite without it: the intrinsic then
+        pass
+
+
+def _maddubs(builder: ir.IRBuilder, u: ir.Value, s: ir.Value) -> ir.Value:
+    """``u[2i] s[2i] + u[2i+1] s[2i+1]`` for 32 or 64 bytes (``u`` unsigned, ``s``
+    signed) as int16 lanes (``vpmaddubsw``; the kernels' sums stay far from its
+    saturation)."""
+    n = u.type.count
+    v16 = _vec(I16, n // 2)
+    feats = _features()
+    name = {32: "llvm.x86.avx2.pmadd.ub.sw", 64: "llvm.x86.avx512.pmaddubs.w.512"}[n]
+    if X86 and ("avx2" if n == 32 else "avx512bw") in feats:
+        fnty = ir.FunctionType(v16, [_vec(I8, n), _vec(I8, n)])
+        return builder.call(_intrinsic_fn(builder, name, fnty), [u, s])
+    wide = builder.mul(builder.zext(u, _vec(I16, n)), builder.sext(s, _vec(I16, n)))
+    even = builder.shuffle_vector(wide, wide, ir.Constant(_vec(I32, n // 2), list(range(0, n, 2))))
+    odd = builder.shuffle_vector(wide, wide, ir.Constant(_vec(I32, n // 2), list(range(1, n, 2))))
+    return builder.add(even, odd)
+
+
+def _dot16(builder: ir.IRBuilder, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """``acc[i] + a[2i] b[2i] + a[2i+1] b[2i+1]`` for 16 or 32 int16 lanes (``vpdpwssd``
+    with VNNI, else widened products that LLVM lowers to ``vpmaddwd`` or its equivalent)."""
+    n = a.type.count
+    vacc = _vec(I32, n // 2)
+    if VNNI and n == 32 and ASM:
+        # as inline assembly: LLVM's machine combiner splits a chain of vpdpwssd into
+        # vpmaddwd + vpaddd (shorter latency, one more uop each), and these loops are
+        # bound by the vector ports' uops, not by that latency
+        fnty = ir.FunctionType(vacc, [vacc, vacc, vacc])
+        ops = [builder.bitcast(a, vacc), builder.bitcast(b, vacc), acc]
+        return builder.asm(fnty, "vpdpwssd $2, $1, $0", "=v,v,v,0", ops, False)
+    if VNNI and (n == 16 or "avx512vnni" in _features()):
+        fnty = ir.FunctionType(vacc, [vacc, vacc, vacc])
+        fn = _intrinsic_fn(builder, f"llvm.x86.avx512.vpdpwssd.{16 * n}", fnty)
+        return builder.call(fn, [acc, builder.bitcast(a, vacc), builder.bitcast(b, vacc)])
+    wide = builder.mul(builder.sext(a, _vec(I32, n)), builder.sext(b, _vec(I32, n)))
+    even = builder.shuffle_vector(wide, wide, ir.Constant(_vec(I32, n // 2), list(range(0, n, 2))))
+    odd = builder.shuffle_vector(wide, wide, ir.Constant(_vec(I32, n // 2), list(range(1, n, 2))))
+    return builder.add(acc, builder.add(even, odd))
+
+
+def _load_i32s(builder: ir.IRBuilder, base: ir.Value, index: ir.Value, n: int) -> ir.Value:
+    """``n`` int32 from ``base[index]`` (an int32 pointer) as a vector."""
+    ptr = builder.bitcast(builder.gep(base, [index]), _vec(I32, n).as_pointer())
+    return builder.load(ptr, align=4)
+
+
+def _concat(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    n = a.type.count
+    return builder.shuffle_vector(a, b, ir.Constant(_vec(I32, 2 * n), list(range(2 * n))))
+
+
+def _halves_sum(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """A 16-lane int32 vector's halves added (8 lanes); 8 lanes as they are."""
+    n = v.type.count
+    if n == 8:
+        return v
+    lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, n // 2), list(range(n // 2))))
+    hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, n // 2), list(range(n // 2, n))))
+    return builder.add(lo, hi)
+
+
+def _prefetch_ir(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> None:
+    """Hint the CPU to bring byte ``offset`` of ``base`` into the caches (no fault)."""
+    ptr = builder.gep(base, [offset])
+    name = "llvm.prefetch.p0" if str(ptr.type) == "ptr" else "llvm.prefetch.p0i8"
+    fnty = ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+    builder.call(fn, [ptr, I32(0), I32(3), I32(1)])  # read, keep, data
+
+
+def _prefetch_group(builder: ir.IRBuilder, wbase: ir.Value, ahead: ir.Value, b: ir.Value,
+                    step: int) -> None:  # fmt: skip
+    """Prefetch bytes ``ahead + b step .. ahead + (b + 1) step`` (the next group's block
+    ``b`` of each row): one line a 64 bytes, and one for the line the last may straddle."""
+    nxt = builder.add(ahead, builder.mul(b, I64(step)))
+    for line in range(0, step + (63 if step % 64 else 0), 64):
+        _prefetch_ir(builder, wbase, builder.add(nxt, I64(min(line, step - 1))))
+
+
+def _block_rows_k(fmt: str, nrows: int, bits: int, wide: bool | None = None):  # noqa: ANN202
+    """:func:`_block_rows` for Q4_K, Q5_K and Q6_K with activations quantized per 256
+    values (:func:`quantize_rows_k`: one scale a super-block, llama.cpp's ``q8_K``): a
+    weight block's sub-block products are multiplied by their integer scales and summed
+    in int32 over the whole block, and scaled in float once per block and row.
+
+    Per sub-block ``s`` of 32 values and row: ``vpmaddubsw`` of the weight's codes
+    (unsigned) with the activation bytes (pairs of products in int16), then ``vpdpwssd``
+    of those with the sub-block's scale (int16, splat) into int32 lanes; with ``wide``
+    (default :data:`WIDE`) two sub-blocks a 512-bit instruction. With 16-bit activations
+    (``q = 256 h + l``) the high bytes ``h`` go to one accumulator ``H`` and the low bytes
+    ``l`` (unsigned, multiplied by the codes as signed bytes) to another, ``L``; the
+    block's float is ``d dx (256 H + L)``, converted separately (``256 H`` can pass 2^31).
+
+    - Q4_K/Q5_K (``d sc_s q - dmin mn_s``): the min term ``dmin dx sum_s mn_s X_s`` with
+      ``X_s`` the 32 quants' sum (int32: |sum| < 2^20, times 63 times 8 < 2^29);
+    - Q6_K (``d sc_g (q - 32)``, ``g`` per 16 values): ``q`` (0..63) multiplies ``h`` (or
+      the int8 ``x``) and ``32 sum_g sc_g Y_g`` (``Y_g``: the 16 values' sum of ``h`` or
+      ``x``) is taken back from ``H``; the low bytes multiply ``q - 32``.
+
+    Bounds (int32 lanes, 32 values each over a block): Q4_K ``32 * 15 * 128 * 63`` (4e6),
+    Q5_K 31 (8e6), Q6_K ``32 * 63 * 128 * 128`` (3.3e7), low bytes at most twice these."""
     split = bits == 16
-    block_bytes, qoff = (176, 48) if five else (144, 16)
+    six = fmt == "Q6_K"
+    five = fmt == "Q5_K"
+    block_bytes, qoff = {"Q4_K": (144, 16), "Q5_K": (176, 48), "Q6_K": (210, 0)}[fmt]
     flags = ("reassoc", "contract")
+    per = 2 if (WIDE if wide is None else wide) else 1  # sub-blocks per instruction
+    nv = 32 * per  # bytes per vector
 
     def impl(typingctx, raw, starts, xq, xd, xi, nb):
         sig = types.UniTuple(types.float32, nrows)(raw, starts, xq, xd, xi, nb)
 
         def codegen(context, builder, sig, args):
-            wbase, st_data, xarrays = _intrinsic_args(context, builder, sig, args)
-            vf, vi = _vec(FLT, 8), _vec(I32, 8)
+            wbase, st_data, (xbase, xd_data, xi_data) = _intrinsic_args(context, builder, sig, args)
+            vf, vi, vb = _vec(FLT, 8), _vec(I32, 8), _vec(I8, nv)
+            vacc = _vec(I32, 8 * per)
             row_off = []
             for k in range(nrows):
                 blk = builder.load(builder.gep(st_data, [I64(k)]))
                 row_off.append(builder.mul(blk, I64(block_bytes)))
 
-            def byte(p, o):  # noqa: ANN001, ANN202
-                return builder.zext(builder.load(builder.gep(wbase, [builder.add(p, I64(o))])), I32)
+            def bytes_(v, n=nv):  # noqa: ANN001, ANN202
+                return ir.Constant(_vec(I8, n), [v] * n)
 
-            def body(b, accs, mins):  # noqa: ANN001, ANN202
-                accs, mins = list(accs), list(mins)
-                ps = [
-                    builder.add(row_off[k], builder.mul(b, I64(block_bytes))) for k in range(nrows)
-                ]
-                if five:
-                    qh = [_load(builder, wbase, builder.add(p, I64(16)), _vec(I8, 32)) for p in ps]
-                ds = [_f16(builder, wbase, p) for p in ps]
-                dms = [_f16(builder, wbase, builder.add(p, I64(2))) for p in ps]
-                sc = [[byte(p, 4 + i) for i in range(12)] for p in ps]
-                qs = [None] * nrows
-                zero_i = ir.Constant(vi, None)
-                for s in range(8):
-                    ab = builder.add(builder.mul(b, I64(8)), I64(s))
-                    xh, xl, dx, isum, _ = _activations(builder, xarrays, ab, split)
-                    sx = builder.fmul(dx, builder.sitofp(isum, FLT))
-                    dxv = _splat(builder, dx, 8)
-                    for k in range(nrows):
-                        c = sc[k]
-                        if s < 4:
-                            scale = builder.and_(c[s], I32(63))
-                            mn = builder.and_(c[s + 4], I32(63))
-                        else:
-                            top_s = builder.shl(builder.lshr(c[s - 4], I32(6)), I32(4))
-                            top_m = builder.shl(builder.lshr(c[s], I32(6)), I32(4))
-                            scale = builder.or_(builder.and_(c[s + 4], I32(15)), top_s)
-                            mn = builder.or_(builder.lshr(c[s + 4], I32(4)), top_m)
-                        if s % 2 == 0:
-                            qp = builder.add(ps[k], I64(qoff + 16 * s))
-                            qs[k] = _load(builder, wbase, qp, _vec(I8, 32))
-                            w = builder.and_(qs[k], ir.Constant(_vec(I8, 32), [15] * 32))
-                        else:
-                            w = builder.lshr(qs[k], ir.Constant(_vec(I8, 32), [4] * 32))
-                        if five:
-                            hb = builder.lshr(qh[k], ir.Constant(_vec(I8, 32), [s] * 32))
-                            hb = builder.and_(hb, ir.Constant(_vec(I8, 32), [1] * 32))
-                            w = builder.or_(w, builder.shl(hb, ir.Constant(_vec(I8, 32), [4] * 32)))
-                        dot = _dot_block(builder, zero_i, w, w, xh, xl)
-                        f = builder.fmul(ds[k], builder.sitofp(scale, FLT))
-                        prod = builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags)
-                        prod = builder.fmul(prod, _splat(builder, f, 8), flags=flags)
-                        accs[k] = builder.fadd(accs[k], prod, flags=flags)
-                        m = builder.fmul(builder.fmul(dms[k], builder.sitofp(mn, FLT)), sx)
-                        mins[k] = builder.fsub(mins[k], m, flags=flags)
-                return accs, mins
+            def word(p, o):  # noqa: ANN001, ANN202
+                return _load(builder, wbase, builder.add(p, I64(o)), I32)
 
-            results = _loop_rows(builder, nrows, args[5], body)
-            return context.make_tuple(builder, sig.return_type, results)
+            v4 = _vec(I32, 4)
 
-        return sig, codegen
+            def c4(*vals):  # noqa: ANN002, ANN202
+                return ir.Constant(v4, list(vals) * (4 // len(vals)))
 
-    impl.__name__ = f"_dot_q{5 if five else 4}_k_x{nrows}_i{bits}"
-    return intrinsic(impl)
+            def shift16(v, counts, left):  # noqa: ANN001, ANN202 - int16 lanes, per half
+                n = v.type.count // 2
+                c = ir.Constant(_vec(I16, n), [counts[i * len(counts) // n] for i in range(n)])
+                w = builder.bitcast(v, _vec(I16, n))
+                w = builder.shl(w, c) if left else builder.lshr(w, c)
+                return builder.bitcast(w, v.type)
 
-
-def _block_rows_q6_k(nrows: int, bits: int):  # noqa: ANN202 - an intrinsic
-    """:func:`_block_rows` for Q6_K: ``nb`` counts blocks of 256 (210 bytes: ``ql`` 128,
-    ``qh`` 64, 16 int8 scales, ``d``). Half ``h`` reads ``A = ql[64 h + j]``, ``B = ql[64 h
-    + 32 + j]``, ``Q = qh[32 h + j]`` (``j < 32``); its sub-blocks ``s = 4 h + k`` (32
-    values, activation block ``8 b + s``) are lo(A), lo(B), hi(A), hi(B), each with two bits
-    of ``Q`` (bits ``2k, 2k + 1``) as bits 4-5: ``q`` in 0..63, the value ``d sc (q - 32)``
-    with ``sc`` scale ``2 s`` for ``j < 16`` and ``2 s + 1`` after. ``q`` is multiplied
-    unsigned with the (high) activation bytes and ``32 x`` (``32 h``: four-value sums per
-    int32 lane, once per activation block for all rows) taken back in int32; the low bytes
-    multiply ``q - 32`` as signed bytes. The eight lanes of a block's dot product are ``j <
-    16`` (lanes 0-3) and ``j >= 16`` (4-7), so the two scales are one float32 vector."""
-    split = bits == 16
-    block_bytes = 210
-    flags = ("reassoc", "contract")
-
-    def impl(typingctx, raw, starts, xq, xd, xi, nb):
-        sig = types.UniTuple(types.float32, nrows)(raw, starts, xq, xd, xi, nb)
-
-        def codegen(context, builder, sig, args):
-            wbase, st_data, xarrays = _intrinsic_args(context, builder, sig, args)
-            vf, vi, vb = _vec(FLT, 8), _vec(I32, 8), _vec(I8, 32)
-            row_off = []
-            for k in range(nrows):
-                blk = builder.load(builder.gep(st_data, [I64(k)]))
-                row_off.append(builder.mul(blk, I64(block_bytes)))
-
-            def bytes_(v):  # noqa: ANN001, ANN202
-                return ir.Constant(vb, [v] * 32)
+            # a later group of rows (they follow these), at least PREFETCH_GROUP_BYTES on,
+            # a block of each row per block here: its fetch overlaps this group's arithmetic
+            group = builder.mul(args[5], I64(nrows * block_bytes))
+            groups = builder.udiv(builder.add(group, I64(PREFETCH_GROUP_BYTES - 1)), group)
+            ahead = builder.add(row_off[0], builder.mul(group, groups))
 
             def body(b, accs, mins):  # noqa: ANN001, ANN202
                 accs = list(accs)
                 ps = [
                     builder.add(row_off[k], builder.mul(b, I64(block_bytes))) for k in range(nrows)
                 ]
-                scales = []  # per row: d * the 16 scales, as float32
+                _prefetch_group(builder, wbase, ahead, b, nrows * block_bytes)
+                dx = builder.load(builder.gep(xd_data, [b]))
+                sums_at = builder.mul(b, I64(KS))
+                zero = ir.Constant(vacc, None)
+                acc_h = [zero] * nrows
+                acc_l = [zero] * nrows
+                scales, extra, ds = [], [], []
                 for p in ps:
-                    sc = _load(builder, wbase, builder.add(p, I64(192)), _vec(I8, 16))
-                    d = _splat(builder, _f16(builder, wbase, builder.add(p, I64(208))), 16)
-                    scales.append(builder.fmul(builder.sitofp(sc, _vec(FLT, 16)), d, flags=flags))
-                zero_i = ir.Constant(vi, None)
-                abq: list = [None] * nrows
-                for s in range(8):
-                    h, k4 = divmod(s, 4)
-                    ab = builder.add(builder.mul(b, I64(8)), I64(s))
-                    xh, xl, dx, _, _ = _activations(builder, xarrays, ab, split)
-                    # - 32 x (16 bits: its high bytes) per lane, sums of four, shared by
-                    # the rows: q's products taken back to (q - 32)'s
-                    init = builder.sub(zero_i, _dot8(builder, zero_i, bytes_(32), xh))
-                    dxv = _splat(builder, dx, 8)
-                    lanes = ir.Constant(_vec(I32, 8), [2 * s] * 4 + [2 * s + 1] * 4)
+                    if six:
+                        sc = _load(builder, wbase, builder.add(p, I64(192)), _vec(I8, 16))
+                        scales.append(builder.sext(sc, _vec(I16, 16)))
+                        ds.append(_f16(builder, wbase, builder.add(p, I64(208))))
+                        continue
+                    # the 6-bit scales and mins, unpacked as llama.cpp does (words u0, u1,
+                    # u2 of bytes 4..15) in one vector: [sc 0-3, sc 4-7, mn 0-3, mn 4-7]
+                    a = _load(builder, wbase, builder.add(p, I64(4)), v4)  # u0 u1 u2 (u3)
+                    u2 = _splat(builder, word(p, 12), 4)
+                    lo = builder.and_(a, c4(0x3F3F3F3F))  # sc 0-3, mn 0-3
+                    top = builder.and_(builder.lshr(a, c4(2)), c4(0x30303030))
+                    low4 = builder.and_(builder.lshr(u2, c4(0, 4)), c4(0x0F0F0F0F))
+                    hi = builder.or_(low4, top)  # sc 4-7, mn 4-7
+                    r = builder.shuffle_vector(lo, hi, ir.Constant(v4, [0, 4, 1, 5]))
+                    rb = builder.bitcast(r, _vec(I8, 16))
+                    sc = builder.shuffle_vector(rb, rb, ir.Constant(vi, list(range(8))))
+                    mn = builder.shuffle_vector(rb, rb, ir.Constant(vi, list(range(8, 16))))
+                    scales.append(builder.zext(sc, _vec(I16, 8)))
+                    extra.append(builder.zext(mn, vi))
+                    ds.append(_f16(builder, wbase, p))
+                if five:
+                    qh = [_load(builder, wbase, builder.add(p, I64(16)), _vec(I8, 32)) for p in ps]
+                    if per == 2:
+                        qh = [_concat(builder, v, v) for v in qh]
+                held: list = [None] * nrows
+                for s in range(0, 8, per):  # sub-blocks s .. s + per - 1
+                    # 16 bits: per pair of sub-blocks 64 high bytes, then 64 low bytes
+                    off = builder.add(
+                        builder.mul(b, I64(512 if split else 256)),
+                        I64(128 * (s // 2) + 32 * (s % 2) if split else 32 * s),
+                    )
+                    xh = _load(builder, xbase, off, vb)
+                    xl = _load(builder, xbase, builder.add(off, I64(64)), vb) if split else None
+                    if six:
+                        lanes = [g for t in range(2 * s, 2 * (s + per)) for g in [t] * 8]
+                    else:
+                        lanes = [g for t in range(s, s + per) for g in [t] * 16]
+                    mask = ir.Constant(_vec(I32, 16 * per), lanes)
                     for k in range(nrows):
-                        if k4 == 0:
-                            base = builder.add(ps[k], I64(64 * h))
-                            abq[k] = (
-                                _load(builder, wbase, base, vb),
-                                _load(builder, wbase, builder.add(base, I64(32)), vb),
-                                _load(builder, wbase, builder.add(ps[k], I64(128 + 32 * h)), vb),
-                            )
-                        a, bb, qh = abq[k]
-                        if k4 == 0:
-                            lo = builder.and_(a, bytes_(15))
-                            hi = builder.shl(qh, bytes_(4))
-                        elif k4 == 1:
-                            lo = builder.and_(bb, bytes_(15))
-                            hi = builder.shl(qh, bytes_(2))
-                        elif k4 == 2:
-                            lo = builder.lshr(a, bytes_(4))
-                            hi = qh
+                        if six:
+                            h, k4 = divmod(s, 4)
+                            if k4 == 0:
+                                base = builder.add(ps[k], I64(64 * h))
+                                qq = _load(builder, wbase, builder.add(ps[k], I64(128 + 32 * h)),
+                                           _vec(I8, 32))  # fmt: skip
+                                if per == 2:
+                                    held[k] = (_load(builder, wbase, base, vb), None,
+                                               _concat(builder, qq, qq))  # fmt: skip
+                                else:
+                                    held[k] = (
+                                        _load(builder, wbase, base, vb),
+                                        _load(builder, wbase, builder.add(base, I64(32)), vb),
+                                        qq,
+                                    )
+                            a, bb, q6h = held[k]
+                            if per == 2:  # a: ql's 64 bytes of this half
+                                if k4 == 0:
+                                    lo = builder.and_(a, bytes_(15))
+                                    hi = shift16(q6h, (4, 2), True)
+                                else:
+                                    lo = builder.lshr(a, bytes_(4))
+                                    hi = shift16(q6h, (0, 2), False)
+                            elif k4 == 0:
+                                lo, hi = builder.and_(a, bytes_(15)), builder.shl(q6h, bytes_(4))
+                            elif k4 == 1:
+                                lo, hi = builder.and_(bb, bytes_(15)), builder.shl(q6h, bytes_(2))
+                            elif k4 == 2:
+                                lo, hi = builder.lshr(a, bytes_(4)), q6h
+                            else:
+                                lo, hi = builder.lshr(bb, bytes_(4)), builder.lshr(q6h, bytes_(2))
+                            w = builder.or_(lo, builder.and_(hi, bytes_(0x30)))
+                            ws = builder.sub(w, bytes_(32))
                         else:
-                            lo = builder.lshr(bb, bytes_(4))
-                            hi = builder.lshr(qh, bytes_(2))
-                        w = builder.or_(lo, builder.and_(hi, bytes_(0x30)))
-                        ws = builder.sub(w, bytes_(32)) if split else w
-                        dot = _dot_block(builder, init, w, ws, xh, xl)
-                        f = builder.shuffle_vector(scales[k], scales[k], lanes)
-                        prod = builder.fmul(builder.sitofp(dot, vf), dxv, flags=flags)
-                        prod = builder.fmul(prod, f, flags=flags)
-                        accs[k] = builder.fadd(accs[k], prod, flags=flags)
-                return accs, list(mins)
+                            if per == 2 or s % 2 == 0:
+                                held[k] = _load(builder, wbase, builder.add(ps[k],
+                                                I64(qoff + 16 * s)), _vec(I8, 32))  # fmt: skip
+                            q = held[k]
+                            if per == 2:  # the 32 bytes in both halves (a broadcast load)
+                                w = builder.and_(shift16(_concat(builder, q, q), (0, 4), False),
+                                                 bytes_(15))  # fmt: skip
+                            elif s % 2 == 0:
+                                w = builder.and_(q, bytes_(15))
+                            else:
+                                w = builder.lshr(q, bytes_(4))
+                            if five:
+                                if per == 2:
+                                    hb = shift16(qh[k], (s, s + 1), False)
+                                else:
+                                    hb = builder.lshr(qh[k], bytes_(s))
+                                hb = builder.and_(hb, bytes_(1))
+                                w = builder.or_(w, builder.shl(hb, bytes_(4)))
+                            ws = w
+                        scv = builder.shuffle_vector(scales[k], scales[k], mask)
+                        acc_h[k] = _dot16(builder, acc_h[k], _maddubs(builder, w, xh), scv)
+                        if split:
+                            acc_l[k] = _dot16(builder, acc_l[k], _maddubs(builder, xl, ws), scv)
+                if six:
+                    ys = _load_i32s(builder, xi_data, builder.add(sums_at, I64(8)), 16)
+                else:
+                    xs = _load_i32s(builder, xi_data, sums_at, 8)
+                    dms = [_f16(builder, wbase, builder.add(p, I64(2))) for p in ps]
+                mins = list(mins)
+                lf = _vec(FLT, 8 * per)
+                for k in range(nrows):
+                    f = builder.fmul(ds[k], dx)
+                    hk = acc_h[k]
+                    if six:  # 32 sum_g sc_g Y_g, taken back from H (16 lanes)
+                        prod = builder.mul(builder.sext(scales[k], _vec(I32, 16)), ys)
+                        corr = builder.shl(prod, ir.Constant(_vec(I32, 16), [5] * 16))
+                        if per == 1:
+                            corr = _halves_sum(builder, corr)
+                        hk = builder.sub(hk, corr)
+                    v = builder.sitofp(hk, lf)
+                    if split:  # 256 H + L
+                        c256 = ir.Constant(lf, [256.0] * (8 * per))
+                        v = builder.fadd(builder.fmul(v, c256, flags=flags),
+                                         builder.sitofp(acc_l[k], lf), flags=flags)  # fmt: skip
+                    v = builder.fmul(v, _splat(builder, f, 8 * per), flags=flags)
+                    accs[k] = builder.fadd(accs[k], v, flags=flags)
+                    if not six:
+                        m = builder.sitofp(builder.mul(extra[k], xs), vf)
+                        fm = _splat(builder, builder.fmul(dms[k], dx), 8)
+                        mins[k] = builder.fsub(mins[k], builder.fmul(m, fm, flags=flags),
+                                               flags=flags)  # fmt: skip
+                return accs, mins
 
-            results = _loop_rows(builder, nrows, args[5], body)
+            results = _loop_rows(builder, nrows, args[5], body, 8 * per, 0 if six else 8)
             return context.make_tuple(builder, sig.return_type, results)
 
         return sig, codegen
 
-    impl.__name__ = f"_dot_q6_k_x{nrows}_i{bits}"
+    impl.__name__ = f"_dot_{fmt.lower()}_256_x{nrows}_i{bits}_w{per}"
     return intrinsic(impl)
 
 
 _dot4_q8_0, _dot4_q4_0, _dot4_q4_1 = (_block_rows(f, ROWS, 8) for f in ("Q8_0", "Q4_0", "Q4_1"))
 _dot4_q8_0w, _dot4_q4_0w, _dot4_q4_1w = (_block_rows(f, ROWS, 16) for f in ("Q8_0", "Q4_0", "Q4_1"))
-_dot4_q4_k, _dot4_q4_kw = _block_rows_q4_k(ROWS, 8), _block_rows_q4_k(ROWS, 16)
-_dot4_q5_k, _dot4_q5_kw = _block_rows_q4_k(ROWS, 8, True), _block_rows_q4_k(ROWS, 16, True)
-_dot4_q6_k, _dot4_q6_kw = _block_rows_q6_k(ROWS, 8), _block_rows_q6_k(ROWS, 16)
+_dot4_q4_k, _dot4_q4_kw = _block_rows_k("Q4_K", ROWS, 8), _block_rows_k("Q4_K", ROWS, 16)
+_dot4_q5_k, _dot4_q5_kw = _block_rows_k("Q5_K", ROWS, 8), _block_rows_k("Q5_K", ROWS, 16)
+_dot4_q6_k, _dot4_q6_kw = _block_rows_k("Q6_K", ROWS, 8), _block_rows_k("Q6_K", ROWS, 16)
 
 
 def _dot4(fmt_id, raw, starts, xq, xd, xi, nb):  # noqa: ANN001, ANN202 - numba only
@@ -595,6 +751,55 @@ def quantize_range(x, xq, xd, xi, pairs, u0, u1):
                 xi[t, b] = s
 
 
+@njit(**_KW)
+def quantize_rows_k(x, xq, xd, xi):
+    """``x[n, nb * 256]`` (float32) quantized per 256 values (llama.cpp's ``q8_K``, with
+    16 bits too): one float32 scale a super-block (``xd[n, nb]``, ``amax / qmax``), values
+    rounded to nearest, ties to even, in their natural order; ``xq`` as for
+    :func:`quantize_rows` (8 bits: int8 ``[n, nb * 256]``; 16 bits: uint8 ``[n, nb * 512]``,
+    each 64 values' high bytes then low bytes). ``xi[n, nb * KS]``: per super-block the
+    sums of each 32 values' quants (8), then of each 16 values' quants (8 bits) or high
+    bytes (16 bits) (16)."""
+    quantize_range_k(x, xq, xd, xi, 0, x.shape[0])
+
+
+@njit(**_KW, inline="always")
+def quantize_range_k(x, xq, xd, xi, u0, u1):
+    """:func:`quantize_rows_k` of rows ``u0 .. u1`` (the job of :mod:`vt_cpu.kernels.jobs`)."""
+    qmax = _qmax(xq)
+    split = xq.shape[1] != x.shape[1]
+    nb = x.shape[1] // 256
+    for t in range(u0, u1):
+        for b in range(nb):
+            amax = F(0.0)
+            for j in range(256):
+                amax = max(amax, abs(x[t, b * 256 + j]))
+            d = amax / qmax
+            inv = qmax / amax if amax > F(0.0) else F(0.0)
+            for g in range(16):
+                s = np.int32(0)
+                sh = np.int32(0)
+                for j in range(16):
+                    i = b * 256 + g * 16 + j
+                    q = np.int32(np.rint(x[t, i] * inv))
+                    s += q
+                    if split:
+                        h = q >> 8
+                        sh += h
+                        o = b * 512 + (g // 4) * 128 + (g % 4) * 16 + j
+                        xq[t, o] = h & 255
+                        xq[t, o + 64] = q & 255
+                    else:
+                        xq[t, i] = q
+                        sh += q
+                xi[t, b * KS + 8 + g] = sh
+                if g % 2 == 0:
+                    xi[t, b * KS + g // 2] = s
+                else:
+                    xi[t, b * KS + g // 2] += s
+            xd[t, b] = d
+
+
 # --------------------------------------------------------------------------- matrix-vector
 
 
@@ -618,6 +823,11 @@ def _prefetch(typingctx, arr, offset):
 
 #: How far ahead of the rows being multiplied the kernels prefetch, in bytes.
 PREFETCH_AHEAD = 6144
+#: The per-256 kernels prefetch as they go instead: block ``b`` of each row of the group of
+#: rows at least this many bytes on, while they multiply block ``b`` of their own group
+#: (one group of a 1B model's down projection, three of its other projections): its
+#: streaming 14-16 -> 16-17 GB/s over two threads (Q4_K), against the group at once.
+PREFETCH_GROUP_BYTES = 12288
 
 
 @njit(**_KW, inline="always")
@@ -653,7 +863,8 @@ def _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1):
     for g in range(g0, g1):
         r = g * 4
         _starts(starts, r, rows, nb)
-        _prefetch_rows(raw, starts[0], 4 * nb)
+        if fmt_id < 3:  # (the K-quants' kernels prefetch as they go)
+            _prefetch_rows(raw, starts[0], 4 * nb)
         for t in range(n):
             a0, a1, a2, a3 = _dot4(fmt_id, raw, starts, xq[t], xd[t], xi[t], nb)
             _put(out, res, add, t, r, a0)
@@ -666,27 +877,43 @@ def _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1):
 FMT_ID = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 4, "Q6_K": 5}
 
 
+def layout(fid: int) -> int:
+    """The activations' layout of kernel ``fid``: 0 blocks of 32 (:func:`quantize_rows`),
+    1 the same in the nibble formats' order, 2 per 256 (:func:`quantize_rows_k`)."""
+    return 2 if fid >= 3 else 1 if fid in (1, 2) else 0
+
+
 @njit(**_KW)
 def mv1(fmt_id, raw, x, xq, xd, xi, out, res, add):
     """``out = x @ w.T (+ res)`` on the calling thread; ``xq, xd, xi`` are scratch for
     :func:`quantize_rows` of ``x``."""
-    quantize_rows(x, xq, xd, xi, fmt_id in (1, 2))
+    if fmt_id >= 3:
+        quantize_rows_k(x, xq, xd, xi)
+    else:
+        quantize_rows(x, xq, xd, xi, fmt_id in (1, 2))
     _rows(fmt_id, raw, xq, xd, xi, out, res, add, 0, (out.shape[1] + 3) // 4)
 
 
 @njit(**_KW, parallel=True)
 def mv(fmt_id, raw, x, xq, xd, xi, out, res, add, nchunk):
     """:func:`mv1` with the rows split over ``nchunk`` of numba's threads."""
-    quantize_rows(x, xq, xd, xi, fmt_id in (1, 2))
+    if fmt_id >= 3:
+        quantize_rows_k(x, xq, xd, xi)
+    else:
+        quantize_rows(x, xq, xd, xi, fmt_id in (1, 2))
     groups = (out.shape[1] + 3) // 4
     for c in prange(nchunk):
         g0, g1 = c * groups // nchunk, (c + 1) * groups // nchunk
         _rows(fmt_id, raw, xq, xd, xi, out, res, add, g0, g1)
 
 
-def scratch(n: int, k: int, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(xq, xd, xi)`` for :func:`quantize_rows` of ``n`` rows of ``k`` values to
-    ``bits`` (8 or 16)."""
+def scratch(n: int, k: int, bits: int, per256: bool = False) -> tuple[np.ndarray, ...]:
+    """``(xq, xd, xi)`` for :func:`quantize_rows` (or with ``per256``
+    :func:`quantize_rows_k`) of ``n`` rows of ``k`` values to ``bits`` (8 or 16)."""
+    if per256:
+        nb = k // 256
+        xq = np.empty((n, k), np.int8) if bits == 8 else np.empty((n, 2 * k), np.uint8)
+        return xq, np.empty((n, nb), F), np.empty((n, nb * KS), np.int32)
     nb = k // 32
     if bits == 8:
         return np.empty((n, k), np.int8), np.empty((n, nb), F), np.empty((n, nb), np.int32)
@@ -706,10 +933,10 @@ def bind(weight, x: np.ndarray, out: np.ndarray, res: np.ndarray | None, bits: i
     n, k = x.shape
     # the uint8 blocks (Q8_0 keeps an int8 view first, Q6_K one after)
     raw = weight.arrays[0] if weight.kind == "Q6_K" else weight.arrays[-1]
-    xq, xd, xi = scratch(n, k, bits)
+    fid = FMT_ID[weight.kind]
+    xq, xd, xi = scratch(n, k, bits, layout(fid) == 2)
     add = res is not None
     r = res if res is not None else out
-    fid = FMT_ID[weight.kind]
 
     def serial() -> None:
         mv1(fid, raw, x, xq, xd, xi, out, r, add)
