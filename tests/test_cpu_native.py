@@ -172,3 +172,14 @@ def test_saved_objects_go_where_numbas_cache_is(
 
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))  # NUMBA_CACHE_DIR
     assert native.cache_dir() == tmp_path / "vt-native"
+
+
+def test_a_job_vt_saves_is_compiled_anew_not_taken_from_numbas_cache(cache: Path) -> None:
+    # numba's cache knows a job by jobs.py alone: after a change to a kernel it inlines
+    # it would hand back the old code, which vt would then save under the new key.
+    from numba.core.caching import NullCache
+
+    J._numba_job("silu_mul")
+    compiled = J._numba_jobs["silu_mul"]
+    assert isinstance(compiled._cache, NullCache) and compiled.cache_hits == 0
+    assert native.load("silu_mul") is not None  # and saved, under the key of every source

@@ -354,6 +354,10 @@ def _numba_job(name: str) -> int:
     # fast-math flags: none where the kernel rounds as numpy does.
     kw = _EXACT if name in ("rope_kv", "silu_mul") else _KW
     init_numba_runtime()
+    # numba's cache knows a job by this file alone, so after a change to the kernels it
+    # inlines (q8.py, quant.py, ...) it would load the old code; vt's saved objects are
+    # keyed by every kernel source, so where they are used a missing one is compiled anew.
+    kw = {**kw, "cache": not native.supported()}
     compiled = _numba_jobs[name] = cfunc(SIGNATURE, **kw)(_JOBS[name])
     native.save(name, compiled)
     return int(compiled.address)

@@ -405,8 +405,9 @@ class Entries:
 
                 from . import init_numba_runtime
 
-                init_numba_runtime()
-                return cfunc(_I(*([_I] * nargs)), **_CKW)(fn)
+                init_numba_runtime()  # (compiled anew where vt saves it: see jobs.py)
+                kw = {**_CKW, "cache": not native.supported()}
+                return cfunc(_I(*([_I] * nargs)), **kw)(fn)
 
             addr = native.address(f"team.{name}", compile_it)
             proto = ctypes.CFUNCTYPE(ctypes.c_int64, *([ctypes.c_int64] * nargs))
