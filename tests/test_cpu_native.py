@@ -106,6 +106,11 @@ def test_an_object_vt_cannot_map_raises_a_clear_error() -> None:
         native.Image(b"\x7fELF" + bytes(60))
     with pytest.raises(native.NativeError, match="not an object vt can map"):
         native.Image(b"\x7fELF\x02\x01")
+    header = bytearray(64)  # a valid ELF header with no sections at all: no symbol table
+    header[:6] = b"\x7fELF\x02\x01"
+    header[16:20] = (1).to_bytes(2, "little") + (62).to_bytes(2, "little")
+    with pytest.raises(native.NativeError, match="StopIteration"):
+        native.Image(bytes(header))
 
 
 def test_a_saved_object_of_other_kernels_is_not_loaded(

@@ -108,14 +108,16 @@ class Image:
     def __init__(self, data: bytes) -> None:
         try:
             self._map(data)
-        except (struct.error, IndexError, ValueError, KeyError) as e:
-            raise NativeError(f"not an object vt can map: {e}") from e
+        except (struct.error, IndexError, ValueError, KeyError, StopIteration) as e:
+            raise NativeError(f"not an object vt can map: {e!r}") from e
 
     def _map(self, data: bytes) -> None:
         eh = struct.unpack_from(_EHDR, data, 0)
         if eh[0][:4] != b"\x7fELF" or eh[0][4] != 2 or eh[0][5] != 1 or eh[1] != 1 or eh[2] != 62:
             raise NativeError("not an x86-64 little-endian relocatable ELF object")
         secs = [struct.unpack_from(_SHDR, data, eh[6] + i * eh[11]) for i in range(eh[12])]
+        if any(s[2] & SHF_WRITE and s[2] & SHF_EXECINSTR for s in secs):
+            raise NativeError("a section is both writable and executable")
         symtab = next(s for s in secs if s[1] == SHT_SYMTAB)
         strtab = secs[symtab[6]]
         syms = [struct.unpack_from(_SYM, data, symtab[4] + 24 * k) for k in range(symtab[5] // 24)]
