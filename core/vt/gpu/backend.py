@@ -229,9 +229,9 @@ class GpuBackend(
     #: prefill chunk: 210 launches of a 512-token chunk of the 135M shape, whose prefill is
     #: bound by the host's launches), while all kept copies fit this fraction of
     #: ``device_memory()`` (the 1B shape's half copies: 1.9 GB; an H200's eighth: 17.6 GB);
-    #: 0, or a plugin that does not say its memory: none kept. Measured at 0.125 (run 32:
-    #: 135M pp512 about 1.9x, 1B +15-25%), but 0 by default until the kit and gpu_checks.py
-    #: have run with it on the device (run 32 ran only the matmul-path checks).
+    #: 0, or a plugin that does not say its memory: none kept. 0 here; vt_cuda's backend
+    #: sets 0.125 (the kit and gpu_checks.py passed with it on the H200, run 33); HIP has
+    #: never run on hardware here, so vt_rocm keeps 0.
     blas_keep_fraction: float = 0.0
     #: A copy is kept only while the device's free memory (``GpuRuntime.memory_info``)
     #: after it still holds a margin for later steps: the larger of these bytes and this

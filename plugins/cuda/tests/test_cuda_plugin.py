@@ -519,3 +519,10 @@ def test_launch_passes_a_pointer_array_to_each_argument() -> None:
     args = [ctypes.c_int32(7), ctypes.c_float(2.5), ctypes.c_void_p(0xABC0)]
     runtime.launch("fn", (3, 2, 1), (256, 1, 1), 0, "s", args)
     assert seen == [(7, 2.5, 0xABC0)]
+
+
+def test_a_failed_launch_raises_naming_the_call_and_the_error() -> None:
+    runtime = CudaRuntime(FakeDriver(), FakeNvrtc())
+    runtime.cu.cuLaunchKernel = lambda *a: (CUresult.CUDA_ERROR_INVALID_VALUE,)  # type: ignore[attr-defined]
+    with pytest.raises(CudaError, match=r"cuLaunchKernel\('fn', 3, 2, 1, 256.*INVALID_VALUE"):
+        runtime.launch("fn", (3, 2, 1), (256, 1, 1), 0, "s", [ctypes.c_int32(7)])

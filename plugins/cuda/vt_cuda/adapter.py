@@ -148,12 +148,15 @@ class CudaRuntime(GpuRuntime):
             self._bind()
         result = getattr(self.cu, name)(*args)
         err, outputs = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
-        if err != self.cu.CUresult.CUDA_SUCCESS:
-            call = f"{name}({', '.join(_fmt(a) for a in args)})"
-            raise CudaError(call, int(err), self.error_name(err), self.error_string(err))
+        if err != self._success:
+            raise self._error(name, args, err)
         if not outputs:
             return None
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _error(self, name: str, args: Sequence[Any], err: Any) -> CudaError:
+        call = f"{name}({', '.join(_fmt(a) for a in args)})"
+        return CudaError(call, int(err), self.error_name(err), self.error_string(err))
 
     def ready(self, name: str, *args: Any) -> bool:
         """For query calls (cuEventQuery): True on success, False on CUDA_ERROR_NOT_READY."""
@@ -394,9 +397,8 @@ class CudaRuntime(GpuRuntime):
         result = self.cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, address, 0)
         err = result[0] if isinstance(result, tuple) else result
         if err != self._success:
-            args_ = (fn, gx, gy, gz, bx, by, bz, shared_mem, stream, address, 0)
-            call = f"cuLaunchKernel({', '.join(_fmt(a) for a in args_)})"
-            raise CudaError(call, int(err), self.error_name(err), self.error_string(err))
+            call_args = (fn, gx, gy, gz, bx, by, bz, shared_mem, stream, address, 0)
+            raise self._error("cuLaunchKernel", call_args, err)
         del params  # kept alive until the driver has copied the arguments
 
     # ---- vendor BLAS: cuBLAS through nvmath-python, when installed
