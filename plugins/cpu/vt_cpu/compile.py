@@ -62,12 +62,12 @@ def _warm_kind(kind: str, pool: bool = True) -> None:
     without ``pool`` only the team's job and the dequantizer (prefill's tiles)."""
     J.address(J.MM_JOB[kind])  # the tile kernels as a team job
     J.address("dq")  # the dequantizers (embedding rows, prefill's BLAS tiles) as a job
+    if not pool:
+        return
     rows = np.zeros(1, np.int64)
     x = np.zeros((1, 8, 32), F32)  # one activation row of 256 values
     out, res = np.zeros((1, 4), F32), np.zeros((1, 4), F32)
     deq = np.zeros((1, 256), F32)
-    if not pool:
-        return
     if kind == "Q8_0":
         q8 = _blocks(34, 32)
         q8s = _ro(q8.view(np.int8))
