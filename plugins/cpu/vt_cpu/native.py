@@ -48,13 +48,15 @@ class NativeError(Exception):
     """An object vt cannot map (its caller falls back to numba)."""
 
 
+def platform_ok() -> bool:
+    """Whether vt can map numba's objects here at all: x86-64 Linux."""
+    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+
+
 def supported() -> bool:
-    """Whether this process can map saved objects (x86-64 Linux, not turned off)."""
-    return (
-        sys.platform.startswith("linux")
-        and platform.machine() in ("x86_64", "AMD64")
-        and bool(vt.envs.get("VT_CPU_NATIVE"))
-    )
+    """Whether this process maps saved objects (:func:`platform_ok`, not turned off by
+    ``VT_CPU_NATIVE=0``)."""
+    return platform_ok() and bool(vt.envs.get("VT_CPU_NATIVE"))
 
 
 # --------------------------------------------------------------------------- symbols
