@@ -389,10 +389,32 @@ def test_bench_table_says_which_setting_replayed_graphs(tiny: Path) -> None:
     assert res.exit_code == 0, res.output
     (line,) = [x for x in res.stdout.splitlines() if x.startswith("graphs:")]
     assert line.startswith("graphs: on (decode steps are captured once per shape")
-    replays = line.split("decode steps replayed: ")[1]
+    replays = line.split("; steps replayed: ")[1]
     on, off = replays.split(", ")
     assert int(on.split()[0]) >= 1 and on.endswith("with async on")
     assert int(off.split()[0]) >= 1 and off.endswith("with async off")
+    lines = res.stdout.splitlines()
+    assert lines[lines.index(line) + 1] == (
+        "prefill and mixed steps run eagerly (the cpu backend's prefill_graphs hint)"
+    )
+
+
+def test_bench_says_each_repeats_prefill_rate_with_prefill_graphs(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VT_PREFILL_GRAPHS", "1")
+    args = ("--model", str(tiny), "--backend", "cpu", "--prompt-tokens", "20", "--gen-tokens", "3")
+    res = vt("bench", *args, "--repeat", "3")
+    assert res.exit_code == 0, res.output
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("prefill and mixed steps")]
+    head = "prefill and mixed steps are padded to a token bucket and replayed (VT_PREFILL_GRAPHS=1)"
+    assert line.startswith(head + "; prefill tok/s of each repeat: async on ")
+    assert line.count(", ") == 4  # three rates each with async on and off
+    data = json.loads(vt("bench", *args, "--repeat", "3", "--json").stdout)
+    for run in data["runs"]:
+        assert run["prefill_graphs"] and len(run["prefill_tok_s_each"]) == 3
+        assert run["prefill_tok_s"] == max(run["prefill_tok_s_each"])
+        assert run["graph_stats"]["captures"] >= 2  # the prompt's bucket and the decode's
 
 
 @pytest.mark.parametrize(

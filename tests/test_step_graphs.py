@@ -1,4 +1,4 @@
-"""Decode steps replayed as graphs: the same ids as eager steps, a bounded cache, KV growth.
+"""Steps replayed as graphs: the same ids as eager steps, a bounded cache, KV growth.
 
 The cpu backend declares ``graphs`` (a capture records its streams' closures, a launch
 enqueues them again), so these tests run the runner's real graph path.
@@ -13,7 +13,13 @@ import pytest
 import vt
 from model_support import PROMPT, make_backend
 from vt.execution.runner import ModelRunner, SeqChunk
-from vt.execution.step_graphs import bucket, graphs_enabled, padding
+from vt.execution.step_graphs import (
+    bucket,
+    graphs_enabled,
+    padding,
+    prefill_graphs_enabled,
+    token_bucket,
+)
 from vt.management.registry import Registry
 
 KV_SLOTS = 64  # a position is 32 KiB: the vmm cache's first 2 MiB chunk holds 64 positions
@@ -115,8 +121,13 @@ def test_buckets_and_padding_rows() -> None:
 
 
 def test_prefill_and_mixed_steps_run_eagerly(llama: Any) -> None:
+    """Without the prefill_graphs hint (the cpu backend has none)."""
     backend = make_backend("cpu")
     with ModelRunner(backend, llama, max_slots=2) as r:
+        assert not r.prefill_graphs
+        assert r.prefill_graphs_reason == (
+            "prefill and mixed steps run eagerly (the cpu backend's prefill_graphs hint)"
+        )
         for _ in range(3):  # the same prefill shape three times: never captured
             r.free_slot(0)
             r.execute([SeqChunk(slot=0, start_pos=0, token_ids=PROMPT)]).get_output()
@@ -131,6 +142,111 @@ def test_prefill_and_mixed_steps_run_eagerly(llama: Any) -> None:
         assert r.graph_stats == {
             "cached": 0, "captures": 0, "replays": 0, "evictions": 0, "invalidations": 0,
         }  # fmt: skip
+
+
+def test_token_buckets() -> None:
+    got = [token_bucket(n, 512) for n in (1, 3, 9, 16, 17, 19, 33, 100, 257, 300, 500, 512)]
+    assert got == [1, 4, 16, 16, 18, 20, 36, 104, 288, 320, 512, 512]
+    assert token_bucket(300, 310) == 310 and token_bucket(300, 300) == 300
+    for n in range(1, 1025):  # at most an eighth of a bucket's rows are padding
+        b = token_bucket(n, 4096)
+        assert n <= b and (n <= 16 or (b - n) * 8 <= b)
+
+
+def prefill_script(r: ModelRunner) -> list[dict[int, int]]:
+    """Prompts of lengths that share buckets, chunked prompts, mixed steps, and a prompt
+    that ends at the last position (its step pads in another sequence's slot)."""
+    outs: list[dict[int, int]] = []
+    long = (PROMPT * 4)[:30]
+    for length in (17, 18, 17):  # one bucket (18): eager, captured, replayed
+        r.free_slot(0)
+        outs.append(r.execute([SeqChunk(0, 0, long[:length])]).get_output())
+    r.free_slot(0)
+    r.execute([SeqChunk(0, 0, long[:20], sample=False)])  # a non-final chunk: no sample
+    outs.append(r.execute([SeqChunk(0, 20, long[20:])]).get_output())
+    pos = 30
+    for j in range(3):  # slot 0 decodes beside a prompt in slot 1 (mixed steps)
+        r.free_slot(1)
+        step = [
+            SeqChunk(0, pos, None, from_previous=True, temperature=0.8, seed=3, counter=j),
+            SeqChunk(1, 0, PROMPT[: 6 + j]),
+        ]
+        outs.append(r.execute(step).get_output())
+        pos += 1
+    # slot 2's prompt fills max_model_len (40): the padding goes to slot 1's next position
+    r.free_slot(1)
+    full = [SeqChunk(1, 0, PROMPT[:5]), SeqChunk(2, 0, (PROMPT * 5)[:40])]
+    outs.append(r.execute(full).get_output())
+    outs.append(r.execute([SeqChunk(1, 5, None, from_previous=True)]).get_output())
+    outs.append(r.execute([SeqChunk(1, 6, None, from_previous=True)]).get_output())
+    return outs
+
+
+def test_prefill_and_mixed_steps_replay_with_prefill_graphs(llama: Any) -> None:
+    """Padded prefill and mixed steps replayed: the same ids as eager steps, the padding rows
+    (past a chunk's end, or in another slot) never seen by a real row."""
+    with ModelRunner(make_backend("cpu"), llama, max_slots=3, max_model_len=40,
+                     graphs=False) as r:  # fmt: skip
+        want = prefill_script(r)
+    with ModelRunner(make_backend("cpu"), llama, max_slots=3, max_model_len=40,
+                     prefill_graphs=True) as r:  # fmt: skip
+        assert r.prefill_graphs
+        assert r.prefill_graphs_reason == (
+            "prefill and mixed steps are padded to a token bucket and replayed "
+            "(prefill_graphs=True)"
+        )
+        got = prefill_script(r)
+        stats = r.graph_stats
+        # the last prefill's plan: 45 rows -> 48, padding in slot 1 (slot 2 has no room)
+        r.free_slot(1)
+        r.free_slot(2)
+        plan = r._plan([SeqChunk(1, 0, PROMPT[:5]), SeqChunk(2, 0, (PROMPT * 5)[:40])])
+        r._pad(plan)
+        assert (plan.rows, plan.samples, plan.pad, plan.max_end) == (48, 2, (1, 5), 40)
+    assert got == want
+    # (18, 1): eager, captured, replayed; (20, 0) and (16, 1): the chunked prompt, eager;
+    # mixed steps of 7, 8, 9 rows: (8, 2) eager, captured, then (16, 2) eager; (48, 2) eager;
+    # slot 1's decode (1, 1): eager, captured
+    assert stats == {
+        "cached": 3, "captures": 3, "replays": 4, "evictions": 0, "invalidations": 0,
+    }  # fmt: skip
+
+
+def test_prefill_buckets_count_captures(llama: Any) -> None:
+    with ModelRunner(make_backend("cpu"), llama, max_slots=9, prefill_graphs=True) as r:
+        r.enable_logprobs()
+        for length in (17, 18, 17, 18):  # one bucket: eager, captured, replayed twice
+            r.free_slot(0)
+            r.execute([SeqChunk(0, 0, (PROMPT * 2)[:length])]).get_output()
+        assert r.graph_stats["captures"] == 1 and r.graph_stats["replays"] == 3
+        # prompt logprobs (echo): scored rows are never padded nor captured
+        for _ in range(3):
+            r.free_slot(1)
+            chunk = SeqChunk(1, 0, PROMPT, prompt_logprobs=0, prompt_targets=PROMPT[1:])
+            r.execute([chunk]).get_output()
+        assert r.graph_stats["captures"] == 1 and r.graph_stats["replays"] == 3
+
+
+def test_prefill_graphs_follow_the_argument_the_environment_and_the_hint(
+    llama: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = make_backend("cpu")
+    assert prefill_graphs_enabled(cpu, False, True) == (False, "graphs are off")
+    with ModelRunner(cpu, llama, max_slots=1, graphs=False, prefill_graphs=True) as r:
+        assert (r.prefill_graphs, r.prefill_graphs_reason) == (False, "graphs are off")
+    monkeypatch.setenv("VT_PREFILL_GRAPHS", "1")
+    assert prefill_graphs_enabled(cpu, True) == (
+        True,
+        "prefill and mixed steps are padded to a token bucket and replayed (VT_PREFILL_GRAPHS=1)",
+    )
+    assert prefill_graphs_enabled(cpu, True, False) == (
+        False, "prefill and mixed steps run eagerly (prefill_graphs=False)"
+    )  # fmt: skip
+    monkeypatch.setenv("VT_PREFILL_GRAPHS", "maybe")
+    with pytest.raises(ValueError, match="VT_PREFILL_GRAPHS='maybe' is not a boolean"):
+        ModelRunner(make_backend("cpu"), llama, max_slots=1)
+    monkeypatch.delenv("VT_PREFILL_GRAPHS")
+    assert vt.gpu.GpuBackend.prefill_graphs and not vt.Backend.prefill_graphs
 
 
 def test_vmm_growth_does_not_invalidate_captured_graphs(llama: Any) -> None:

@@ -89,6 +89,9 @@ _DECLARED = [
     Var("VT_GRAPHS", "boolean", "1", "replay decode steps as graphs where the backend "
         "declares `graphs`; `0` launches every kernel (`vt bench --json` reports "
         "`graphs`, `graphs_reason` and `graph_stats`)"),
+    Var("VT_PREFILL_GRAPHS", "boolean", None, "replay prefill and mixed steps as graphs "
+        "too, padded to a token bucket (with `VT_GRAPHS` on); unset: the backend's "
+        "`prefill_graphs` hint (on for GPUs)", shown_default="the backend's hint"),
     Var("VT_VERIFY", "boolean", "1", "`0` skips the capability verification before a "
         "backend is trusted"),
     Var("VT_HOME", "path", "~/.cache/vt", "vt's cache directory: models in "

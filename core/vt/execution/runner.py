@@ -47,7 +47,15 @@ from .readback import (
     async_scheduling_enabled,
     choose_readback,
 )
-from .step_graphs import DEFAULT_MAX_GRAPHS, StepGraphs, bucket, graphs_enabled, padding
+from .step_graphs import (
+    DEFAULT_MAX_GRAPHS,
+    StepGraphs,
+    bucket,
+    graphs_enabled,
+    padding,
+    prefill_graphs_enabled,
+    token_bucket,
+)
 
 __all__ = [
     "DEFAULT_MAX_MODEL_LEN",
@@ -124,7 +132,8 @@ class _Plan:
     copies: list[tuple[int, int, int]]  # (first row, first previous index, count)
     max_end: int
     decode: bool = False  # every chunk one sampled token (from the device or the host)
-    rows: int = 0  # rows the forward pass runs: n_tokens, or a decode step's padded bucket
+    rows: int = 0  # rows the forward pass runs: 0 means n_tokens; else a padded bucket
+    samples: int = 0  # sampled rows the forward pass runs: 0 means exact; else a bucket
     pad: tuple[int, int] | None = None  # (slot, position) of the padding rows
     #: Scored prompt rows, in logits order after the sampled ones: (chunk index, token row,
     #: target id, alternatives).
@@ -171,6 +180,9 @@ class ModelRunner:
     capabilities, ``readback_reason`` why. ``graphs`` (default: on unless ``VT_GRAPHS=0``,
     and only where the effective capabilities declare ``graphs``) replays decode-only steps
     as graphs, at most ``max_graphs`` shapes cached; ``graphs_reason`` says why on or off.
+    ``prefill_graphs`` (default: ``VT_PREFILL_GRAPHS``, else the backend's
+    ``prefill_graphs`` hint) replays prefill and mixed steps too, padded to a token bucket;
+    ``prefill_graphs_reason`` says why on or off.
     """
 
     def __init__(
@@ -186,6 +198,7 @@ class ModelRunner:
         n_output_slots: int = 3,
         graphs: bool | None = None,
         max_graphs: int = DEFAULT_MAX_GRAPHS,
+        prefill_graphs: bool | None = None,
     ) -> None:
         config = model.config
         max_batch_tokens = batch_tokens(backend, max_batch_tokens)
@@ -212,6 +225,10 @@ class ModelRunner:
         use_graphs, self.graphs_reason = graphs_enabled(backend.capabilities, graphs)
         self.graphs: bool = use_graphs
         self._graphs = StepGraphs(backend, use_graphs, max_graphs)
+        self.prefill_graphs: bool
+        self.prefill_graphs, self.prefill_graphs_reason = prefill_graphs_enabled(
+            backend, use_graphs, prefill_graphs
+        )
 
         self.backend = backend
         self.config = config
@@ -492,7 +509,8 @@ class ModelRunner:
         assert self.kv is not None and self._pool is not None and self.graph is not None
         assert self._act is not None and self.stream is not None and self._inputs is not None
         b, main = self.backend, self.stream
-        if plan.decode and self.graphs:  # padded to a bucket: few shapes, few graphs
+        replay = self.graphs and (plan.decode or (self.prefill_graphs and not plan.scored))
+        if replay:  # padded to a bucket: few shapes, few graphs
             self._pad(plan)
         # Growth maps on the host now; the zeroing of fresh memory goes on the main stream,
         # ahead of this step, so it does not wait for steps still in flight.
@@ -519,16 +537,16 @@ class ModelRunner:
                     main,
                 )
         graph, act, io, kv = self.graph, self._act, self._io, self.kv.buffer
-        rows = plan.rows or plan.n_tokens  # padding rows are sampled too, never read
+        rows = plan.rows or plan.n_tokens
+        sampled = plan.samples or n_rows + len(scored)  # scored rows: logits too
 
         def forward(out_ids: Buffer) -> None:
-            sampled = rows if plan.pad else n_rows + len(scored)  # scored rows: logits too
             graph.forward(act, io, kv, self.layout, rows, sampled, out_ids, main)
 
-        if plan.decode and self.graphs:
+        if replay:
             assert self._graph_ids is not None
             ids = self._graph_ids
-            self._graphs.run((rows, rows), kv, main, lambda: forward(ids))
+            self._graphs.run((rows, sampled), kv, main, lambda: forward(ids))
             if n_rows:  # the output slot differs per step; the captured ids buffer does not
                 b.copy_d2d(slot.ids, ids, n_rows * 4, main)
         else:
@@ -578,16 +596,23 @@ class ModelRunner:
         return layout.nbytes
 
     def _pad(self, plan: _Plan) -> None:
-        """Pad a decode step to its bucket (:mod:`vt.execution.step_graphs` says why the
-        padding rows change nothing real)."""
-        rows = bucket(plan.n_tokens, self.max_rows)
-        if rows == plan.n_tokens:
-            return
-        pad = padding([(c.slot, c.start_pos) for c in plan.chunks], self.max_model_len)
-        if pad is None:  # every sequence is at its last position: run the exact shape
-            return
-        plan.rows, plan.pad = rows, pad
-        plan.max_end = max(plan.max_end, pad[1] + 1)
+        """Pad a step to its bucket of rows and of sampled rows
+        (:mod:`vt.execution.step_graphs` says why the padding rows change nothing real)."""
+        n, s = plan.n_tokens, len(plan.sampled)
+        if plan.decode:  # every row sampled, padding rows too
+            rows = bucket(n, self.max_rows)
+            ends = [(c.slot, c.start_pos) for c in plan.chunks]
+        else:  # padding rows extend the last chunk's sequence where it has room
+            rows = token_bucket(n, self.max_batch_tokens)
+            ends = [(c.slot, c.start_pos + c.n_tokens - 1) for c in reversed(plan.chunks)]
+        if rows > n:
+            plan.pad = padding(ends, self.max_model_len)
+            if plan.pad is None:  # every sequence is at its last position: the exact rows
+                rows = n
+            else:
+                plan.max_end = max(plan.max_end, plan.pad[1] + 1)
+        plan.rows = rows
+        plan.samples = rows if plan.decode else bucket(s, min(rows, self.max_rows)) if s else 0
 
     def _stage(self, inputs: HostBuffer, plan: _Plan, want: dict[int, int]) -> None:
         """Write the step's host inputs into ``inputs`` (its output slot's pinned staging)."""
@@ -605,9 +630,10 @@ class ModelRunner:
             p.view(SAMPLE_PARAMS_DTYPE)[:] = (0.0, 1.0, 0, 0, 0)  # greedy, never read
             ids = raw[lay.lp_ids : lay.lp_ids + 4 * len(scored)].view(np.int32)
             ids[:] = [t for _, _, t, _ in scored]
-        n, s = plan.n_tokens, len(plan.sampled)
-        if plan.pad is not None:  # rows n.. are padding: token 0, one slot, sampled greedily
-            n = s = plan.rows
+        real, s_real = plan.n_tokens, len(plan.sampled)
+        # Rows real.. are padding (token 0, one slot and position); sampled rows s_real..
+        # sample padding rows, else the last row, greedily: never read back.
+        n, s = max(real, plan.rows), max(s_real, plan.samples)
         ids = raw[lay.ids : lay.ids + 4 * n].view(np.int32)
         pos = raw[lay.positions : lay.positions + 4 * n].view(np.int32)
         slots = raw[lay.slots : lay.slots + 4 * n].view(np.int32)
@@ -626,10 +652,10 @@ class ModelRunner:
             rows[j] = plan.row0[k] + c.n_tokens - 1
             params[j] = (c.temperature, c.top_p, c.top_k, c.seed, c.counter)
         if plan.pad is not None:
-            real = plan.n_tokens  # a decode step: one row, and one sample, per chunk
             ids[real:], pos[real:], slots[real:] = 0, plan.pad[1], plan.pad[0]
-            rows[real:] = np.arange(real, n)
-            params[real:] = (0.0, 1.0, 0, 0, 0)
+        if s > s_real:
+            rows[s_real:] = np.minimum(np.arange(real, real + s - s_real), n - 1)
+            params[s_real:] = (0.0, 1.0, 0, 0, 0)
 
     # ---- validation
     def _plan(self, chunks: list[SeqChunk]) -> _Plan:

@@ -1,4 +1,4 @@
-"""Decode steps captured once per shape and replayed as graphs (backends declaring ``graphs``).
+"""Steps captured once per shape and replayed as graphs (backends declaring ``graphs``).
 
 A decode step (every chunk one sampled token, whether its input id comes from the previous
 step on the device, with async scheduling, or from the host, without) enqueues the same
@@ -42,6 +42,23 @@ What a graph may capture, and why replays are right:
   resolves kernels lazily loaded by the runtime outside any capture, and batch sizes seen
   once never cost a capture.
 
+Prefill and mixed steps (prompt chunks, alone or beside decode rows) replay too where the
+backend's ``prefill_graphs`` hint says a step's launches cost more than padding's compute
+(a GPU: hundreds of launches a chunk, each several microseconds of host time, against a
+few milliseconds of kernels), as vLLM pads its batches to captured token counts:
+
+- the step's rows are padded to :func:`token_bucket` (powers of two to 16, then eight
+  sizes an octave: at most an eighth of the rows are padding), its sampled rows to a power
+  of two (:func:`bucket`); the key is ``(rows, sampled rows)``, which is all the forward
+  pass's launches depend on (decode steps' keys are the same kind: a decode key and a
+  prefill key that are equal capture the same launches);
+- the padding rows are the decode ones' kind: token 0 at one position just past the end of
+  a chunk with room (the last chunk's first, so they extend the rows' last sequence), in
+  that chunk's slot, never read back. The padding sampled rows sample the last row into
+  the fixed ids buffer, never copied out;
+- steps that score prompt tokens (echo) and steps with no chunk that has a position left
+  run eagerly at their exact shape.
+
 The cache holds at most ``max_graphs`` graphs (least recently used evicted, after the
 stream drains) and :meth:`StepGraphs.close` destroys them all.
 """
@@ -69,6 +86,16 @@ def bucket(n: int, limit: int) -> int:
     return max(n, min(b, limit))
 
 
+def token_bucket(n: int, limit: int) -> int:
+    """The padded row count of a prefill or mixed step of ``n`` rows: :func:`bucket` up to
+    16, then the next multiple of an eighth of the power of two below ``n`` (17 -> 18,
+    300 -> 320, 512 -> 512), at most ``limit`` (never below ``n``)."""
+    if n <= 16:
+        return bucket(n, limit)
+    step = 1 << ((n - 1).bit_length() - 4)
+    return max(n, min(-(-n // step) * step, limit))
+
+
 def padding(rows: list[tuple[int, int]], max_len: int) -> tuple[int, int] | None:
     """``(slot, position)`` for the padding rows of a decode step whose real rows are
     ``(slot, position)``: one past the first row that has a position left, else None."""
@@ -76,6 +103,27 @@ def padding(rows: list[tuple[int, int]], max_len: int) -> tuple[int, int] | None
         if pos + 1 < max_len:
             return slot, pos + 1
     return None
+
+
+def prefill_graphs_enabled(
+    backend: Backend, graphs_on: bool, prefill_graphs: bool | None = None
+) -> tuple[bool, str]:
+    """Whether prefill and mixed steps replay too, and why: only with decode graphs on;
+    then the argument, then ``VT_PREFILL_GRAPHS``, then the backend's ``prefill_graphs``
+    hint."""
+    if not graphs_on:
+        return False, "graphs are off"
+    if prefill_graphs is not None:
+        why = f"prefill_graphs={prefill_graphs}"
+        wanted = bool(prefill_graphs)
+    elif envs.raw("VT_PREFILL_GRAPHS") is not None:
+        wanted, why = envs.bool_with_reason("VT_PREFILL_GRAPHS")
+    else:
+        wanted = bool(getattr(backend, "prefill_graphs", False))
+        why = f"the {backend.name} backend's prefill_graphs hint"
+    if not wanted:
+        return False, f"prefill and mixed steps run eagerly ({why})"
+    return True, f"prefill and mixed steps are padded to a token bucket and replayed ({why})"
 
 
 def graphs_enabled(caps: Capabilities, graphs: bool | None = None) -> tuple[bool, str]:
@@ -96,7 +144,7 @@ def graphs_enabled(caps: Capabilities, graphs: bool | None = None) -> tuple[bool
 
 
 class StepGraphs:
-    """The runner's graph cache, keyed by decode-step shape."""
+    """The runner's graph cache, keyed by step shape ``(rows, sampled rows)``."""
 
     def __init__(
         self, backend: Backend, enabled: bool, max_graphs: int = DEFAULT_MAX_GRAPHS

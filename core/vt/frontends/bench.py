@@ -53,6 +53,9 @@ class BenchRun(BaseModel):
     decode_s: float | None
     prefill_tok_s: float | None  # best of the repeats
     decode_tok_s: float | None
+    #: Every repeat's prefill rate, in order: with prefill graphs the first runs eagerly,
+    #: the second is captured, the rest replay (the best of them is ``prefill_tok_s``).
+    prefill_tok_s_each: list[float | None] = []
     kv_cache: dict[str, Any]
     #: Prompt tokens a repeat took from a cache (most of any repeat): 0, every repeat
     #: prefills its whole prompt (the bench's engine runs without prefix caching).
@@ -60,6 +63,9 @@ class BenchRun(BaseModel):
     ids: list[int]
     graphs: bool = False  # decode-step graph replay on (VT_GRAPHS, graphs capability)
     graphs_reason: str = ""
+    #: Prefill and mixed steps replayed too (VT_PREFILL_GRAPHS, the backend's hint)
+    prefill_graphs: bool = False
+    prefill_graphs_reason: str = ""
     graph_stats: dict[str, int] = {}
 
 
@@ -361,11 +367,14 @@ def _record(async_on: bool, runner: Any, outs: list[RequestOutput]) -> BenchRun:
         decode_s=decode.decode_s,
         prefill_tok_s=prefill.prefill_tok_s,
         decode_tok_s=decode.decode_tok_s,
+        prefill_tok_s_each=[o.timings.prefill_tok_s for o in outs],
         kv_cache=runner.kv.stats().model_dump(),
         cached_prompt_tokens=max(o.num_cached_tokens for o in outs),
         ids=ids,
         graphs=runner.graphs,
         graphs_reason=runner.graphs_reason,
+        prefill_graphs=runner.prefill_graphs,
+        prefill_graphs_reason=runner.prefill_graphs_reason,
         graph_stats=dict(runner.graph_stats),
     )
 
@@ -432,8 +441,8 @@ def _format_batches(result: BenchResult) -> str:
 
 
 def _graphs_line(runs: list[BenchRun]) -> str:
-    # Only decode steps replay (prefill runs eagerly): say how many replays each setting
-    # made.
+    # Say how many steps each setting replayed, and each repeat's prefill rate where
+    # prefill steps replay too (the first repeat runs eagerly, the second is captured).
     first = runs[0]
     line = f"graphs: {'on' if first.graphs else 'off'} ({first.graphs_reason})"
     if first.graphs:
@@ -441,7 +450,15 @@ def _graphs_line(runs: list[BenchRun]) -> str:
             f"{r.graph_stats.get('replays', 0)} with async {'on' if r.async_scheduling else 'off'}"
             for r in runs
         )
-        line += f"; decode steps replayed: {replays}"
+        line += f"; steps replayed: {replays}"
+        line += f"\n{first.prefill_graphs_reason}"
+        if first.prefill_graphs:
+            each = "; ".join(
+                f"async {'on' if r.async_scheduling else 'off'} "
+                + ", ".join(_rate(v) for v in r.prefill_tok_s_each)
+                for r in runs
+            )
+            line += f"; prefill tok/s of each repeat: {each}"
     return line
 
 

@@ -207,6 +207,9 @@ class GpuBackend(
     #: weight once for its GEMMs, so two chunks of 256 cost nearly twice one of 512 (1B
     #: shape pp512 27,540 -> 61,660 tok/s, docs/gpu.md run 18).
     default_batch_tokens: ClassVar[int] = 512
+    #: Prefill steps replay as graphs too: a 135M-shape chunk of 512 is 457 launches and 210
+    #: GEMM calls (12 ms of host time) for 4.3 ms of kernels (docs/gpu.md run 34).
+    prefill_graphs: ClassVar[bool] = True
     #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one
     #: (every decode batch up to 32 rows reads each weight once through the warp kernels).
     tiled_min_rows: int = 64

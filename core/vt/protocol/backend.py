@@ -108,6 +108,10 @@ class Backend:
     #: copies every quantized weight once per prefill chunk for its GEMMs); smaller keeps a
     #: step, and so the decode latency of requests beside a long prompt, short on a CPU.
     default_batch_tokens: ClassVar[int] = 256
+    #: Replay prefill and mixed steps as graphs too (padded to a token bucket; needs the
+    #: ``graphs`` capability): a hint, for a backend whose step costs more in launches
+    #: than padding costs in compute (a GPU). ``VT_PREFILL_GRAPHS`` overrides it.
+    prefill_graphs: ClassVar[bool] = False
 
     @classmethod
     def probe(cls) -> Probe:

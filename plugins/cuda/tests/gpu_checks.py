@@ -6,9 +6,9 @@
 where there is no GPU, never collects it.) Beyond the conformance kit (``--vt-backend
 cuda``): the tiled matmul path, contexts longer than one attention chunk, sampling over
 real vocabulary sizes, the runner on cuda against cpu on every readback path and with a VMM
-KV cache, decode steps replayed as CUDA graphs against eager ones, and the device's
-capability facts, and greedy ids equal to cpu's on tiny models of every weight type with
-graphs and async readback each on and off.
+KV cache, decode, prefill and mixed steps replayed as CUDA graphs against eager ones, and
+the device's capability facts, and greedy ids equal to cpu's on tiny models of every weight
+type with graphs and async readback each on and off.
 """
 
 from __future__ import annotations
@@ -759,6 +759,61 @@ def test_graph_replay_gives_the_ids_of_eager_steps(tiny: Any) -> None:
     assert results[True] == results[False]
     assert stats[True]["captures"] == 3 and stats[True]["replays"] == 3 * (8 - 1)
     assert stats[False]["replays"] == 0
+
+
+def _prefill_script(r: ModelRunner) -> list[dict[int, int]]:
+    """Prompts sharing token buckets on the cuBLAS path (90, 95 -> 96 rows) and the tiled
+    one (19, 20 -> 20), mixed steps (a decode row beside a prompt: 71, 72 -> 72), and a
+    prompt ending at max_model_len beside another (133 -> 144 rows, padded in the other's
+    slot), each followed by decode steps."""
+    long = [(7 * i + 3) % 60 + 1 for i in range(256)]
+    outs: list[dict[int, int]] = []
+    for length in (90, 95, 90, 19, 20, 19):
+        r.free_slot(0)
+        outs.append(r.execute([SeqChunk(0, 0, long[:length])]).get_output())
+        for j in range(3):
+            chunk = SeqChunk(0, length + j, None, from_previous=True)
+            outs.append(r.execute([chunk]).get_output())
+    pos = 22
+    for length in (70, 71, 70):
+        r.free_slot(1)
+        step = [SeqChunk(0, pos, None, from_previous=True), SeqChunk(1, 0, long[5 : 5 + length])]
+        outs.append(r.execute(step).get_output())
+        pos += 1
+    r.free_slot(1)
+    step = [SeqChunk(1, 0, long[:5]), SeqChunk(2, 0, long[:128])]
+    outs.append(r.execute(step).get_output())
+    for j in range(4):
+        outs.append(r.execute([SeqChunk(1, 5 + j, None, from_previous=True)]).get_output())
+    return outs
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_K"])
+def test_prefill_graph_replay_gives_cpus_ids(tmp_path: Path, wtype: str) -> None:
+    """Prefill and mixed steps padded to token buckets and replayed on cuda: cpu's ids."""
+    kw: dict[str, Any] = {"dim": 256, "ffn": 512, "n_heads": 4} if wtype.endswith("_K") else {}
+    path = write_tiny_gguf(tmp_path / f"llama-{wtype}.gguf", arch="llama", weight_type=wtype,
+                           n_layers=2, **kw)  # fmt: skip
+    results, stats = {}, {}
+    with load_gguf(path) as model:
+        for name in ("cpu", "cuda/eager", "cuda/prefill-graphs"):
+            backend = make(name.split("/")[0])
+            on = name == "cuda/prefill-graphs"
+            try:
+                with ModelRunner(backend, model, max_slots=3, max_model_len=128, graphs=on,
+                                 prefill_graphs=on) as r:  # fmt: skip
+                    assert r.prefill_graphs is on, r.prefill_graphs_reason
+                    results[name] = _prefill_script(r)
+                    stats[name] = r.graph_stats
+            finally:
+                backend.close()
+    print(f"prefill graph stats on cuda ({wtype}): {stats['cuda/prefill-graphs']}")
+    for name, ids in results.items():
+        assert ids == results["cpu"], name
+    got = stats["cuda/prefill-graphs"]
+    # (96, 1), (20, 1) and (72, 2): eager, captured and replayed, replayed; (144, 2) eager;
+    # decode (1, 1): eager once, then 21 replays
+    assert got["captures"] == 4 and got["replays"] == 27, got
 
 
 # --------------------------------------------------------------------------- logprobs

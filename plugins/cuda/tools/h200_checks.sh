@@ -23,7 +23,8 @@
 # 512-token prefill's wall time and kernels; host: bench_host.py (host time of a call);
 # hostprev: the same from the tree in .whl/prev (core/ and plugins/cuda/ of an older commit);
 # ab:MODELS: pp512 alternating that tree, this one on cublasGemmEx and this one on cuBLASLt
-# plans, AB_ROUNDS (3) rounds (bench_ab.py; $OUT/ab.json).
+# plans, AB_ROUNDS (3) rounds (bench_ab.py; $OUT/ab.json). pgraph:MODELS: pp512 with prefill
+# steps replayed as graphs and eager, alternating (bench_ab.py; $OUT/pgraph.json).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -255,6 +256,15 @@ EOF"
         for m in ${ms//,/ }; do
             step "ab-$m" 400 "python3 plugins/cuda/tools/bench_ab.py /tmp/$m.gguf --rounds ${AB_ROUNDS:-3} \
                 --prev $ROOT/.whl/prev --out $OUT/ab.json"
+        done
+        ;;
+    pgraph:*)  # pp512 with prefill steps replayed as graphs (VT_PREFILL_GRAPHS=1, cuda's
+        # default) and eager (0), alternating in fresh processes, AB_ROUNDS (2) rounds of
+        # 4 repeats (the first eager, the second captured): pgraph:smol,1b
+        ms=${s#pgraph:}
+        for m in ${ms//,/ }; do
+            step "pgraph-$m" 300 "python3 plugins/cuda/tools/bench_ab.py /tmp/$m.gguf --rounds ${AB_ROUNDS:-2} \
+                --repeat 4 --variant pg1=VT_PREFILL_GRAPHS=1 --variant pg0=VT_PREFILL_GRAPHS=0 --out $OUT/pgraph.json"
         done
         ;;
     pprof:*)  # wall and GPU time of a 512-token prefill in one chunk, per kernel (the defaults)

@@ -200,7 +200,8 @@ def run(
     Environment:
       VT_BACKEND=NAME      the default of --backend
       VT_ASYNC_RUNNER=0    async scheduling off (the sync readback path)
-      VT_GRAPHS=0          no graph replay of decode steps (where the backend has graphs)
+      VT_GRAPHS=0          no graph replay of steps (where the backend has graphs)
+      VT_PREFILL_GRAPHS=0  prefill steps run eagerly (graphs replay only decode steps)
       VT_HOME=DIR          the model cache is DIR/models, verified backends DIR/verified
                            (default ~/.cache/vt)
       VT_VERIFY=0          do not verify the backend (as --no-verify)
