@@ -1592,3 +1592,45 @@ def test_int8_mma_falls_back_to_dp4a_where_a_block_would_straddle_weights() -> N
                    up=w("u", 16, wtype="Q6_K"), scratch_gate=c.t("sg", F32, 8, 16),
                    scratch_up=c.t("su", F32, 8, 16))  # fmt: skip
     assert [launch.kernel for launch in rt.launches] == ["quantize_rows", "swiglu_small2_q8a"]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_kernels_that_wait_for_their_predecessor_launch_overlapped(on: bool) -> None:
+    """The gemv kernels and rms_norm of one row (which call vt_grid_wait before reading
+    activations) go through ``launch_overlapped``; every other launch, and all of them with
+    ``overlap_launches`` off, through ``launch``."""
+    backend, rt = make()
+    backend.overlap_launches = on
+    overlapped: list[str] = []
+    plain = rt.launch
+
+    def launch_overlapped(fn: Any, *args: Any) -> None:
+        overlapped.append(fn.split(":", 1)[1])
+        plain(fn, *args)
+
+    rt.launch_overlapped = launch_overlapped  # type: ignore[method-assign]
+    c = OpCase(backend)
+    s = backend.create_stream()
+    w = {n: c.w(n, np.ones((64, 64), np.float32), "Q8_0") for n in ("q", "k", "v", "g", "u")}
+    x1, x5 = c.t("x1", F32, 1, 64), c.t("x5", F32, 5, 64)
+    backend.launch("rms_norm", s, out=c.t("h", F32, 1, 64), x=x1, weight=c.w("n", np.ones(64)),
+                   eps=1e-5)  # fmt: skip
+    backend.launch("qkv", s, q=c.t("q", F32, 1, 64), k=c.t("k", F32, 1, 64),
+                   v=c.t("v", F32, 1, 64), x=x1, wq=w["q"], wk=w["k"], wv=w["v"])  # fmt: skip
+    sg, su = c.t("sg", F32, 1, 64), c.t("su", F32, 1, 64)
+    backend.launch("swiglu", s, out=c.t("o", F32, 1, 64), x=x1, gate=w["g"], up=w["u"],
+                   scratch_gate=sg, scratch_up=su)  # fmt: skip
+    backend.launch("matmul", s, out=c.t("m1", F32, 1, 64), x=x1, weight=w["q"])
+    backend.launch("matmul", s, out=c.t("m5", F32, 5, 64), x=x5, weight=w["q"])
+    backend.launch("silu_mul", s, out=c.t("a", F32, 1, 64), gate=x1, up=x1)
+    backend.launch("rms_norm", s, out=c.t("h5", F32, 5, 64), x=x5, weight=c.w("n5", np.ones(64)),
+                   eps=1e-5)  # fmt: skip
+    kernels = [launch.kernel for launch in rt.launches]
+    assert kernels[:4] == ["rms_norm", "qkv_gemv2_q", "swiglu_gemv2_q", "matmul_gemv2_q"]
+    assert kernels[4:] == ["matmul_small4_q", "silu_mul", "rms_norm"]
+    assert overlapped == (kernels[:4] if on else [])  # more rows, or other kernels: plain
+    source = kernel_source()
+    for name in ("rms_norm(", "vt_gv_rows(const VtRow"):  # the overlapped kernels' bodies
+        body = source[source.index(name) :]
+        assert "vt_grid_wait();" in body[: body.index("\n}\n")], name
+    backend.close()

@@ -188,6 +188,14 @@ def _out_of_memory(error: GpuCallError) -> bool:
     return "OUTOFMEMORY" in name or "MEMORYALLOCATION" in name
 
 
+#: Kernels that call vt_grid_wait() before reading anything but weights and before any
+#: store (kernels/common.cu), so they may be launched overlapped with their predecessor.
+#: rms_norm only for one row (the gemv kernels run only then). Measured (docs/gpu.md runs
+#: 39-41): adding rope_kv_store and attention's kernels (a wait at their start) gave the 1B
+#: shape +0.5-3% at batch 1 and cost the 135M shape 9%.
+_OVERLAP = ("matmul_gemv", "swiglu_gemv", "qkv_gemv", "rms_norm")
+
+
 def _blocks(n: int, per: int = _THREADS) -> int:
     return max(1, min(_MAX_BLOCKS, -(-n // per)))
 
@@ -284,6 +292,12 @@ class GpuBackend(
     #: ``attention_split`` for the other tiles' rows (decided on the device); fewer rows
     #: (decode batches) on ``attention_split`` alone. Measured in docs/gpu.md (runs 16-17).
     attention_tiled_min_rows: int = 64
+    #: Launch the kernels that wait for their predecessor themselves (``_OVERLAP``: the
+    #: gemv kernels and rms_norm, kernels/common.cu) overlapped
+    #: (``GpuRuntime.launch_overlapped``: on CUDA sm_90+, programmatic dependent launch), so
+    #: their blocks start, and the gemv kernels' first weight loads go out, while the
+    #: previous kernel finishes; False: every launch plain (a tool's "before").
+    overlap_launches: bool = True
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
@@ -336,9 +350,13 @@ class GpuBackend(
         self._module()
 
     def _kernel(
-        self, name: str, grid: tuple[int, int, int], block: int, stream: Stream, *args: Any
-    ) -> None:
-        self._rt.launch(self._fn(name), grid, (block, 1, 1), 0, stream.handle, args)
+        self, name: str, grid: tuple[int, int, int], block: int, stream: Stream, *args: Any,
+        overlap: bool = True,
+    ) -> None:  # fmt: skip
+        if overlap and self.overlap_launches and name.startswith(_OVERLAP):
+            self._rt.launch_overlapped(self._fn(name), grid, (block, 1, 1), 0, stream.handle, args)
+        else:
+            self._rt.launch(self._fn(name), grid, (block, 1, 1), 0, stream.handle, args)
 
     # ---- memory
     @staticmethod
@@ -598,9 +616,9 @@ class GpuBackend(
     ) -> None:
         w = self._gpu_weight(weight, "rms_norm")
         n, dim = x.shape
-        if n:
+        if n:  # overlapped for one row: batch 1, where runs 39-41 measured the gain
             self._kernel("rms_norm", (n, 1, 1), _THREADS, stream, self._ptr(out), self._ptr(x),
-                         P(w.data), I32(n), I32(dim), F32(eps))  # fmt: skip
+                         P(w.data), I32(n), I32(dim), F32(eps), overlap=n == 1)  # fmt: skip
 
     def _rows_per_block(self, n: int, blocks_x: int) -> int:
         """Rows of x per block of a decode-path kernel: all of them (each weight row read

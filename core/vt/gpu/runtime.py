@@ -181,6 +181,21 @@ class GpuRuntime(abc.ABC):
     ) -> None:
         """Enqueue ``fn`` on ``stream``; ``args`` are ctypes values in parameter order."""
 
+    def launch_overlapped(
+        self,
+        fn: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: Any,
+        args: Sequence[KernelArg],
+    ) -> None:
+        """Enqueue ``fn`` so that it may start before the stream's previous kernel has
+        finished (CUDA's programmatic dependent launch): only for kernels that wait for it
+        themselves (``vt_grid_wait`` in the kernel source) before reading what it wrote.
+        Optional: this default launches the plain way, which is always correct."""
+        self.launch(fn, grid, block, shared_mem, stream, args)
+
     # ---- graphs (optional: not abstract, so adapters written before them still load;
     # GpuBackend implements vt.Graphs over them, so the capability function of a plugin
     # whose adapter lacks them declares ``graphs=False``)

@@ -71,6 +71,25 @@ class CUstreamCaptureMode(enum.IntEnum):  # noqa: N801
     CU_STREAM_CAPTURE_MODE_RELAXED = 2
 
 
+class CUlaunchAttributeID(enum.IntEnum):  # noqa: N801
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class CUlaunchAttribute:  # noqa: N801
+    def __init__(self) -> None:
+        self.id = None
+        self.value = SimpleNamespace(programmaticStreamSerializationAllowed=0)
+
+
+class CUlaunchConfig:  # noqa: N801
+    """cuda-python's launch configuration: plain attributes."""
+
+    gridDimX = gridDimY = gridDimZ = blockDimX = blockDimY = blockDimZ = 0  # noqa: N815
+    sharedMemBytes = numAttrs = 0  # noqa: N815
+    hStream: Any = None  # noqa: N815
+    attrs: list[CUlaunchAttribute] = []  # noqa: RUF012
+
+
 #: Calls that control a capture rather than being captured by it.
 CAPTURE_CONTROL = frozenset({"cuStreamBeginCapture", "cuStreamEndCapture"})
 
@@ -114,6 +133,9 @@ class FakeDriver:
     CUstreamCaptureMode = CUstreamCaptureMode
     CUmemAllocationProp = _Struct
     CUmemAccessDesc = _Struct
+    CUlaunchAttributeID = CUlaunchAttributeID
+    CUlaunchAttribute = CUlaunchAttribute
+    CUlaunchConfig = CUlaunchConfig
 
     def __init__(self, profile: DeviceProfile = H200, device_count: int = 1) -> None:
         self.profile = profile
@@ -150,6 +172,16 @@ class FakeDriver:
         self.launches.append(
             {"fn": f, "grid": (gx, gy, gz), "block": (bx, by, bz), "smem": smem,
              "stream": stream, "params": params, "extra": extra}
+        )  # fmt: skip
+        return ()
+
+    def _launch_ex(self, config: CUlaunchConfig, f: Any, params: int, extra: Any) -> tuple[()]:
+        self.launches.append(
+            {"fn": f, "grid": (config.gridDimX, config.gridDimY, config.gridDimZ),
+             "block": (config.blockDimX, config.blockDimY, config.blockDimZ),
+             "smem": config.sharedMemBytes, "stream": config.hStream, "params": params,
+             "extra": extra, "attrs": [(a.id, a.value.programmaticStreamSerializationAllowed)
+                                       for a in config.attrs[: config.numAttrs]]}
         )  # fmt: skip
         return ()
 
@@ -216,6 +248,7 @@ class FakeDriver:
             "cuModuleLoadData": lambda image: (self._handle("module"),),
             "cuModuleGetFunction": lambda module, name: (f"{module}:{name.decode()}",),
             "cuLaunchKernel": self._launch,
+            "cuLaunchKernelEx": self._launch_ex,
             "cuStreamBeginCapture": lambda s, mode: self.capturing.__setitem__(s, []) or (),
             "cuStreamEndCapture": self._end_capture,
             "cuGraphInstantiate": self._instantiate,
@@ -243,7 +276,9 @@ class FakeDriver:
                 # cuda-python returns the error plus placeholder outputs.
                 return (self.fail.pop(name), None)
             if name not in CAPTURE_CONTROL:
-                stream = next((a for a in args if isinstance(a, str) and a in self.capturing), "")
+                streams = [getattr(a, "hStream", a) for a in args]  # a launch config's stream
+                live = self.capturing
+                stream = next((a for a in streams if isinstance(a, str) and a in live), "")
                 if stream and name == "cuStreamSynchronize":
                     return (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
                 if stream:  # recorded with its arguments, run by cuGraphLaunch

@@ -526,3 +526,42 @@ def test_a_failed_launch_raises_naming_the_call_and_the_error() -> None:
     runtime.cu.cuLaunchKernel = lambda *a: (CUresult.CUDA_ERROR_INVALID_VALUE,)  # type: ignore[attr-defined]
     with pytest.raises(CudaError, match=r"cuLaunchKernel\('fn', 3, 2, 1, 256.*INVALID_VALUE"):
         runtime.launch("fn", (3, 2, 1), (256, 1, 1), 0, "s", [ctypes.c_int32(7)])
+
+
+def test_an_overlapped_launch_is_a_programmatic_dependent_launch_on_sm_90() -> None:
+    driver = FakeDriver()
+    runtime = CudaRuntime(driver, FakeNvrtc())
+    args = [ctypes.c_int32(7), ctypes.c_float(2.5)]
+    runtime.launch_overlapped("fn", (3, 2, 1), (128, 1, 1), 0, "s", args)
+    runtime.launch_overlapped("fn", (3, 2, 1), (128, 1, 1), 0, "s2", args)
+    first, second = driver.launches
+    assert (first["grid"], first["block"], first["stream"]) == ((3, 2, 1), (128, 1, 1), "s")
+    assert first["attrs"] == [(6, 1)]  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert second["stream"] == "s2" and driver.names().count("cuLaunchKernelEx") == 2
+    assert len(runtime._configs) == 1  # one launch configuration per grid and block
+    assert runtime.overlap_reason == "programmatic dependent launch (cuLaunchKernelEx)"
+    driver.fail["cuLaunchKernelEx"] = CUresult.CUDA_ERROR_INVALID_VALUE
+    call = r"cuLaunchKernelEx\('fn', 3, 2, 1, 128, 1, 1, 0, 's'\)"
+    with pytest.raises(CudaError, match=call + ".*INVALID_VALUE"):
+        runtime.launch_overlapped("fn", (3, 2, 1), (128, 1, 1), 0, "s", args)
+
+
+@pytest.mark.parametrize("lack", ["sm_80", "binding"])
+def test_an_overlapped_launch_is_a_plain_one_without_sm_90_or_the_binding(lack: str) -> None:
+    profile = H200.model_copy(update={"compute_capability_major": 8})
+    driver = FakeDriver(profile if lack == "sm_80" else H200)
+    if lack == "binding":
+        type(driver).CUlaunchConfig = None  # type: ignore[assignment]
+        del type(driver).CUlaunchConfig
+    try:
+        runtime = CudaRuntime(driver, FakeNvrtc())
+        runtime.launch_overlapped("fn", (1, 1, 1), (64, 1, 1), 0, "s", [ctypes.c_int32(1)])
+    finally:
+        if lack == "binding":
+            import fake_cuda
+
+            type(driver).CUlaunchConfig = fake_cuda.CUlaunchConfig  # type: ignore[attr-defined]
+    assert "cuLaunchKernelEx" not in driver.names() and driver.names().count("cuLaunchKernel") == 1
+    assert "attrs" not in driver.launches[0]
+    want = "compute capability 8.x" if lack == "sm_80" else "cuda-python lacks CUlaunchConfig"
+    assert runtime.overlap_reason.startswith(want)

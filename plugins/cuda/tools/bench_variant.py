@@ -22,6 +22,8 @@ default; 0: a copy every matmul, as before run 33);
 cuBLASLt plans cached per shape (1, the default; ``vt_cuda.blas.Cublas.use_lt``);
 ``--gemv N``: one-row steps on the gemv kernels with N (1, 2, 4) features a block
 (``GpuBackend.gemv_features``; 0: a warp per feature, the kernels before them);
+``--overlap 0|1``: every launch plain (0) or the gemv kernels and rms_norm launched
+overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches``);
 ``--tiled-rows N``: attention
 of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
 huge N: every step on ``attention_split``, as before it). ``--no-fused``:
@@ -66,6 +68,7 @@ _NUMBERS = {
     "--int8-values": "int8_min_values",
     "--tiled-rows": "attention_tiled_min_rows",
     "--gemv": "gemv_features",
+    "--overlap": "overlap_launches",
 }
 
 

@@ -88,6 +88,10 @@ class CudaRuntime(GpuRuntime):
         self._ctx: Any = None
         self._blas: Cublas | None | bool = cublas  # None: not looked for yet; False: absent
         self.blas_reason = ""
+        # Overlapped launches: None until the first one; then True, or False with the reason.
+        self._overlap: bool | None = None
+        self.overlap_reason = ""
+        self._configs: dict[tuple[Any, ...], Any] = {}  # CUlaunchConfig per grid and block
         self._success = driver.CUresult.CUDA_SUCCESS
         self.call("cuInit", 0)
         self.device_count = int(self.call("cuDeviceGetCount"))
@@ -400,6 +404,65 @@ class CudaRuntime(GpuRuntime):
             call_args = (fn, gx, gy, gz, bx, by, bz, shared_mem, stream, address, 0)
             raise self._error("cuLaunchKernel", call_args, err)
         del params  # kept alive until the driver has copied the arguments
+
+    def launch_overlapped(
+        self,
+        fn: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: Any,
+        args: Sequence[Any],
+    ) -> None:
+        """``cuLaunchKernelEx`` with ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``
+        (compute capability 9.0 and later): the kernel's blocks may start while the stream's
+        previous kernel runs, and wait for it with griddepcontrol.wait. A plain launch where
+        the device or the binding lacks it (``overlap_reason`` says why)."""
+        if self._overlap is None:
+            self._overlap, self.overlap_reason = self._overlap_support()
+        if not self._overlap:
+            self.launch(fn, grid, block, shared_mem, stream, args)
+            return
+        key = (grid, block, shared_mem)
+        config = self._configs.get(key)
+        if config is None:
+            if len(self._configs) >= 4096:  # shapes come and go with batch sizes: bounded
+                self._configs.clear()
+            config = self._configs[key] = self._launch_config(grid, block, shared_mem)
+        config.hStream = stream
+        params, address = kernel_params(args)
+        if self._ctx is not None and not getattr(self._tls, "bound", False):
+            self._bind()
+        result = self.cu.cuLaunchKernelEx(config, fn, address, 0)
+        err = result[0] if isinstance(result, tuple) else result
+        if err != self._success:
+            raise self._error("cuLaunchKernelEx", (fn, *grid, *block, shared_mem, stream), err)
+        del params  # kept alive until the driver has copied the arguments
+
+    def _overlap_support(self) -> tuple[bool, str]:
+        major = self.profile.compute_capability_major
+        if major < 9:
+            return False, f"compute capability {major}.x: programmatic launch needs 9.0"
+        names = ("cuLaunchKernelEx", "CUlaunchConfig", "CUlaunchAttribute", "CUlaunchAttributeID")
+        missing = [n for n in names if not hasattr(self.cu, n)]
+        if missing:
+            return False, f"cuda-python lacks {', '.join(missing)}"
+        return True, "programmatic dependent launch (cuLaunchKernelEx)"
+
+    def _launch_config(
+        self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int
+    ) -> Any:
+        cu = self.cu
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = shared_mem
+        config.attrs = [attr]
+        config.numAttrs = 1
+        return config
 
     # ---- vendor BLAS: cuBLAS through nvmath-python, when installed
     def _cublas(self) -> Cublas | None:

@@ -57,6 +57,7 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     __shared__ float sc[FA_MAXG * FA_CHUNK];
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
     __shared__ int red[FA_THREADS / VT_WARP];
+    vt_launch_dependents();  // the next overlapped kernel may start (common.cu)
     int i = blockIdx.x, s = blockIdx.z, t = threadIdx.x;
     if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, red))
         return;  // attention_tiled writes this row (the whole block leaves together)
@@ -279,6 +280,7 @@ extern "C" __global__ void attention_combine(float* out, const float* part, cons
     __shared__ float wt[FA_THREADS];
     __shared__ float red[FA_THREADS];
     __shared__ int ired[FA_THREADS / VT_WARP];
+    vt_launch_dependents();
     int oh = blockIdx.x, i = oh / n_heads, t = threadIdx.x;
     if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, ired))
         return;  // attention_tiled wrote this row

@@ -45,6 +45,30 @@ typedef signed char vt_i8;
 // vt_quantize_rows's packed rows, not float32; see matmul.cu).
 #define WT_Q8A 4
 
+// ------------------------------------------------------------------------ overlapped launches
+//
+// Programmatic dependent launch (sm_90+, PTX griddepcontrol): a kernel the host launches
+// overlapped (GpuRuntime.launch_overlapped; GpuBackend's _OVERLAP names them) may start
+// while the stream's previous kernel still runs. It reads only weights (never written
+// during a step) before vt_grid_wait(), which returns once the previous kernel has finished
+// and its writes are visible; everything else comes after. vt_launch_dependents() at a
+// kernel's start lets the next overlapped kernel's blocks start as soon as all of this
+// kernel's blocks have (so none of them waits behind its successor). Both are no-ops on
+// HIP, in the emulator, before sm_90, and for a kernel launched the plain way.
+#if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define VT_PDL 1
+#endif
+__device__ __forceinline__ void vt_grid_wait() {
+#ifdef VT_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void vt_launch_dependents() {
+#ifdef VT_PDL
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // ------------------------------------------------------------------------ helpers
 
 __device__ __forceinline__ float vt_nan() { return __uint_as_float(0x7fc00000u); }

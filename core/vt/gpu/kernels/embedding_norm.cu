@@ -75,9 +75,11 @@ extern "C" __global__ void bias_add(float* out, const float* bias, int n, int m)
 // for rows of up to RN_KEEP * blockDim values: 2048 with 256 threads), and the weights it
 // needs for them, read together with x; sums in the same order either way.
 #define RN_KEEP 8
+// Launched overlapped (common.cu): w is read before vt_grid_wait, x after.
 extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, int n, int dim,
                                     float eps) {
     __shared__ float red[256];
+    vt_launch_dependents();
     const float* xr = x + (long long)blockIdx.x * dim;
     float* o = out + (long long)blockIdx.x * dim;
     float keep[RN_KEEP], wk[RN_KEEP];  // w read with x: one memory round trip, not two
@@ -85,8 +87,13 @@ extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, 
 #pragma unroll
     for (int i = 0; i < RN_KEEP; ++i) {
         int d = threadIdx.x + i * blockDim.x;
-        keep[i] = d < dim ? xr[d] : 0.0f;
         wk[i] = d < dim ? w[d] : 0.0f;
+    }
+    vt_grid_wait();
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i) {
+        int d = threadIdx.x + i * blockDim.x;
+        keep[i] = d < dim ? xr[d] : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < RN_KEEP; ++i)

@@ -429,6 +429,7 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
     float acc[NW];
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = 0.0f;
+    bool first = true;
     for (int k0 = t * 16; k0 < K; k0 += U * step) {
         vt_codes<16> raw[U][NW];
         vt_f2 so[U][NW];
@@ -442,6 +443,10 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
                 so[u][i] = *(const vt_f2*)(w[i].sm + 2 * (at >> w[i].lg));  // 16 codes, one block
             }
         }
+        // Launched overlapped (common.cu): the first pass's weights are in flight while the
+        // previous kernel finishes; x (its output) is read only after the wait.
+        if (first) vt_grid_wait();
+        first = false;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int k = k0 + u * step;
@@ -481,6 +486,7 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
             }
         }
     }
+    vt_grid_wait();  // threads with no pass (t * 16 >= K) wait here, before any store
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = vt_warp_sum(acc[i]);
     if (lane == 0) {
@@ -580,17 +586,19 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
 }
 
 // matmul_gemv1_q, swiglu_gemv2_q, qkv_gemv4_q, ...: the arguments of the matching *_small
-// kernels less n and rpb.
+// kernels less n and rpb. Launched overlapped (common.cu; vt_gv_rows waits).
 #define VT_GEMV(GV)                                                                            \
     extern "C" __global__ void matmul_gemv##GV##_q(float* out, const float* x, const void* data, \
                                                    const float* sm, int lg_block,              \
                                                    const float* bias, const float* residual,   \
                                                    int N, int K) {                             \
+        vt_launch_dependents();                                                                \
         vt_gemv<GV>(out, x, data, sm, lg_block, bias, residual, N, K);                         \
     }                                                                                          \
     extern "C" __global__ void swiglu_gemv##GV##_q(                                            \
         float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
         const void* udata, const float* usm, int ulg, int N, int K) {                         \
+        vt_launch_dependents();                                                                \
         vt_swiglu_gemv<GV>(out, x, gdata, gsm, glg, udata, usm, ulg, N, K);                    \
     }                                                                                          \
     extern "C" __global__ void qkv_gemv##GV##_q(                                               \
@@ -598,6 +606,7 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
         int lgq, const float* bq, const void* wk, const float* sk, int lgk, const float* bk,  \
         const void* wv, const float* sv, int lgv, const float* bv, int Nq, int Nk, int Nv,    \
         int K) {                                                                               \
+        vt_launch_dependents();                                                                \
         vt_qkv_gemv<GV>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, Nq, Nk, \
                         Nv, K);                                                                \
     }
