@@ -432,3 +432,58 @@ def test_cpu_capture_records_and_refuses_what_a_gpu_refuses() -> None:
         b.end_capture(s)
     b.destroy_stream(s)
     b.close()
+
+
+def _random_schedule(r: ModelRunner, seed: int) -> list[dict[int, int]]:
+    """Steps a server might run: prompts of random lengths (some chunked) joining decodes
+    in random order, sequences ending at max_model_len, slots freed and reused."""
+    rng = np.random.default_rng(seed)
+    pos: dict[int, int] = {}  # slot -> positions held, for slots decoding
+    queued: dict[int, list[int]] = {}  # slot -> prompt tokens not yet prefilled
+    outs: list[dict[int, int]] = []
+    for _ in range(40):
+        free = [s for s in range(r.max_slots) if s not in pos and s not in queued]
+        if free and rng.random() < 0.5:
+            slot = int(rng.choice(free))
+            r.free_slot(slot)
+            queued[slot] = [int(t) for t in rng.integers(1, 60, int(rng.integers(1, 40)))]
+        chunks: list[SeqChunk] = []
+        for slot in sorted(pos, key=lambda _: rng.random()):
+            chunks.append(SeqChunk(slot, pos[slot], None, from_previous=True))
+        budget = 24  # tokens a step for prompts: longer ones are chunked
+        for slot, rest in list(queued.items()):
+            if budget <= 0:
+                break
+            start = r.seq_len(slot)
+            take = rest[:budget]
+            last = len(take) == len(rest)
+            chunks.append(SeqChunk(slot, start, take, sample=last))
+            budget -= len(take)
+            queued[slot] = rest[len(take) :]
+            if last:
+                del queued[slot]
+                pos[slot] = start + len(take)
+        if not chunks:
+            continue
+        outs.append(r.execute(chunks).get_output())
+        for c in chunks:
+            if c.from_previous:
+                pos[c.slot] += 1
+        for slot in [s for s, p in pos.items() if p >= r.max_model_len or rng.random() < 0.05]:
+            del pos[slot]  # finished (max_model_len or a stop): its slot is reused later
+    return outs
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_serving_schedules_replay_the_ids_of_eager_steps(llama: Any, seed: int) -> None:
+    """Many step shapes through a cache of two graphs (evictions), every prefill and mixed
+    step padded (eager at first sight too), sequences ending at max_model_len: the same ids
+    as eager steps without padding."""
+    kw: dict[str, Any] = {"max_slots": 4, "max_model_len": 48, "max_batch_tokens": 32}
+    with ModelRunner(make_backend("cpu"), llama, graphs=False, **kw) as r:
+        want = _random_schedule(r, seed)
+    with ModelRunner(make_backend("cpu"), llama, prefill_graphs=True, max_graphs=2, **kw) as r:
+        got = _random_schedule(r, seed)
+        stats = r.graph_stats
+    assert got == want
+    assert stats["replays"] > 0 and stats["evictions"] > 0, stats
