@@ -247,6 +247,10 @@ def test_prefill_graphs_follow_the_argument_the_environment_and_the_hint(
         ModelRunner(make_backend("cpu"), llama, max_slots=1)
     monkeypatch.delenv("VT_PREFILL_GRAPHS")
     assert vt.gpu.GpuBackend.prefill_graphs and not vt.Backend.prefill_graphs
+    for name in ("graphs", "prefill_graphs", "async_scheduling"):
+        for bad in ("yes", 1, 0.0):
+            with pytest.raises(ValueError, match=f"{name} must be True, False or None, got"):
+                ModelRunner(make_backend("cpu"), llama, max_slots=1, **{name: bad})
 
 
 def test_vmm_growth_does_not_invalidate_captured_graphs(llama: Any) -> None:

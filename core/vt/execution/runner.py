@@ -211,6 +211,13 @@ class ModelRunner:
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, flag in (
+            ("async_scheduling", async_scheduling),
+            ("graphs", graphs),
+            ("prefill_graphs", prefill_graphs),
+        ):
+            if flag is not None and not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True, False or None, got {flag!r}")
         if max_model_len is None:
             max_model_len = min(int(config.context_length), DEFAULT_MAX_MODEL_LEN)
         if not isinstance(max_model_len, int) or isinstance(max_model_len, bool):
