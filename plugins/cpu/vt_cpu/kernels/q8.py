@@ -702,6 +702,16 @@ def _qmax_impl(xq):  # noqa: ANN001, ANN202
     return lambda xq: q
 
 
+@njit(**_KW, inline="always")
+def _block_scale(x, t, k0, width, qmax):
+    """``(d, 1 / d)`` of row ``t``'s values ``k0 .. k0 + width``: ``amax / qmax``, and 0 for
+    an all-zero block (its quants are then 0)."""
+    amax = F(0.0)
+    for j in range(width):
+        amax = max(amax, abs(x[t, k0 + j]))
+    return amax / qmax, qmax / amax if amax > F(0.0) else F(0.0)
+
+
 @njit(**_KW)
 def quantize_rows(x, xq, xd, xi, pairs):
     """``x[n, nb * 32]`` (float32) quantized to blocks of 32 with a float32 scale each
@@ -725,11 +735,7 @@ def quantize_range(x, xq, xd, xi, pairs, u0, u1):
     nb = x.shape[1] // 32
     for t in range(u0, u1):
         for b in range(nb):
-            amax = F(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, b * 32 + j]))
-            d = amax / qmax
-            inv = qmax / amax if amax > F(0.0) else F(0.0)
+            d, inv = _block_scale(x, t, b * 32, 32, qmax)
             s = np.int32(0)
             sh = np.int32(0)
             for j in range(32):
@@ -771,11 +777,7 @@ def quantize_range_k(x, xq, xd, xi, u0, u1):
     nb = x.shape[1] // 256
     for t in range(u0, u1):
         for b in range(nb):
-            amax = F(0.0)
-            for j in range(256):
-                amax = max(amax, abs(x[t, b * 256 + j]))
-            d = amax / qmax
-            inv = qmax / amax if amax > F(0.0) else F(0.0)
+            d, inv = _block_scale(x, t, b * 256, 256, qmax)
             for g in range(16):
                 s = np.int32(0)
                 sh = np.int32(0)
