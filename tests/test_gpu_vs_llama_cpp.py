@@ -4,6 +4,7 @@ the other cells only fill the shape."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -78,12 +79,37 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
                  "blas_inputs", "blas_min_rows"):  # fmt: skip
         monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))  # restored after
     monkeypatch.setattr(backend_module, "kernel_source", lambda: "int x;")
+    monkeypatch.setattr(GpuBackend, "overlap_launches", GpuBackend.overlap_launches)
     rest = bench_variant.apply(
         ["--int8-rows", "8", "--splits", "4", "--int8-mma", "0", "--no-fused", "--blas-f16",
-         "--blas-min-rows", "99", "--kdefine", "VT_X=2", "bench", "--batch", "1"]
+         "--blas-min-rows", "99", "--kdefine", "VT_X=2", "--overlap", "0", "bench", "--batch",
+         "1"]
     )  # fmt: skip
     assert rest == ["bench", "--batch", "1"]
+    assert not GpuBackend.overlap_launches
     assert (GpuBackend.int8_min_rows, GpuBackend.attention_max_splits) == (8, 4)
     assert GpuBackend.int8_mma is False and GpuBackend.native_fused == frozenset()
     assert (GpuBackend.blas_inputs, GpuBackend.blas_min_rows) == ("f16", 99)
     assert backend_module.kernel_source() == "#define VT_X 2\nint x;"
+
+
+def test_vt_prefill_keeps_the_best_repeat_and_each_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pp512 is the best repeat of either async setting; the async-on run's repeats (eager,
+    captured, replayed) travel with it."""
+    runs = [
+        {"async_scheduling": True, "prefill_tok_s": 110.0, "prefill_tok_s_each": [1.0, 20.0, 110.0],
+         "prefill_graphs": True},
+        {"async_scheduling": False, "prefill_tok_s": 120.0, "prefill_tok_s_each": [2.0, 120.0],
+         "prefill_graphs": True},
+    ]  # fmt: skip
+    seen: list[list[str]] = []
+
+    def run(cmd: list[str]) -> str:
+        seen.append(cmd)
+        return json.dumps({"runs": runs})
+
+    monkeypatch.setattr(bench, "run", run)
+    got = bench.vt_prefill(Path("m.gguf"), "cuda")
+    assert got == {"prefill_pp512": 120.0, "prefill_pp512_each": [1.0, 20.0, 110.0],
+                   "prefill_graphs": True}  # fmt: skip
+    assert seen[0][seen[0].index("--repeat") + 1] == "4"

@@ -97,8 +97,9 @@ def token_bucket(n: int, limit: int) -> int:
 
 
 def padding(rows: list[tuple[int, int]], max_len: int) -> tuple[int, int] | None:
-    """``(slot, position)`` for the padding rows of a decode step whose real rows are
-    ``(slot, position)``: one past the first row that has a position left, else None."""
+    """``(slot, position)`` for a step's padding rows, given where each chunk's rows end
+    (``(slot, last position)``, in the order to try): one past the first that has a position
+    left below ``max_len``, else None."""
     for slot, pos in rows:
         if pos + 1 < max_len:
             return slot, pos + 1
@@ -114,12 +115,11 @@ def prefill_graphs_enabled(
     if not graphs_on:
         return False, "graphs are off"
     if prefill_graphs is not None:
-        why = f"prefill_graphs={prefill_graphs}"
-        wanted = bool(prefill_graphs)
+        wanted, why = prefill_graphs, f"prefill_graphs={prefill_graphs}"
     elif envs.raw("VT_PREFILL_GRAPHS") is not None:
         wanted, why = envs.bool_with_reason("VT_PREFILL_GRAPHS")
     else:
-        wanted = bool(getattr(backend, "prefill_graphs", False))
+        wanted = backend.prefill_graphs
         why = f"the {backend.name} backend's prefill_graphs hint"
     if not wanted:
         return False, f"prefill and mixed steps run eagerly ({why})"
