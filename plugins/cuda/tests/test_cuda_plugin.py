@@ -538,7 +538,18 @@ def test_an_overlapped_launch_is_a_programmatic_dependent_launch_on_sm_90() -> N
     assert (first["grid"], first["block"], first["stream"]) == ((3, 2, 1), (128, 1, 1), "s")
     assert first["attrs"] == [(6, 1)]  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     assert second["stream"] == "s2" and driver.names().count("cuLaunchKernelEx") == 2
-    assert len(runtime._configs) == 1  # one launch configuration per grid and block
+    first_config, second_config = (args[0] for args in driver.args("cuLaunchKernelEx"))
+    assert first_config is second_config  # one launch configuration per grid and block
+    seen: list[Any] = []
+    other = threading.Thread(
+        target=lambda: (
+            runtime.launch_overlapped("fn", (3, 2, 1), (128, 1, 1), 0, "s3", args),
+            seen.append(driver.args("cuLaunchKernelEx")[-1][0]),
+        )
+    )
+    other.start()
+    other.join()
+    assert seen[0] is not first_config  # another thread's launches never share its stream
     assert runtime.overlap_reason == "programmatic dependent launch (cuLaunchKernelEx)"
     driver.fail["cuLaunchKernelEx"] = CUresult.CUDA_ERROR_INVALID_VALUE
     call = r"cuLaunchKernelEx\('fn', 3, 2, 1, 128, 1, 1, 0, 's'\)"

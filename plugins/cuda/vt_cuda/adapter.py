@@ -91,7 +91,6 @@ class CudaRuntime(GpuRuntime):
         # Overlapped launches: None until the first one; then True, or False with the reason.
         self._overlap: bool | None = None
         self.overlap_reason = ""
-        self._configs: dict[tuple[Any, ...], Any] = {}  # CUlaunchConfig per grid and block
         self._success = driver.CUresult.CUDA_SUCCESS
         self.call("cuInit", 0)
         self.device_count = int(self.call("cuDeviceGetCount"))
@@ -423,12 +422,16 @@ class CudaRuntime(GpuRuntime):
         if not self._overlap:
             self.launch(fn, grid, block, shared_mem, stream, args)
             return
+        # A CUlaunchConfig per grid and block, per thread (its stream is set per launch).
+        configs = getattr(self._tls, "configs", None)
+        if configs is None:
+            configs = self._tls.configs = {}
         key = (grid, block, shared_mem)
-        config = self._configs.get(key)
+        config = configs.get(key)
         if config is None:
-            if len(self._configs) >= 4096:  # shapes come and go with batch sizes: bounded
-                self._configs.clear()
-            config = self._configs[key] = self._launch_config(grid, block, shared_mem)
+            if len(configs) >= 4096:  # shapes come and go with batch sizes: bounded
+                configs.clear()
+            config = configs[key] = self._launch_config(grid, block, shared_mem)
         config.hStream = stream
         params, address = kernel_params(args)
         if self._ctx is not None and not getattr(self._tls, "bound", False):
