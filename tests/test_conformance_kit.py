@@ -105,9 +105,9 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
         tmp_path / "run", "--vt-backend", "cpu", "--vt-backend", "tt_stub", f"--vt-matrix={matrix}"
     )
     assert rc == 0, out
-    assert len(OPS) == 15 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
-    assert summary("cpu", 15, 2, 11, 27, 0) in out
-    assert summary("tt_stub", 14, 2, 4, 27, 0) in out
+    assert len(OPS) == 16 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
+    assert summary("cpu", 16, 2, 11, 27, 0) in out
+    assert summary("tt_stub", 15, 2, 4, 27, 0) in out
     # tt_stub declares nothing: those contracts are "not declared", never passes; it lacks
     # the optional op logprobs (the runner computes them on the host), also "not declared"
     undeclared = ["op logprobs", *(f"contract {c}" for c in TT_UNDECLARED)]
@@ -120,7 +120,7 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
     # decomposition, and say so; cpu runs them natively
     text = matrix.read_text()
     tt = text[text.index("\n## tt_stub") :]
-    for op in ("matmul_add", "swiglu", "rope_kv_store"):
+    for op in ("matmul_add", "swiglu", "rope_kv_store", "qkv_rope_kv_store"):
         assert f"| `{op}` | decomposed |" in tt and f"| `{op}` | native |" in text
     # docs/support-matrix.md holds exactly what the kit finds today
     assert sections(text) == sections(DOC.read_text())
@@ -390,7 +390,7 @@ def test_matrix_marks_failed_cells_and_lists_failures() -> None:
     matrix = matrix_from_results(["mine", "gone"], results, "test", {"mine": caps}, {"gone": "why"})
     assert not matrix.ok
     text = matrix.render(markdown=True)
-    assert summary("mine", 14, 2, 4, 27, 1) in text
+    assert summary("mine", 15, 2, 4, 27, 1) in text
     assert "| `rms_norm` | - | **FAIL** (1/4) |" in text  # how it runs: not recorded here
     assert "| `events` | no | `event-ordering` | not declared |" in text
     assert "| `device_memory_is_host_addressable` | no | `host-view` (must refuse) | pass |" in text

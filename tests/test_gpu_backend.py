@@ -285,10 +285,11 @@ def test_a_decode_step_is_one_graph_launch_after_warm_up_and_capture(tmp_path: P
 
         eager, captured, replayed = step(3), step(4), step(5)
         per_step = eager.count("launch")
-        # embedding; per layer rms_norm, qkv, rope_kv_store, attention (split over positions
-        # and combined: two launches), matmul_add, rms_norm, swiglu, matmul_add; then
-        # gather_rows, rms_norm, matmul, sample
-        assert per_step == 1 + 9 * model.config.n_layers + 4
+        # embedding; per layer rms_norm, qkv_rope_kv_store (one row: one launch), attention
+        # (split over positions, combined by its last blocks), matmul_add, rms_norm, swiglu,
+        # matmul_add; then gather_rows, rms_norm, matmul, sample
+        assert per_step == 1 + 7 * model.config.n_layers + 4
+        assert eager.count("launch_overlapped") == 0  # the fake runtime: plain launches
         assert "graph_begin_capture" not in eager and "graph_launch" not in eager
         begin, end = captured.index("graph_begin_capture"), captured.index("graph_end_capture")
         assert captured[begin:end].count("launch") == per_step
@@ -602,6 +603,19 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "max_len": 5, "layer": 2, "scale": 0.5, "gb": 6, "splits": 32,
              "min_per_split": 16, "tile": 0},
         ),
+        "qkv_rope_kv_store": lambda: (
+            {**kv(), "slots": c.t("slots", I32, 1), "positions": c.t("positions", I32, 1),
+             "q": c.t("q", F32, 1, 16), "k": c.t("k", F32, 1, 8), "v": c.t("v", F32, 1, 8),
+             "x": c.t("x", F32, 1, 256),
+             "wq": c.w("wq", rng.standard_normal((16, 256)).astype(np.float32), "Q8_0"),
+             "wk": c.w("wk", rng.standard_normal((8, 256)).astype(np.float32), "Q4_0"),
+             "wv": c.w("wv", rng.standard_normal((8, 256)).astype(np.float32), "Q6_K"),
+             "bk": c.w("bk", np.ones(8, np.float32)), "n_heads": 2,
+             "params": vt.RopeParams(8, style=vt.RopeStyle.neox)},
+            "qkv_rope_gemv_q",  # one row: the fused kernel
+            {"lgq": 5, "lgk": 5, "lgv": 4, "n_heads": 2, "n_kv": 1, "head_dim": 8, "K": 256,
+             "neox": 1, "n_slots": 7, "n_layers": 4, "max_len": 5, "layer": 2},
+        ),
         "silu_mul": lambda: (
             {"out": c.t("out", F32, *rows), "gate": c.t("gate", F32, *rows),
              "up": c.t("up", F32, *rows)},
@@ -685,12 +699,7 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     args, kernel, scalars = _case(case, op)
     stream = backend.create_stream()
     backend.launch(op, stream, **args)
-    if op == "attention":  # split over positions, then the partials combined
-        launch, combine = rt.launches
-        assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
-        assert combine.args[-1] == 0  # no tiled launch: every row is theirs
-    else:
-        (launch,) = rt.launches
+    (launch,) = rt.launches  # attention: split over positions, combined by its last blocks
     assert launch.kernel == kernel and launch.stream == stream.handle
     weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
     macro = kernel.startswith(MACRO_KERNELS)  # one kernel per weight format
@@ -704,7 +713,7 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
             assert (value or 0) == {"data": w.data, "sm": w.scales}[name], name
         elif "*" in ctype and name == "w":
             assert value == weights["weight"].data, name
-        elif "*" in ctype and name == "part":  # the backend's scratch for split partials
+        elif "*" in ctype and name in ("part", "counts"):  # scratch: partials, counters
             assert value, name
         elif "*" in ctype and name in WEIGHT_POINTERS:  # a weight's data, scales, a bias
             arg, attr = WEIGHT_POINTERS[name]
@@ -719,10 +728,14 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     assert scalars == {}  # every scalar the case expects was passed
 
 
-def test_attention_splits_positions_only_while_the_grid_is_small() -> None:
-    """Few rows: positions split over blocks, partials combined, in a scratch buffer kept
-    until close (a captured graph may hold it). Many rows: one launch, no partials."""
+@pytest.mark.parametrize("last_block", [True, False])
+def test_attention_splits_positions_only_while_the_grid_is_small(last_block: bool) -> None:
+    """Few rows: positions split over blocks, partials combined (by each group's last
+    block, from counters zeroed once on the stream; or by a second launch), in scratch
+    buffers kept until close (a captured graph may hold them). Many rows: one launch, no
+    partials."""
     backend, rt = make()
+    backend.attention_last_block_combine = last_block
     backend.attention_tiled_min_rows = 1 << 30  # the split kernel at every row count
     layout = vt.KVLayout(n_layers=1, n_slots=256, n_kv_heads=2, head_dim=64, max_len=8)
     cache = vt.Tensor.of(backend.alloc(layout.nbytes), F32, *layout.shape)
@@ -738,13 +751,19 @@ def test_attention_splits_positions_only_while_the_grid_is_small() -> None:
             positions=vt.Tensor.of(ints, I32, n), layout=layout, layer=0, n_heads=8, scale=0.1,
         )  # fmt: skip
         kernels = [launch.kernel for launch in rt.launches]
+        split = rt.launches[0]
         if n < 256:
-            assert kernels == ["attention_split", "attention_combine"]
-            assert rt.launches[0].grid == (n, 2, min(32, 128 // n))  # 4 heads per block
+            assert kernels == ["attention_split"] + ["attention_combine"] * (not last_block)
+            assert split.grid == (n, 2, min(32, 128 // n))  # 4 heads per block
+            assert bool(split.args[-1]) == last_block  # the counters
         else:
-            assert kernels == ["attention_split"] and not rt.launches[0].args[1]
+            assert kernels == ["attention_split"] and not split.args[1] and not split.args[-1]
         sizes.append(len(backend._scratch))
-    assert sizes == [1, 2, 2, 2]  # n=2 needs a larger one; n=1 again reuses the first
+    # n=2 needs larger ones; n=1 again reuses the first (partials, and counters)
+    assert sizes == ([2, 4, 4, 4] if last_block else [1, 2, 2, 2])
+    if last_block:  # each new counter buffer zeroed once, on the op's stream
+        zeroed = [c for c in rt.calls if c[0] == "memset"]
+        assert len(zeroed) == 2 and all(c[1][1] == 0 and c[1][3] is not None for c in zeroed)
     backend.close()
     assert backend._scratch == []
 
@@ -780,11 +799,11 @@ def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_orde
         rt.launches.clear()
         addresses, stream = _attention_launch(backend, n, 8, layout)
         assert rt.launches[0].kernel == kernel
-    launch, split, combine = rt.launches
+    launch, split = rt.launches  # the split kernel's last blocks combine
     assert launch.grid == (4, 8, 1) and launch.block == (128, 1, 1)
-    assert launch.stream == split.stream == combine.stream == stream.handle
+    assert launch.stream == split.stream == stream.handle
     assert split.kernel == "attention_split" and split.grid == (64, 2, 2)
-    assert split.args[0] == addresses["out"] and split.args[-1] == combine.args[-1] == 16
+    assert split.args[0] == addresses["out"] and split.args[-2] == 16 and split.args[-1]
     signature = kernel_signatures()["attention_tiled"]
     scalars = {"n": 64, "n_heads": 8, "n_kv": 2, "head_dim": 64, "n_slots": 5, "n_layers": 3,
                "max_len": 700, "layer": 1, "scale": 0.25}  # fmt: skip
@@ -824,10 +843,8 @@ def test_the_tiled_attention_kernel_by_head_dim_and_grid(
     launch, split, *combine = rt.launches
     assert launch.kernel == f"attention_tiled_{kernel}"
     assert launch.grid == (tiles, n_heads, 1)
-    assert split.kernel == "attention_split" and split.args[-1] == int(kernel[-2:])
-    assert [c.kernel for c in combine] in ([], ["attention_combine"])
-    if combine:
-        assert combine[0].args[-1] == split.args[-1]
+    assert split.kernel == "attention_split" and split.args[-2] == int(kernel[-2:])
+    assert combine == []  # the split kernel's last blocks combine where it splits
 
 
 def test_every_tiled_attention_kernel_is_instantiated_within_static_shared_memory() -> None:

@@ -91,6 +91,12 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     assert GpuBackend.int8_mma is False and GpuBackend.native_fused == frozenset()
     assert (GpuBackend.blas_inputs, GpuBackend.blas_min_rows) == ("f16", 99)
     assert backend_module.kernel_source() == "#define VT_X 2\nint x;"
+    monkeypatch.setattr(GpuBackend, "attention_last_block_combine", True)
+    GpuBackend.native_fused = frozenset({"qkv", "swiglu", "qkv_rope_kv_store"})
+    rest = bench_variant.apply(["--drop-fused", "qkv_rope_kv_store", "--drop-fused", "qkv",
+                                "--last-block-combine", "0", "bench"])  # fmt: skip
+    assert rest == ["bench"] and GpuBackend.attention_last_block_combine is False
+    assert GpuBackend.native_fused == frozenset({"swiglu"})
 
 
 def test_vt_prefill_keeps_the_best_repeat_and_each_one(monkeypatch: pytest.MonkeyPatch) -> None:

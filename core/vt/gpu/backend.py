@@ -50,7 +50,7 @@ from ..protocol.mixins import (
     PinnedHostMemory,
     VirtualMemory,
 )
-from ..protocol.ops import FUSED_OPS
+from ..protocol.ops import FUSED_OPS, get_op
 from . import weights as W
 from .runtime import GpuCallError, GpuRuntime, host_array
 
@@ -193,7 +193,7 @@ def _out_of_memory(error: GpuCallError) -> bool:
 #: rms_norm only for one row (the gemv kernels run only then). Measured (docs/gpu.md runs
 #: 39-41): adding rope_kv_store and attention's kernels (a wait at their start) gave the 1B
 #: shape +0.5-3% at batch 1 and cost the 135M shape 9%.
-_OVERLAP = ("matmul_gemv", "swiglu_gemv", "qkv_gemv", "rms_norm")
+_OVERLAP = ("matmul_gemv", "swiglu_gemv", "qkv_gemv", "qkv_rope_gemv", "rms_norm")
 
 
 def _blocks(n: int, per: int = _THREADS) -> int:
@@ -280,12 +280,18 @@ class GpuBackend(
     gemv_features: int = 2
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
     #: a tool clears it to measure what the fusion buys.
-    native_fused: frozenset[str] = frozenset({"matmul_add", "swiglu", "rope_kv_store", "qkv"})
+    native_fused: frozenset[str] = frozenset(
+        {"matmul_add", "swiglu", "rope_kv_store", "qkv", "qkv_rope_kv_store"}
+    )
     #: Attention splits a row's positions over at most this many blocks (flash-decoding)
     #: while the grid has fewer than ``target_blocks``, each split at least this long
     #: (at most FA_THREADS = 128 splits: attention_combine gives each a thread).
     attention_max_splits: int = 32
     attention_min_split: int = 16
+    #: Where attention splits a row, the last split block of each (row, KV group) to
+    #: finish combines the partials itself (``attention_split`` with its counters) instead
+    #: of a second launch (``attention_combine``; False: a tool's "before").
+    attention_last_block_combine: bool = True
     #: Attention of at least this many rows runs on the tiled prefill kernel
     #: (``attention_tiled_*``: a block per tile of consecutive rows and query head, K/V
     #: staged in shared memory) for tiles of rows of at most two sequences, and on
@@ -952,6 +958,42 @@ class GpuBackend(
             *(I32(w.rows) for w in ws), I32(dim), I32(rpb),
         )  # fmt: skip
 
+    def op_qkv_rope_kv_store(
+        self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, x: Tensor, wq: Weight,
+        wk: Weight, wv: Weight, positions: Tensor, slots: Tensor, cache: Tensor,
+        layout: KVLayout, layer: int, n_heads: int, params: RopeParams,
+        bq: Weight | None = None, bk: Weight | None = None, bv: Weight | None = None,
+    ) -> None:  # fmt: skip
+        """One row on the gemv kernels: projections, RoPE and the KV store in one launch
+        (``qkv_rope_gemv_q``, a block per rotated pair of features). Otherwise ``qkv``, then
+        ``rope_kv_store`` (each native or decomposed, as the backend runs them)."""
+        ws = [self._gpu_weight(w, "qkv_rope_kv_store") for w in (wq, wk, wv)]
+        gv = self._gemv(x, *ws)
+        if not gv[0] or len({w.kind for w in ws}) > 1 or params.head_dim % 2:
+            args = {"q": q, "k": k, "v": v, "x": x, "wq": wq, "wk": wk, "wv": wv, "bq": bq,
+                    "bk": bk, "bv": bv, "positions": positions, "slots": slots,
+                    "cache": cache, "layout": layout, "layer": layer, "n_heads": n_heads,
+                    "params": params}  # fmt: skip
+            decompose = get_op("qkv_rope_kv_store").decompose
+            assert decompose is not None  # a fused op
+            decompose(self._dispatch_part, stream, args)
+            return
+        table = rope_table(params)
+        self._head_dim(layout, "qkv_rope_kv_store")
+        bs = [0 if b is None else self._gpu_weight(b, "qkv_rope_kv_store").data
+              for b in (bq, bk, bv)]  # fmt: skip
+        per_weight: list[Any] = []
+        for w, b in zip(ws, bs, strict=True):
+            per_weight += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
+        neox = 1 if params.style == RopeStyle.neox else 0
+        self._kernel(
+            "qkv_rope_gemv_q", (sum(w.rows for w in ws) // 2, 1, 1), gv[1], stream,
+            self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(x), *per_weight,
+            I32(n_heads), I32(layout.n_kv_heads), I32(params.head_dim), I32(x.shape[1]),
+            I32(neox), self._ptr(positions), self._ptr(slots), self._ptr(cache),
+            I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer), table,
+        )  # fmt: skip
+
     def op_rope_kv_store(
         self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
         slots: Tensor, cache: Tensor, layout: KVLayout, layer: int, n_heads: int,
@@ -1046,16 +1088,20 @@ class GpuBackend(
         gb = max(g for g in range(1, min(group, _FA_MAXG) + 1) if group % g == 0)
         blocks = n * n_kv * (group // gb)
         splits = max(1, min(self.attention_max_splits, -(-self.target_blocks // blocks)))
-        part = 0
+        part = counts = 0
         if splits > 1:
             part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot="attention")
+            if self.attention_last_block_combine:
+                counts = self._scratch_at_least(
+                    n * n_kv * (group // gb) * 4, slot="attention counts", zero_on=stream
+                )
         self._kernel(
             "attention_split", (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
-            F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile),
+            F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile), P(counts),
         )  # fmt: skip
-        if splits > 1:
+        if splits > 1 and not counts:
             self._kernel(
                 "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
@@ -1074,17 +1120,20 @@ class GpuBackend(
                     options[-1])  # fmt: skip
         return f"attention_tiled_h{dmax}r{rows}", rows
 
-    def _scratch_at_least(self, nbytes: int, slot: str) -> int:
+    def _scratch_at_least(self, nbytes: int, slot: str, zero_on: Stream | None = None) -> int:
         """The address of a scratch buffer of at least ``nbytes`` for ``slot`` (what it
         holds: the BLAS path's float32 or half weight and half x, int8 rows of x,
-        attention's split partials). Outgrown buffers are kept until close (a captured
-        graph may hold any of them); the first step of every shape runs eagerly, so none is
-        allocated during a capture."""
+        attention's split partials and counters). Outgrown buffers are kept until close (a
+        captured graph may hold any of them); the first step of every shape runs eagerly, so
+        none is allocated during a capture. ``zero_on``: a new buffer is zeroed on that
+        stream (the kernels using it leave it zero)."""
         for s, buf in self._scratch:
             if s == slot and buf.nbytes >= nbytes:
                 return self._addr(buf)
         buf = self._alloc(nbytes)
         self._scratch.append((slot, buf))
+        if zero_on is not None:
+            self._memset(buf, 0, zero_on)
         return self._addr(buf)
 
     def op_silu_mul(self, stream: Stream, out: Tensor, gate: Tensor, up: Tensor) -> None:

@@ -9,9 +9,11 @@ matmul per projection. Only the rows that are sampled reach the output projectio
 Per layer, as ops of :data:`vt.protocol.ops.OPS`::
 
     h = rms_norm(x)                               attn_norm
-    q, k, v = qkv(h, Wq, Wk, Wv)                  (+ bias: qwen2)
-    q, k = rms_norm per head                      (qwen3: attn_q_norm, attn_k_norm)
-    rope_kv_store(q, k, v)                        RoPE style from the model config
+    q, k, v = qkv_rope_kv_store(h, Wq, Wk, Wv)    (+ bias: qwen2) RoPE style from the config
+                                                  qwen3, with a norm between the two:
+    q, k, v = qkv(h, Wq, Wk, Wv)
+    q, k = rms_norm per head                      attn_q_norm, attn_k_norm
+    rope_kv_store(q, k, v)
     a = attention(q)                              scale 1/sqrt(head_dim)
     x = matmul_add(a, Wo, residual=x)
     h = rms_norm(x)                               ffn_norm
@@ -19,8 +21,8 @@ Per layer, as ops of :data:`vt.protocol.ops.OPS`::
     x = matmul_add(g, Wd, residual=x)
 
 then ``logits = matmul(rms_norm(gather_rows(x)), Wout)`` and ``sample``. The fused ops
-(``qkv``, ``rope_kv_store``, ``matmul_add``, ``swiglu``) run as their decompositions on a
-backend that lacks them.
+(``qkv_rope_kv_store``, ``qkv``, ``rope_kv_store``, ``matmul_add``, ``swiglu``) run as their
+decompositions on a backend that lacks them.
 """
 
 from __future__ import annotations
@@ -44,9 +46,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 _LLAMA_OPS: tuple[str, ...] = (
     "embedding",
     "rms_norm",
-    "qkv",
+    "qkv_rope_kv_store",
     "matmul",
-    "rope_kv_store",
     "attention",
     "matmul_add",
     "swiglu",
@@ -58,7 +59,8 @@ _LLAMA_OPS: tuple[str, ...] = (
 ARCHITECTURE_OPS: dict[str, tuple[str, ...]] = {
     "llama": _LLAMA_OPS,
     "qwen2": _LLAMA_OPS,  # matmul with a bias for Q, K and V
-    "qwen3": _LLAMA_OPS,  # rms_norm per head of Q and K
+    # rms_norm per head of Q and K, between the projections and RoPE
+    "qwen3": tuple(o for o in _LLAMA_OPS if o != "qkv_rope_kv_store") + ("qkv", "rope_kv_store"),
 }
 
 
@@ -334,11 +336,12 @@ class LlamaGraph:
                    weight=w.q_norm, eps=eps)  # fmt: skip
                 op("rms_norm", out=k.reshape(hk, c.head_dim), x=k_raw.reshape(hk, c.head_dim),
                    weight=w.k_norm, eps=eps)  # fmt: skip
+                op("rope_kv_store", q=q, k=k, v=v, positions=pos, slots=slots, cache=kv,
+                   layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
             else:
-                op("qkv", q=q, k=k, v=v, x=h, wq=w.wq, wk=w.wk, wv=w.wv, bq=w.bq, bk=w.bk,
-                   bv=w.bv)  # fmt: skip
-            op("rope_kv_store", q=q, k=k, v=v, positions=pos, slots=slots, cache=kv,
-               layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
+                op("qkv_rope_kv_store", q=q, k=k, v=v, x=h, wq=w.wq, wk=w.wk, wv=w.wv,
+                   bq=w.bq, bk=w.bk, bv=w.bv, positions=pos, slots=slots, cache=kv,
+                   layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
             op("attention", out=attn, q=q, cache=kv, slots=slots, positions=pos,
                layout=layout, layer=i, n_heads=c.n_heads, scale=scale)  # fmt: skip
             # h is free again: the projections above consumed it.

@@ -229,6 +229,11 @@ def _ref_rope_kv_store(a: dict[str, Any]) -> None:
     K.kv_store(a["cache"], a["layer"], a["k"], a["v"], a["slots"], a["positions"])
 
 
+def _ref_qkv_rope_kv_store(a: dict[str, Any]) -> None:
+    _ref_qkv(a)
+    _ref_rope_kv_store(a)
+
+
 # --------------------------------------------------------------------------- decompositions
 
 
@@ -257,6 +262,16 @@ def _dec_rope_kv_store(launch: Launch, stream: Stream, a: dict[str, Any]) -> Non
         "kv_store", stream, cache=a["cache"], k=a["k"], v=a["v"], slots=a["slots"],
         positions=pos, layout=layout, layer=a["layer"],
     )  # fmt: skip
+
+
+_QKV_ARGS = ("q", "k", "v", "x", "wq", "wk", "wv", "bq", "bk", "bv")
+_ROPE_KV_ARGS = ("q", "k", "v", "positions", "slots", "cache", "layout", "layer", "n_heads",
+                 "params")  # fmt: skip
+
+
+def _dec_qkv_rope_kv_store(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
+    launch("qkv", stream, **{n: a.get(n) for n in _QKV_ARGS})
+    launch("rope_kv_store", stream, **{n: a[n] for n in _ROPE_KV_ARGS})
 
 
 # --------------------------------------------------------------------------- the table
@@ -425,6 +440,25 @@ OPS: dict[str, OpDef] = {
             _ref_qkv,
             _dec_qkv,
             ("matmul",),
+        ),
+        OpDef(
+            "qkv_rope_kv_store",
+            "qkv, then rope_kv_store of its q, k and v (the attention's input projections, "
+            "RoPE and the KV store as one op: at one row a backend can rotate each pair of "
+            "features as it computes them and store k and v straight into the cache)",
+            (_t("q", "out", ("n", "q_dim")), _t("k", "out", ("n", "kv_dim")),
+             _t("v", "out", ("n", "kv_dim")), _t("x", "in", ("n", "dim")),
+             _w("wq", ("q_dim", "dim")), _w("wk", ("kv_dim", "dim")),
+             _w("wv", ("kv_dim", "dim")), _w("bq", ("q_dim",), optional=True),
+             _w("bk", ("kv_dim",), optional=True), _w("bv", ("kv_dim",), optional=True),
+             _t("positions", "in", ("n",), "i32"), _t("slots", "in", ("n",), "i32"),
+             _t("cache", "inout", _CACHE), _attr("layout", "vt.KVLayout"),
+             _attr("layer", "int"), _attr("n_heads", "int: query heads"),
+             _attr("params", "vt.RopeParams")),
+            _ref_qkv_rope_kv_store,
+            _dec_qkv_rope_kv_store,
+            ("qkv", "rope_kv_store"),
+            check=_rope_kv_check,
         ),
     )
 }  # fmt: skip

@@ -417,6 +417,46 @@ def _attention(
         return compare(ctx, title, "attention", "F32", got, want["out"])
 
 
+def _qkv_rope_kv_store(
+    ctx: KitContext, title: str, wtype: str, layout: KVLayout, n_heads: int,
+    params: RopeParams, slots: list[int], pos: list[int], bias: bool,
+) -> str:  # fmt: skip
+    n, hd, dim = len(pos), layout.head_dim, in_features(wtype)
+    rows = {"q": n_heads * hd, "k": layout.n_kv_heads * hd, "v": layout.n_kv_heads * hd}
+    tensors, ref_args, b_tensors = {}, {}, {}
+    for name, r in rows.items():
+        tensors[name], ref_args[f"w{name}"] = weight_tensor(
+            f"kit.w{name}", _normal((r, dim), "qrkv", name, wtype, r), wtype
+        )
+        if bias:
+            b_tensors[name], ref_args[f"b{name}"] = weight_tensor(
+                f"kit.b{name}", _normal((r,), "qrkv-b", name, r), "F32"
+            )
+    x = _normal((n, dim), "qrkv-x", wtype, n)
+    s, p = np.asarray(slots, dtype=I32), np.asarray(pos, dtype=I32)
+    cache = _normal(layout.shape, "qrkv-cache", layout)
+    attrs = {"layout": layout, "layer": 1, "n_heads": n_heads, "params": params}
+    outs = {name: np.zeros((n, r), F32) for name, r in rows.items()}
+    want = reference("qkv_rope_kv_store", x=x, **outs, **ref_args, positions=p, slots=s,
+                     cache=cache, **attrs)  # fmt: skip
+    with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
+        args: dict[str, Any] = {f"w{k}": up(tensors[k]) for k in rows}
+        args |= {f"b{k}": up(b_tensors[k]) for k in b_tensors}
+        args |= {name: io.output(name, F32, (n, r)) for name, r in rows.items()}
+        _launch(
+            ctx, "qkv_rope_kv_store", x=io.input("x", x), positions=io.input("positions", p),
+            slots=io.input("slots", s), cache=io.inout("cache", cache), **args, **attrs,
+        )  # fmt: skip
+        got_cache = io.result("cache", F32, layout.shape)
+        got = {name: io.result(name, F32, (n, r)) for name, r in rows.items()}
+        got |= {"cache K": got_cache[:, :, :, 0], "cache V": got_cache[:, :, :, 1]}
+        want |= {"cache K": want["cache"][:, :, :, 0], "cache V": want["cache"][:, :, :, 1]}
+        return "; ".join(
+            f"{k} " + compare(ctx, title, "qkv_rope_kv_store", wtype, got[k], want[k], k)
+            for k in ("q", "k", "v", "cache K", "cache V")
+        )
+
+
 def _rope_kv_store(
     ctx: KitContext,
     title: str,
@@ -756,6 +796,25 @@ def op_cases() -> list[KitCase]:
     cases.append(
         _case("qkv", "Q8_0,n=3,(64,16,24)x96,bias", "Q8_0", _qkv, wtype="Q8_0", n=3,
               dims=(64, 16, 24), bias=True)
+    )  # fmt: skip
+    # one row (a GPU's fused kernel) for every weight type; several rows, neox, biases
+    qkv_kv = KVLayout(n_layers=2, n_slots=3, max_len=16, n_kv_heads=2, head_dim=16)
+    neox = RopeParams(16, 1e6, RopeStyle.neox)
+    cases += [
+        _case("qkv_rope_kv_store", f"{wt},n=1,normal", wt, _qkv_rope_kv_store, wtype=wt,
+              layout=qkv_kv, n_heads=4, params=RopeParams(16), slots=[2], pos=[9],
+              bias=False)
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(
+        _case("qkv_rope_kv_store", "Q8_0,n=1,neox,bias", "Q8_0", _qkv_rope_kv_store,
+              wtype="Q8_0", layout=qkv_kv, n_heads=4, params=neox, slots=[0], pos=[15],
+              bias=True)
+    )  # fmt: skip
+    cases.append(
+        _case("qkv_rope_kv_store", "F32,n=4,3-slots,neox,bias", "F32", _qkv_rope_kv_store,
+              wtype="F32", layout=qkv_kv, n_heads=8, params=neox, slots=[0, 0, 1, 2],
+              pos=[3, 4, 0, 11], bias=True)
     )  # fmt: skip
     cases.sort(key=lambda c: list(OPS).index(c.unit))  # table order (stable)
     # core methods

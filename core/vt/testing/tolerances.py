@@ -53,6 +53,8 @@ KERNEL_NMSE: dict[str, dict[str, float]] = {
     "kv_store": {"*": 0.0},
     # rope's bound for q, k and the K plane of the cache (the V plane is checked as kv_store)
     "rope_kv_store": {"*": 1e-6},
+    # qkv's projections, then a rotation (rope's 1e-6 adds to them): q, k, v and the cache
+    "qkv_rope_kv_store": {"F32": 2e-6, "F16": 1.1e-5, "BF16": 1.1e-5, "*": 1.001e-3},
     "copy_d2d": {"*": 0.0},
     "sample": {"*": 0.0},  # ids: greedy exact, seeded draws equal to vt.reference.sample
     # ids exact (the order is by the float32 logit, then the id). Values: float64

@@ -112,7 +112,7 @@ class CpuOps(ReferenceOps):
     threads: ThreadOwner
     native_ops: ClassVar[tuple[str, ...]] = (
         "embedding", "rms_norm", "matmul", "matmul_add", "swiglu", "rope_kv_store", "attention",
-        "qkv", "silu_mul", "gather_rows",
+        "qkv", "qkv_rope_kv_store", "silu_mul", "gather_rows",
     )  # fmt: skip
     #: From the reference: the ops without weights that have no kernel here. An op that
     #: takes weights is native or runs as its decomposition, never dequantized as a whole.
@@ -282,6 +282,19 @@ class CpuOps(ReferenceOps):
                 o += b
 
         self.enqueue_host(stream, "qkv", run)
+
+    def op_qkv_rope_kv_store(
+        self, stream: vt.Stream, q: vt.Tensor, k: vt.Tensor, v: vt.Tensor, x: vt.Tensor,
+        wq: vt.Weight, wk: vt.Weight, wv: vt.Weight, positions: vt.Tensor, slots: vt.Tensor,
+        cache: vt.Tensor, layout: vt.KVLayout, layer: int, n_heads: int,
+        params: vt.RopeParams, bq: vt.Weight | None = None, bk: vt.Weight | None = None,
+        bv: vt.Weight | None = None,
+    ) -> None:  # fmt: skip
+        """The qkv and rope_kv_store kernels back to back (on the host there is no launch
+        to save; the projections' threads and the rotation's are different jobs)."""
+        self.op_qkv(stream, q, k, v, x, wq, wk, wv, bq, bk, bv)
+        self.op_rope_kv_store(stream, q, k, v, positions, slots, cache, layout, layer, n_heads,
+                              params)  # fmt: skip
 
     def op_swiglu(self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor, gate: vt.Weight,
                   up: vt.Weight, scratch_gate: vt.Tensor,

@@ -373,6 +373,82 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
         io.close()
 
 
+QKV_ROPE_CASES = [
+    # (label, weight types of wq, wk, wv, K, n_heads, n_kv, head_dim, style, bias, slot)
+    ("Q8_0,normal", ("Q8_0",) * 3, 2048, 8, 2, 64, "normal", False, 1),
+    ("Q4_K+Q6_K,neox,bias", ("Q4_K", "Q4_K", "Q6_K"), 512, 4, 2, 32, "neox", True, 0),
+    ("Q4_1,normal,hd128,bad slot", ("Q4_1",) * 3, 96, 2, 1, 128, "normal", False, 7),
+]
+
+
+@pytest.mark.parametrize("case", QKV_ROPE_CASES, ids=[c[0] for c in QKV_ROPE_CASES])
+def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple) -> None:
+    """qkv_rope_kv_store of one row in one launch (qkv_rope_gemv_q) leaves q, k, v and the
+    cache bit for bit as its decomposition (qkv on the gemv kernels, then rope_kv_store)
+    does, within the kit's bounds of the reference; both RoPE styles, biases, a K-quant v
+    of another block size; an out-of-range slot stores nothing."""
+    _, wtypes, k_in, n_heads, n_kv, hd, style, with_bias, slot = case
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=64, n_kv_heads=n_kv, head_dim=hd)
+    params = vt.RopeParams(head_dim=hd, style=vt.RopeStyle(style), base=10000.0)
+    rows = (n_heads * hd, n_kv * hd, n_kv * hd)
+    rng = np.random.default_rng(k_in)
+    mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wt)
+            for i, (r, wt) in enumerate(zip(rows, wtypes, strict=True))]  # fmt: skip
+    biases = [weight_tensor(f"b{i}", rng.standard_normal(r).astype(np.float32), "F32")
+              for i, r in enumerate(rows)] if with_bias else []  # fmt: skip
+    x = rng.standard_normal((1, k_in)).astype(np.float32)
+    cache0 = rng.standard_normal(layout.shape).astype(np.float32)
+    pos, slots = np.array([37], np.int32), np.array([slot], np.int32)
+    io = IO(cuda)
+    ws = [cuda.upload_weight(t) for t, _ in mats]
+    bs = [cuda.upload_weight(t) for t, _ in biases]
+    saved, kernel = cuda.native_fused, cuda._kernel
+    launched: dict[bool, list[str]] = {True: [], False: []}
+    try:
+        stream = cuda.create_stream()
+        got = {}
+        for fused in (True, False):
+            cuda.native_fused = saved if fused else saved - {"qkv_rope_kv_store"}
+            outs = [f32(io.empty(4 * r), 1, r) for r in rows]
+            cache = f32(io.put(cache0), *layout.shape)
+            names = dict(zip(("bq", "bk", "bv"), bs, strict=False))
+            cuda._kernel = lambda name, *a, f=fused: (launched[f].append(name), kernel(name, *a))
+            cuda.launch(
+                "qkv_rope_kv_store", stream, q=outs[0], k=outs[1], v=outs[2],
+                x=f32(io.put(x), 1, k_in), wq=ws[0], wk=ws[1], wv=ws[2], **names,
+                positions=i32(io.put(pos), 1), slots=i32(io.put(slots), 1), cache=cache,
+                layout=layout, layer=1, n_heads=n_heads, params=params,
+            )  # fmt: skip
+            del cuda._kernel
+            cuda.synchronize(stream)
+            got[fused] = [io.get(o.buffer, np.float32, (1, o.shape[1])) for o in outs]
+            got[fused].append(io.get(cache.buffer, np.float32, layout.shape))
+        assert launched == {True: ["qkv_rope_gemv_q"], False: ["qkv_gemv2_q", "rope_kv_store"]}
+        for a, b in zip(got[True], got[False], strict=True):
+            np.testing.assert_array_equal(a, b)
+        want = {n: np.zeros((1, r), np.float32) for n, r in zip("qkv", rows, strict=True)}
+        want_cache = cache0.copy()
+        ref_args = {f"w{n}": ref for n, (_, ref) in zip("qkv", mats, strict=True)}
+        ref_args.update({f"b{n}": ref for n, (_, ref) in zip("qkv", biases, strict=False)})
+        if slot < layout.n_slots:
+            vt.OPS["qkv_rope_kv_store"].reference(
+                {**want, "x": x, **ref_args, "positions": pos, "slots": slots,
+                 "cache": want_cache, "layout": layout, "layer": 1, "n_heads": n_heads,
+                 "params": params}
+            )  # fmt: skip
+            for i, n in enumerate("qkv"):
+                assert nmse(got[True][i], want[n]) <= kernel_tolerance("qkv", wtypes[i]), n
+            assert nmse(got[True][3], want_cache) <= kernel_tolerance("qkv", wtypes[0])
+        else:  # the cache is untouched
+            np.testing.assert_array_equal(got[True][3], cache0)
+    finally:
+        cuda.__dict__.pop("_kernel", None)
+        cuda.native_fused = saved
+        for w in ws + bs:
+            cuda.free_weight(w)
+        io.close()
+
+
 @pytest.mark.parametrize("length", [1, 17, 127, 129, 1024, 1025, 3000])
 @pytest.mark.parametrize(
     ("n_kv", "hd", "rows"), [(3, 64, 2), (1, 128, 1), (2, 256, 3), (8, 64, 70)]
@@ -402,6 +478,50 @@ def test_attention_past_one_chunk(cuda: Any, length: int, n_kv: int, hd: int, ro
         got = io.get(out, np.float32, q.shape)
         assert nmse(got, want) <= kernel_tolerance("attention", "F32")
     finally:
+        io.close()
+
+
+@pytest.mark.parametrize(("n_kv", "n_heads", "rows"), [(8, 32, 1), (3, 9, 2), (2, 8, 3)])
+def test_last_block_combine_equals_the_combine_launch(
+    cuda: Any, n_kv: int, n_heads: int, rows: int
+) -> None:
+    """attention_split's last block of each (row, group) combining the partials gives the
+    output of the separate attention_combine launch bit for bit, launch after launch (its
+    counters left zero: three launches, a shorter context between), a row with an invalid
+    slot NaN in both."""
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=600, n_kv_heads=n_kv, head_dim=64)
+    rng = np.random.default_rng(rows)
+    cache = rng.standard_normal(layout.shape).astype(np.float32)
+    slots = np.array([1, 9, 2][:rows], np.int32)  # row 1: an invalid slot
+    q = rng.standard_normal((rows, n_heads * 64)).astype(np.float32)
+    io = IO(cuda)
+    saved = cuda.attention_last_block_combine
+    try:
+        outs: dict[bool, list[np.ndarray]] = {}
+        stream = cuda.create_stream()
+        for fused in (True, False):
+            cuda.attention_last_block_combine = fused
+            outs[fused] = []
+            for length in (517, 40, 517):
+                pos = np.array([length - 1, length // 2, 7][:rows], np.int32)
+                out = io.empty(q.nbytes)
+                cuda.launch(
+                    "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
+                    cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), rows),
+                    positions=i32(io.put(pos), rows), layout=layout, layer=1,
+                    n_heads=n_heads, scale=0.125,
+                )  # fmt: skip
+                cuda.synchronize(stream)
+                got = io.get(out, np.float32, q.shape)
+                outs[fused].append(got)
+                ok = slots < layout.n_slots
+                want = R.attention(q[ok], cache, layout, 1, slots[ok], pos[ok], n_heads, 0.125)
+                assert nmse(got[ok], want) <= kernel_tolerance("attention", "F32")
+                assert np.isnan(got[~ok]).all()
+        for a, b in zip(outs[True], outs[False], strict=True):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        cuda.attention_last_block_combine = saved
         io.close()
 
 

@@ -24,6 +24,11 @@ cuBLASLt plans cached per shape (1, the default; ``vt_cuda.blas.Cublas.use_lt``)
 (``GpuBackend.gemv_features``; 0: a warp per feature, the kernels before them);
 ``--overlap 0|1``: every launch plain (0) or the gemv kernels and rms_norm launched
 overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches``);
+``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
+``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
+``--last-block-combine 0|1``: attention's split partials combined by a second launch (0)
+or by each group's last split block (1, the default;
+``GpuBackend.attention_last_block_combine``);
 ``--tiled-rows N``: attention
 of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
 huge N: every step on ``attention_split``, as before it). ``--no-fused``:
@@ -92,6 +97,10 @@ def apply(args: list[str]) -> list[str]:
             _define(name, value)
         elif flag == "--no-fused":
             GpuBackend.native_fused = frozenset()
+        elif flag == "--drop-fused":
+            GpuBackend.native_fused = GpuBackend.native_fused - {args[1]}
+        elif flag == "--last-block-combine":
+            GpuBackend.attention_last_block_combine = bool(int(args[1]))
         elif flag in ("--blas-f16", "--blas-tf32"):
             GpuBackend.blas_inputs = flag.removeprefix("--blas-")
         else:

@@ -35,6 +35,7 @@ KERNELS = ROOT / "core" / "vt" / "gpu" / "kernels"
 
 PRELUDE = r"""
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstring>
@@ -81,16 +82,13 @@ inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); retu
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+// blocks run one after another: a fence has nothing to order, an atomic only this block's threads
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 using std::max;
 using std::min;
-"""
-
-GLUE = r"""
-__device__ __forceinline__ long long vt_kv_index(int pos, int slot, int layer, int kv,
-                                                 int n_slots, int n_layers, int row) {
-    return ((((long long)pos * n_slots + slot) * n_layers + layer) * 2 + kv) * row;
-}  // rope_kv.cu's
 """
 
 LAUNCH = r"""
@@ -165,13 +163,26 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
             P(const void*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),         \
             P(int, 16), P(int, 17), P(int, 18), P(int, 19)); }); return 1; }
 extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
+    if (!std::strcmp(name, "qkv_rope_gemv_q")) { vt_grid(g, block, [=] {
+        qkv_rope_gemv_q(P(float*, 0), P(float*, 1), P(float*, 2), P(const float*, 3),
+            P(const void*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),
+            P(const void*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),
+            P(const void*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),
+            P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(const int*, 21),
+            P(const int*, 22), P(float*, 23), P(int, 24), P(int, 25), P(int, 26), P(int, 27),
+            P(RopeTable, 28)); }); return 1; }
+    if (!std::strcmp(name, "rope_kv_store")) { vt_grid(g, block, [=] {
+        rope_kv_store(P(float*, 0), P(float*, 1), P(const float*, 2), P(const int*, 3),
+            P(const int*, 4), P(float*, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9),
+            P(int, 10), P(int, 11), P(int, 12), P(int, 13), P(int, 14), P(RopeTable, 15)); });
+        return 1; }
     GEMV(1) GEMV(2) GEMV(4)
     TILED(h64r64) TILED(h64r32) TILED(h64r16) TILED(h128r32) TILED(h128r16) TILED(h256r16)
     if (!std::strcmp(name, "attention_split")) { vt_grid(g, block, [=] {
         attention_split(P(float*, 0), P(float*, 1), P(const float*, 2), P(const float*, 3),
             P(const int*, 4), P(const int*, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9),
             P(int, 10), P(int, 11), P(int, 12), P(int, 13), P(float, 14), P(int, 15),
-            P(int, 16), P(int, 17), P(int, 18)); }); return 1; }
+            P(int, 16), P(int, 17), P(int, 18), P(int*, 19)); }); return 1; }
     if (!std::strcmp(name, "attention_combine")) { vt_grid(g, block, [=] {
         attention_combine(P(float*, 0), P(const float*, 1), P(const int*, 2), P(const int*, 3),
             P(int, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10)); });
@@ -197,15 +208,14 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
 """
 
 PARTS = (
-    "common.cu", "embedding_norm.cu", "matmul.cu", "attention.cu", "attention_tiled.cu",
-    "blas_copies.cu",
+    "common.cu", "embedding_norm.cu", "matmul.cu", "rope_kv.cu", "attention.cu",
+    "attention_tiled.cu", "blas_copies.cu",
 )  # fmt: skip
 
 
 def build(folder: Path) -> ctypes.CDLL:
     """The emulation as a shared library in ``folder``."""
-    source = PRELUDE + (KERNELS / PARTS[0]).read_text() + GLUE
-    source += "".join((KERNELS / part).read_text() for part in PARTS[1:]) + LAUNCH
+    source = PRELUDE + "".join((KERNELS / part).read_text() for part in PARTS) + LAUNCH
     cpp, lib = folder / "vt_emulated.cpp", folder / "vt_emulated.so"
     cpp.write_text(source)
     subprocess.run(
@@ -226,7 +236,8 @@ def emulated_backend(lib: ctypes.CDLL) -> tuple[Any, Any]:
 
     def run(fn: Any, grid: Any, block: Any, shared: int, stream: Any, args: Any) -> None:
         name = str(fn).split(":", 1)[-1]
-        values = [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_void_p(a) for a in args]
+        scalar = (ctypes._SimpleCData, ctypes.Structure)  # a RopeTable travels by value
+        values = [a if isinstance(a, scalar) else ctypes.c_void_p(a) for a in args]
         ptrs = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         g = (ctypes.c_int * 3)(*grid)
         if not lib.vt_emulate(name.encode(), g, block[0], ptrs):
@@ -252,6 +263,18 @@ def main() -> None:
                     checks.test_tiled_prefill_attention(backend, case, invalid)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for case in checks.QKV_ROPE_CASES:
+            label = f"qkv_rope_kv_store {case[0]}"
+            if a.k in label:
+                checks.test_qkv_rope_kv_store_at_one_row(backend, case)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for case in ((8, 32, 1), (3, 9, 2), (2, 8, 3)):
+            label = f"last-block combine {case}"
+            if a.k in label:
+                checks.test_last_block_combine_equals_the_combine_launch(backend, *case)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"):
             label = f"blas copies {wtype}"
             if a.k in label:

@@ -8,6 +8,10 @@
 // the KV rows of a group are read once for its GB heads. The split ranges come from the
 // device-side positions, so a captured graph stays valid as the context grows. With
 // tile > 0 (a step of many rows) only the rows of tiles attention_tiled leaves are done.
+// With counts (splits > 1), the last block of a (row, group) to finish combines the
+// group's partials itself (vt_attention_combine_head, attention_combine's arithmetic), so
+// no second launch waits behind this one; counts[] (one int per (row, group), zero before
+// the launch) is left zero again for the next.
 #define FA_THREADS 128
 #define FA_CHUNK 128  // == FA_THREADS: one position per thread per pass
 #define FA_MAXG 8     // query heads per block (the host picks a divisor of the group size)
@@ -47,12 +51,42 @@ __device__ bool vt_tile_is_tiled(const int* slots, const int* positions, int n, 
     }
     return vt_block_min_int(third, red) == 1;
 }
+// out[oh] (oh = row * n_heads + head) from attention_split's `splits` partials, by the
+// whole block (FA_THREADS threads; wt and red: FA_THREADS floats of shared memory each).
+// Thread s reads split s's max and sum, so the weights exp(m_s - max) come from one block
+// reduction each, not a chain of loads per thread; then a thread per element sums the
+// weighted partials. A split that saw no position (sum 0) weighs 0. splits <= FA_THREADS.
+__device__ void vt_attention_combine_head(float* out, const float* part, long long oh,
+                                          int head_dim, int splits, bool ok, float* wt,
+                                          float* red) {
+    int t = threadIdx.x;
+    const volatile float* pp = part + oh * splits * (head_dim + 2);
+    float m = -__uint_as_float(0x7f800000u), l = 0.0f;
+    if (t < splits) {
+        l = pp[(long long)t * (head_dim + 2) + head_dim + 1];
+        if (l > 0.0f) m = pp[(long long)t * (head_dim + 2) + head_dim];
+    }
+    // Two barriers a reduction (warps, then their results), not log2(FA_THREADS).
+    float mx = vt_block_max_warps(m, red);
+    float w = l > 0.0f ? expf(m - mx) : 0.0f;
+    wt[t] = w;
+    float den = vt_block_sum_warps(w * l, red);  // its barriers also publish wt[]
+    for (int d = t; d < head_dim; d += FA_THREADS) {
+        float num = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < splits; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
+        out[oh * head_dim + d] = ok ? num / den : vt_nan();
+    }
+    __syncthreads();  // wt[] may be rewritten by the caller's next head
+}
+
 extern "C" __global__ void attention_split(float* out, float* part, const float* q,
                                            const float* cache, const int* slots,
                                            const int* positions, int n, int n_heads, int n_kv,
                                            int head_dim, int n_slots, int n_layers,
                                            int max_len, int layer, float scale, int gb,
-                                           int splits, int min_per_split, int tile) {
+                                           int splits, int min_per_split, int tile,
+                                           int* counts) {
     __shared__ float qs[FA_MAXG * 256];
     __shared__ float sc[FA_MAXG * FA_CHUNK];
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
@@ -267,12 +301,23 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
         }
         __syncthreads();
     }
+    if (splits == 1 || !counts) return;  // the whole block: attention_combine follows
+    // Every thread's partials visible device-wide before the count says so; the block that
+    // brings the count to `splits` reads them all (volatile: never a stale L1 line).
+    __threadfence();
+    __syncthreads();
+    int* count = counts + (long long)i * gridDim.y + blockIdx.y;
+    if (t == 0) red[0] = atomicAdd(count, 1) == splits - 1;
+    __syncthreads();
+    if (!red[0]) return;  // the whole block
+    __threadfence();
+    for (int g = 0; g < gb; ++g)
+        vt_attention_combine_head(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
+                                  ok, sc, sc + FA_THREADS);
+    if (t == 0) *count = 0;
 }
 
-// out[i, h] from attention_split's partials: one block per (row, query head). Thread s
-// reads split s's max and sum, so the weights exp(m_s - max) come from one block reduction
-// each, not a chain of loads per thread; then a thread per element sums the weighted
-// partials. A split that saw no position (sum 0) weighs 0. splits <= FA_THREADS.
+// attention_split's partials combined by a second launch: one block per (row, query head).
 extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
                                              const int* positions, int n, int n_heads,
                                              int head_dim, int n_slots, int max_len,
@@ -281,26 +326,10 @@ extern "C" __global__ void attention_combine(float* out, const float* part, cons
     __shared__ float red[FA_THREADS];
     __shared__ int ired[FA_THREADS / VT_WARP];
     vt_launch_dependents();
-    int oh = blockIdx.x, i = oh / n_heads, t = threadIdx.x;
+    int oh = blockIdx.x, i = oh / n_heads;
     if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, ired))
         return;  // attention_tiled wrote this row
     int slot = slots[i], pos = positions[i];
     bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
-    const float* pp = part + (long long)oh * splits * (head_dim + 2);
-    float m = -__uint_as_float(0x7f800000u), l = 0.0f;
-    if (t < splits) {
-        l = pp[(long long)t * (head_dim + 2) + head_dim + 1];
-        if (l > 0.0f) m = pp[(long long)t * (head_dim + 2) + head_dim];
-    }
-    // Two barriers a reduction (warps, then their results), not log2(FA_THREADS).
-    float mx = vt_block_max_warps(m, red);
-    float w = l > 0.0f ? expf(m - mx) : 0.0f;
-    wt[t] = w;
-    float den = vt_block_sum_warps(w * l, red);  // its barriers also publish wt[]
-    for (int d = t; d < head_dim; d += FA_THREADS) {
-        float num = 0.0f;
-#pragma unroll 8
-        for (int k = 0; k < splits; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
-        out[(long long)oh * head_dim + d] = ok ? num / den : vt_nan();
-    }
+    vt_attention_combine_head(out, part, oh, head_dim, splits, ok, wt, red);
 }

@@ -99,3 +99,52 @@ extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
     }
 }
 
+
+// qkv then rope_kv_store for one row (the qkv_rope_kv_store op at batch 1), on the gemv
+// kernels' block (vt_gv_rows, matmul.cu; the host's checks as for qkv_gemv*_q): a block per
+// rotated pair of q or k features ((2i, 2i + 1), neox (i, i + head_dim / 2), of one head)
+// or per two consecutive v features. Thread 0 adds the biases, rotates the pair as
+// rope_kv_store does (the same roundings) and stores it into q, k or v and, for k and v,
+// into the cache (skipped for an out-of-range slot or position, as kv_store). So q, k, v
+// and the cache hold what qkv_gemv2_q and rope_kv_store would leave, in one launch, and
+// the pair's rotation needs no second pass over q and k. Launched overlapped (common.cu).
+extern "C" __global__ void qkv_rope_gemv_q(
+    float* q, float* k, float* v, const float* x, const void* wq, const float* sq, int lgq,
+    const float* bq, const void* wk, const float* sk, int lgk, const float* bk,
+    const void* wv, const float* sv, int lgv, const float* bv, int n_heads, int n_kv,
+    int head_dim, int K, int neox, const int* positions, const int* slots, float* cache,
+    int n_slots, int n_layers, int max_len, int layer, RopeTable table) {
+    vt_launch_dependents();
+    int half = head_dim / 2, pq = n_heads * half, pk = n_kv * half;
+    int b = blockIdx.x;
+    int kind = b < pq ? 0 : b < pq + pk ? 1 : 2;  // q, k, v: the same for the whole block
+    int e = kind == 0 ? b : kind == 1 ? b - pq : 2 * (b - pq - pk);
+    int head = kind < 2 ? e / half : e / head_dim, i = kind < 2 ? e % half : e % head_dim;
+    int fa = head * head_dim + (kind == 2 ? i : neox ? i : 2 * i);
+    int fb = kind == 2 ? fa + 1 : head * head_dim + (neox ? i + half : 2 * i + 1);
+    const void* data = kind == 0 ? wq : kind == 1 ? wk : wv;
+    const float* sm = kind == 0 ? sq : kind == 1 ? sk : sv;
+    const float* bias = kind == 0 ? bq : kind == 1 ? bk : bv;
+    float* out = kind == 0 ? q : kind == 1 ? k : v;
+    int lg = kind == 0 ? lgq : kind == 1 ? lgk : lgv;
+    VtRow w[2] = {{data, sm, lg, (long long)fa * K}, {data, sm, lg, (long long)fb * K}};
+    float s[2];
+    vt_gv_rows<2>(w, x, K, s);  // waits for the previous kernel (x) before any read of it
+    if (threadIdx.x != 0) return;
+    float a = bias ? s[0] + bias[fa] : s[0], c = bias ? s[1] + bias[fb] : s[1];
+    int pos = positions[0];
+    if (kind < 2) {
+        double theta = (double)pos * table.inv[i];
+        float cs = (float)cos(theta), sn = (float)sin(theta);
+        float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));
+        float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(c, cs));
+        a = ra, c = rb;
+    }
+    out[fa] = a;
+    out[fb] = c;
+    int slot = slots[0];
+    if (kind == 0 || slot < 0 || slot >= n_slots || pos < 0 || pos >= max_len) return;
+    long long base = vt_kv_index(pos, slot, layer, kind - 1, n_slots, n_layers, n_kv * head_dim);
+    cache[base + fa] = a;
+    cache[base + fb] = c;
+}
