@@ -286,9 +286,9 @@ def test_a_decode_step_is_one_graph_launch_after_warm_up_and_capture(tmp_path: P
         eager, captured, replayed = step(3), step(4), step(5)
         per_step = eager.count("launch")
         # embedding; per layer rms_norm, qkv_rope_kv_store (one row: one launch), attention
-        # (split over positions, combined by its last blocks), matmul_add, rms_norm, swiglu,
+        # (split over positions and combined: two launches), matmul_add, rms_norm, swiglu,
         # matmul_add; then gather_rows, rms_norm, matmul, sample
-        assert per_step == 1 + 7 * model.config.n_layers + 4
+        assert per_step == 1 + 8 * model.config.n_layers + 4
         assert eager.count("launch_overlapped") == 0  # the fake runtime: plain launches
         assert "graph_begin_capture" not in eager and "graph_launch" not in eager
         begin, end = captured.index("graph_begin_capture"), captured.index("graph_end_capture")
@@ -699,7 +699,13 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     args, kernel, scalars = _case(case, op)
     stream = backend.create_stream()
     backend.launch(op, stream, **args)
-    (launch,) = rt.launches  # attention: split over positions, combined by its last blocks
+    if op == "attention":  # split over positions, then the partials combined, a warp a head
+        launch, combine = rt.launches
+        assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
+        assert combine.args[-1] == 0 and combine.block == (32, 1, 1)  # no tiled launch
+        assert not launch.args[-1]  # no counters: attention_last_block_combine is off
+    else:
+        (launch,) = rt.launches
     assert launch.kernel == kernel and launch.stream == stream.handle
     weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
     macro = kernel.startswith(MACRO_KERNELS)  # one kernel per weight format
@@ -713,8 +719,10 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
             assert (value or 0) == {"data": w.data, "sm": w.scales}[name], name
         elif "*" in ctype and name == "w":
             assert value == weights["weight"].data, name
-        elif "*" in ctype and name in ("part", "counts"):  # scratch: partials, counters
+        elif "*" in ctype and name == "part":  # the backend's scratch for split partials
             assert value, name
+        elif "*" in ctype and name == "counts":  # last-block combine's counters, when on
+            assert bool(value) == backend.attention_last_block_combine, name
         elif "*" in ctype and name in WEIGHT_POINTERS:  # a weight's data, scales, a bias
             arg, attr = WEIGHT_POINTERS[name]
             want = getattr(weights[arg], attr) if arg in weights else 0
@@ -799,11 +807,11 @@ def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_orde
         rt.launches.clear()
         addresses, stream = _attention_launch(backend, n, 8, layout)
         assert rt.launches[0].kernel == kernel
-    launch, split = rt.launches  # the split kernel's last blocks combine
+    launch, split, combine = rt.launches
     assert launch.grid == (4, 8, 1) and launch.block == (128, 1, 1)
-    assert launch.stream == split.stream == stream.handle
+    assert launch.stream == split.stream == combine.stream == stream.handle
     assert split.kernel == "attention_split" and split.grid == (64, 2, 2)
-    assert split.args[0] == addresses["out"] and split.args[-2] == 16 and split.args[-1]
+    assert split.args[0] == addresses["out"] and split.args[-2] == combine.args[-1] == 16
     signature = kernel_signatures()["attention_tiled"]
     scalars = {"n": 64, "n_heads": 8, "n_kv": 2, "head_dim": 64, "n_slots": 5, "n_layers": 3,
                "max_len": 700, "layer": 1, "scale": 0.25}  # fmt: skip
@@ -844,7 +852,9 @@ def test_the_tiled_attention_kernel_by_head_dim_and_grid(
     assert launch.kernel == f"attention_tiled_{kernel}"
     assert launch.grid == (tiles, n_heads, 1)
     assert split.kernel == "attention_split" and split.args[-2] == int(kernel[-2:])
-    assert combine == []  # the split kernel's last blocks combine where it splits
+    assert [c.kernel for c in combine] in ([], ["attention_combine"])
+    if combine:
+        assert combine[0].args[-1] == split.args[-2]
 
 
 def test_every_tiled_attention_kernel_is_instantiated_within_static_shared_memory() -> None:

@@ -285,7 +285,7 @@ class GpuBackend(
     )
     #: Attention splits a row's positions over at most this many blocks (flash-decoding)
     #: while the grid has fewer than ``target_blocks``, each split at least this long
-    #: (at most FA_THREADS = 128 splits: attention_combine gives each a thread).
+    #: (at most FA_MAX_SPLITS = 128 splits, kernels/attention.cu).
     attention_max_splits: int = 32
     attention_min_split: int = 16
     #: Where attention splits a row, the last split block of each (row, KV group) to
@@ -1104,7 +1104,7 @@ class GpuBackend(
         )  # fmt: skip
         if splits > 1 and not counts:
             self._kernel(
-                "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
+                "attention_combine", (n * n_heads, 1, 1), self._rt.warp_size(), stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
                 I32(tile),

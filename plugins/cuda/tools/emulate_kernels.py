@@ -69,6 +69,15 @@ template <typename T> T vt_shfl(T v, int m, T* lanes) {
 inline float vt_shfl_any(float v, int m) { return vt_shfl(v, m, vt_lane_f); }
 inline int vt_shfl_any(int v, int m) { return vt_shfl(v, m, vt_lane_i); }
 #define VT_SHFL_XOR(v, m) vt_shfl_any((v), (m))
+inline float vt_shfl_idx(float v, int src) {  // lane src of the caller's warp
+    int t = threadIdx.x;
+    vt_lane_f[t] = v;
+    vt_warp_sync();
+    float r = vt_lane_f[(t / VT_WARP) * VT_WARP + src];
+    vt_warp_sync();
+    return r;
+}
+#define VT_SHFL_IDX(v, src) vt_shfl_idx((v), (src))
 inline int vt_shfl32(int v, int src) {  // lane src of the caller's 32 (VT_WARP is 32 here)
     int t = threadIdx.x;
     vt_lane_i[t] = v;

@@ -51,33 +51,47 @@ __device__ bool vt_tile_is_tiled(const int* slots, const int* positions, int n, 
     }
     return vt_block_min_int(third, red) == 1;
 }
-// out[oh] (oh = row * n_heads + head) from attention_split's `splits` partials, by the
-// whole block (FA_THREADS threads; wt and red: FA_THREADS floats of shared memory each).
-// Thread s reads split s's max and sum, so the weights exp(m_s - max) come from one block
-// reduction each, not a chain of loads per thread; then a thread per element sums the
-// weighted partials. A split that saw no position (sum 0) weighs 0. splits <= FA_THREADS.
+// out[oh] (oh = row * n_heads + head) from attention_split's `splits` partials, by one warp
+// (every lane calls it; `ok` false: NaNs). Lane j reads splits j, j + VT_WARP, ...: the max
+// and the weights exp(m_s - max) (a split that saw no position, sum 0, weighs 0) stay in its
+// registers and the denominator sums by shuffles; then each lane takes elements of the
+// head, summing the weighted partials split by split (each weight fetched by a shuffle).
+// One warp a head, so a block combines up to its warps' worth of heads at once.
+// splits <= FA_MAX_SPLITS.
+#define FA_MAX_SPLITS 128
 __device__ void vt_attention_combine_head(float* out, const float* part, long long oh,
-                                          int head_dim, int splits, bool ok, float* wt,
-                                          float* red) {
-    int t = threadIdx.x;
+                                          int head_dim, int splits, bool ok) {
+    constexpr int PER = (FA_MAX_SPLITS + VT_WARP - 1) / VT_WARP;
+    int lane = threadIdx.x % VT_WARP;
     const volatile float* pp = part + oh * splits * (head_dim + 2);
-    float m = -__uint_as_float(0x7f800000u), l = 0.0f;
-    if (t < splits) {
-        l = pp[(long long)t * (head_dim + 2) + head_dim + 1];
-        if (l > 0.0f) m = pp[(long long)t * (head_dim + 2) + head_dim];
+    float m[PER], l[PER];
+    float mx = -__uint_as_float(0x7f800000u);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        int s = lane + j * VT_WARP;
+        l[j] = s < splits ? pp[(long long)s * (head_dim + 2) + head_dim + 1] : 0.0f;
+        m[j] = l[j] > 0.0f ? pp[(long long)s * (head_dim + 2) + head_dim] : mx;
+        mx = fmaxf(mx, m[j]);
     }
-    // Two barriers a reduction (warps, then their results), not log2(FA_THREADS).
-    float mx = vt_block_max_warps(m, red);
-    float w = l > 0.0f ? expf(m - mx) : 0.0f;
-    wt[t] = w;
-    float den = vt_block_sum_warps(w * l, red);  // its barriers also publish wt[]
-    for (int d = t; d < head_dim; d += FA_THREADS) {
+    for (int k = VT_WARP / 2; k > 0; k >>= 1) mx = fmaxf(mx, VT_SHFL_XOR(mx, k));
+    float den = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        m[j] = l[j] > 0.0f ? expf(m[j] - mx) : 0.0f;  // the split's weight
+        den += m[j] * l[j];
+    }
+    den = vt_warp_sum(den);
+    for (int d0 = 0; d0 < head_dim; d0 += VT_WARP) {  // the same for the whole warp
+        int d = min(d0 + lane, head_dim - 1);
         float num = 0.0f;
-#pragma unroll 8
-        for (int k = 0; k < splits; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
-        out[oh * head_dim + d] = ok ? num / den : vt_nan();
+#pragma unroll
+        for (int j = 0; j < PER; ++j)  // split k = j * VT_WARP + src, in order
+            for (int src = 0; src < VT_WARP && j * VT_WARP + src < splits; ++src) {
+                float w = VT_SHFL_IDX(m[j], src);
+                num += w * pp[(long long)(j * VT_WARP + src) * (head_dim + 2) + d];
+            }
+        if (d0 + lane < head_dim) out[oh * head_dim + d] = ok ? num / den : vt_nan();
     }
-    __syncthreads();  // wt[] may be rewritten by the caller's next head
 }
 
 extern "C" __global__ void attention_split(float* out, float* part, const float* q,
@@ -311,25 +325,23 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     __syncthreads();
     if (!red[0]) return;  // the whole block
     __threadfence();
-    for (int g = 0; g < gb; ++g)
+    for (int g = warp; g < gb; g += warps)  // a head a warp (gb <= FA_MAXG = 2 * warps)
         vt_attention_combine_head(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
-                                  ok, sc, sc + FA_THREADS);
+                                  ok);
     if (t == 0) *count = 0;
 }
 
-// attention_split's partials combined by a second launch: one block per (row, query head).
+// attention_split's partials combined by a second launch: one warp per (row, query head).
 extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
                                              const int* positions, int n, int n_heads,
                                              int head_dim, int n_slots, int max_len,
                                              int splits, int tile) {
-    __shared__ float wt[FA_THREADS];
-    __shared__ float red[FA_THREADS];
-    __shared__ int ired[FA_THREADS / VT_WARP];
+    __shared__ int ired[1];
     vt_launch_dependents();
     int oh = blockIdx.x, i = oh / n_heads;
     if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, ired))
         return;  // attention_tiled wrote this row
     int slot = slots[i], pos = positions[i];
     bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
-    vt_attention_combine_head(out, part, oh, head_dim, splits, ok, wt, red);
+    vt_attention_combine_head(out, part, oh, head_dim, splits, ok);
 }

@@ -23,10 +23,12 @@
 #ifndef VT_EMULATE
 #ifdef VT_HIP
 #define VT_SHFL_XOR(v, m) __shfl_xor((v), (m), VT_WARP)
+#define VT_SHFL_IDX(v, src) __shfl((v), (src), VT_WARP)
 // Lane src of the caller's group of 32 lanes (the int8 mma kernels' warp; a wave64 is two).
 #define VT_SHFL32(v, src) __shfl((v), (src), 32)
 #else
 #define VT_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), VT_WARP)
+#define VT_SHFL_IDX(v, src) __shfl_sync(0xffffffffu, (v), (src), VT_WARP)
 #define VT_SHFL32(v, src) __shfl_sync(0xffffffffu, (v), (src), 32)
 #endif
 #define VT_DYN_SHARED(T, name) extern __shared__ T name[]
