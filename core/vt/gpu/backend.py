@@ -1104,7 +1104,7 @@ class GpuBackend(
         )  # fmt: skip
         if splits > 1 and not counts:
             self._kernel(
-                "attention_combine", (n * n_heads, 1, 1), self._rt.warp_size(), stream,
+                "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
                 I32(tile),

@@ -9,8 +9,8 @@
 // device-side positions, so a captured graph stays valid as the context grows. With
 // tile > 0 (a step of many rows) only the rows of tiles attention_tiled leaves are done.
 // With counts (splits > 1), the last block of a (row, group) to finish combines the
-// group's partials itself (vt_attention_combine_head, attention_combine's arithmetic), so
-// no second launch waits behind this one; counts[] (one int per (row, group), zero before
+// group's partials itself (vt_attention_combine_warp: attention_combine's sums), so no
+// second launch waits behind this one; counts[] (one int per (row, group), zero before
 // the launch) is left zero again for the next.
 #define FA_THREADS 128
 #define FA_CHUNK 128  // == FA_THREADS: one position per thread per pass
@@ -51,45 +51,84 @@ __device__ bool vt_tile_is_tiled(const int* slots, const int* positions, int n, 
     }
     return vt_block_min_int(third, red) == 1;
 }
-// out[oh] (oh = row * n_heads + head) from attention_split's `splits` partials, by one warp
-// (every lane calls it; `ok` false: NaNs). Lane j reads splits j, j + VT_WARP, ...: the max
-// and the weights exp(m_s - max) (a split that saw no position, sum 0, weighs 0) stay in its
-// registers and the denominator sums by shuffles; then each lane takes elements of the
-// head, summing the weighted partials split by split (each weight fetched by a shuffle).
-// One warp a head, so a block combines up to its warps' worth of heads at once.
+// out[oh] (oh = row * n_heads + head) from attention_split's `splits` partials, by the
+// whole block (FA_THREADS threads; wt and red: FA_THREADS floats of shared memory each):
+// attention_combine's. Thread s reads split s's max and sum, so the weights exp(m_s - max)
+// come from one block reduction each, not a chain of loads per thread; then a thread per
+// element sums the weighted partials. A split that saw no position (sum 0) weighs 0.
 // splits <= FA_MAX_SPLITS.
-#define FA_MAX_SPLITS 128
-__device__ void vt_attention_combine_head(float* out, const float* part, long long oh,
+#define FA_MAX_SPLITS 128  // == FA_THREADS
+__device__ void vt_attention_combine_block(float* out, const float* part, long long oh,
+                                           int head_dim, int splits, bool ok, float* wt,
+                                           float* red) {
+    int t = threadIdx.x;
+    const float* pp = part + oh * splits * (head_dim + 2);
+    float m = -__uint_as_float(0x7f800000u), l = 0.0f;
+    if (t < splits) {
+        l = pp[(long long)t * (head_dim + 2) + head_dim + 1];
+        if (l > 0.0f) m = pp[(long long)t * (head_dim + 2) + head_dim];
+    }
+    // Two barriers a reduction (warps, then their results), not log2(FA_THREADS).
+    float mx = vt_block_max_warps(m, red);
+    float w = l > 0.0f ? expf(m - mx) : 0.0f;
+    wt[t] = w;
+    float den = vt_block_sum_warps(w * l, red);  // its barriers also publish wt[]
+    for (int d = t; d < head_dim; d += FA_THREADS) {
+        float num = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < splits; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
+        out[oh * head_dim + d] = ok ? num / den : vt_nan();
+    }
+}
+
+// The same by one warp, for the last split block of a group (its warps take the group's
+// heads at once): lane j reads splits j, j + VT_WARP, ... (through L2: other blocks of this
+// kernel wrote them), keeps their weights in registers, the denominator sums by shuffles;
+// then each lane takes elements, 8 splits' loads in flight, each weight fetched by a
+// shuffle. For splits <= VT_WARP (the backend's at most 32) its sums are the block
+// version's, term for term: the outputs equal attention_combine's bit for bit.
+__device__ void vt_attention_combine_warp(float* out, const float* part, long long oh,
                                           int head_dim, int splits, bool ok) {
     constexpr int PER = (FA_MAX_SPLITS + VT_WARP - 1) / VT_WARP;
     int lane = threadIdx.x % VT_WARP;
-    const volatile float* pp = part + oh * splits * (head_dim + 2);
-    float m[PER], l[PER];
+    const float* pp = part + oh * splits * (head_dim + 2);
+    float w[PER], l[PER];
     float mx = -__uint_as_float(0x7f800000u);
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        int s = lane + j * VT_WARP;
-        l[j] = s < splits ? pp[(long long)s * (head_dim + 2) + head_dim + 1] : 0.0f;
-        m[j] = l[j] > 0.0f ? pp[(long long)s * (head_dim + 2) + head_dim] : mx;
-        mx = fmaxf(mx, m[j]);
+        long long s = min(lane + j * VT_WARP, splits - 1);
+        l[j] = lane + j * VT_WARP < splits ? vt_ld_l2(pp + s * (head_dim + 2) + head_dim + 1)
+                                           : 0.0f;
+        w[j] = l[j] > 0.0f ? vt_ld_l2(pp + s * (head_dim + 2) + head_dim)
+                           : -__uint_as_float(0x7f800000u);
+        mx = fmaxf(mx, w[j]);
     }
     for (int k = VT_WARP / 2; k > 0; k >>= 1) mx = fmaxf(mx, VT_SHFL_XOR(mx, k));
     float den = 0.0f;
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        m[j] = l[j] > 0.0f ? expf(m[j] - mx) : 0.0f;  // the split's weight
-        den += m[j] * l[j];
+        w[j] = l[j] > 0.0f ? expf(w[j] - mx) : 0.0f;
+        den += w[j] * l[j];
     }
     den = vt_warp_sum(den);
     for (int d0 = 0; d0 < head_dim; d0 += VT_WARP) {  // the same for the whole warp
         int d = min(d0 + lane, head_dim - 1);
         float num = 0.0f;
+        for (int k0 = 0; k0 < splits; k0 += 8) {  // VT_WARP is a multiple of 8
+            float v[8];
 #pragma unroll
-        for (int j = 0; j < PER; ++j)  // split k = j * VT_WARP + src, in order
-            for (int src = 0; src < VT_WARP && j * VT_WARP + src < splits; ++src) {
-                float w = VT_SHFL_IDX(m[j], src);
-                num += w * pp[(long long)(j * VT_WARP + src) * (head_dim + 2) + d];
+            for (int u = 0; u < 8; ++u)
+                v[u] = vt_ld_l2(pp + (long long)min(k0 + u, splits - 1) * (head_dim + 2) + d);
+            float wj = w[0];
+#pragma unroll
+            for (int j = 1; j < PER; ++j)
+                if (j == k0 / VT_WARP) wj = w[j];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                float wk = VT_SHFL_IDX(wj, (k0 + u) % VT_WARP);
+                if (k0 + u < splits) num += wk * v[u];
             }
+        }
         if (d0 + lane < head_dim) out[oh * head_dim + d] = ok ? num / den : vt_nan();
     }
 }
@@ -326,22 +365,24 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     if (!red[0]) return;  // the whole block
     __threadfence();
     for (int g = warp; g < gb; g += warps)  // a head a warp (gb <= FA_MAXG = 2 * warps)
-        vt_attention_combine_head(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
+        vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
                                   ok);
     if (t == 0) *count = 0;
 }
 
-// attention_split's partials combined by a second launch: one warp per (row, query head).
+// attention_split's partials combined by a second launch: one block per (row, query head).
 extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
                                              const int* positions, int n, int n_heads,
                                              int head_dim, int n_slots, int max_len,
                                              int splits, int tile) {
-    __shared__ int ired[1];
+    __shared__ float wt[FA_THREADS];
+    __shared__ float red[FA_THREADS];
+    __shared__ int ired[FA_THREADS / VT_WARP];
     vt_launch_dependents();
     int oh = blockIdx.x, i = oh / n_heads;
     if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, ired))
         return;  // attention_tiled wrote this row
     int slot = slots[i], pos = positions[i];
     bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
-    vt_attention_combine_head(out, part, oh, head_dim, splits, ok);
+    vt_attention_combine_block(out, part, oh, head_dim, splits, ok, wt, red);
 }

@@ -73,6 +73,19 @@ __device__ __forceinline__ void vt_launch_dependents() {
 
 // ------------------------------------------------------------------------ helpers
 
+// A global load that skips L1 (ld.global.cg): what other blocks of the running kernel wrote
+// before a __threadfence is read from L2, never from a line this SM kept. asm volatile:
+// kept in program order (callers issue a batch of them before using any).
+__device__ __forceinline__ float vt_ld_l2(const float* p) {
+#if !defined(VT_HIP) && !defined(VT_EMULATE)
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+#else
+    return *(const volatile float*)p;
+#endif
+}
+
 __device__ __forceinline__ float vt_nan() { return __uint_as_float(0x7fc00000u); }
 
 // IEEE half to float, exact for every value (normals, subnormals, inf, NaN).
