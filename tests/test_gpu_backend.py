@@ -1390,6 +1390,15 @@ def _kv(b: vt.Buffer, layout: vt.KVLayout, layer: int, heads: int) -> dict[str, 
     return dict(cache=cache, k=k, v=k, slots=one, positions=one, layout=layout, layer=layer)
 
 
+def _qkv_rope(w: vt.Weight, b: vt.Buffer, layout: vt.KVLayout, head_dim: int) -> dict[str, Any]:
+    """qkv_rope_kv_store's arguments for one row: every projection the (4, 96) weight ``w``,
+    two query heads."""
+    one, x, row = _i32(b, 1), _f32(b, 1, 96), _f32(b, 1, 4)
+    return dict(q=row, k=row, v=row, x=x, wq=w, wk=w, wv=w, positions=one, slots=one,
+                cache=_f32(b, *layout.shape), layout=layout, layer=0, n_heads=2,
+                params=vt.RopeParams(head_dim))  # fmt: skip
+
+
 def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any]:
     kv = _kv(b, layout, 0, n_heads)
     q = kv.pop("k")
@@ -1408,6 +1417,10 @@ def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any
          "n_heads 4 is not a multiple of n_kv_heads 3"),
         ("kv_store", lambda w, b: _kv(b, vt.KVLayout(1, 1, 4, 1, 8), 1, 1),
          r"layer 1 is out of range \[0, 1\)"),
+        ("qkv_rope_kv_store", lambda w, b: _qkv_rope(w, b, vt.KVLayout(1, 1, 4, 1, 2), 2),
+         "op qkv_rope_kv_store: k has 4 columns, the layout needs 2"),
+        ("qkv_rope_kv_store", lambda w, b: _qkv_rope(w, b, vt.KVLayout(1, 1, 4, 2, 2), 4),
+         "op qkv_rope_kv_store: rope head_dim differs from the layout's head_dim"),
         # the GPU's own limits
         ("rope", lambda w, b: {"x": _f32(b, 1, 7), "positions": _i32(b, 1), "n_heads": 1,
                                "params": vt.RopeParams(7)},
@@ -1431,8 +1444,9 @@ def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any
                                    "ids": _i32(b, 1), "rows": _i32(b, 1)},
          r"k=5 alternatives exceed the vocabulary of 4"),
     ],
-    ids=["matmul-x", "gqa", "layer", "rope-odd", "rope-head-dim", "kv-head-dim",
-         "attention-head-dim", "vocab", "logprobs-k", "logprobs-vocab"],
+    ids=["matmul-x", "gqa", "layer", "qkv-rope-kv-width", "qkv-rope-head-dim", "rope-odd",
+         "rope-head-dim", "kv-head-dim", "attention-head-dim", "vocab", "logprobs-k",
+         "logprobs-vocab"],
 )  # fmt: skip
 def test_bad_op_arguments_fail_before_launching(op: str, args: Callable, message: str) -> None:
     backend, rt = make()
@@ -1661,3 +1675,29 @@ def test_kernels_that_wait_for_their_predecessor_launch_overlapped(on: bool) -> 
         body = source[source.index(name) :]
         assert "vt_grid_wait();" in body[: body.index("\n}\n")], name
     backend.close()
+
+
+@pytest.mark.parametrize(
+    ("n", "wtype", "kernels"),
+    [
+        (1, "Q8_0", ["qkv_rope_gemv_q"]),  # one row on the gemv kernels: one launch
+        (3, "Q8_0", ["qkv_small4_q", "rope_kv_store"]),  # a decode batch: its parts
+        (1, "F32", ["qkv_small1_f32", "rope_kv_store"]),  # not a gemv weight: its parts
+    ],
+)
+def test_qkv_rope_kv_store_is_one_launch_only_where_the_gemv_kernels_run(
+    n: int, wtype: str, kernels: list[str]
+) -> None:
+    backend, rt = make()
+    case = OpCase(backend)
+    layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=8, n_kv_heads=1, head_dim=8)
+    w = {name: case.w(name, np.ones((rows, 256), np.float32), wtype)
+         for name, rows in (("wq", 16), ("wk", 8), ("wv", 8))}  # fmt: skip
+    backend.launch(
+        "qkv_rope_kv_store", backend.create_stream(), q=case.t("q", F32, n, 16),
+        k=case.t("k", F32, n, 8), v=case.t("v", F32, n, 8), x=case.t("x", F32, n, 256), **w,
+        positions=case.t("p", I32, n), slots=case.t("s", I32, n),
+        cache=case.t("cache", F32, *layout.shape), layout=layout, layer=0, n_heads=2,
+        params=vt.RopeParams(8),
+    )  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == kernels

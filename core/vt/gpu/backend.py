@@ -290,8 +290,8 @@ class GpuBackend(
     attention_min_split: int = 16
     #: Where attention splits a row, the last split block of each (row, KV group) to
     #: finish combines the partials itself (``attention_split`` with its counters) instead
-    #: of a second launch (``attention_combine``). Off: measured 6-9% slower at batch 1 on
-    #: the H200 (run 43, docs/gpu.md: one block then combines its group's heads in turn).
+    #: of a second launch (``attention_combine``). Off: measured 2-11% slower at batch 1 on
+    #: the H200 (runs 43-46, docs/gpu.md: a serial tail after the slowest split).
     attention_last_block_combine: bool = False
     #: Attention of at least this many rows runs on the tiled prefill kernel
     #: (``attention_tiled_*``: a block per tile of consecutive rows and query head, K/V

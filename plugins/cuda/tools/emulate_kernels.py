@@ -5,12 +5,15 @@
 Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``attention_tiled_*``), the BLAS path's 16-byte copies (``dequantize16_q``,
 ``dequantize16_h_q``, ``to_half8``) and the int8 tensor-core kernels (``quantize_rows``,
-``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch) and the batch-1
-gemv kernels (``matmul_gemv*``, ``swiglu_gemv*``, ``qkv_gemv*``) from
+``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch), the batch-1
+gemv kernels (``matmul_gemv*``, ``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``) and
+``rope_kv_store`` from
 ``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
 ``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
 its warp, ``__shared__`` is a static. Then it runs ``gpu_checks.py``'s tiled-attention
-cases, bit-exact copy checks, int8 tensor-core checks and gemv checks on the fake runtime
+cases, the last-block combine and ``qkv_rope_kv_store`` checks (bit-equal to their
+two-launch forms), bit-exact copy checks, int8 tensor-core checks and gemv checks on the
+fake runtime
 (``tests/fake_gpu.py``), those kernels' launches routed to the emulation; ``-k`` keeps
 the cases whose name contains SUBSTRING. What it cannot see: timing, the memory model
 between blocks (blocks run one after another), warp-divergent shuffles (every shuffle must

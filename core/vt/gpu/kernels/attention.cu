@@ -356,7 +356,7 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     }
     if (splits == 1 || !counts) return;  // the whole block: attention_combine follows
     // Every thread's partials visible device-wide before the count says so; the block that
-    // brings the count to `splits` reads them all (volatile: never a stale L1 line).
+    // brings the count to `splits` reads them all (from L2: vt_ld_l2).
     __threadfence();
     __syncthreads();
     int* count = counts + (long long)i * gridDim.y + blockIdx.y;
@@ -364,7 +364,7 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     __syncthreads();
     if (!red[0]) return;  // the whole block
     __threadfence();
-    for (int g = warp; g < gb; g += warps)  // a head a warp (gb <= FA_MAXG = 2 * warps)
+    for (int g = warp; g < gb; g += warps)  // a head a warp, the warps at once
         vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
                                   ok);
     if (t == 0) *count = 0;
