@@ -196,6 +196,14 @@ def _out_of_memory(error: GpuCallError) -> bool:
 _OVERLAP = ("matmul_gemv", "swiglu_gemv", "qkv_gemv", "qkv_rope_gemv", "rms_norm")
 
 
+def _qkv_weight_args(ws: list[GpuWeight], biases: list[int]) -> list[Any]:
+    """(data, scales, lg_block, bias) of each of q, k and v: the qkv kernels' arguments."""
+    args: list[Any] = []
+    for w, b in zip(ws, biases, strict=True):
+        args += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
+    return args
+
+
 def _blocks(n: int, per: int = _THREADS) -> int:
     return max(1, min(_MAX_BLOCKS, -(-n // per)))
 
@@ -932,9 +940,7 @@ class GpuBackend(
                 self._matmul(stream, out, x, w, b)
             return
         total = sum(w.rows for w in ws)
-        per_weight: list[Any] = []
-        for w, b in zip(ws, bs, strict=True):
-            per_weight += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
+        per_weight = _qkv_weight_args(ws, bs)
         if (gv := self._gemv(x, *ws))[0]:
             self._kernel(
                 f"qkv_gemv{gv[0]}_q", (-(-total // gv[0]), 1, 1), gv[1], stream,
@@ -969,8 +975,8 @@ class GpuBackend(
         (``qkv_rope_gemv_q``, a block per rotated pair of features). Otherwise ``qkv``, then
         ``rope_kv_store`` (each native or decomposed, as the backend runs them)."""
         ws = [self._gpu_weight(w, "qkv_rope_kv_store") for w in (wq, wk, wv)]
-        gv = self._gemv(x, *ws)
-        if not gv[0] or len({w.kind for w in ws}) > 1 or params.head_dim % 2:
+        gv = self._gemv(x, *ws)  # all three WT_Q where it says yes
+        if not gv[0] or params.head_dim % 2:
             args = {"q": q, "k": k, "v": v, "x": x, "wq": wq, "wk": wk, "wv": wv, "bq": bq,
                     "bk": bk, "bv": bv, "positions": positions, "slots": slots,
                     "cache": cache, "layout": layout, "layer": layer, "n_heads": n_heads,
@@ -983,9 +989,7 @@ class GpuBackend(
         self._head_dim(layout, "qkv_rope_kv_store")
         bs = [0 if b is None else self._gpu_weight(b, "qkv_rope_kv_store").data
               for b in (bq, bk, bv)]  # fmt: skip
-        per_weight: list[Any] = []
-        for w, b in zip(ws, bs, strict=True):
-            per_weight += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
+        per_weight = _qkv_weight_args(ws, bs)
         neox = 1 if params.style == RopeStyle.neox else 0
         self._kernel(
             "qkv_rope_gemv_q", (sum(w.rows for w in ws) // 2, 1, 1), gv[1], stream,

@@ -2,7 +2,7 @@
 
     python plugins/cuda/tools/bench_gemv.py [--shapes 1b,smol] [--json OUT]
 
-Needs cupy and an NVIDIA GPU. Compiles vt's kernel source with ``gemv_variants.cu``
+Needs cupy and an NVIDIA GPU. Compiles vt's kernel source with ``bench_gemv_read.cu``
 appended (nvrtc through cupy), fills int8 codes and (scale, offset) pairs of each matrix of
 a layer (the kernels' WT_Q layout, blocks of 32) with random values, and times
 ``matmul_gemv2_q`` / ``swiglu_gemv2_q`` (the backend's grid and threads) and ``read_bw`` (the
@@ -104,7 +104,7 @@ def main() -> int:
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args()
     here = pathlib.Path(__file__).parent
-    src = kernel_source() + (here / "gemv_variants.cu").read_text(encoding="utf-8")
+    src = kernel_source() + (here / "bench_gemv_read.cu").read_text(encoding="utf-8")
     mod = cp.RawModule(code=src, options=("-DVT_WARP=32", "-std=c++17"), backend="nvrtc")
     stream = cp.cuda.Stream(non_blocking=True)
     results = []
