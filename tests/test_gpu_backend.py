@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 import vt
 from fake_gpu import DISCRETE, GRANULARITY, UNIFIED, FakeGpu, make, weight_tensor
+from gguf import GGMLQuantizationType
 from vt.execution.memory import VmmArena
 from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuCallError, GpuWeight, kernel_source
+from vt.gpu import weights as W
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
 from vt.gpu.backend import RopeTable, _out_of_memory
 from vt.management import rules
@@ -28,6 +30,12 @@ from vt.management.audit import probe_graphs
 from vt.model import load_gguf
 from vt.protocol.mixins import derive_capabilities
 from vt.testing.tiny import write_tiny_gguf
+
+
+def lg(wtype: str) -> int:
+    """The kernels' ``lg`` argument for a weight of ``wtype``: its block's log2 and layout."""
+    return (4 if wtype == "Q6_K" else 5) | W.LAYOUTS[GGMLQuantizationType[wtype]]
+
 
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
 
@@ -582,7 +590,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "weight": c.w("proj", rng.standard_normal((6, 32)).astype(np.float32), "Q8_0"),
              "bias": c.w("bias", np.ones(6, np.float32))},
             "matmul_small4_q",
-            {"lg_block": 5, "n": 3, "N": 6, "K": 32, "rpb": 8},
+            {"lg_block": lg("Q8_0"), "n": 3, "N": 6, "K": 32, "rpb": 8},
         ),
         "rope": lambda: (
             {"x": c.t("x", F32, 3, 16), "positions": c.t("positions", I32, 3), "n_heads": 2,
@@ -613,8 +621,9 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "bk": c.w("bk", np.ones(8, np.float32)), "n_heads": 2,
              "params": vt.RopeParams(8, style=vt.RopeStyle.neox)},
             "qkv_rope_gemv_q",  # one row: the fused kernel
-            {"lgq": 5, "lgk": 5, "lgv": 4, "n_heads": 2, "n_kv": 1, "head_dim": 8, "K": 256,
-             "neox": 1, "n_slots": 7, "n_layers": 4, "max_len": 5, "layer": 2},
+            {"lgq": lg("Q8_0"), "lgk": lg("Q4_0"), "lgv": lg("Q6_K"), "n_heads": 2, "n_kv": 1,
+             "head_dim": 8, "K": 256, "neox": 1, "n_slots": 7, "n_layers": 4, "max_len": 5,
+             "layer": 2},
         ),
         "silu_mul": lambda: (
             {"out": c.t("out", F32, *rows), "gate": c.t("gate", F32, *rows),
@@ -650,7 +659,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "weight": c.w("proj", rng.standard_normal((6, 32)).astype(np.float32), "Q4_1"),
              "residual": c.t("residual", F32, 3, 6), "scratch": c.t("scratch", F32, 3, 6)},
             "matmul_small4_q",
-            {"lg_block": 5, "n": 3, "N": 6, "K": 32, "rpb": 8},
+            {"lg_block": lg("Q4_1"), "n": 3, "N": 6, "K": 32, "rpb": 8},
         ),
         "swiglu": lambda: (
             {"out": c.t("out", F32, 3, 6), "x": c.t("x", F32, 3, 256),
@@ -658,7 +667,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "up": c.w("up", rng.standard_normal((6, 256)).astype(np.float32), "Q8_0"),
              "scratch_gate": c.t("sg", F32, 3, 6), "scratch_up": c.t("su", F32, 3, 6)},
             "swiglu_small2_q",
-            {"glg": 4, "ulg": 5, "n": 3, "N": 6, "K": 256, "rpb": 8},
+            {"glg": lg("Q6_K"), "ulg": lg("Q8_0"), "n": 3, "N": 6, "K": 256, "rpb": 8},
         ),
         "rope_kv_store": lambda: (
             {**kv(), "q": c.t("q", F32, 3, 24), "k": c.t("k", F32, 3, 8), "v": c.t("v", F32, 3, 8),
@@ -675,7 +684,8 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "wv": c.w("wv", rng.standard_normal((3, 256)).astype(np.float32), "Q6_K"),
              "bk": c.w("bk", np.ones(2, np.float32))},
             "qkv_small4_q",
-            {"lgq": 5, "lgk": 5, "lgv": 4, "n": 3, "Nq": 6, "Nk": 2, "Nv": 3, "K": 256, "rpb": 8},
+            {"lgq": lg("Q8_0"), "lgk": lg("Q4_0"), "lgv": lg("Q6_K"), "n": 3, "Nq": 6, "Nk": 2,
+             "Nv": 3, "K": 256, "rpb": 8},
         ),
     }  # fmt: skip
     return cases[op]()
@@ -1316,8 +1326,8 @@ def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
     backend.launch("matmul", stream, out=out, x=x, weight=weight)
     small5, small1, tiled = rt.launches
     h = weight.handle
-    assert small5.args == [out.buffer.handle, x.buffer.handle, h.data, h.scales, 5, None, None,
-                           5, 37, 96, 8]  # fmt: skip
+    assert small5.args == [out.buffer.handle, x.buffer.handle, h.data, h.scales, lg("Q4_1"), None,
+                           None, 5, 37, 96, 8]  # fmt: skip
     # 5 rows: 4 features per warp, 8 warps per block: ceil(37 / 32) blocks, each with every
     # row; 1 row: the gemv kernel, 2 features a block of 64 threads (K <= 1024), no n
     assert (small5.kernel, small5.grid, small5.block) == ("matmul_small4_q", (2, 1, 1), (256, 1, 1))
@@ -1351,12 +1361,17 @@ def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
     assert grid(8 * 16, 1) == ((16, 1, 1), 8)  # one row: one feature per warp
 
 
-def test_a_weight_is_one_allocation_freed_once() -> None:
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "wide"])
+def test_a_weight_is_one_allocation_freed_once(compact: bool) -> None:
     backend, rt = make()
+    backend.compact_weights = compact
     weight = backend.upload_weight(weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1"))
     h = weight.handle
-    # int8 codes, then (scale, offset) pairs 256-byte aligned: one allocation per weight
-    assert h.scales == h.data + 3584 and h.buffer.nbytes == 3584 + 37 * 3 * 8
+    # codes, then (scale, offset) pairs 256-byte aligned: one allocation per weight. Compact:
+    # nibbles and half pairs; wide: int8 codes and float32 pairs.
+    codes, pair = (1792, 4) if compact else (3584, 8)
+    assert h.scales == h.data + codes and h.buffer.nbytes == codes + 37 * 3 * pair
+    assert h.layout == (W.Q_NIB | W.Q_HALF if compact else 0)
     assert rt.compiles  # compiled at the first upload, before any step
     backend.free_weight(weight)
     backend.free_weight(weight)  # idempotent
@@ -1561,7 +1576,11 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
             "residual": c.t("residual", F32, n, 40),
             "scratch": c.t("s", F32, n, 40),
         }
-        kernel, blocks, scalars = "matmul_mma", 3, {"lg_block": 5, "n": n, "N": 40, "K": 64}
+        kernel, blocks, scalars = (
+            "matmul_mma",
+            3,
+            {"lg_block": lg("Q8_0"), "n": n, "N": 40, "K": 64},
+        )
     elif op == "swiglu":
         args = {
             "out": c.t("out", F32, n, 40),
@@ -1572,7 +1591,7 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
             "scratch_up": c.t("su", F32, n, 40),
         }
         kernel, blocks = "swiglu_mma", 3
-        scalars = {"glg": 5, "ulg": 5, "n": n, "N": 40, "K": 64}
+        scalars = {"glg": lg("Q8_0"), "ulg": lg("Q4_1"), "n": n, "N": 40, "K": 64}
     else:
         args = {
             "q": c.t("q", F32, n, 32),
@@ -1585,7 +1604,16 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
             "bq": c.w("bq", np.ones(32, np.float32)),
         }
         kernel, blocks = "qkv_mma", 4
-        scalars = {"lgq": 5, "lgk": 5, "lgv": 5, "n": n, "Nq": 32, "Nk": 16, "Nv": 8, "K": 64}
+        scalars = {
+            "lgq": lg("Q8_0"),
+            "lgk": lg("Q4_0"),
+            "lgv": lg("Q8_0"),
+            "n": n,
+            "Nq": 32,
+            "Nk": 16,
+            "Nv": 8,
+            "K": 64,
+        }
     backend.launch(op, backend.create_stream(), **args)  # fmt: skip
     quantize, launch = rt.launches
     assert quantize.kernel == "quantize_rows" and quantize.args[1:] == [c.addresses["x"], n, 64]

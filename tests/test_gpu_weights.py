@@ -1,7 +1,8 @@
 """vt.gpu's weight formats: what the GPU kernels dequantize equals vt.reference bit for bit.
 
 The kernels read ``scale * q + offset`` per value (kernels/common.cu ``vt_wload``); ``PackedWeight.
-values()`` mirrors it in numpy, so these tests pin the repacking without a GPU.
+values()`` mirrors it in numpy, so these tests pin the repacking without a GPU, in the
+compact layouts and the wide one.
 """
 
 from __future__ import annotations
@@ -16,23 +17,40 @@ from vt.testing.kernels_suite import weight_tensor
 from vt.testing.tolerances import WEIGHT_TYPES
 
 KINDS = {"F32": W.WT_F32, "F16": W.WT_F16, "BF16": W.WT_BF16}
+#: Device bytes a value of each quantized type in its compact layout (docs/gpu.md).
+COMPACT_BYTES = {"Q8_0": 1.0625, "Q4_0": 0.5625, "Q4_1": 0.625, "Q4_K": 0.75}
 
 
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "wide"])
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
-def test_packed_values_equal_the_reference_dequantization(wtype: str) -> None:
+def test_packed_values_equal_the_reference_dequantization(wtype: str, compact: bool) -> None:
     cols = 67 if wtype in KINDS else 512 if wtype.endswith("_K") else 96
     values = (np.random.default_rng(7).standard_normal((9, cols)) * 3).astype(np.float32)
     values[0, :8] = 0.0  # zero blocks: scales of 0
     tensor, ref = weight_tensor("w", values, wtype)
-    packed = W.pack(tensor)
+    packed = W.pack(tensor, compact=compact)
     assert packed.kind == KINDS.get(wtype, W.WT_Q)
     assert (packed.rows, packed.cols) == (9, cols)
     np.testing.assert_array_equal(packed.values(), ref)
     if packed.kind == W.WT_Q:
-        assert packed.data.dtype == np.int8 and packed.data.size == 9 * cols
         block = 16 if wtype == "Q6_K" else 32
         assert packed.lg_block == block.bit_length() - 1
-        assert packed.scales is not None and packed.scales.shape == (9 * cols // block, 2)
+        assert packed.scales is not None
+        assert packed.layout == (W.LAYOUTS[tensor.ggml_type] if compact else 0)
+        wide = 1 + 8 / block
+        per_value = (packed.data.nbytes + packed.scales.nbytes) / (9 * cols)
+        assert per_value == (COMPACT_BYTES.get(wtype, 1.25) if compact else wide)
+
+
+def test_nibbles_hold_each_chunks_values_j_and_j_plus_8() -> None:
+    """The byte order the kernels' vt_unnib reads: Q4_0 codes -8..7 as nibbles 0..15."""
+    values = np.tile(np.arange(-8, 8, dtype=np.float32), (2, 2))  # d = 1: codes = values
+    tensor, ref = weight_tensor("w", values, "Q4_0")
+    packed = W.pack(tensor)
+    assert packed.layout == W.Q_NIB | W.Q_NIB8 | W.Q_HALF | W.Q_ONE
+    want = [j | ((j + 8) << 4) for j in range(8)]  # nibble n = code + 8
+    assert packed.data.view(np.uint8)[:16].tolist() == want * 2
+    np.testing.assert_array_equal(packed.values(), ref)
 
 
 def test_vectors_become_float32() -> None:

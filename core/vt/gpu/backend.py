@@ -137,10 +137,16 @@ class GpuWeight:
     scales: int  # 0 unless kind is WT_Q
     lg_block: int
     buffer: Buffer
+    layout: int = 0  # WT_Q's layout flags (weights.Q_*)
 
     @property
     def suffix(self) -> str:
         return W.SUFFIX[self.kind]
+
+    @property
+    def qarg(self) -> int:
+        """The kernels' ``lg`` argument: ``lg_block`` with the layout's flags."""
+        return self.lg_block | self.layout
 
 
 @dataclass(eq=False)
@@ -197,10 +203,10 @@ _OVERLAP = ("matmul_gemv", "swiglu_gemv", "qkv_gemv", "qkv_rope_gemv", "rms_norm
 
 
 def _qkv_weight_args(ws: list[GpuWeight], biases: list[int]) -> list[Any]:
-    """(data, scales, lg_block, bias) of each of q, k and v: the qkv kernels' arguments."""
+    """(data, scales, lg, bias) of each of q, k and v: the qkv kernels' arguments."""
     args: list[Any] = []
     for w, b in zip(ws, biases, strict=True):
-        args += [P(w.data), P(w.scales), I32(w.lg_block), P(b)]
+        args += [P(w.data), P(w.scales), I32(w.qarg), P(b)]
     return args
 
 
@@ -313,6 +319,10 @@ class GpuBackend(
     #: their blocks start, and the gemv kernels' first weight loads go out, while the
     #: previous kernel finishes; False: every launch plain (a tool's "before").
     overlap_launches: bool = True
+    #: Quantized weights in their compact layouts (vt.gpu.weights.LAYOUTS: about the file's
+    #: bytes a value) rather than the wide one (int8 codes, float32 pairs: 1.25-1.5 bytes a
+    #: value; a tool's "before"). The same values either way; set before loading a model.
+    compact_weights: bool = True
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
@@ -575,7 +585,7 @@ class GpuBackend(
 
     # ---- weights
     def _upload_weight(self, tensor: WeightTensor) -> Weight:
-        packed = W.pack(tensor)
+        packed = W.pack(tensor, compact=self.compact_weights)
         self.prepare()  # compile before the first step, never during one
         data = np.ascontiguousarray(packed.data).reshape(-1).view(np.uint8)
         at = -(-data.nbytes // 256) * 256
@@ -597,6 +607,7 @@ class GpuBackend(
             scales=base + at if packed.scales is not None else 0,
             lg_block=packed.lg_block,
             buffer=buf,
+            layout=packed.layout,
         )
         return Weight(tensor.name, tuple(int(d) for d in tensor.shape), handle, tensor.ggml_type)
 
@@ -622,7 +633,7 @@ class GpuBackend(
         if n:
             self._kernel(
                 f"embedding_{w.suffix}", (n, 1, 1), _THREADS, stream,
-                self._ptr(out), P(w.data), P(w.scales), I32(w.lg_block), self._ptr(ids), I32(n),
+                self._ptr(out), P(w.data), P(w.scales), I32(w.qarg), self._ptr(ids), I32(n),
                 I32(w.rows), I32(w.cols),
             )  # fmt: skip
 
@@ -686,7 +697,7 @@ class GpuBackend(
             return
         out_f, in_f = w.rows, w.cols
         res = P(0) if residual is None else self._ptr(residual)
-        args = [self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.lg_block), P(bias),
+        args = [self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.qarg), P(bias),
                 res, I32(n), I32(out_f), I32(in_f)]  # fmt: skip
         if n >= self.tiled_min_rows:
             grid = (-(-out_f // 64), -(-n // 64), 1)
@@ -832,7 +843,7 @@ class GpuBackend(
                 if fresh:
                     self._kernel(f"{copy}_h_{w.suffix}", (_blocks(total // per), 1, 1),
                                  _THREADS, stream, P(wptr), P(w.data), P(w.scales),
-                                 I32(w.lg_block), I64(total))  # fmt: skip
+                                 I32(w.qarg), I64(total))  # fmt: skip
             xh = self._scratch_at_least(n * k * 2, slot="half_x")
             x8 = 8 if self.blas_wide_copies and (n * k) % 8 == 0 and xp % 16 == 0 else 1
             self._kernel("to_half8" if x8 > 1 else "to_half", (_blocks(n * k // x8), 1, 1),
@@ -842,7 +853,7 @@ class GpuBackend(
             wptr, fresh = self._weight_copy(w, "f32_weight", total * 4)
             if fresh:
                 self._kernel(f"{copy}_{w.suffix}", (_blocks(total // per), 1, 1), _THREADS,
-                             stream, P(wptr), P(w.data), P(w.scales), I32(w.lg_block),
+                             stream, P(wptr), P(w.data), P(w.scales), I32(w.qarg),
                              I64(total))  # fmt: skip
         accumulate = residual is not None
         if residual is not None and (rp := self._ptr(residual).value or 0) != op:
@@ -903,24 +914,24 @@ class GpuBackend(
         if (gv := self._gemv(x, g, u))[0]:
             self._kernel(
                 f"swiglu_gemv{gv[0]}_q", (-(-g.rows // gv[0]), 1, 1), gv[1], stream,
-                self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.lg_block),
-                P(u.data), P(u.scales), I32(u.lg_block), I32(g.rows), I32(dim),
+                self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.qarg),
+                P(u.data), P(u.scales), I32(u.qarg), I32(g.rows), I32(dim),
             )  # fmt: skip
             return
         suffix, xq = self._int8_x(stream, x, g, u)
         if xq and g.lg_block == u.lg_block and (nt := self._mma_tiles(n)):
             self._kernel(
                 f"swiglu_mma{nt}_q8a", (-(-g.rows // 16), 1, 1), _mma_threads(2, nt), stream,
-                self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.lg_block), P(u.data),
-                P(u.scales), I32(u.lg_block), I32(n), I32(g.rows), I32(dim),
+                self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.qarg), P(u.data),
+                P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim),
             )  # fmt: skip
             return
         grid, rpb, no = self._small_grid(n, g.rows, most=2)
         self._kernel(
             f"swiglu_small{no}_{suffix}", grid, _THREADS, stream,
             self._ptr(out), P(xq) if xq else self._ptr(x), P(g.data), P(g.scales),
-            I32(g.lg_block), P(u.data),
-            P(u.scales), I32(u.lg_block), I32(n), I32(g.rows), I32(dim), I32(rpb),
+            I32(g.qarg), P(u.data),
+            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), I32(rpb),
         )  # fmt: skip
 
     def op_qkv(

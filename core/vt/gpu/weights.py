@@ -1,13 +1,18 @@
 """GGUF tensors in the kernels' weight formats, prepared on the host at upload.
 
 Float types stay as they are (F32, F16, BF16 bits). Every quantized type vt reads becomes
-one format the kernels dequantize on the fly: int8 codes ``q`` per value plus a float32
-``(scale, offset)`` pair per block of 32 values (16 for Q6_K), with
-``value = scale * q + offset`` rounded in two steps. The scales are computed here in float32
-exactly as gguf's dequantization computes them (``d * sc`` for K-quants), so the kernels'
-dequantization equals ``vt.reference.dequantize`` bit for bit. That costs 1.25 bytes per
-value (a Q4 file's 0.56 doubles; still a quarter of float32) and keeps one matmul kernel
-for every quantized type.
+WT_Q: a code ``q`` per value and a ``(scale, offset)`` pair per block of 32 values (16 for
+Q6_K), with ``value = scale * q + offset`` rounded in two steps. The scales are computed as
+gguf's dequantization computes them (``d * sc`` for K-quants, in float32), so the kernels'
+dequantization equals ``vt.reference.dequantize`` bit for bit.
+
+How the codes and pairs are stored is the weight's layout (``LAYOUTS``, flags that
+kernels/common.cu defines too): 4-bit codes two a byte where the type's codes fit 4 bits, scales as
+IEEE half where the file stores them so, no offsets where they are all zero. So a weight
+costs on the device about what it costs in the file (Q8_0 1.0625 bytes a value, Q4_0
+0.5625, Q4_1 0.625, Q4_K 0.75, Q6_K 1.25, Q5_K 1.25) and every layout dequantizes to the
+same float32 values. ``compact=False`` gives the wide layout (int8 codes, float32 pairs,
+1.25 bytes a value, 1.5 for Q6_K) that every kernel also reads: a benchmark's baseline.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ from ..reference.quant import SUPPORTED_TYPES, dequantize, ggml_type_name
 WT_F32, WT_F16, WT_BF16, WT_Q = 0, 1, 2, 3
 SUFFIX = {WT_F32: "f32", WT_F16: "f16", WT_BF16: "bf16", WT_Q: "q"}
 
+#: WT_Q layout flags (as kernels/common.cu defines them; the kernels get ``lg_block | layout``).
+#: Q_NIB: 4-bit codes, two a byte: of each 16 values, value j is the low nibble of byte
+#: j (j < 8) and value j + 8 its high nibble. Q_NIB8: a nibble n is the code n - 8.
+#: Q_HALF: scales (and offsets) stored as IEEE half. Q_ONE: a scale alone, the offset 0.
+Q_NIB, Q_NIB8, Q_HALF, Q_ONE = 0x100, 0x200, 0x400, 0x800
+
 T = GGMLQuantizationType
 F16 = np.dtype("<f2")
 
@@ -38,9 +49,11 @@ class PackedWeight:
     kind: int
     rows: int
     cols: int
-    data: np.ndarray  # float32, uint16 (f16/bf16 bits) or int8 codes; C-contiguous
-    scales: np.ndarray | None = None  # float32 [n_blocks, 2]: (scale, offset)
+    data: np.ndarray  # float32, uint16 (f16/bf16 bits), int8 codes or nibbles; C-contiguous
+    #: float32 or uint16 (half bits), [n_blocks, 2] (scale, offset) or [n_blocks] (Q_ONE)
+    scales: np.ndarray | None = None
     lg_block: int = 0  # log2 of the values per (scale, offset) pair
+    layout: int = 0  # Q_* flags
 
     def values(self) -> np.ndarray:
         """The float32 values the kernels read (for tests; mirrors ``vt_wload``)."""
@@ -52,10 +65,30 @@ class PackedWeight:
             out = (self.data.astype(np.uint32) << 16).view(np.float32)
         else:
             assert self.scales is not None
-            block = 1 << self.lg_block
-            q = self.data.reshape(-1, block).astype(np.float32)
-            out = q * self.scales[:, :1] + self.scales[:, 1:]
+            scales = self.scales.view(F16) if self.layout & Q_HALF else self.scales
+            pairs = scales.astype(np.float32).reshape(-1, 1 if self.layout & Q_ONE else 2)
+            scale, offset = pairs[:, :1], pairs[:, 1:] if pairs.shape[1] == 2 else np.float32(0)
+            q = _codes(self.data, self.layout).reshape(-1, 1 << self.lg_block).astype(np.float32)
+            out = q * scale + offset
         return out.reshape(self.rows, self.cols)
+
+
+def _codes(data: np.ndarray, layout: int) -> np.ndarray:
+    """The int8 codes of a WT_Q weight's data, in value order."""
+    if not layout & Q_NIB:
+        return data.view(np.int8)
+    chunks = data.view(np.uint8).reshape(-1, 8)
+    codes = np.concatenate([chunks & 0x0F, chunks >> 4], axis=1).astype(np.int8)
+    return (codes - np.int8(8) if layout & Q_NIB8 else codes).reshape(-1)
+
+
+def _nibbles_of(codes: np.ndarray, layout: int) -> np.ndarray:
+    """Codes (a multiple of 16, each 0..15 after Q_NIB8's + 8) two a byte, as ``_codes`` reads."""
+    n = codes.astype(np.int16) + (8 if layout & Q_NIB8 else 0)
+    if n.size % 16 or n.min(initial=0) < 0 or n.max(initial=0) > 15:
+        raise AssertionError("4-bit codes out of range")  # a vt bug: LAYOUTS is wrong
+    chunks = n.astype(np.uint8).reshape(-1, 16)
+    return np.ascontiguousarray(chunks[:, :8] | (chunks[:, 8:] << 4)).reshape(-1)
 
 
 def _raw_blocks(tensor: WeightTensor, qtype: GGMLQuantizationType) -> tuple[np.ndarray, int, int]:
@@ -142,6 +175,16 @@ def _q6_k(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, scale, np.zeros_like(scale)
 
 
+#: The layout of each quantized type when compact (its codes' range and its file's scales).
+LAYOUTS = {
+    T.Q8_0: Q_HALF | Q_ONE,
+    T.Q4_0: Q_NIB | Q_NIB8 | Q_HALF | Q_ONE,
+    T.Q4_1: Q_NIB | Q_HALF,
+    T.Q4_K: Q_NIB,
+    T.Q5_K: 0,
+    T.Q6_K: Q_ONE,
+}
+
 _QUANT = {
     T.Q8_0: (_q8_0, 5),
     T.Q4_0: (_q4_0, 5),
@@ -164,8 +207,24 @@ def check_type(tensor: WeightTensor) -> GGMLQuantizationType:
     return T(tensor.ggml_type)
 
 
-def pack(tensor: WeightTensor) -> PackedWeight:
-    """``tensor`` in a kernel weight format. Vectors (norms, biases) become float32."""
+def _stored_scales(scale: np.ndarray, offset: np.ndarray, layout: int) -> np.ndarray:
+    """The (scale, offset) pairs as ``layout`` stores them; AssertionError if that would
+    change a value (a vt bug: LAYOUTS promises the file's scales fit)."""
+    pairs = scale.reshape(-1, 1) if layout & Q_ONE else np.stack([scale, offset], axis=1)
+    if layout & Q_ONE and np.any(offset):
+        raise AssertionError("a Q_ONE layout with nonzero offsets")
+    if layout & Q_HALF:
+        half = pairs.astype(F16)
+        if not np.array_equal(half.astype(np.float32), pairs, equal_nan=True):
+            raise AssertionError("scales that are not IEEE half values")
+        pairs = half.view(np.uint16)
+    out = pairs.reshape(-1) if layout & Q_ONE else pairs
+    return np.ascontiguousarray(out)
+
+
+def pack(tensor: WeightTensor, compact: bool = True) -> PackedWeight:
+    """``tensor`` in a kernel weight format. Vectors (norms, biases) become float32.
+    Quantized types take their ``LAYOUTS`` entry, or the wide layout where not ``compact``."""
     qtype = check_type(tensor)
     if len(tensor.shape) == 1:
         values = dequantize(tensor)
@@ -178,8 +237,13 @@ def pack(tensor: WeightTensor) -> PackedWeight:
         return PackedWeight(kind, rows, cols, raw.reshape(-1).view(np.uint16).copy())
     unpack, lg_block = _QUANT[qtype]
     q, scale, offset = unpack(raw)
-    scales = np.stack([scale.reshape(-1), offset.reshape(-1)], axis=1).astype(np.float32)
     codes = np.ascontiguousarray(q.reshape(-1))
-    if codes.size != rows * cols or scales.shape[0] != math.ceil(codes.size / (1 << lg_block)):
+    blocks = scale.size
+    if codes.size != rows * cols or blocks != math.ceil(codes.size / (1 << lg_block)):
         raise AssertionError(f"{qtype.name} repacking produced the wrong sizes")  # a vt bug
-    return PackedWeight(WT_Q, rows, cols, codes, np.ascontiguousarray(scales), lg_block)
+    layout = LAYOUTS[qtype] if compact else 0
+    scale = scale.reshape(-1).astype(np.float32)
+    offset = offset.reshape(-1).astype(np.float32)
+    scales = _stored_scales(scale, offset, layout)
+    data = _nibbles_of(codes, layout) if layout & Q_NIB else codes
+    return PackedWeight(WT_Q, rows, cols, data, scales, lg_block, layout)

@@ -243,7 +243,7 @@ def test_blas_copies_are_bit_exact(cuda: Any, wtype: str) -> None:
         total = rows * cols
         out, outh, xh = io.empty(total * 4), io.empty(total * 2), io.empty(x.size * 2)
         stream = cuda.create_stream()
-        args = (P(gw.data), P(gw.scales), ctypes.c_int32(gw.lg_block), I64(total))
+        args = (P(gw.data), P(gw.scales), ctypes.c_int32(gw.qarg), I64(total))
         cuda._kernel("dequantize16_q", (32, 1, 1), 256, stream, P(out.handle), *args)
         cuda._kernel("dequantize16_h_q", (32, 1, 1), 256, stream, P(outh.handle), *args)
         cuda._kernel("to_half8", (_blocks(x.size // 8), 1, 1), 256, stream, P(xh.handle),
@@ -370,6 +370,73 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
         for w in ws:
             cuda.free_weight(w)
         cuda.free_weight(bias)
+        io.close()
+
+
+#: (label, rows of x, GpuBackend attributes): every kernel family that reads WT_Q weights.
+LAYOUT_PATHS = [
+    ("gemv", 1, {}),
+    ("warp", 1, {"gemv_features": 0}),
+    ("float32-x", 3, {"int8_min_rows": 1 << 30}),
+    ("dp4a", 9, {"int8_min_rows": 2, "int8_min_values": 0, "int8_mma": False}),
+    ("mma", 9, {"int8_min_rows": 2, "int8_min_values": 0, "int8_mma": True}),
+    ("tiled", 70, {"blas_min_rows": 1 << 30}),
+    ("blas", 70, {}),
+]
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("case", LAYOUT_PATHS, ids=[c[0] for c in LAYOUT_PATHS])
+def test_compact_layouts_give_the_wide_layouts_bits(cuda: Any, wtype: str, case: tuple) -> None:
+    """The same weights uploaded compact (nibbles, half scales: GpuBackend.compact_weights)
+    and wide (int8 codes, float32 pairs): embedding, matmul with bias, swiglu and qkv give
+    bit-equal outputs on every kernel path (``case``), since every layout yields the same
+    values and the kernels' arithmetic does not depend on it."""
+    label, n, attrs = case
+    k_in = 512 if wtype.endswith("_K") else 96
+    rows = (80, 80, 72)
+    rng = np.random.default_rng(n + k_in)
+    mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wtype)[0]
+            for i, r in enumerate(rows)]  # fmt: skip
+    b_tensor, _ = weight_tensor("b", rng.standard_normal(80).astype(np.float32), "F32")
+    x = rng.standard_normal((n, k_in)).astype(np.float32)
+    ids = rng.integers(0, 80, n).astype(np.int32)
+    saved = {name: getattr(cuda, name) for name in (*attrs, "compact_weights")}
+    io = IO(cuda)
+    uploaded: dict[bool, list[vt.Weight]] = {}
+    try:
+        for compact in (True, False):
+            cuda.compact_weights = compact
+            uploaded[compact] = [cuda.upload_weight(t) for t in mats]
+        cuda.compact_weights = saved["compact_weights"]
+        bias = cuda.upload_weight(b_tensor)
+        for name, value in attrs.items():
+            setattr(cuda, name, value)
+        stream = cuda.create_stream()
+        xb, idb = f32(io.put(x), n, k_in), i32(io.put(ids), n)
+        got: dict[bool, list[np.ndarray]] = {}
+        for compact, ws in uploaded.items():
+            outs = [f32(io.empty(n * r * 4), n, r) for r in (k_in, 80, 80, 80, 80, 72)]
+            scratch = [f32(io.empty(n * 80 * 4), n, 80) for _ in range(2)]
+            cuda.launch("embedding", stream, out=outs[0], ids=idb, table=ws[0])
+            cuda.launch("matmul", stream, out=outs[1], x=xb, weight=ws[0], bias=bias)
+            cuda.launch("swiglu", stream, out=outs[2], x=xb, gate=ws[0], up=ws[1],
+                        scratch_gate=scratch[0], scratch_up=scratch[1])  # fmt: skip
+            cuda.launch("qkv", stream, q=outs[3], k=outs[4], v=outs[5], x=xb, wq=ws[0],
+                        wk=ws[1], wv=ws[2])  # fmt: skip
+            cuda.synchronize(stream)
+            got[compact] = [io.get(o.buffer, np.uint32, (n, o.shape[1])) for o in outs]
+        ops = ("embedding", "matmul", "swiglu", "q", "k", "v")
+        for op, a, b in zip(ops, got[True], got[False], strict=True):
+            assert np.array_equal(a, b), (label, op, int((a != b).sum()))
+        assert not np.isnan(got[True][1].view(np.float32)).any()  # every output was written
+        cuda.free_weight(bias)
+    finally:
+        for name, value in saved.items():
+            setattr(cuda, name, value)
+        for ws in uploaded.values():
+            for w in ws:
+                cuda.free_weight(w)
         io.close()
 
 

@@ -26,9 +26,11 @@ cuBLASLt plans cached per shape (1, the default; ``vt_cuda.blas.Cublas.use_lt``)
 overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches``);
 ``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
 ``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
-``--last-block-combine 0|1``: attention's split partials combined by a second launch (0)
-or by each group's last split block (1, the default;
+``--last-block-combine 0|1``: attention's split partials combined by a second launch (0,
+the default) or by each group's last split block (1;
 ``GpuBackend.attention_last_block_combine``);
+``--compact 0|1``: quantized weights in the wide layout (0: int8 codes and float32 pairs,
+as before run 47) or their compact one (1, the default; ``GpuBackend.compact_weights``);
 ``--tiled-rows N``: attention
 of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
 huge N: every step on ``attention_split``, as before it). ``--no-fused``:
@@ -74,6 +76,7 @@ _NUMBERS = {
     "--tiled-rows": "attention_tiled_min_rows",
     "--gemv": "gemv_features",
     "--overlap": "overlap_launches",
+    "--compact": "compact_weights",
 }
 
 

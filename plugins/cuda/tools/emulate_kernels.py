@@ -142,6 +142,21 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
         P(const void*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),                 \
         P(const void*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),               \
         P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(int, 21)); }); return 1; }
+// the decode kernels of several rows (float32 x: suffix q; int8 x: q8a), per features a warp
+#define SMALLN(NO, SW, S) if (!std::strcmp(name, "matmul_small" #NO "_" #S)) {                 \
+    vt_grid(g, block, [=] { matmul_small##NO##_##S(P(float*, 0), P(const float*, 1),           \
+        P(const void*, 2), P(const float*, 3), P(int, 4), P(const float*, 5),                   \
+        P(const float*, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10)); }); return 1; }      \
+    if (!std::strcmp(name, "swiglu_small" #SW "_" #S)) { vt_grid(g, block, [=] {              \
+    swiglu_small##SW##_##S(P(float*, 0), P(const float*, 1), P(const void*, 2),                 \
+        P(const float*, 3), P(int, 4), P(const void*, 5), P(const float*, 6), P(int, 7),        \
+        P(int, 8), P(int, 9), P(int, 10), P(int, 11)); }); return 1; }                          \
+    if (!std::strcmp(name, "qkv_small" #NO "_" #S)) { vt_grid(g, block, [=] {                 \
+    qkv_small##NO##_##S(P(float*, 0), P(float*, 1), P(float*, 2), P(const float*, 3),          \
+        P(const void*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),                   \
+        P(const void*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),                 \
+        P(const void*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),               \
+        P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(int, 21)); }); return 1; }
 // the int8 tensor-core kernels (their shuffle branch), per tiles of 8 rows
 #define MMA(NO)                                                                       \
     if (!std::strcmp(name, "matmul_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
@@ -211,7 +226,10 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
         quantize_rows(P(unsigned char*, 0), P(const float*, 1), P(int, 2), P(int, 3)); });
         return 1; }
     MMA(1) MMA(2) MMA(4) MMA(8)
-    SMALL1(q) SMALL1(f32) SMALL1SW(q)
+    SMALL1(q) SMALL1(f32) SMALL1SW(q) SMALLN(4, 2, q) SMALLN(4, 2, q8a)
+    if (!std::strcmp(name, "embedding_q")) { vt_grid(g, block, [=] {
+        embedding_q(P(float*, 0), P(const void*, 1), P(const float*, 2), P(int, 3),
+            P(const int*, 4), P(int, 5), P(int, 6), P(int, 7)); }); return 1; }
     if (!std::strcmp(name, "rms_norm")) { vt_grid(g, block, [=] {
         rms_norm(P(float*, 0), P(const float*, 1), P(const float*, 2), P(int, 3), P(int, 4),
             P(float, 5)); }); return 1; }
@@ -309,6 +327,13 @@ def main() -> None:
                         checks.test_gemv_one_row(backend, wtype, k_in, gv)
                         ran += 1
                         print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"):
+            for case in checks.LAYOUT_PATHS:
+                label = f"layouts {wtype} {case[0]}"
+                if a.k in label and case[0] not in ("tiled", "blas"):  # not emulated
+                    checks.test_compact_layouts_give_the_wide_layouts_bits(backend, wtype, case)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         print(f"{ran} emulated checks passed")
 
 

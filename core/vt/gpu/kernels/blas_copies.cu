@@ -3,8 +3,9 @@
 
 // The BLAS path (matmuls of many rows: prefill) copies each quantized weight into float32
 // or half scratch once per matmul, so these copies are bound by memory bandwidth: 16
-// values a thread from one 128-bit load of codes and one (scale, offset) pair (blocks of
-// 16 or 32 values, so the 16 share it), written as 128-bit stores. Values rounded exactly
+// values a thread from one load of codes (128 bits of int8 codes, 64 of nibbles) and one
+// (scale, offset) pair (blocks of 16 or 32 values, so the 16 share it), written as 128-bit
+// stores. Values rounded exactly
 // as vt_wload (scale * q, then + offset, each rounded), so the float32 copy stays bit-exact
 // to vt.reference.dequantize; the half copy rounds that to nearest even. The backend takes
 // these when the weight's element count is a multiple of 16 and its codes 16-byte aligned,
@@ -27,14 +28,12 @@ __device__ __forceinline__ vt_u32 vt_half_bits(float f) {
 
 __device__ __forceinline__ void vt_dequantize16(float v[16], const vt_i8* data, const float* sm,
                                                 int lg_block, long long e) {
-    vt_u4 c = *(const vt_u4*)(data + e);
-    long long b = e >> lg_block;
-    float scale = sm[2 * b], offset = sm[2 * b + 1];
-    vt_u32 w[4] = {c.x, c.y, c.z, c.w};
+    vt_codes<16> c = vt_qcodes<16>(data, lg_block, e);
+    vt_f2 so = vt_qso(sm, lg_block, e >> VT_Q_LG(lg_block));
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
-        float q = (float)(vt_i8)(w[k / 4] >> (8 * (k % 4)));
-        v[k] = __fadd_rn(__fmul_rn(scale, q), offset);
+        float q = (float)(vt_i8)(c.w[k / 4] >> (8 * (k % 4)));
+        v[k] = __fadd_rn(__fmul_rn(so.x, q), so.y);
     }
 }
 

@@ -8,9 +8,10 @@
 //
 // Weight formats (what GpuBackend.upload_weight makes of a GGUF tensor):
 //   WT_F32, WT_F16, WT_BF16: the file's values, row-major [rows, cols].
-//   WT_Q: int8 codes [rows, cols] plus one (scale, offset) float pair per block of
-//         2**lg_block values along a row; value = scale * q + offset, rounded exactly as
-//         gguf's dequantization rounds it (every GGML block type vt reads fits this form).
+//   WT_Q: a code q per value plus one (scale, offset) pair per block of 2**lg_block values
+//         along a row; value = scale * q + offset, rounded exactly as gguf's dequantization
+//         rounds it (every GGML block type vt reads fits this form). How they are stored is
+//         the weight's layout: the kernels' "lg" argument is lg_block | VT_Q_* flags (below).
 
 #if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
 #define VT_HIP 1
@@ -43,6 +44,16 @@ typedef signed char vt_i8;
 #define WT_F16 1
 #define WT_BF16 2
 #define WT_Q 3
+// WT_Q layouts (vt.gpu.weights.LAYOUTS), flags of the kernels' lg argument over lg_block:
+// VT_Q_NIB: 4-bit codes two a byte, each 16 values in 8 bytes (value j the low nibble of
+// byte j, value j + 8 its high nibble), else int8 codes; VT_Q_NIB8: a nibble n is the code
+// n - 8; VT_Q_HALF: scales and offsets IEEE half, else float32; VT_Q_ONE: a scale per block
+// and no offset (0), else (scale, offset) pairs. Every layout yields the same float32 values.
+#define VT_Q_NIB 0x100
+#define VT_Q_NIB8 0x200
+#define VT_Q_HALF 0x400
+#define VT_Q_ONE 0x800
+#define VT_Q_LG(lg) ((lg) & 0xff)
 // Not a stored format: WT_Q weights against int8 activations (the decode kernels' x is then
 // vt_quantize_rows's packed rows, not float32; see matmul.cu).
 #define WT_Q8A 4
@@ -125,6 +136,45 @@ __device__ __forceinline__ float vt_bf16_to_float(vt_u16 h) {
     return __uint_as_float((vt_u32)h << 16);
 }
 
+// IEEE half to float for a weight's scales: the conversion instruction on NVIDIA (exact,
+// subnormals included), vt_half_to_float elsewhere.
+__device__ __forceinline__ float vt_h2f(vt_u16 h) {
+#if !defined(VT_HIP) && !defined(VT_EMULATE)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return vt_half_to_float(h);
+#endif
+}
+
+struct alignas(8) vt_f2 {
+    float x, y;
+};
+
+// (scale, offset) of block b of a WT_Q weight whose pairs are at sm, in layout lg.
+__device__ __forceinline__ vt_f2 vt_qso(const float* sm, int lg, long long b) {
+    if (lg & VT_Q_HALF) {
+        if (lg & VT_Q_ONE) return {vt_h2f(((const vt_u16*)sm)[b]), 0.0f};
+        vt_u32 p = ((const vt_u32*)sm)[b];
+        return {vt_h2f((vt_u16)(p & 0xffffu)), vt_h2f((vt_u16)(p >> 16))};
+    }
+    if (lg & VT_Q_ONE) return {sm[b], 0.0f};
+    return *(const vt_f2*)(sm + 2 * b);
+}
+
+// A word of four nibbles' codes (the low (hi = 0) or high nibbles of 4 bytes) as four int8
+// codes, less 8 each for VT_Q_NIB8 (x = n ^ 8 is n - 8 in 4 bits; its bit 3 spread over the
+// byte's high bits sign-extends it, without a carry between bytes).
+__device__ __forceinline__ vt_u32 vt_unnib(vt_u32 word, int hi, int lg) {
+    vt_u32 n = (hi ? word >> 4 : word) & 0x0f0f0f0fu;
+    if (lg & VT_Q_NIB8) {
+        vt_u32 x = n ^ 0x08080808u;
+        n = x | ((x & 0x08080808u) * 0x1eu);
+    }
+    return n;
+}
+
 // One weight element. Quantized: scale * q + offset with two roundings, as numpy does.
 template <int WT>
 __device__ __forceinline__ float vt_wload(const void* data, const float* sm, int lg_block,
@@ -132,9 +182,15 @@ __device__ __forceinline__ float vt_wload(const void* data, const float* sm, int
     if (WT == WT_F32) return ((const float*)data)[idx];
     if (WT == WT_F16) return vt_half_to_float(((const vt_u16*)data)[idx]);
     if (WT == WT_BF16) return vt_bf16_to_float(((const vt_u16*)data)[idx]);
-    long long b = idx >> lg_block;
-    float q = (float)((const vt_i8*)data)[idx];
-    return __fadd_rn(__fmul_rn(sm[2 * b], q), sm[2 * b + 1]);
+    vt_f2 so = vt_qso(sm, lg_block, idx >> VT_Q_LG(lg_block));
+    int code;
+    if (lg_block & VT_Q_NIB) {
+        vt_u32 byte = ((const unsigned char*)data)[(idx >> 4) * 8 + (idx & 7)];
+        code = (int)(vt_i8)(vt_unnib(byte, (int)(idx >> 3) & 1, lg_block) & 0xffu);
+    } else {
+        code = ((const vt_i8*)data)[idx];
+    }
+    return __fadd_rn(__fmul_rn(so.x, (float)code), so.y);
 }
 
 // Block-wide reductions over shared scratch of blockDim.x entries (blockDim a power of 2).

@@ -15,15 +15,31 @@ template <int CH>  // CH int8 codes in one load
 struct alignas(CH) vt_codes {
     vt_u32 w[CH / 4];
 };
-struct alignas(8) vt_f2 {
-    float x, y;
-};
 struct alignas(16) vt_f4 {
     float x, y, z, w;
 };
 
-// One weight row of a decode kernel: its data, (scale, offset) pairs, block size and the
-// flat index of its first element.
+// CH (4, 8 or 16) codes of a WT_Q weight from value index at (a multiple of CH), as int8
+// codes, in one load: CH bytes of int8 codes, or the nibbles that hold them (VT_Q_NIB: a
+// 16-value chunk's 8 bytes, whose low or high nibbles are values 0-7 or 8-15).
+template <int CH>
+__device__ __forceinline__ vt_codes<CH> vt_qcodes(const void* data, int lg, long long at) {
+    if (!(lg & VT_Q_NIB)) return *(const vt_codes<CH>*)((const vt_i8*)data + at);
+    const unsigned char* chunk = (const unsigned char*)data + (at >> 4) * 8;
+    vt_codes<CH> c;
+    if (CH == 4) {
+        c.w[0] = vt_unnib(*(const vt_u32*)(chunk + (at & 4)), (int)(at >> 3) & 1, lg);
+        return c;
+    }
+    vt_codes<8> r = *(const vt_codes<8>*)chunk;
+    int hi = CH == 16 ? 0 : (int)(at >> 3) & 1;
+#pragma unroll
+    for (int j = 0; j < CH / 4; ++j) c.w[j] = vt_unnib(r.w[j & 1], hi + (j >> 1), lg);
+    return c;
+}
+
+// One weight row of a decode kernel: its data, (scale, offset) pairs, block size and layout
+// (lg: lg_block | VT_Q_* flags) and the flat index of its first element.
 struct VtRow {
     const void* data;
     const float* sm;
@@ -82,8 +98,8 @@ __device__ __forceinline__ void vt_mm_rows(const VtRow* w, const float* x, int n
 #pragma unroll
             for (int i = 0; i < NW; ++i) {
                 long long at = w[i].at + k;
-                wc[i] = *(const vt_codes<16>*)((const vt_i8*)w[i].data + at);
-                so[i] = *(const vt_f2*)(w[i].sm + 2 * (at >> w[i].lg));  // 16 codes, one block
+                wc[i] = vt_qcodes<16>(w[i].data, w[i].lg, at);
+                so[i] = vt_qso(w[i].sm, w[i].lg, at >> VT_Q_LG(w[i].lg));  // 16 codes, one block
             }
 #pragma unroll
             for (int r = 0; r < MM_R; ++r) {
@@ -109,8 +125,8 @@ __device__ __forceinline__ void vt_mm_rows(const VtRow* w, const float* x, int n
 #pragma unroll
             for (int i = 0; i < NW; ++i) {
                 long long at = w[i].at + k;
-                vt_codes<CH> raw = *(const vt_codes<CH>*)((const vt_i8*)w[i].data + at);
-                vt_f2 so = *(const vt_f2*)(w[i].sm + 2 * (at >> w[i].lg));  // one block
+                vt_codes<CH> raw = vt_qcodes<CH>(w[i].data, w[i].lg, at);
+                vt_f2 so = vt_qso(w[i].sm, w[i].lg, at >> VT_Q_LG(w[i].lg));  // one block
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
                     int code = (int)(vt_i8)((raw.w[j >> 2] >> (8 * (j & 3))) & 0xffu);
@@ -405,6 +421,25 @@ __device__ __forceinline__ vt_codes<16> vt_gv_load(const vt_i8* p) {
     return *(const vt_codes<16>*)p;
 #endif
 }
+__device__ __forceinline__ vt_codes<8> vt_gv_load8(const unsigned char* p) {
+#ifdef VT_GV_NC
+    vt_codes<8> c;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(c.w[0]), "=r"(c.w[1]) : "l"(p));
+    return c;
+#else
+    return *(const vt_codes<8>*)p;
+#endif
+}
+
+// vt_qcodes<16> through these loads.
+__device__ __forceinline__ vt_codes<16> vt_gv_codes(const void* data, int lg, long long at) {
+    if (!(lg & VT_Q_NIB)) return vt_gv_load((const vt_i8*)data + at);
+    vt_codes<8> r = vt_gv_load8((const unsigned char*)data + (at >> 4) * 8);
+    vt_codes<16> c;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c.w[j] = vt_unnib(r.w[j & 1], j >> 1, lg);
+    return c;
+}
 
 // Code j (0-3) of a word of int8 codes as a float (exact either way). VT_GV_MAGIC: without a
 // conversion instruction, the bits of 2^23 + (code + 128) less 2^23 + 128 (I2F runs at a
@@ -439,8 +474,8 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
 #pragma unroll
             for (int i = 0; i < NW; ++i) {
                 long long at = w[i].at + k;
-                raw[u][i] = vt_gv_load((const vt_i8*)w[i].data + at);
-                so[u][i] = *(const vt_f2*)(w[i].sm + 2 * (at >> w[i].lg));  // 16 codes, one block
+                raw[u][i] = vt_gv_codes(w[i].data, w[i].lg, at);
+                so[u][i] = vt_qso(w[i].sm, w[i].lg, at >> VT_Q_LG(w[i].lg));  // 16 codes, one block
             }
         }
         // Launched overlapped (common.cu): the first pass's weights are in flight while the
@@ -718,12 +753,13 @@ __device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32
 #endif
 #define MMA_U(NT) ((NT) >= 8 ? VT_MMA_U8 : (NT) >= 4 ? VT_MMA_U4 : VT_MMA_U1)
 
-// acc[m][j][e] += this warp's K blocks of weight m's rows (ra, rb) against x's tile j.
+// acc[m][j][e] += this warp's K blocks of weight m's rows (ra, rb) against x's tile j
+// (weight m in layout lgs[m]; every weight's blocks KB values).
 template <int KB, int MT, int NT, int WARPS>
 __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* const* wd,
-                                            const float* const* ws, int lg, long long ra,
+                                            const float* const* ws, const int* lgs, long long ra,
                                             long long rb, const unsigned char* x, int n, int K) {
-    constexpr int CW = KB / 4;  // a lane's bytes of a row per K block: 8 (k32) or 4 (k16)
+    constexpr int CW = KB / 4;  // a lane's codes of a row per K block: 8 (k32) or 4 (k16)
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int g = lane >> 2, t = lane & 3;
     long long rs = vt_q8a_stride(K);
@@ -739,17 +775,18 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
+                int lg = lgs[m];
                 if (KB == 32) {
-                    vt_codes<8> va = *(const vt_codes<8>*)(wd[m] + ia + t * CW);
-                    vt_codes<8> vb = *(const vt_codes<8>*)(wd[m] + ib + t * CW);
+                    vt_codes<8> va = vt_qcodes<8>(wd[m], lg, ia + t * CW);
+                    vt_codes<8> vb = vt_qcodes<8>(wd[m], lg, ib + t * CW);
                     a[u][m][0] = va.w[0], a[u][m][2] = va.w[1];
                     a[u][m][1] = vb.w[0], a[u][m][3] = vb.w[1];
                 } else {
-                    a[u][m][0] = *(const vt_u32*)(wd[m] + ia + t * CW);
-                    a[u][m][1] = *(const vt_u32*)(wd[m] + ib + t * CW);
+                    a[u][m][0] = vt_qcodes<4>(wd[m], lg, ia + t * CW).w[0];
+                    a[u][m][1] = vt_qcodes<4>(wd[m], lg, ib + t * CW).w[0];
                 }
-                sa[u][m] = *(const vt_f2*)(ws[m] + 2 * (ia >> lg));
-                sb[u][m] = *(const vt_f2*)(ws[m] + 2 * (ib >> lg));
+                sa[u][m] = vt_qso(ws[m], lg, ia >> VT_Q_LG(lg));
+                sb[u][m] = vt_qso(ws[m], lg, ib >> VT_Q_LG(lg));
             }
         }
 #pragma unroll
@@ -792,9 +829,9 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
 }
 
 // MODE 0: out = x @ W.T (+ bias) (+ residual: out may alias it); 1: out = silu(x @ G.T) *
-// (x @ U.T) (weights 0 and 1, the same block size); 2: q, k, v of weights 0, 1, 2 over
-// N0 + N1 + N2 features (the host checks N0 and N1 are multiples of 16, so a block's 16
-// features are one weight's). x: quantize_rows's packed rows.
+// (x @ U.T) (weights 0 and 1, the same block size, each in its own layout); 2: q, k, v of
+// weights 0, 1, 2 over N0 + N1 + N2 features (the host checks N0 and N1 are multiples of
+// 16, so a block's 16 features are one weight's). x: quantize_rows's packed rows.
 template <int MODE, int NT>
 __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* x,
                           const vt_i8* w0, const float* s0, int lg0, const float* b0,
@@ -807,15 +844,16 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     int f = blockIdx.x * 16;
     const vt_i8* wd[MT];
     const float* ws[MT];
-    int lg = lg0, N = N0;
+    int lgs[MT];
+    int N = N0;
     float* out = o0;
     const float* bias = b0;
-    wd[0] = w0, ws[0] = s0;
-    if (MODE == 1) wd[MT - 1] = w1, ws[MT - 1] = s1;
+    wd[0] = w0, ws[0] = s0, lgs[0] = lg0;
+    if (MODE == 1) wd[MT - 1] = w1, ws[MT - 1] = s1, lgs[MT - 1] = lg1;
     if (MODE == 2 && f >= N0 + N1) {
-        f -= N0 + N1, wd[0] = w2, ws[0] = s2, lg = lg2, N = N2, out = o2, bias = b2;
+        f -= N0 + N1, wd[0] = w2, ws[0] = s2, lgs[0] = lg2, N = N2, out = o2, bias = b2;
     } else if (MODE == 2 && f >= N0) {
-        f -= N0, wd[0] = w1, ws[0] = s1, lg = lg1, N = N1, out = o1, bias = b1;
+        f -= N0, wd[0] = w1, ws[0] = s1, lgs[0] = lg1, N = N1, out = o1, bias = b1;
     }
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int g = lane >> 2;
@@ -827,8 +865,8 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
-    if (lg == 5) vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lg, ra, rb, x, n, K);
-    else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lg, ra, rb, x, n, K);
+    if (VT_Q_LG(lgs[0]) == 5) vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K);
+    else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K);
     __shared__ float red[WARPS][E][32];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
