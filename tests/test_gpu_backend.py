@@ -24,7 +24,7 @@ from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuCallError, GpuWeight, kernel_source
 from vt.gpu import weights as W
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
-from vt.gpu.backend import RopeTable, _out_of_memory
+from vt.gpu.backend import LAYOUT_PARTS, RopeTable, _out_of_memory
 from vt.management import rules
 from vt.management.audit import probe_graphs
 from vt.model import load_gguf
@@ -514,6 +514,38 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
                 assert f"VT_DECODE_{kind}(SUFFIX, WT, {prefix[-1]})" in source, name
         else:
             assert name in signatures, name
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["layout-kernels", "run-time-flags"])
+def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
+    """Each WT_Q layout compiles its module (LAYOUT_PARTS with -DVT_Q_FLAGS) once, when its
+    first weight is uploaded; a launch reading weights of one layout takes its kernel from
+    that module, one mixing layouts (Q8_0, Q4_0, Q6_K) or reading none from the module of
+    every kernel. layout_kernels off: the one module, flags read at run time."""
+    backend, rt = make()
+    backend.layout_kernels = on
+    c = OpCase(backend)
+    rng = np.random.default_rng(3)
+    ws = {name: c.w(name, rng.standard_normal((rows, 256)).astype(np.float32), wtype)
+          for name, rows, wtype in [("q", 16, "Q8_0"), ("k", 8, "Q4_0"), ("v", 8, "Q6_K"),
+                                    ("k8", 8, "Q8_0"), ("v8", 8, "Q8_0")]}  # fmt: skip
+    base = [("vt_kernels.cu", ("-DVT_WARP=32",))]
+    layouts = [("c00", "0xc00"), ("f00", "0xf00"), ("800", "0x800")] if on else []
+    own = [(f"vt_kernels_q{name}.cu", ("-DVT_WARP=32", f"-DVT_Q_FLAGS={flags}"))
+           for name, flags in layouts]  # fmt: skip
+    assert rt.compiles == base + own
+    assert "attention_split" not in kernel_source(LAYOUT_PARTS)  # only the weights' kernels
+    stream = backend.create_stream()
+    x = c.t("x", F32, 1, 256)
+    q, k, v = c.t("q", F32, 1, 16), c.t("k", F32, 1, 8), c.t("v", F32, 1, 8)
+    backend.launch("matmul", stream, out=q, x=x, weight=ws["q"])
+    backend.launch("qkv", stream, q=q, k=k, v=v, x=x, wq=ws["q"], wk=ws["k8"], wv=ws["v8"])
+    backend.launch("qkv", stream, q=q, k=k, v=v, x=x, wq=ws["q"], wk=ws["k"], wv=ws["v"])
+    backend.launch("add", stream, out=q, a=q, b=q)
+    modules = [launch.fn.split(":")[0] for launch in rt.launches]
+    every = backend._module()
+    q8 = backend._module(0xC00) if on else every
+    assert modules == [q8, q8, every, every]
 
 
 MACRO_KERNELS = (

@@ -119,11 +119,16 @@ KERNEL_PARTS: tuple[str, ...] = (
 )
 
 
-@lru_cache(maxsize=1)
-def kernel_source() -> str:
+#: The parts with every kernel that reads a quantized weight: what a layout's own module
+#: (GpuBackend.layout_kernels) compiles.
+LAYOUT_PARTS: tuple[str, ...] = KERNEL_PARTS[:5]
+
+
+@lru_cache(maxsize=2)
+def kernel_source(parts: tuple[str, ...] = KERNEL_PARTS) -> str:
     """The one kernel source: the parts of ``kernels/`` joined, compiled as one unit."""
     folder = resources.files(__package__).joinpath("kernels")
-    return "".join(folder.joinpath(part).read_text(encoding="utf-8") for part in KERNEL_PARTS)
+    return "".join(folder.joinpath(part).read_text(encoding="utf-8") for part in parts)
 
 
 @dataclass(eq=False)
@@ -323,11 +328,19 @@ class GpuBackend(
     #: bytes a value) rather than the wide one (int8 codes, float32 pairs: 1.25-1.5 bytes a
     #: value; a tool's "before"). The same values either way; set before loading a model.
     compact_weights: bool = True
+    #: Launches whose quantized weights share one layout run kernels compiled for it
+    #: (``LAYOUT_PARTS`` with ``-DVT_Q_FLAGS``: the layout's branches resolved by the
+    #: compiler), a module per layout, compiled when its first weight is uploaded; others
+    #: (weights of two layouts, e.g. Q4_K_M's q and v) read the flags at run time. False:
+    #: every launch on the run-time kernels (a tool's "before"; docs/gpu.md run 49: they
+    #: cost 3-10%).
+    layout_kernels: bool = True
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
         self._kernels: Any = None
-        self._functions: dict[str, Any] = {}
+        self._layout_modules: dict[int, Any] = {}
+        self._functions: dict[tuple[int | None, str], Any] = {}
         self._granularity: int | None = None
         self._lock = threading.Lock()
         self._scratch: list[tuple[str, Buffer]] = []
@@ -349,39 +362,60 @@ class GpuBackend(
         self._drop_copies()
         self._functions.clear()
         self._kernels = None
+        self._layout_modules.clear()
         self._rt.close()
 
     # ---- kernels: compiled once per process (the adapter caches the binary)
     def compile_options(self) -> list[str]:
         return [f"-DVT_WARP={self._rt.warp_size()}"]
 
-    def _module(self) -> Any:
+    def _module(self, layout: int | None = None) -> Any:
+        """The module of every kernel, or (``layout``) of the quantized-weight kernels
+        compiled for that WT_Q layout."""
         with self._lock:
+            if layout is not None:
+                module = self._layout_modules.get(layout)
+                if module is None:
+                    options = [*self.compile_options(), f"-DVT_Q_FLAGS={layout:#x}"]
+                    source = kernel_source(LAYOUT_PARTS)
+                    module = self._rt.compile(source, f"vt_kernels_q{layout:x}.cu", options)
+                    self._layout_modules[layout] = module
+                return module
             if self._kernels is None:
                 self._kernels = self._rt.compile(
                     kernel_source(), "vt_kernels.cu", self.compile_options()
                 )
         return self._kernels
 
-    def _fn(self, name: str) -> Any:
-        fn = self._functions.get(name)
+    def _fn(self, name: str, layout: int | None = None) -> Any:
+        fn = self._functions.get((layout, name))
         if fn is None:
-            fn = self._rt.get_function(self._module(), name)
-            self._functions[name] = fn
+            fn = self._rt.get_function(self._module(layout), name)
+            self._functions[layout, name] = fn
         return fn
 
     def prepare(self) -> None:
         """Compile the kernels now (upload_weight does it too, before any step runs)."""
         self._module()
 
+    def _layout(self, weights: tuple[GpuWeight, ...]) -> int | None:
+        """The WT_Q layout all of ``weights`` share, whose module a launch reading them
+        takes; None (the module of every kernel) for any other launch."""
+        if not self.layout_kernels or not weights or any(w.kind != W.WT_Q for w in weights):
+            return None
+        layouts = {w.layout for w in weights}
+        return layouts.pop() if len(layouts) == 1 else None
+
     def _kernel(
         self, name: str, grid: tuple[int, int, int], block: int, stream: Stream, *args: Any,
-        overlap: bool = True,
+        overlap: bool = True, weights: tuple[GpuWeight, ...] = (),
     ) -> None:  # fmt: skip
+        """Launch ``name``; ``weights``: the GpuWeights it reads (which module it comes from)."""
+        fn = self._fn(name, self._layout(weights))
         if overlap and self.overlap_launches and name.startswith(_OVERLAP):
-            self._rt.launch_overlapped(self._fn(name), grid, (block, 1, 1), 0, stream.handle, args)
+            self._rt.launch_overlapped(fn, grid, (block, 1, 1), 0, stream.handle, args)
         else:
-            self._rt.launch(self._fn(name), grid, (block, 1, 1), 0, stream.handle, args)
+            self._rt.launch(fn, grid, (block, 1, 1), 0, stream.handle, args)
 
     # ---- memory
     @staticmethod
@@ -587,6 +621,8 @@ class GpuBackend(
     def _upload_weight(self, tensor: WeightTensor) -> Weight:
         packed = W.pack(tensor, compact=self.compact_weights)
         self.prepare()  # compile before the first step, never during one
+        if packed.kind == W.WT_Q and self.layout_kernels:
+            self._module(packed.layout)
         data = np.ascontiguousarray(packed.data).reshape(-1).view(np.uint8)
         at = -(-data.nbytes // 256) * 256
         total = at + (0 if packed.scales is None else packed.scales.nbytes)
@@ -634,7 +670,7 @@ class GpuBackend(
             self._kernel(
                 f"embedding_{w.suffix}", (n, 1, 1), _THREADS, stream,
                 self._ptr(out), P(w.data), P(w.scales), I32(w.qarg), self._ptr(ids), I32(n),
-                I32(w.rows), I32(w.cols),
+                I32(w.rows), I32(w.cols), weights=(w,),
             )  # fmt: skip
 
     def op_rms_norm(
@@ -701,21 +737,22 @@ class GpuBackend(
                 res, I32(n), I32(out_f), I32(in_f)]  # fmt: skip
         if n >= self.tiled_min_rows:
             grid = (-(-out_f // 64), -(-n // 64), 1)
-            self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args)
+            self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args, weights=(w,))
         elif (gv := self._gemv(x, w))[0]:
             del args[7]  # n: one row
             self._kernel(f"matmul_gemv{gv[0]}_q", (-(-out_f // gv[0]), 1, 1), gv[1], stream,
-                         *args)  # fmt: skip
+                         *args, weights=(w,))  # fmt: skip
         else:
             suffix, xq = self._int8_x(stream, x, w)
             if xq:
                 args = [args[0], P(xq), *args[2:]]
             if xq and (nt := self._mma_tiles(n)):
                 self._kernel(f"matmul_mma{nt}_q8a", (-(-out_f // 16), 1, 1),
-                             _mma_threads(1, nt), stream, *args)  # fmt: skip
+                             _mma_threads(1, nt), stream, *args, weights=(w,))  # fmt: skip
                 return
             grid, rpb, no = self._small_grid(n, out_f)
-            self._kernel(f"matmul_small{no}_{suffix}", grid, _THREADS, stream, *args, I32(rpb))
+            self._kernel(f"matmul_small{no}_{suffix}", grid, _THREADS, stream, *args, I32(rpb),
+                         weights=(w,))  # fmt: skip
 
     def _mma_tiles(self, n: int) -> int:
         """Tiles of 8 rows (1, 2, 4 or 8) for an int8 step of n rows on the tensor-core
@@ -843,7 +880,7 @@ class GpuBackend(
                 if fresh:
                     self._kernel(f"{copy}_h_{w.suffix}", (_blocks(total // per), 1, 1),
                                  _THREADS, stream, P(wptr), P(w.data), P(w.scales),
-                                 I32(w.qarg), I64(total))  # fmt: skip
+                                 I32(w.qarg), I64(total), weights=(w,))  # fmt: skip
             xh = self._scratch_at_least(n * k * 2, slot="half_x")
             x8 = 8 if self.blas_wide_copies and (n * k) % 8 == 0 and xp % 16 == 0 else 1
             self._kernel("to_half8" if x8 > 1 else "to_half", (_blocks(n * k // x8), 1, 1),
@@ -854,7 +891,7 @@ class GpuBackend(
             if fresh:
                 self._kernel(f"{copy}_{w.suffix}", (_blocks(total // per), 1, 1), _THREADS,
                              stream, P(wptr), P(w.data), P(w.scales), I32(w.qarg),
-                             I64(total))  # fmt: skip
+                             I64(total), weights=(w,))  # fmt: skip
         accumulate = residual is not None
         if residual is not None and (rp := self._ptr(residual).value or 0) != op:
             self._rt.memcpy_d2d(op, rp, n * m * 4, stream.handle)
@@ -915,7 +952,7 @@ class GpuBackend(
             self._kernel(
                 f"swiglu_gemv{gv[0]}_q", (-(-g.rows // gv[0]), 1, 1), gv[1], stream,
                 self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.qarg),
-                P(u.data), P(u.scales), I32(u.qarg), I32(g.rows), I32(dim),
+                P(u.data), P(u.scales), I32(u.qarg), I32(g.rows), I32(dim), weights=(g, u),
             )  # fmt: skip
             return
         suffix, xq = self._int8_x(stream, x, g, u)
@@ -923,7 +960,7 @@ class GpuBackend(
             self._kernel(
                 f"swiglu_mma{nt}_q8a", (-(-g.rows // 16), 1, 1), _mma_threads(2, nt), stream,
                 self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.qarg), P(u.data),
-                P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim),
+                P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), weights=(g, u),
             )  # fmt: skip
             return
         grid, rpb, no = self._small_grid(n, g.rows, most=2)
@@ -931,7 +968,7 @@ class GpuBackend(
             f"swiglu_small{no}_{suffix}", grid, _THREADS, stream,
             self._ptr(out), P(xq) if xq else self._ptr(x), P(g.data), P(g.scales),
             I32(g.qarg), P(u.data),
-            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), I32(rpb),
+            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), I32(rpb), weights=(g, u),
         )  # fmt: skip
 
     def op_qkv(
@@ -956,7 +993,7 @@ class GpuBackend(
             self._kernel(
                 f"qkv_gemv{gv[0]}_q", (-(-total // gv[0]), 1, 1), gv[1], stream,
                 self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(x), *per_weight,
-                *(I32(w.rows) for w in ws), I32(dim),
+                *(I32(w.rows) for w in ws), I32(dim), weights=tuple(ws),
             )  # fmt: skip
             return
         suffix, xq = self._int8_x(stream, x, *ws)
@@ -965,7 +1002,7 @@ class GpuBackend(
             self._kernel(
                 f"qkv_mma{nt}_q8a", (-(-total // 16), 1, 1), _mma_threads(1, nt), stream,
                 self._ptr(q), self._ptr(k), self._ptr(v), P(xq), *per_weight, I32(n),
-                *(I32(w.rows) for w in ws), I32(dim),
+                *(I32(w.rows) for w in ws), I32(dim), weights=tuple(ws),
             )  # fmt: skip
             return
         grid, rpb, no = self._small_grid(n, total)
@@ -973,7 +1010,7 @@ class GpuBackend(
             f"qkv_small{no}_{suffix}", grid, _THREADS, stream,
             self._ptr(q), self._ptr(k), self._ptr(v), P(xq) if xq else self._ptr(x),
             *per_weight, I32(n),
-            *(I32(w.rows) for w in ws), I32(dim), I32(rpb),
+            *(I32(w.rows) for w in ws), I32(dim), I32(rpb), weights=tuple(ws),
         )  # fmt: skip
 
     def op_qkv_rope_kv_store(
@@ -1008,6 +1045,7 @@ class GpuBackend(
             I32(n_heads), I32(layout.n_kv_heads), I32(params.head_dim), I32(x.shape[1]),
             I32(neox), self._ptr(positions), self._ptr(slots), self._ptr(cache),
             I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer), table,
+            weights=tuple(ws),
         )  # fmt: skip
 
     def op_rope_kv_store(

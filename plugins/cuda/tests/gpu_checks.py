@@ -390,8 +390,9 @@ LAYOUT_PATHS = [
 def test_compact_layouts_give_the_wide_layouts_bits(cuda: Any, wtype: str, case: tuple) -> None:
     """The same weights uploaded compact (nibbles, half scales: GpuBackend.compact_weights)
     and wide (int8 codes, float32 pairs): embedding, matmul with bias, swiglu and qkv give
-    bit-equal outputs on every kernel path (``case``), since every layout yields the same
-    values and the kernels' arithmetic does not depend on it."""
+    bit-equal outputs on every kernel path (``case``), on the kernels compiled for each
+    layout and on those reading the layout at run time (layout_kernels off), since every
+    layout yields the same values and the kernels' arithmetic does not depend on it."""
     label, n, attrs = case
     k_in = 512 if wtype.endswith("_K") else 96
     rows = (80, 80, 72)
@@ -401,7 +402,7 @@ def test_compact_layouts_give_the_wide_layouts_bits(cuda: Any, wtype: str, case:
     b_tensor, _ = weight_tensor("b", rng.standard_normal(80).astype(np.float32), "F32")
     x = rng.standard_normal((n, k_in)).astype(np.float32)
     ids = rng.integers(0, 80, n).astype(np.int32)
-    saved = {name: getattr(cuda, name) for name in (*attrs, "compact_weights")}
+    saved = {name: getattr(cuda, name) for name in (*attrs, "compact_weights", "layout_kernels")}
     io = IO(cuda)
     uploaded: dict[bool, list[vt.Weight]] = {}
     try:
@@ -414,8 +415,10 @@ def test_compact_layouts_give_the_wide_layouts_bits(cuda: Any, wtype: str, case:
             setattr(cuda, name, value)
         stream = cuda.create_stream()
         xb, idb = f32(io.put(x), n, k_in), i32(io.put(ids), n)
-        got: dict[bool, list[np.ndarray]] = {}
-        for compact, ws in uploaded.items():
+        got: dict[tuple[bool, bool], list[np.ndarray]] = {}
+        for compact, own in ((True, True), (False, True), (True, False)):
+            cuda.layout_kernels = own
+            ws = uploaded[compact]
             outs = [f32(io.empty(n * r * 4), n, r) for r in (k_in, 80, 80, 80, 80, 72)]
             scratch = [f32(io.empty(n * 80 * 4), n, 80) for _ in range(2)]
             cuda.launch("embedding", stream, out=outs[0], ids=idb, table=ws[0])
@@ -425,11 +428,12 @@ def test_compact_layouts_give_the_wide_layouts_bits(cuda: Any, wtype: str, case:
             cuda.launch("qkv", stream, q=outs[3], k=outs[4], v=outs[5], x=xb, wq=ws[0],
                         wk=ws[1], wv=ws[2])  # fmt: skip
             cuda.synchronize(stream)
-            got[compact] = [io.get(o.buffer, np.uint32, (n, o.shape[1])) for o in outs]
+            got[compact, own] = [io.get(o.buffer, np.uint32, (n, o.shape[1])) for o in outs]
         ops = ("embedding", "matmul", "swiglu", "q", "k", "v")
-        for op, a, b in zip(ops, got[True], got[False], strict=True):
-            assert np.array_equal(a, b), (label, op, int((a != b).sum()))
-        assert not np.isnan(got[True][1].view(np.float32)).any()  # every output was written
+        for variant in ((False, True), (True, False)):
+            for op, a, b in zip(ops, got[True, True], got[variant], strict=True):
+                assert np.array_equal(a, b), (label, variant, op, int((a != b).sum()))
+        assert not np.isnan(got[True, True][1].view(np.float32)).any()  # every output written
         cuda.free_weight(bias)
     finally:
         for name, value in saved.items():

@@ -31,6 +31,9 @@ the default) or by each group's last split block (1;
 ``GpuBackend.attention_last_block_combine``);
 ``--compact 0|1``: quantized weights in the wide layout (0: int8 codes and float32 pairs,
 as before run 47) or their compact one (1, the default; ``GpuBackend.compact_weights``);
+``--layout-kernels 0|1``: every launch on the kernels that read a weight's layout at run
+time (0) or, where a launch's weights share one, on kernels compiled for it (1, the
+default; ``GpuBackend.layout_kernels``);
 ``--tiled-rows N``: attention
 of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
 huge N: every step on ``attention_split``, as before it). ``--no-fused``:
@@ -50,10 +53,13 @@ from vt.gpu import backend as backend_module
 
 
 def _define(name: str, value: str) -> None:
-    """``#define name value`` ahead of the kernel source the backend compiles."""
+    """``#define name value`` ahead of the kernel sources the backend compiles."""
     source = backend_module.kernel_source
-    text = f"#define {name} {value}\n" + source()
-    backend_module.kernel_source = lambda: text  # type: ignore[assignment]
+
+    def defined(parts: tuple[str, ...] = backend_module.KERNEL_PARTS) -> str:
+        return f"#define {name} {value}\n" + source(parts)
+
+    backend_module.kernel_source = defined  # type: ignore[assignment]
 
 
 def _backend_classes() -> list[type[GpuBackend]]:
@@ -77,6 +83,7 @@ _NUMBERS = {
     "--gemv": "gemv_features",
     "--overlap": "overlap_launches",
     "--compact": "compact_weights",
+    "--layout-kernels": "layout_kernels",
 }
 
 

@@ -54,6 +54,13 @@ typedef signed char vt_i8;
 #define VT_Q_HALF 0x400
 #define VT_Q_ONE 0x800
 #define VT_Q_LG(lg) ((lg) & 0xff)
+// A tool may fix the flags at compile time (bench_variant.py --kdefine VT_Q_FLAGS=0xc00:
+// every WT_Q weight taken to be in that layout) to measure what reading them costs.
+#ifdef VT_Q_FLAGS
+#define VT_QF(lg) (((lg) & 0xff) | (VT_Q_FLAGS))
+#else
+#define VT_QF(lg) (lg)
+#endif
 // Not a stored format: WT_Q weights against int8 activations (the decode kernels' x is then
 // vt_quantize_rows's packed rows, not float32; see matmul.cu).
 #define WT_Q8A 4
@@ -154,6 +161,7 @@ struct alignas(8) vt_f2 {
 
 // (scale, offset) of block b of a WT_Q weight whose pairs are at sm, in layout lg.
 __device__ __forceinline__ vt_f2 vt_qso(const float* sm, int lg, long long b) {
+    lg = VT_QF(lg);
     if (lg & VT_Q_HALF) {
         if (lg & VT_Q_ONE) return {vt_h2f(((const vt_u16*)sm)[b]), 0.0f};
         vt_u32 p = ((const vt_u32*)sm)[b];
@@ -167,6 +175,7 @@ __device__ __forceinline__ vt_f2 vt_qso(const float* sm, int lg, long long b) {
 // codes, less 8 each for VT_Q_NIB8 (x = n ^ 8 is n - 8 in 4 bits; its bit 3 spread over the
 // byte's high bits sign-extends it, without a carry between bytes).
 __device__ __forceinline__ vt_u32 vt_unnib(vt_u32 word, int hi, int lg) {
+    lg = VT_QF(lg);
     vt_u32 n = (hi ? word >> 4 : word) & 0x0f0f0f0fu;
     if (lg & VT_Q_NIB8) {
         vt_u32 x = n ^ 0x08080808u;
@@ -184,7 +193,7 @@ __device__ __forceinline__ float vt_wload(const void* data, const float* sm, int
     if (WT == WT_BF16) return vt_bf16_to_float(((const vt_u16*)data)[idx]);
     vt_f2 so = vt_qso(sm, lg_block, idx >> VT_Q_LG(lg_block));
     int code;
-    if (lg_block & VT_Q_NIB) {
+    if (VT_QF(lg_block) & VT_Q_NIB) {
         vt_u32 byte = ((const unsigned char*)data)[(idx >> 4) * 8 + (idx & 7)];
         code = (int)(vt_i8)(vt_unnib(byte, (int)(idx >> 3) & 1, lg_block) & 0xffu);
     } else {

@@ -24,7 +24,7 @@ struct alignas(16) vt_f4 {
 // 16-value chunk's 8 bytes, whose low or high nibbles are values 0-7 or 8-15).
 template <int CH>
 __device__ __forceinline__ vt_codes<CH> vt_qcodes(const void* data, int lg, long long at) {
-    if (!(lg & VT_Q_NIB)) return *(const vt_codes<CH>*)((const vt_i8*)data + at);
+    if (!(VT_QF(lg) & VT_Q_NIB)) return *(const vt_codes<CH>*)((const vt_i8*)data + at);
     const unsigned char* chunk = (const unsigned char*)data + (at >> 4) * 8;
     vt_codes<CH> c;
     if (CH == 4) {
@@ -433,7 +433,7 @@ __device__ __forceinline__ vt_codes<8> vt_gv_load8(const unsigned char* p) {
 
 // vt_qcodes<16> through these loads.
 __device__ __forceinline__ vt_codes<16> vt_gv_codes(const void* data, int lg, long long at) {
-    if (!(lg & VT_Q_NIB)) return vt_gv_load((const vt_i8*)data + at);
+    if (!(VT_QF(lg) & VT_Q_NIB)) return vt_gv_load((const vt_i8*)data + at);
     vt_codes<8> r = vt_gv_load8((const unsigned char*)data + (at >> 4) * 8);
     vt_codes<16> c;
 #pragma unroll
