@@ -483,7 +483,10 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple) -> None:
             outs = [f32(io.empty(4 * r), 1, r) for r in rows]
             cache = f32(io.put(cache0), *layout.shape)
             names = dict(zip(("bq", "bk", "bv"), bs, strict=False))
-            cuda._kernel = lambda name, *a, f=fused: (launched[f].append(name), kernel(name, *a))
+            cuda._kernel = lambda name, *a, f=fused, **kw: (
+                launched[f].append(name),
+                kernel(name, *a, **kw),
+            )
             cuda.launch(
                 "qkv_rope_kv_store", stream, q=outs[0], k=outs[1], v=outs[2],
                 x=f32(io.put(x), 1, k_in), wq=ws[0], wk=ws[1], wv=ws[2], **names,
