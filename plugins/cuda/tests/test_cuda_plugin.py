@@ -486,6 +486,64 @@ def test_kernels_compile_once_per_process_with_the_device_target() -> None:
     assert driver2.args("cuModuleLoadData") == [(b"FAKECUBN",)]
 
 
+def _compiles(nvrtc: FakeNvrtc) -> int:
+    return sum(1 for n, _ in nvrtc.calls if n == "nvrtcCompileProgram")
+
+
+def test_a_later_process_loads_the_kernels_from_vt_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vt.gpu.kernel_cache: the first process compiles and keeps the cubin in
+    VT_HOME/kernels; the next (the per-process cache empty) loads it, no compile; another
+    NVRTC version compiles again; VT_KERNEL_CACHE=0 always compiles and keeps nothing."""
+    backend, _, nvrtc = make()
+    backend.prepare()
+    assert _compiles(nvrtc) == 1
+    (kept,) = (Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin")
+    assert kept.read_bytes() == b"FAKECUBN"
+    CudaRuntime._cubins.clear()  # a new process
+    later, driver, nvrtc = make()
+    later.prepare()
+    assert _compiles(nvrtc) == 0 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+    CudaRuntime._cubins.clear()
+    upgraded, _, nvrtc = make()
+    nvrtc.version = (13, 1)
+    upgraded.prepare()
+    assert _compiles(nvrtc) == 1
+    assert len(list(kept.parent.glob("cuda-*.bin"))) == 2
+    monkeypatch.setenv("VT_KERNEL_CACHE", "0")
+    for _ in range(2):
+        CudaRuntime._cubins.clear()
+        off, _, nvrtc = make()
+        off.prepare()
+        assert _compiles(nvrtc) == 1
+    assert len(list(kept.parent.glob("cuda-*.bin"))) == 2
+
+
+def test_a_cached_kernel_the_driver_refuses_is_compiled_again() -> None:
+    backend, _, _ = make()
+    backend.prepare()
+    (kept,) = (Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin")
+    kept.write_bytes(b"damaged")
+    CudaRuntime._cubins.clear()
+    later, driver, nvrtc = make()
+    driver.fail["cuModuleLoadData"] = CUresult.CUDA_ERROR_INVALID_IMAGE  # the damaged file
+    later.prepare()
+    assert _compiles(nvrtc) == 1
+    assert [a[0] for a in driver.args("cuModuleLoadData")] == [b"damaged", b"FAKECUBN"]
+    assert kept.read_bytes() == b"FAKECUBN"  # replaced
+
+
+def test_an_unwritable_vt_home_still_compiles_and_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "home").write_text("a file where the directory would go")
+    monkeypatch.setenv("VT_HOME", str(tmp_path / "home"))
+    for _ in range(2):
+        CudaRuntime._cubins.clear()
+        backend, driver, nvrtc = make()
+        backend.prepare()
+        assert _compiles(nvrtc) == 1 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+
+
 def test_a_compile_error_carries_the_compiler_log() -> None:
     backend, _, nvrtc = make()
     nvrtc.compile_error = 'kernels.cu(7): error: identifier "x" is undefined'

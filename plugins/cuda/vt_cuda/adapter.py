@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from vt import VmmError
-from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params
+from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params, load_or_build
 
 from .blas import INSTALL_HINT as BLAS_HINT
 from .blas import PRECISION as BLAS_PRECISION
@@ -342,15 +342,22 @@ class CudaRuntime(GpuRuntime):
     _cubins: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
 
     def compile(self, source: str, name: str, options: Sequence[str]) -> Any:
-        """NVRTC to a cubin for this device's architecture (once per process), loaded as a
-        module in this runtime's context."""
+        """NVRTC to a cubin for this device's architecture (once per process, and kept in
+        ``VT_HOME/kernels`` for the next: vt.gpu.kernel_cache), loaded as a module in this
+        runtime's context."""
         opts = (f"--gpu-architecture={self.profile.arch}", *options)
         key = (self.profile.arch, opts, hashlib.sha256(source.encode()).hexdigest())
         cubin = self._cubins.get(key)
-        if cubin is None:
-            cubin = self._nvrtc_compile(source, name, opts)
-            self._cubins[key] = cubin
-        return self.call("cuModuleLoadData", cubin)
+        if cubin is not None:
+            return self.call("cuModuleLoadData", cubin)
+        version = ".".join(str(v) for v in self.rtc("nvrtcVersion"))
+        module, self._cubins[key] = load_or_build(
+            "cuda",
+            ("nvrtc", version, *key[1], key[2]),
+            lambda: self._nvrtc_compile(source, name, opts),
+            lambda binary: self.call("cuModuleLoadData", binary),
+        )
+        return module
 
     def _nvrtc_compile(self, source: str, name: str, opts: Sequence[str]) -> bytes:
         prog = self.rtc("nvrtcCreateProgram", source.encode(), name.encode(), 0, [], [])

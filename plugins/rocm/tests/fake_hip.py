@@ -285,6 +285,8 @@ class FakeHiprtc:
                 return (ok, 8)
             if name == "hiprtcGetCode":
                 args[1][:] = b"HSACODE!"
+            if name == "hiprtcVersion":
+                return (ok, 6, 4)
             return (ok,)
 
         return call

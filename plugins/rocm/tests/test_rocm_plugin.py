@@ -245,6 +245,17 @@ def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> N
     assert rtc2.calls == [] and fake2.args("hipModuleLoadData") == [(b"HSACODE!",)]
 
 
+def test_a_later_process_loads_the_code_object_from_vt_home() -> None:
+    """vt.gpu.kernel_cache, keyed by hiprtcVersion: no second compile in a new process."""
+    backend, _, rtc = make_rtc()
+    backend.prepare()
+    assert [c[0] for c in rtc.calls].count("hiprtcCompileProgram") == 1
+    later, fake, rtc = make_rtc()  # fresh: the per-process cache emptied
+    later.prepare()
+    assert [c[0] for c in rtc.calls] == ["hiprtcVersion"]
+    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)]
+
+
 def test_a_hiprtc_compile_error_carries_the_log() -> None:
     backend, _, rtc = make_rtc()
     rtc.compile_error = "vt_kernels.cu:9:1: error: unknown type name 'x'"

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from vt import VmmError
-from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params
+from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params, load_or_build
 
 from .blas import PRECISION as BLAS_PRECISION
 from .blas import Hipblas, import_hipblas
@@ -376,15 +376,21 @@ class HipRuntime(GpuRuntime):
         return outputs[0] if len(outputs) == 1 else outputs
 
     def compile(self, source: str, name: str, options: Sequence[str]) -> Any:
-        """hiprtc to a code object for this device's architecture (once per process),
-        loaded as a module."""
+        """hiprtc to a code object for this device's architecture (once per process, and
+        kept in ``VT_HOME/kernels`` for the next: vt.gpu.kernel_cache), loaded as a module."""
         opts = (f"--offload-arch={self.arch()}", *options)
         key = (self.arch(), opts, hashlib.sha256(source.encode()).hexdigest())
         code = self._code_objects.get(key)
-        if code is None:
-            code = self._hiprtc_compile(source, name, opts)
-            self._code_objects[key] = code
-        return self.call("hipModuleLoadData", code)
+        if code is not None:
+            return self.call("hipModuleLoadData", code)
+        version = ".".join(str(v) for v in self.rtc("hiprtcVersion"))
+        module, self._code_objects[key] = load_or_build(
+            "hip",
+            ("hiprtc", version, *key[1], key[2]),
+            lambda: self._hiprtc_compile(source, name, opts),
+            lambda binary: self.call("hipModuleLoadData", binary),
+        )
+        return module
 
     def _hiprtc_compile(self, source: str, name: str, opts: Sequence[str]) -> bytes:
         rtc = self.hiprtc

@@ -1,0 +1,79 @@
+"""Compiled kernel binaries kept on disk, so that only a machine's first process compiles.
+
+A runtime adapter's ``compile`` asks :func:`load_or_build` for the binary (a cubin, a HIP
+code object) of one identity: its vendor, its compiler's version, the architecture, the
+options and the source. A binary built for that identity before is read from
+``$VT_HOME/kernels/<vendor>-<digest>.bin``; else it is built and written there (atomically:
+a reader sees a whole file or none). A file the driver refuses to load (damaged) is
+built again and replaced. ``VT_KERNEL_CACHE=0`` turns the cache off; a directory that
+cannot be read or written leaves it off for that compile (the kernels still run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from .. import envs
+from .runtime import GpuCallError
+
+M = TypeVar("M")
+
+
+def cache_path(vendor: str, identity: Sequence[str]) -> Path | None:
+    """Where the binary of ``identity`` lives, or None while the cache is off."""
+    if not envs.get("VT_KERNEL_CACHE"):
+        return None
+    digest = hashlib.sha256("\0".join((vendor, *identity)).encode()).hexdigest()
+    return envs.get("VT_HOME") / "kernels" / f"{vendor}-{digest}.bin"
+
+
+def _read(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes() or None
+    except OSError:
+        return None
+
+
+def _write(path: Path | None, binary: bytes) -> None:
+    if path is None:
+        return
+    tmp = ""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(binary)
+        os.replace(tmp, path)
+    except OSError:  # a read-only or full disk: compiled again next time
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def load_or_build(
+    vendor: str,
+    identity: Sequence[str],
+    build: Callable[[], bytes],
+    load: Callable[[bytes], M],
+) -> tuple[M, bytes]:
+    """``(load(binary), binary)`` for the binary of ``identity``: the cached one where the
+    driver loads it, else ``build()``'s, which is then cached."""
+    path = cache_path(vendor, identity)
+    binary = _read(path)
+    if binary is not None:
+        try:
+            return load(binary), binary
+        except GpuCallError:  # refused (a damaged file): built again and replaced below
+            pass
+    binary = build()
+    module = load(binary)
+    _write(path, binary)
+    return module, binary

@@ -1,0 +1,90 @@
+"""vt.gpu.kernel_cache: compiled kernels kept in VT_HOME/kernels across processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from vt.gpu import GpuCallError, load_or_build
+from vt.gpu.kernel_cache import cache_path
+
+IDENTITY = ("nvrtc", "13.0", "--gpu-architecture=sm_90", "-DVT_WARP=32", "abc123")
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VT_HOME", str(tmp_path / "vt-home"))
+    return tmp_path / "vt-home"
+
+
+class Driver:
+    """Builds and loads binaries, counting both; refuses the binaries in ``bad``."""
+
+    def __init__(self, binary: bytes = b"CUBIN") -> None:
+        self.binary, self.builds, self.loads = binary, 0, []
+        self.bad: set[bytes] = set()
+
+    def build(self) -> bytes:
+        self.builds += 1
+        return self.binary
+
+    def load(self, binary: bytes) -> str:
+        self.loads.append(binary)
+        if binary in self.bad:
+            raise GpuCallError("cuModuleLoadData(...)", 200, "CUDA_ERROR_INVALID_IMAGE", "bad")
+        return f"module of {binary!r}"
+
+
+def run(driver: Driver, identity: tuple[str, ...] = IDENTITY) -> tuple[str, bytes]:
+    return load_or_build("cuda", identity, driver.build, driver.load)
+
+
+def test_the_first_call_builds_and_keeps_the_next_loads(_home: Path) -> None:
+    first = Driver()
+    assert run(first) == ("module of b'CUBIN'", b"CUBIN") and first.builds == 1
+    path = cache_path("cuda", IDENTITY)
+    assert path is not None and path.parent == _home / "kernels"
+    assert path.name.startswith("cuda-") and path.read_bytes() == b"CUBIN"
+    later = Driver(b"OTHER")
+    assert run(later) == ("module of b'CUBIN'", b"CUBIN") and later.builds == 0
+    assert run(later, (*IDENTITY[:-1], "def456"))[1] == b"OTHER"  # another source: built
+    assert later.builds == 1
+
+
+def test_a_refused_cached_binary_is_built_again_and_replaced() -> None:
+    run(Driver(b"DAMAGED"))
+    driver = Driver(b"GOOD")
+    driver.bad.add(b"DAMAGED")
+    assert run(driver) == ("module of b'GOOD'", b"GOOD")
+    assert driver.loads == [b"DAMAGED", b"GOOD"] and driver.builds == 1
+    path = cache_path("cuda", IDENTITY)
+    assert path is not None and path.read_bytes() == b"GOOD"
+
+
+def test_a_built_binary_the_driver_refuses_raises_and_is_not_kept() -> None:
+    driver = Driver(b"BAD")
+    driver.bad.add(b"BAD")
+    with pytest.raises(GpuCallError, match="CUDA_ERROR_INVALID_IMAGE"):
+        run(driver)
+    path = cache_path("cuda", IDENTITY)
+    assert path is not None and not path.exists()
+
+
+def test_off_with_vt_kernel_cache_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VT_KERNEL_CACHE", "0")
+    assert cache_path("cuda", IDENTITY) is None
+    driver = Driver()
+    run(driver)
+    run(driver)
+    assert driver.builds == 2
+
+
+def test_an_unwritable_home_builds_every_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "home").write_text("a file where the directory would go")
+    monkeypatch.setenv("VT_HOME", str(tmp_path / "home"))
+    driver = Driver()
+    assert run(driver)[1] == b"CUBIN" and run(driver)[1] == b"CUBIN"
+    assert driver.builds == 2
+    assert list(tmp_path.iterdir()) == [tmp_path / "home"]  # no temporary file left
