@@ -550,7 +550,7 @@ def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
 
 MACRO_KERNELS = (
     "embedding", "dequantize", "dequantize_h", "matmul_small", "matmul_tiled", "swiglu_small",
-    "qkv_small",
+    "qkv_small", "swiglu_norm_gemv",
 )  # fmt: skip
 
 
@@ -564,7 +564,7 @@ def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
     ``[(type, parameter name)]``."""
     source = kernel_source().replace("\\\n", " ")
     found = re.findall(
-        r'extern "C" __global__ void (\w+?)(?:##NO##)?(?:_##SUFFIX)?\(([^)]*)\)', source
+        r'extern "C" __global__ void (\w+?)(?:##NO##|##GV##_q)?(?:_##SUFFIX)?\(([^)]*)\)', source
     )
     out = {}
     for name, params in found:
@@ -657,6 +657,31 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "head_dim": 8, "K": 256, "neox": 1, "n_slots": 7, "n_layers": 4, "max_len": 5,
              "layer": 2},
         ),
+        "rms_norm_qkv_rope_kv_store": lambda: (
+            {**kv(), "slots": c.t("slots", I32, 1), "positions": c.t("positions", I32, 1),
+             "q": c.t("q", F32, 1, 16), "k": c.t("k", F32, 1, 8), "v": c.t("v", F32, 1, 8),
+             "x": c.t("x", F32, 1, 256), "scratch": c.t("scratch", F32, 1, 256),
+             "norm": c.w("norm", np.ones(256, np.float32)), "eps": 1e-5,
+             "wq": c.w("wq", rng.standard_normal((16, 256)).astype(np.float32), "Q8_0"),
+             "wk": c.w("wk", rng.standard_normal((8, 256)).astype(np.float32), "Q4_0"),
+             "wv": c.w("wv", rng.standard_normal((8, 256)).astype(np.float32), "Q6_K"),
+             "bk": c.w("bk", np.ones(8, np.float32)), "n_heads": 2,
+             "params": vt.RopeParams(8, style=vt.RopeStyle.neox)},
+            "qkv_rope_norm_gemv_q",  # one row, the op native: the fused kernel
+            {"lgq": lg("Q8_0"), "lgk": lg("Q4_0"), "lgv": lg("Q6_K"), "n_heads": 2, "n_kv": 1,
+             "head_dim": 8, "K": 256, "neox": 1, "n_slots": 7, "n_layers": 4, "max_len": 5,
+             "layer": 2, "eps": np.float32(1e-5)},
+        ),
+        "rms_norm_swiglu": lambda: (
+            {"out": c.t("out", F32, 1, 6), "x": c.t("x", F32, 1, 256),
+             "norm": c.w("norm", np.ones(256, np.float32)), "eps": 1e-5,
+             "gate": c.w("gate", rng.standard_normal((6, 256)).astype(np.float32), "Q4_K"),
+             "up": c.w("up", rng.standard_normal((6, 256)).astype(np.float32), "Q8_0"),
+             "scratch": c.t("s", F32, 1, 256), "scratch_gate": c.t("sg", F32, 1, 6),
+             "scratch_up": c.t("su", F32, 1, 6)},
+            "swiglu_norm_gemv2_q",
+            {"glg": lg("Q4_K"), "ulg": lg("Q8_0"), "N": 6, "K": 256, "eps": np.float32(1e-5)},
+        ),
         "silu_mul": lambda: (
             {"out": c.t("out", F32, *rows), "gate": c.t("gate", F32, *rows),
              "up": c.t("up", F32, *rows)},
@@ -727,7 +752,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
 WEIGHT_POINTERS = {
     "data": ("weight", "data"), "sm": ("weight", "scales"), "bias": ("bias", "data"),
     "gdata": ("gate", "data"), "gsm": ("gate", "scales"), "udata": ("up", "data"),
-    "usm": ("up", "scales"),
+    "usm": ("up", "scales"), "nw": ("norm", "data"),
     **{f"w{k}": (f"w{k}", "data") for k in "qkv"},
     **{f"s{k}": (f"w{k}", "scales") for k in "qkv"},
     **{f"b{k}": (f"b{k}", "data") for k in "qkv"},
@@ -737,6 +762,7 @@ WEIGHT_POINTERS = {
 @pytest.mark.parametrize("op", tuple(vt.OPS))
 def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: str) -> None:
     backend, rt = make()
+    backend.native_fused |= {op}  # the norm ops: not native by default (not yet measured)
     case = OpCase(backend)
     args, kernel, scalars = _case(case, op)
     stream = backend.create_stream()
@@ -776,6 +802,32 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
         else:
             assert value == pytest.approx(scalars.pop(name)), name
     assert scalars == {}  # every scalar the case expects was passed
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["default", "native"])
+def test_the_norm_ops_fold_the_norm_into_the_gemv_only_natively_at_one_row(native: bool) -> None:
+    """rms_norm_swiglu and rms_norm_qkv_rope_kv_store: by default (not yet measured on a
+    device) rms_norm's launch, then the op's; native, one launch where the gemv kernels take
+    the row; several rows: the two launches either way. The kernel's norm sums as rms_norm's
+    block of _THREADS does (RN_THREADS in the source), which is what makes it bit-equal."""
+    from vt.gpu.backend import _THREADS
+
+    assert _THREADS == 256 and "#define RN_THREADS 256\n" in kernel_source()
+    backend, rt = make()
+    if native:
+        backend.native_fused |= {"rms_norm_swiglu", "rms_norm_qkv_rope_kv_store"}
+    c = OpCase(backend)
+    rng = np.random.default_rng(5)
+    norm = c.w("norm", np.ones(256, np.float32))
+    gate, up = (c.w(n, rng.standard_normal((6, 256)).astype(np.float32), "Q8_0") for n in "gu")
+    stream = backend.create_stream()
+    for n in (1, 3):
+        backend.launch("rms_norm_swiglu", stream, out=c.t("out", F32, n, 6),
+                       x=c.t("x", F32, n, 256), norm=norm, eps=1e-5, gate=gate, up=up,
+                       scratch=c.t("s", F32, n, 256), scratch_gate=c.t("sg", F32, n, 6),
+                       scratch_up=c.t("su", F32, n, 6))  # fmt: skip
+    one = ["swiglu_norm_gemv2_q"] if native else ["rms_norm", "swiglu_gemv2_q"]
+    assert [launch.kernel for launch in rt.launches] == [*one, "rms_norm", "swiglu_small2_q"]
 
 
 @pytest.mark.parametrize("last_block", [True, False])

@@ -98,9 +98,10 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     monkeypatch.setattr(GpuBackend, "attention_last_block_combine", True)
     GpuBackend.native_fused = frozenset({"qkv", "swiglu", "qkv_rope_kv_store"})
     rest = bench_variant.apply(["--drop-fused", "qkv_rope_kv_store", "--drop-fused", "qkv",
-                                "--last-block-combine", "0", "bench"])  # fmt: skip
+                                "--add-fused", "rms_norm_swiglu", "--last-block-combine", "0",
+                                "bench"])  # fmt: skip
     assert rest == ["bench"] and GpuBackend.attention_last_block_combine is False
-    assert GpuBackend.native_fused == frozenset({"swiglu"})
+    assert GpuBackend.native_fused == frozenset({"swiglu", "rms_norm_swiglu"})
 
 
 def test_vt_prefill_keeps_the_best_repeat_and_each_one(monkeypatch: pytest.MonkeyPatch) -> None:

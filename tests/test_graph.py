@@ -107,7 +107,13 @@ def test_tied_output_reuses_the_embedding_upload(tiny_dir: Path) -> None:
 
 def test_backend_without_a_primitive_op_is_refused_naming_the_ops(tiny_dir: Path) -> None:
     cpu = make_backend("cpu")
-    lacks = ("rope", "attention", "rope_kv_store", "qkv_rope_kv_store")
+    lacks = (
+        "rope",
+        "attention",
+        "rope_kv_store",
+        "qkv_rope_kv_store",
+        "rms_norm_qkv_rope_kv_store",
+    )
     keep = tuple(o for o in vt.OPS if o not in lacks)
 
     class NoRope(type(cpu)):  # type: ignore[misc]
@@ -117,8 +123,8 @@ def test_backend_without_a_primitive_op_is_refused_naming_the_ops(tiny_dir: Path
     backend = NoRope()
     with pytest.raises(vt.KernelNotImplementedError) as err:
         check_backend(backend)
-    # rope_kv_store and qkv_rope_kv_store are fused: their decompositions need rope, which
-    # is what is missing.
+    # rope_kv_store, qkv_rope_kv_store and rms_norm_qkv_rope_kv_store are fused: their
+    # decompositions need rope, which is what is missing.
     assert "'norope'" in str(err.value)
     assert "op(s) attention, rope " in str(err.value)
     model = load_gguf(tiny_path(tiny_dir, "llama"))

@@ -204,7 +204,15 @@ def _out_of_memory(error: GpuCallError) -> bool:
 #: rms_norm only for one row (the gemv kernels run only then). Measured (docs/gpu.md runs
 #: 39-41): adding rope_kv_store and attention's kernels (a wait at their start) gave the 1B
 #: shape +0.5-3% at batch 1 and cost the 135M shape 9%.
-_OVERLAP = ("matmul_gemv", "swiglu_gemv", "qkv_gemv", "qkv_rope_gemv", "rms_norm")
+_OVERLAP = (
+    "matmul_gemv",
+    "swiglu_gemv",
+    "qkv_gemv",
+    "qkv_rope_gemv",
+    "rms_norm",
+    "swiglu_norm_gemv",
+    "qkv_rope_norm_gemv",
+)
 
 
 def _qkv_weight_args(ws: list[GpuWeight], biases: list[int]) -> list[Any]:
@@ -298,7 +306,10 @@ class GpuBackend(
     #: (``*_small1_q``); 0: the warp kernels (a tool's "before").
     gemv_features: int = 2
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
-    #: a tool clears it to measure what the fusion buys.
+    #: a tool clears it to measure what the fusion buys. Not yet by default:
+    #: ``rms_norm_qkv_rope_kv_store`` and ``rms_norm_swiglu`` (the norm inside the gemv
+    #: kernels, bit-equal to the two launches; written without device time to measure
+    #: them: ``bench_variant.py --add-fused OP``).
     native_fused: frozenset[str] = frozenset(
         {"matmul_add", "swiglu", "rope_kv_store", "qkv", "qkv_rope_kv_store"}
     )
@@ -1022,30 +1033,79 @@ class GpuBackend(
         """One row on the gemv kernels: projections, RoPE and the KV store in one launch
         (``qkv_rope_gemv_q``, a block per rotated pair of features). Otherwise ``qkv``, then
         ``rope_kv_store`` (each native or decomposed, as the backend runs them)."""
-        ws = [self._gpu_weight(w, "qkv_rope_kv_store") for w in (wq, wk, wv)]
-        gv = self._gemv(x, *ws)  # all three WT_Q where it says yes
-        if not gv[0] or params.head_dim % 2:
-            args = {"q": q, "k": k, "v": v, "x": x, "wq": wq, "wk": wk, "wv": wv, "bq": bq,
-                    "bk": bk, "bv": bv, "positions": positions, "slots": slots,
-                    "cache": cache, "layout": layout, "layer": layer, "n_heads": n_heads,
-                    "params": params}  # fmt: skip
-            decompose = get_op("qkv_rope_kv_store").decompose
+        args = {"q": q, "k": k, "v": v, "x": x, "wq": wq, "wk": wk, "wv": wv, "bq": bq,
+                "bk": bk, "bv": bv, "positions": positions, "slots": slots, "cache": cache,
+                "layout": layout, "layer": layer, "n_heads": n_heads, "params": params}  # fmt: skip
+        self._qkv_rope(stream, "qkv_rope_kv_store", args)
+
+    def op_rms_norm_qkv_rope_kv_store(
+        self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, x: Tensor, norm: Weight,
+        eps: float, wq: Weight, wk: Weight, wv: Weight, positions: Tensor, slots: Tensor,
+        cache: Tensor, layout: KVLayout, layer: int, n_heads: int, params: RopeParams,
+        scratch: Tensor, bq: Weight | None = None, bk: Weight | None = None,
+        bv: Weight | None = None,
+    ) -> None:  # fmt: skip
+        """One row on the gemv kernels: ``qkv_rope_norm_gemv_q``, the block normalising x
+        as ``rms_norm`` does (the same sums and roundings: bit-equal to the two launches).
+        Otherwise ``rms_norm`` into ``scratch``, then ``qkv_rope_kv_store``."""
+        args = {"q": q, "k": k, "v": v, "x": x, "norm": norm, "eps": eps, "wq": wq, "wk": wk,
+                "wv": wv, "bq": bq, "bk": bk, "bv": bv, "positions": positions,
+                "slots": slots, "cache": cache, "layout": layout, "layer": layer,
+                "n_heads": n_heads, "params": params, "scratch": scratch}  # fmt: skip
+        self._qkv_rope(stream, "rms_norm_qkv_rope_kv_store", args)
+
+    def _qkv_rope(self, stream: Stream, op: str, a: dict[str, Any]) -> None:
+        """``op`` (qkv_rope_kv_store or its rms_norm_ form) on its one-launch kernel where the
+        gemv kernels take the step, else as the op's decomposition."""
+        ws = [self._gpu_weight(a[w], op) for w in ("wq", "wk", "wv")]
+        params: RopeParams = a["params"]
+        gv = self._gemv(a["x"], *ws)  # all three WT_Q where it says yes
+        norm = self._gpu_weight(a["norm"], op) if "norm" in a else None
+        if not gv[0] or params.head_dim % 2 or (norm is not None and norm.kind != W.WT_F32):
+            decompose = get_op(op).decompose
+            assert decompose is not None  # a fused op
+            decompose(self._dispatch_part, stream, a)
+            return
+        layout: KVLayout = a["layout"]
+        table = rope_table(params)
+        self._head_dim(layout, op)
+        bs = [0 if a[b] is None else self._gpu_weight(a[b], op).data for b in ("bq", "bk", "bv")]
+        per_weight = _qkv_weight_args(ws, bs)
+        neox = 1 if params.style == RopeStyle.neox else 0
+        extra = [] if norm is None else [P(norm.data), F32(a["eps"])]
+        self._kernel(
+            "qkv_rope_gemv_q" if norm is None else "qkv_rope_norm_gemv_q",
+            (sum(w.rows for w in ws) // 2, 1, 1), gv[1], stream,
+            self._ptr(a["q"]), self._ptr(a["k"]), self._ptr(a["v"]), self._ptr(a["x"]),
+            *per_weight, I32(a["n_heads"]), I32(layout.n_kv_heads), I32(params.head_dim),
+            I32(a["x"].shape[1]), I32(neox), self._ptr(a["positions"]), self._ptr(a["slots"]),
+            self._ptr(a["cache"]), I32(layout.n_slots), I32(layout.n_layers),
+            I32(layout.max_len), I32(a["layer"]), table, *extra, weights=tuple(ws),
+        )  # fmt: skip
+
+    def op_rms_norm_swiglu(
+        self, stream: Stream, out: Tensor, x: Tensor, norm: Weight, eps: float, gate: Weight,
+        up: Weight, scratch: Tensor, scratch_gate: Tensor, scratch_up: Tensor,
+    ) -> None:  # fmt: skip
+        """One row on the gemv kernels: ``swiglu_norm_gemv*_q``, x normalised in the block as
+        ``rms_norm`` does it (bit-equal to the two launches). Otherwise ``rms_norm`` into
+        ``scratch``, then ``swiglu``."""
+        g, u = self._gpu_weight(gate, "rms_norm_swiglu"), self._gpu_weight(up, "rms_norm_swiglu")
+        nw = self._gpu_weight(norm, "rms_norm_swiglu")
+        gv = self._gemv(x, g, u) if nw.kind == W.WT_F32 else (0, 0)
+        if not gv[0]:
+            args = {"out": out, "x": x, "norm": norm, "eps": eps, "gate": gate, "up": up,
+                    "scratch": scratch, "scratch_gate": scratch_gate,
+                    "scratch_up": scratch_up}  # fmt: skip
+            decompose = get_op("rms_norm_swiglu").decompose
             assert decompose is not None  # a fused op
             decompose(self._dispatch_part, stream, args)
             return
-        table = rope_table(params)
-        self._head_dim(layout, "qkv_rope_kv_store")
-        bs = [0 if b is None else self._gpu_weight(b, "qkv_rope_kv_store").data
-              for b in (bq, bk, bv)]  # fmt: skip
-        per_weight = _qkv_weight_args(ws, bs)
-        neox = 1 if params.style == RopeStyle.neox else 0
         self._kernel(
-            "qkv_rope_gemv_q", (sum(w.rows for w in ws) // 2, 1, 1), gv[1], stream,
-            self._ptr(q), self._ptr(k), self._ptr(v), self._ptr(x), *per_weight,
-            I32(n_heads), I32(layout.n_kv_heads), I32(params.head_dim), I32(x.shape[1]),
-            I32(neox), self._ptr(positions), self._ptr(slots), self._ptr(cache),
-            I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer), table,
-            weights=tuple(ws),
+            f"swiglu_norm_gemv{gv[0]}_q", (-(-g.rows // gv[0]), 1, 1), gv[1], stream,
+            self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.qarg),
+            P(u.data), P(u.scales), I32(u.qarg), I32(g.rows), I32(x.shape[1]), P(nw.data),
+            F32(eps), weights=(g, u),
         )  # fmt: skip
 
     def op_rope_kv_store(

@@ -8,21 +8,22 @@ matmul per projection. Only the rows that are sampled reach the output projectio
 
 Per layer, as ops of :data:`vt.protocol.ops.OPS`::
 
-    h = rms_norm(x)                               attn_norm
-    q, k, v = qkv_rope_kv_store(h, Wq, Wk, Wv)    (+ bias: qwen2) RoPE style from the config
+    q, k, v = rms_norm_qkv_rope_kv_store(x, attn_norm, Wq, Wk, Wv)
+                                                  (+ bias: qwen2) RoPE style from the config
                                                   qwen3, with a norm between the two:
+    h = rms_norm(x)                               attn_norm
     q, k, v = qkv(h, Wq, Wk, Wv)
     q, k = rms_norm per head                      attn_q_norm, attn_k_norm
     rope_kv_store(q, k, v)
     a = attention(q)                              scale 1/sqrt(head_dim)
     x = matmul_add(a, Wo, residual=x)
-    h = rms_norm(x)                               ffn_norm
-    g = swiglu(h, Wg, Wu)                         silu(h @ Wg) * (h @ Wu)
+    g = rms_norm_swiglu(x, ffn_norm, Wg, Wu)      silu(h @ Wg) * (h @ Wu), h = rms_norm(x)
     x = matmul_add(g, Wd, residual=x)
 
 then ``logits = matmul(rms_norm(gather_rows(x)), Wout)`` and ``sample``. The fused ops
-(``qkv_rope_kv_store``, ``qkv``, ``rope_kv_store``, ``matmul_add``, ``swiglu``) run as their
-decompositions on a backend that lacks them.
+(``rms_norm_qkv_rope_kv_store``, ``qkv_rope_kv_store``, ``qkv``, ``rope_kv_store``,
+``matmul_add``, ``rms_norm_swiglu``, ``swiglu``) run as their decompositions on a backend
+that lacks them.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 _LLAMA_OPS: tuple[str, ...] = (
     "embedding",
     "rms_norm",
-    "qkv_rope_kv_store",
+    "rms_norm_qkv_rope_kv_store",
     "matmul",
     "attention",
     "matmul_add",
-    "swiglu",
+    "rms_norm_swiglu",
     "gather_rows",
     "sample",
 )
@@ -60,7 +61,8 @@ ARCHITECTURE_OPS: dict[str, tuple[str, ...]] = {
     "llama": _LLAMA_OPS,
     "qwen2": _LLAMA_OPS,  # matmul with a bias for Q, K and V
     # rms_norm per head of Q and K, between the projections and RoPE
-    "qwen3": tuple(o for o in _LLAMA_OPS if o != "qkv_rope_kv_store") + ("qkv", "rope_kv_store"),
+    "qwen3": tuple(o for o in _LLAMA_OPS if o != "rms_norm_qkv_rope_kv_store")
+    + ("qkv", "rope_kv_store"),
 }
 
 
@@ -324,8 +326,8 @@ class LlamaGraph:
         eps, scale = c.rms_eps, 1.0 / math.sqrt(c.head_dim)
         op("embedding", out=x, ids=ids, table=self.token_embd)
         for i, w in enumerate(self.layers):
-            op("rms_norm", out=h, x=x, weight=w.attn_norm, eps=eps)
             if w.q_norm is not None and w.k_norm is not None:
+                op("rms_norm", out=h, x=x, weight=w.attn_norm, eps=eps)
                 # qwen3: project q into ``attn`` and k into ``gate`` (both free until
                 # attention and the feed-forward write them), then normalise each head.
                 k_raw = Tensor(act.gate, F32, (n, kv_dim))
@@ -338,17 +340,17 @@ class LlamaGraph:
                    weight=w.k_norm, eps=eps)  # fmt: skip
                 op("rope_kv_store", q=q, k=k, v=v, positions=pos, slots=slots, cache=kv,
                    layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
-            else:
-                op("qkv_rope_kv_store", q=q, k=k, v=v, x=h, wq=w.wq, wk=w.wk, wv=w.wv,
-                   bq=w.bq, bk=w.bk, bv=w.bv, positions=pos, slots=slots, cache=kv,
-                   layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
+            else:  # h: the normalised x where the backend runs the op decomposed
+                op("rms_norm_qkv_rope_kv_store", q=q, k=k, v=v, x=x, norm=w.attn_norm,
+                   eps=eps, wq=w.wq, wk=w.wk, wv=w.wv, bq=w.bq, bk=w.bk, bv=w.bv,
+                   positions=pos, slots=slots, cache=kv, layout=layout, layer=i,
+                   n_heads=c.n_heads, params=c.rope, scratch=h)  # fmt: skip
             op("attention", out=attn, q=q, cache=kv, slots=slots, positions=pos,
                layout=layout, layer=i, n_heads=c.n_heads, scale=scale)  # fmt: skip
             # h is free again: the projections above consumed it.
             op("matmul_add", out=x, x=attn, weight=w.wo, residual=x, scratch=h)
-            op("rms_norm", out=h, x=x, weight=w.ffn_norm, eps=eps)
-            op("swiglu", out=ffn_act, x=h, gate=w.w_gate, up=w.w_up, scratch_gate=gate,
-               scratch_up=up)  # fmt: skip
+            op("rms_norm_swiglu", out=ffn_act, x=x, norm=w.ffn_norm, eps=eps, gate=w.w_gate,
+               up=w.w_up, scratch=h, scratch_gate=gate, scratch_up=up)  # fmt: skip
             op("matmul_add", out=x, x=ffn_act, weight=w.w_down, residual=x, scratch=h)
         if n_rows == 0:
             return

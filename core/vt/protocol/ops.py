@@ -234,6 +234,19 @@ def _ref_qkv_rope_kv_store(a: dict[str, Any]) -> None:
     _ref_rope_kv_store(a)
 
 
+def _normed(a: dict[str, Any]) -> dict[str, Any]:
+    """The arguments with ``x`` replaced by rms_norm(x) (the reference of the norm ops)."""
+    return {**a, "x": K.rms_norm(a["x"], a["norm"], a["eps"])}
+
+
+def _ref_rms_norm_qkv_rope_kv_store(a: dict[str, Any]) -> None:
+    _ref_qkv_rope_kv_store(_normed(a))
+
+
+def _ref_rms_norm_swiglu(a: dict[str, Any]) -> None:
+    _ref_swiglu(_normed(a))
+
+
 # --------------------------------------------------------------------------- decompositions
 
 
@@ -272,6 +285,21 @@ _ROPE_KV_ARGS = ("q", "k", "v", "positions", "slots", "cache", "layout", "layer"
 def _dec_qkv_rope_kv_store(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
     launch("qkv", stream, **{n: a.get(n) for n in _QKV_ARGS})
     launch("rope_kv_store", stream, **{n: a[n] for n in _ROPE_KV_ARGS})
+
+
+def _norm_first(launch: Launch, stream: Stream, a: dict[str, Any]) -> dict[str, Any]:
+    """rms_norm(x) into ``scratch``; the arguments of the op that follows it."""
+    launch("rms_norm", stream, out=a["scratch"], x=a["x"], weight=a["norm"], eps=a["eps"])
+    rest = {n: v for n, v in a.items() if n not in ("norm", "eps", "scratch")}
+    return {**rest, "x": a["scratch"]}
+
+
+def _dec_rms_norm_qkv_rope_kv_store(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
+    launch("qkv_rope_kv_store", stream, **_norm_first(launch, stream, a))
+
+
+def _dec_rms_norm_swiglu(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
+    launch("swiglu", stream, **_norm_first(launch, stream, a))
 
 
 # --------------------------------------------------------------------------- the table
@@ -459,6 +487,40 @@ OPS: dict[str, OpDef] = {
             _dec_qkv_rope_kv_store,
             ("qkv", "rope_kv_store"),
             check=_rope_kv_check,
+        ),
+        OpDef(
+            "rms_norm_qkv_rope_kv_store",
+            "rms_norm of x (norm, eps), then qkv_rope_kv_store of it (at one row a backend "
+            "can normalise x inside the projections' kernel; scratch: the normalised x of "
+            "the decomposition, left undefined)",
+            (_t("q", "out", ("n", "q_dim")), _t("k", "out", ("n", "kv_dim")),
+             _t("v", "out", ("n", "kv_dim")), _t("x", "in", ("n", "dim")),
+             _w("norm", ("dim",)), _attr("eps", "float: added to the mean square"),
+             _w("wq", ("q_dim", "dim")), _w("wk", ("kv_dim", "dim")),
+             _w("wv", ("kv_dim", "dim")), _w("bq", ("q_dim",), optional=True),
+             _w("bk", ("kv_dim",), optional=True), _w("bv", ("kv_dim",), optional=True),
+             _t("positions", "in", ("n",), "i32"), _t("slots", "in", ("n",), "i32"),
+             _t("cache", "inout", _CACHE), _attr("layout", "vt.KVLayout"),
+             _attr("layer", "int"), _attr("n_heads", "int: query heads"),
+             _attr("params", "vt.RopeParams"), _t("scratch", "scratch", ("n", "dim"))),
+            _ref_rms_norm_qkv_rope_kv_store,
+            _dec_rms_norm_qkv_rope_kv_store,
+            ("rms_norm", "qkv_rope_kv_store"),
+            check=_rope_kv_check,
+        ),
+        OpDef(
+            "rms_norm_swiglu",
+            "rms_norm of x (norm, eps), then swiglu of it (scratch: the normalised x of the "
+            "decomposition, left undefined)",
+            (_t("out", "out", ("n", "ffn")), _t("x", "in", ("n", "dim")),
+             _w("norm", ("dim",)), _attr("eps", "float: added to the mean square"),
+             _w("gate", ("ffn", "dim")), _w("up", ("ffn", "dim")),
+             _t("scratch", "scratch", ("n", "dim")),
+             _t("scratch_gate", "scratch", ("n", "ffn")),
+             _t("scratch_up", "scratch", ("n", "ffn"))),
+            _ref_rms_norm_swiglu,
+            _dec_rms_norm_swiglu,
+            ("rms_norm", "swiglu"),
         ),
     )
 }  # fmt: skip

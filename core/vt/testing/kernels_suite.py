@@ -276,25 +276,47 @@ def _matmul_add(ctx: KitContext, title: str, wtype: str, n: int, out_f: int, in_
         return compare(ctx, title, "matmul_add", wtype, got, want["out"])
 
 
-def _swiglu(ctx: KitContext, title: str, wtype: str, n: int, ffn: int) -> str:
-    dim = in_features(wtype)
+class _Norm:
+    """The rms_norm_* ops' extra inputs: x rows of scales 1e-2..1e2, a norm weight, eps."""
+
+    def __init__(self, n: int, dim: int, *key: Any) -> None:
+        self.scales = (10.0 ** _rng("norm-s", n, dim, *key).uniform(-2, 2, (n, 1))).astype(F32)
+        self.tensor, self.ref = weight_tensor(
+            "kit.norm", 1.0 + _normal((dim,), "norm-w", dim, scale=0.1), "F32"
+        )
+        self.eps = 1e-5
+
+    def args(self, up: _Uploaded, io: CaseBuffers, n: int, dim: int) -> dict[str, Any]:
+        return {"norm": up(self.tensor), "eps": self.eps,
+                "scratch": io.scratch("scratch", F32, (n, dim))}  # fmt: skip
+
+
+def _swiglu(ctx: KitContext, title: str, wtype: str, n: int, ffn: int, norm: bool = False) -> str:
+    """swiglu, or (``norm``) rms_norm_swiglu."""
+    op, dim = "rms_norm_swiglu" if norm else "swiglu", in_features(wtype)
     g_tensor, g_ref = weight_tensor("kit.gate", _normal((ffn, dim), "sw-g", wtype, ffn), wtype)
     u_tensor, u_ref = weight_tensor("kit.up", _normal((ffn, dim), "sw-u", wtype, ffn), wtype)
     x = _normal((n, dim), "sw-x", wtype, n)
+    nrm = _Norm(n, dim, "sw") if norm else None
+    extra: dict[str, Any] = {}
+    if nrm is not None:
+        x = (x * nrm.scales).astype(F32)
+        extra = {"norm": nrm.ref, "eps": nrm.eps, "scratch": np.zeros((n, dim), F32)}
     want = reference(
-        "swiglu", out=np.zeros((n, ffn), F32), x=x, gate=g_ref, up=u_ref,
-        scratch_gate=np.zeros((n, ffn), F32), scratch_up=np.zeros((n, ffn), F32),
+        op, out=np.zeros((n, ffn), F32), x=x, gate=g_ref, up=u_ref,
+        scratch_gate=np.zeros((n, ffn), F32), scratch_up=np.zeros((n, ffn), F32), **extra,
     )  # fmt: skip
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
         gate, upw = up(g_tensor), up(u_tensor)
         out = io.output("out", F32, (n, ffn))
         _launch(
-            ctx, "swiglu", out=out, x=io.input("x", x), gate=gate, up=upw,
+            ctx, op, out=out, x=io.input("x", x), gate=gate, up=upw,
             scratch_gate=io.scratch("scratch_gate", F32, (n, ffn)),
             scratch_up=io.scratch("scratch_up", F32, (n, ffn)),
+            **(nrm.args(up, io, n, dim) if nrm is not None else {}),
         )  # fmt: skip
         got = io.result("out", F32, (n, ffn))
-        return compare(ctx, title, "swiglu", wtype, got, want["out"])
+        return compare(ctx, title, op, wtype, got, want["out"])
 
 
 def _qkv(ctx: KitContext, title: str, wtype: str, n: int, dims: tuple[int, int, int],
@@ -419,8 +441,10 @@ def _attention(
 
 def _qkv_rope_kv_store(
     ctx: KitContext, title: str, wtype: str, layout: KVLayout, n_heads: int,
-    params: RopeParams, slots: list[int], pos: list[int], bias: bool,
+    params: RopeParams, slots: list[int], pos: list[int], bias: bool, norm: bool = False,
 ) -> str:  # fmt: skip
+    """qkv_rope_kv_store, or (``norm``) rms_norm_qkv_rope_kv_store."""
+    op = "rms_norm_qkv_rope_kv_store" if norm else "qkv_rope_kv_store"
     n, hd, dim = len(pos), layout.head_dim, in_features(wtype)
     rows = {"q": n_heads * hd, "k": layout.n_kv_heads * hd, "v": layout.n_kv_heads * hd}
     tensors, ref_args, b_tensors = {}, {}, {}
@@ -433,18 +457,23 @@ def _qkv_rope_kv_store(
                 f"kit.b{name}", _normal((r,), "qrkv-b", name, r), "F32"
             )
     x = _normal((n, dim), "qrkv-x", wtype, n)
+    nrm = _Norm(n, dim, "qrkv") if norm else None
+    if nrm is not None:
+        x = (x * nrm.scales).astype(F32)
+        ref_args |= {"norm": nrm.ref, "eps": nrm.eps, "scratch": np.zeros((n, dim), F32)}
     s, p = np.asarray(slots, dtype=I32), np.asarray(pos, dtype=I32)
     cache = _normal(layout.shape, "qrkv-cache", layout)
     attrs = {"layout": layout, "layer": 1, "n_heads": n_heads, "params": params}
     outs = {name: np.zeros((n, r), F32) for name, r in rows.items()}
-    want = reference("qkv_rope_kv_store", x=x, **outs, **ref_args, positions=p, slots=s,
-                     cache=cache, **attrs)  # fmt: skip
+    want = reference(op, x=x, **outs, **ref_args, positions=p, slots=s, cache=cache, **attrs)
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
         args: dict[str, Any] = {f"w{k}": up(tensors[k]) for k in rows}
         args |= {f"b{k}": up(b_tensors[k]) for k in b_tensors}
         args |= {name: io.output(name, F32, (n, r)) for name, r in rows.items()}
+        if nrm is not None:
+            args |= nrm.args(up, io, n, dim)
         _launch(
-            ctx, "qkv_rope_kv_store", x=io.input("x", x), positions=io.input("positions", p),
+            ctx, op, x=io.input("x", x), positions=io.input("positions", p),
             slots=io.input("slots", s), cache=io.inout("cache", cache), **args, **attrs,
         )  # fmt: skip
         got_cache = io.result("cache", F32, layout.shape)
@@ -452,7 +481,7 @@ def _qkv_rope_kv_store(
         got |= {"cache K": got_cache[:, :, :, 0], "cache V": got_cache[:, :, :, 1]}
         want |= {"cache K": want["cache"][:, :, :, 0], "cache V": want["cache"][:, :, :, 1]}
         return "; ".join(
-            f"{k} " + compare(ctx, title, "qkv_rope_kv_store", wtype, got[k], want[k], k)
+            f"{k} " + compare(ctx, title, op, wtype, got[k], want[k], k)
             for k in ("q", "k", "v", "cache K", "cache V")
         )
 
@@ -815,6 +844,27 @@ def op_cases() -> list[KitCase]:
         _case("qkv_rope_kv_store", "F32,n=4,3-slots,neox,bias", "F32", _qkv_rope_kv_store,
               wtype="F32", layout=qkv_kv, n_heads=8, params=neox, slots=[0, 0, 1, 2],
               pos=[3, 4, 0, 11], bias=True)
+    )  # fmt: skip
+    # the norm folded in: one row (a GPU's gemv kernels) per weight type; several rows
+    cases += [
+        _case("rms_norm_qkv_rope_kv_store", f"{wt},n=1,normal", wt, _qkv_rope_kv_store,
+              wtype=wt, layout=qkv_kv, n_heads=4, params=RopeParams(16), slots=[2], pos=[9],
+              bias=False, norm=True)
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(
+        _case("rms_norm_qkv_rope_kv_store", "Q4_K,n=3,neox,bias", "Q4_K", _qkv_rope_kv_store,
+              wtype="Q4_K", layout=qkv_kv, n_heads=4, params=neox, slots=[0, 1, 1],
+              pos=[15, 2, 3], bias=True, norm=True)
+    )  # fmt: skip
+    cases += [
+        _case("rms_norm_swiglu", f"{wt},n=1,37x{in_features(wt)}", wt, _swiglu, wtype=wt,
+              n=1, ffn=37, norm=True)
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(
+        _case("rms_norm_swiglu", "Q8_0,n=5,37x96", "Q8_0", _swiglu, wtype="Q8_0", n=5, ffn=37,
+              norm=True)
     )  # fmt: skip
     cases.sort(key=lambda c: list(OPS).index(c.unit))  # table order (stable)
     # core methods

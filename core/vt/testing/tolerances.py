@@ -55,6 +55,9 @@ KERNEL_NMSE: dict[str, dict[str, float]] = {
     "rope_kv_store": {"*": 1e-6},
     # qkv's projections, then a rotation (rope's 1e-6 adds to them): q, k, v and the cache
     "qkv_rope_kv_store": {"F32": 2e-6, "F16": 1.1e-5, "BF16": 1.1e-5, "*": 1.001e-3},
+    # the same of a normalised x (rms_norm's 1e-9 adds to them)
+    "rms_norm_qkv_rope_kv_store": {"F32": 2e-6, "F16": 1.1e-5, "BF16": 1.1e-5, "*": 1.001e-3},
+    "rms_norm_swiglu": {"F32": 2e-6, "F16": 2e-5, "BF16": 2e-5, "*": 2e-3},
     "copy_d2d": {"*": 0.0},
     "sample": {"*": 0.0},  # ids: greedy exact, seeded draws equal to vt.reference.sample
     # ids exact (the order is by the float32 logit, then the id). Values: float64

@@ -112,7 +112,8 @@ class CpuOps(ReferenceOps):
     threads: ThreadOwner
     native_ops: ClassVar[tuple[str, ...]] = (
         "embedding", "rms_norm", "matmul", "matmul_add", "swiglu", "rope_kv_store", "attention",
-        "qkv", "qkv_rope_kv_store", "silu_mul", "gather_rows",
+        "qkv", "qkv_rope_kv_store", "rms_norm_qkv_rope_kv_store", "rms_norm_swiglu",
+        "silu_mul", "gather_rows",
     )  # fmt: skip
     #: From the reference: the ops without weights that have no kernel here. An op that
     #: takes weights is native or runs as its decomposition, never dequantized as a whole.
@@ -295,6 +296,27 @@ class CpuOps(ReferenceOps):
         self.op_qkv(stream, q, k, v, x, wq, wk, wv, bq, bk, bv)
         self.op_rope_kv_store(stream, q, k, v, positions, slots, cache, layout, layer, n_heads,
                               params)  # fmt: skip
+
+    def op_rms_norm_qkv_rope_kv_store(
+        self, stream: vt.Stream, q: vt.Tensor, k: vt.Tensor, v: vt.Tensor, x: vt.Tensor,
+        norm: vt.Weight, eps: float, wq: vt.Weight, wk: vt.Weight, wv: vt.Weight,
+        positions: vt.Tensor, slots: vt.Tensor, cache: vt.Tensor, layout: vt.KVLayout,
+        layer: int, n_heads: int, params: vt.RopeParams, scratch: vt.Tensor,
+        bq: vt.Weight | None = None, bk: vt.Weight | None = None, bv: vt.Weight | None = None,
+    ) -> None:  # fmt: skip
+        """rms_norm into ``scratch``, then qkv_rope_kv_store of it (no launch to save here)."""
+        self.op_rms_norm(stream, scratch, x, norm, eps)
+        self.op_qkv_rope_kv_store(stream, q, k, v, scratch, wq, wk, wv, positions, slots, cache,
+                                  layout, layer, n_heads, params, bq, bk, bv)  # fmt: skip
+
+    def op_rms_norm_swiglu(
+        self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor, norm: vt.Weight, eps: float,
+        gate: vt.Weight, up: vt.Weight, scratch: vt.Tensor, scratch_gate: vt.Tensor,
+        scratch_up: vt.Tensor,
+    ) -> None:  # fmt: skip
+        """rms_norm into ``scratch``, then swiglu of it."""
+        self.op_rms_norm(stream, scratch, x, norm, eps)
+        self.op_swiglu(stream, out, scratch, gate, up, scratch_gate, scratch_up)
 
     def op_swiglu(self, stream: vt.Stream, out: vt.Tensor, x: vt.Tensor, gate: vt.Weight,
                   up: vt.Weight, scratch_gate: vt.Tensor,

@@ -452,13 +452,17 @@ QKV_ROPE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("norm", [False, True], ids=["", "rms_norm"])
 @pytest.mark.parametrize("case", QKV_ROPE_CASES, ids=[c[0] for c in QKV_ROPE_CASES])
-def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple) -> None:
+def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool = False) -> None:
     """qkv_rope_kv_store of one row in one launch (qkv_rope_gemv_q) leaves q, k, v and the
     cache bit for bit as its decomposition (qkv on the gemv kernels, then rope_kv_store)
     does, within the kit's bounds of the reference; both RoPE styles, biases, a K-quant v
-    of another block size; an out-of-range slot stores nothing."""
+    of another block size; an out-of-range slot stores nothing. ``norm``: the same of
+    rms_norm_qkv_rope_kv_store native (qkv_rope_norm_gemv_q) against rms_norm's launch
+    and qkv_rope_gemv_q's."""
     _, wtypes, k_in, n_heads, n_kv, hd, style, with_bias, slot = case
+    op = "rms_norm_qkv_rope_kv_store" if norm else "qkv_rope_kv_store"
     layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=64, n_kv_heads=n_kv, head_dim=hd)
     params = vt.RopeParams(head_dim=hd, style=vt.RopeStyle(style), base=10000.0)
     rows = (n_heads * hd, n_kv * hd, n_kv * hd)
@@ -468,27 +472,35 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple) -> None:
     biases = [weight_tensor(f"b{i}", rng.standard_normal(r).astype(np.float32), "F32")
               for i, r in enumerate(rows)] if with_bias else []  # fmt: skip
     x = rng.standard_normal((1, k_in)).astype(np.float32)
+    norm_t, norm_ref = weight_tensor(
+        "n", (1 + 0.1 * rng.standard_normal(k_in)).astype(np.float32), "F32"
+    )
+    if norm:
+        x *= np.float32(7.5)
     cache0 = rng.standard_normal(layout.shape).astype(np.float32)
     pos, slots = np.array([37], np.int32), np.array([slot], np.int32)
     io = IO(cuda)
     ws = [cuda.upload_weight(t) for t, _ in mats]
     bs = [cuda.upload_weight(t) for t, _ in biases]
+    nw = cuda.upload_weight(norm_t)
     saved, kernel = cuda.native_fused, cuda._kernel
     launched: dict[bool, list[str]] = {True: [], False: []}
     try:
         stream = cuda.create_stream()
         got = {}
         for fused in (True, False):
-            cuda.native_fused = saved if fused else saved - {"qkv_rope_kv_store"}
+            cuda.native_fused = (saved | {op}) if fused else saved - {op}
             outs = [f32(io.empty(4 * r), 1, r) for r in rows]
             cache = f32(io.put(cache0), *layout.shape)
-            names = dict(zip(("bq", "bk", "bv"), bs, strict=False))
+            names: dict[str, Any] = dict(zip(("bq", "bk", "bv"), bs, strict=False))
+            if norm:
+                names |= {"norm": nw, "eps": 1e-5, "scratch": f32(io.empty(4 * k_in), 1, k_in)}
             cuda._kernel = lambda name, *a, f=fused, **kw: (
                 launched[f].append(name),
                 kernel(name, *a, **kw),
             )
             cuda.launch(
-                "qkv_rope_kv_store", stream, q=outs[0], k=outs[1], v=outs[2],
+                op, stream, q=outs[0], k=outs[1], v=outs[2],
                 x=f32(io.put(x), 1, k_in), wq=ws[0], wk=ws[1], wv=ws[2], **names,
                 positions=i32(io.put(pos), 1), slots=i32(io.put(slots), 1), cache=cache,
                 layout=layout, layer=1, n_heads=n_heads, params=params,
@@ -497,15 +509,21 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple) -> None:
             cuda.synchronize(stream)
             got[fused] = [io.get(o.buffer, np.float32, (1, o.shape[1])) for o in outs]
             got[fused].append(io.get(cache.buffer, np.float32, layout.shape))
-        assert launched == {True: ["qkv_rope_gemv_q"], False: ["qkv_gemv2_q", "rope_kv_store"]}
+        if norm:
+            want_launched = {True: ["qkv_rope_norm_gemv_q"], False: ["rms_norm", "qkv_rope_gemv_q"]}
+        else:
+            want_launched = {True: ["qkv_rope_gemv_q"], False: ["qkv_gemv2_q", "rope_kv_store"]}
+        assert launched == want_launched
         for a, b in zip(got[True], got[False], strict=True):
             np.testing.assert_array_equal(a, b)
         want = {n: np.zeros((1, r), np.float32) for n, r in zip("qkv", rows, strict=True)}
         want_cache = cache0.copy()
         ref_args = {f"w{n}": ref for n, (_, ref) in zip("qkv", mats, strict=True)}
         ref_args.update({f"b{n}": ref for n, (_, ref) in zip("qkv", biases, strict=False)})
+        if norm:
+            ref_args |= {"norm": norm_ref, "eps": 1e-5}
         if slot < layout.n_slots:
-            vt.OPS["qkv_rope_kv_store"].reference(
+            vt.OPS[op].reference(
                 {**want, "x": x, **ref_args, "positions": pos, "slots": slots,
                  "cache": want_cache, "layout": layout, "layer": 1, "n_heads": n_heads,
                  "params": params}
@@ -518,7 +536,61 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple) -> None:
     finally:
         cuda.__dict__.pop("_kernel", None)
         cuda.native_fused = saved
-        for w in ws + bs:
+        for w in [*ws, *bs, nw]:
+            cuda.free_weight(w)
+        io.close()
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("k_in", [96, 4608])
+def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
+    """rms_norm_swiglu of one row native (swiglu_norm_gemv2_q: the block normalises x as
+    rms_norm does) gives the bits of rms_norm's launch followed by swiglu_gemv2_q's, within
+    the kit's bound of the reference; K = 96 (a block of 64 threads, each four of
+    rms_norm's 256) and 4608 (128 threads, several passes). Features 37: a partial block."""
+    if wtype.endswith("_K") and k_in % 256:
+        k_in = 512
+    rng = np.random.default_rng(k_in + 1)
+    mats = [weight_tensor(f"w{i}", rng.standard_normal((37, k_in)).astype(np.float32), wtype)
+            for i in range(2)]  # fmt: skip
+    norm_t, norm_ref = weight_tensor(
+        "n", (1 + 0.1 * rng.standard_normal(k_in)).astype(np.float32), "F32"
+    )
+    x = (rng.standard_normal((1, k_in)) * 30).astype(np.float32)
+    io = IO(cuda)
+    ws = [cuda.upload_weight(t) for t, _ in mats]
+    nw = cuda.upload_weight(norm_t)
+    saved, kernel = cuda.native_fused, cuda._kernel
+    launched: dict[bool, list[str]] = {True: [], False: []}
+    try:
+        stream = cuda.create_stream()
+        got = {}
+        for fused in (True, False):
+            cuda.native_fused = (saved | {"rms_norm_swiglu"}) if fused else saved
+            out = f32(io.empty(4 * 37), 1, 37)
+            cuda._kernel = lambda name, *a, f=fused, **kw: (
+                launched[f].append(name),
+                kernel(name, *a, **kw),
+            )
+            cuda.launch(
+                "rms_norm_swiglu", stream, out=out, x=f32(io.put(x), 1, k_in), norm=nw,
+                eps=1e-5, gate=ws[0], up=ws[1], scratch=f32(io.empty(4 * k_in), 1, k_in),
+                scratch_gate=f32(io.empty(4 * 37), 1, 37), scratch_up=f32(io.empty(4 * 37), 1, 37),
+            )  # fmt: skip
+            del cuda._kernel
+            cuda.synchronize(stream)
+            got[fused] = io.get(out.buffer, np.float32, (1, 37))
+        assert launched == {True: ["swiglu_norm_gemv2_q"], False: ["rms_norm", "swiglu_gemv2_q"]}
+        np.testing.assert_array_equal(got[True], got[False])
+        want = {"out": np.zeros((1, 37), np.float32)}
+        vt.OPS["rms_norm_swiglu"].reference(
+            {**want, "x": x, "norm": norm_ref, "eps": 1e-5, "gate": mats[0][1], "up": mats[1][1]}
+        )
+        assert nmse(got[True], want["out"]) <= kernel_tolerance("rms_norm_swiglu", wtype)
+    finally:
+        cuda.__dict__.pop("_kernel", None)
+        cuda.native_fused = saved
+        for w in [*ws, nw]:
             cuda.free_weight(w)
         io.close()
 

@@ -26,6 +26,8 @@ cuBLASLt plans cached per shape (1, the default; ``vt_cuda.blas.Cublas.use_lt``)
 overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches``);
 ``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
 ``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
+``--add-fused OP``: that one fused op runs natively (``rms_norm_swiglu``,
+``rms_norm_qkv_rope_kv_store``: the norm inside the gemv kernels at batch 1);
 ``--last-block-combine 0|1``: attention's split partials combined by a second launch (0,
 the default) or by each group's last split block (1;
 ``GpuBackend.attention_last_block_combine``);
@@ -109,6 +111,8 @@ def apply(args: list[str]) -> list[str]:
             GpuBackend.native_fused = frozenset()
         elif flag == "--drop-fused":
             GpuBackend.native_fused = GpuBackend.native_fused - {args[1]}
+        elif flag == "--add-fused":
+            GpuBackend.native_fused = GpuBackend.native_fused | {args[1]}
         elif flag == "--last-block-combine":
             GpuBackend.attention_last_block_combine = bool(int(args[1]))
         elif flag in ("--blas-f16", "--blas-tf32"):

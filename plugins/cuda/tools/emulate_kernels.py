@@ -183,6 +183,10 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
         swiglu_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),              \
             P(const float*, 3), P(int, 4), P(const void*, 5), P(const float*, 6), P(int, 7),   \
             P(int, 8), P(int, 9)); }); return 1; }                                              \
+    if (!std::strcmp(name, "swiglu_norm_gemv" #GV "_q")) { vt_grid(g, block, [=] {           \
+        swiglu_norm_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),         \
+            P(const float*, 3), P(int, 4), P(const void*, 5), P(const float*, 6), P(int, 7),   \
+            P(int, 8), P(int, 9), P(const float*, 10), P(float, 11)); }); return 1; }          \
     if (!std::strcmp(name, "qkv_gemv" #GV "_q")) { vt_grid(g, block, [=] {                   \
         qkv_gemv##GV##_q(P(float*, 0), P(float*, 1), P(float*, 2), P(const float*, 3),        \
             P(const void*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),             \
@@ -198,6 +202,14 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
             P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(const int*, 21),
             P(const int*, 22), P(float*, 23), P(int, 24), P(int, 25), P(int, 26), P(int, 27),
             P(RopeTable, 28)); }); return 1; }
+    if (!std::strcmp(name, "qkv_rope_norm_gemv_q")) { vt_grid(g, block, [=] {
+        qkv_rope_norm_gemv_q(P(float*, 0), P(float*, 1), P(float*, 2), P(const float*, 3),
+            P(const void*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),
+            P(const void*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),
+            P(const void*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),
+            P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(const int*, 21),
+            P(const int*, 22), P(float*, 23), P(int, 24), P(int, 25), P(int, 26), P(int, 27),
+            P(RopeTable, 28), P(const float*, 29), P(float, 30)); }); return 1; }
     if (!std::strcmp(name, "rope_kv_store")) { vt_grid(g, block, [=] {
         rope_kv_store(P(float*, 0), P(float*, 1), P(const float*, 2), P(const int*, 3),
             P(const int*, 4), P(float*, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9),
@@ -294,11 +306,19 @@ def main() -> None:
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in checks.QKV_ROPE_CASES:
-            label = f"qkv_rope_kv_store {case[0]}"
-            if a.k in label:
-                checks.test_qkv_rope_kv_store_at_one_row(backend, case)
-                ran += 1
-                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+            for norm in (False, True):
+                label = f"{'rms_norm_' if norm else ''}qkv_rope_kv_store {case[0]}"
+                if a.k in label:
+                    checks.test_qkv_rope_kv_store_at_one_row(backend, case, norm)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+            for k_in in (96, 4608):
+                label = f"rms_norm_swiglu {wtype} K={k_in}"
+                if a.k in label:
+                    checks.test_rms_norm_swiglu_at_one_row(backend, wtype, k_in)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in ((8, 32, 1), (3, 9, 2), (2, 8, 3)):
             label = f"last-block combine {case}"
             if a.k in label:

@@ -454,16 +454,61 @@ __device__ __forceinline__ float vt_code_f(vt_u32 word, int j) {
 #endif
 }
 
+// Bring the 16 codes of w at value index at into L2 (no registers; a hint, no-op off NVIDIA).
+__device__ __forceinline__ void vt_gv_prefetch(const VtRow& w, long long at) {
+#if !defined(VT_HIP) && !defined(VT_EMULATE)
+    const char* p = (const char*)w.data + ((VT_QF(w.lg) & VT_Q_NIB) ? (at >> 4) * 8 : at);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+// The scale rms_norm computes for a row x of dim values, 1 / sqrt(mean(x**2) + eps), in its
+// summation order (a block of RN_THREADS: thread v sums x[v], x[v + RN_THREADS], ...; then
+// each warp's shuffle tree; then the first warp's over the warps' sums), by this block of
+// fewer threads (each takes RN_THREADS / blockDim.x of rms_norm's), so the two agree bit
+// for bit. Every thread of the block must call it; every thread gets the scale.
+#define RN_THREADS 256
+__device__ float vt_norm_scale(const float* x, int dim, float eps, float* red) {
+    int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
+    int warps = blockDim.x / VT_WARP, per = RN_THREADS / blockDim.x;
+    for (int j = 0; j < per; ++j) {
+        float ss = 0.0f;
+        for (int d = t + j * blockDim.x; d < dim; d += RN_THREADS)
+            ss = __fadd_rn(ss, __fmul_rn(x[d], x[d]));
+        ss = vt_warp_sum(ss);
+        if (lane == 0) red[warp + j * warps] = ss;  // rms_norm's warp (t + j * blockDim.x) / VT_WARP
+    }
+    __syncthreads();
+    float r = lane < RN_THREADS / VT_WARP ? red[lane] : 0.0f;
+    r = vt_warp_sum(r);
+    __syncthreads();
+    return 1.0f / sqrtf(r / (float)dim + eps);
+}
+
 // sums[i] (every thread gets them) = dequant(w[i]) . x over K, for the block's NW weight rows.
-template <int NW>
-__device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K, float* sums) {
+// NORM: . rms_norm(x) (weight nw, eps) instead, each value as rms_norm rounds it ((x * scale)
+// * nw), so the sums equal rms_norm's launch followed by this one's; the block waits for x
+// and sums its squares first, the first pass's codes prefetched into L2 meanwhile.
+template <int NW, bool NORM = false>
+__device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K, float* sums,
+                                           const float* nw = nullptr, float eps = 0.0f) {
     __shared__ float red[GV_MAX_THREADS / VT_WARP][NW];
-    constexpr int U = VT_GV_UNROLL;
+    constexpr int U = NORM ? 1 : VT_GV_UNROLL;
     int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
     int step = blockDim.x * 16;
     float acc[NW];
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = 0.0f;
+    float scale = 1.0f;
+    if (NORM) {
+        __shared__ float nred[RN_THREADS / VT_WARP];
+        if (t * 16 < K) {
+#pragma unroll
+            for (int i = 0; i < NW; ++i) vt_gv_prefetch(w[i], w[i].at + t * 16);
+        }
+        vt_grid_wait();
+        scale = vt_norm_scale(x, K, eps, nred);
+    }
     bool first = true;
     for (int k0 = t * 16; k0 < K; k0 += U * step) {
         vt_codes<16> raw[U][NW];
@@ -492,6 +537,17 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
                 for (int c = 0; c < 4; ++c) {
                     vt_f4 a = xp[c];
                     xv[4 * c] = a.x, xv[4 * c + 1] = a.y, xv[4 * c + 2] = a.z, xv[4 * c + 3] = a.w;
+                }
+                if (NORM) {
+                    const vt_f4* np = (const vt_f4*)(nw + k);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        vt_f4 g = np[c];
+                        float gs[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            xv[4 * c + e] = __fmul_rn(__fmul_rn(xv[4 * c + e], scale), gs[e]);
+                    }
                 }
 #ifdef VT_GV_FACTOR
                 float xs = 0.0f;  // scale * sum(q x) + offset * sum(x): not vt_wload's roundings
@@ -558,11 +614,12 @@ __device__ void vt_gemv(float* out, const float* x, const void* data, const floa
     }
 }
 
-// out = silu(x @ G.T) * (x @ U.T) for one row: gate and up rows of GV features in one pass.
-template <int GV>
+// out = silu(x @ G.T) * (x @ U.T) for one row: gate and up rows of GV features in one pass
+// (NORM: of rms_norm(x), weight nw, eps; vt_gv_rows).
+template <int GV, bool NORM = false>
 __device__ void vt_swiglu_gemv(float* out, const float* x, const void* gdata, const float* gsm,
                                int glg, const void* udata, const float* usm, int ulg, int N,
-                               int K) {
+                               int K, const float* nw = nullptr, float eps = 0.0f) {
     int o0 = blockIdx.x * GV;
     VtRow w[2 * GV];
 #pragma unroll
@@ -572,7 +629,7 @@ __device__ void vt_swiglu_gemv(float* out, const float* x, const void* gdata, co
         w[GV + i] = {udata, usm, ulg, at};
     }
     float s[2 * GV];
-    vt_gv_rows<2 * GV>(w, x, K, s);
+    vt_gv_rows<2 * GV, NORM>(w, x, K, s, nw, eps);
 #pragma unroll
     for (int i = 0; i < GV; ++i) {
         int o = o0 + i;
@@ -621,7 +678,8 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
 }
 
 // matmul_gemv1_q, swiglu_gemv2_q, qkv_gemv4_q, ...: the arguments of the matching *_small
-// kernels less n and rpb. Launched overlapped (common.cu; vt_gv_rows waits).
+// kernels less n and rpb; swiglu_norm_gemv2_q, ...: swiglu's, then the norm's weight and eps
+// (the rms_norm_swiglu op). Launched overlapped (common.cu; vt_gv_rows waits).
 #define VT_GEMV(GV)                                                                            \
     extern "C" __global__ void matmul_gemv##GV##_q(float* out, const float* x, const void* data, \
                                                    const float* sm, int lg_block,              \
@@ -644,6 +702,13 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
         vt_launch_dependents();                                                                \
         vt_qkv_gemv<GV>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, Nq, Nk, \
                         Nv, K);                                                                \
+    }                                                                                          \
+    extern "C" __global__ void swiglu_norm_gemv##GV##_q(                                       \
+        float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
+        const void* udata, const float* usm, int ulg, int N, int K, const float* nw,          \
+        float eps) {                                                                           \
+        vt_launch_dependents();                                                                \
+        vt_swiglu_gemv<GV, true>(out, x, gdata, gsm, glg, udata, usm, ulg, N, K, nw, eps);     \
     }
 VT_GEMV(1)
 VT_GEMV(2)

@@ -108,13 +108,14 @@ extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
 // into the cache (skipped for an out-of-range slot or position, as kv_store). So q, k, v
 // and the cache hold what qkv_gemv2_q and rope_kv_store would leave, in one launch, and
 // the pair's rotation needs no second pass over q and k. Launched overlapped (common.cu).
-extern "C" __global__ void qkv_rope_gemv_q(
+template <bool NORM>
+__device__ void vt_qkv_rope_gemv(
     float* q, float* k, float* v, const float* x, const void* wq, const float* sq, int lgq,
     const float* bq, const void* wk, const float* sk, int lgk, const float* bk,
     const void* wv, const float* sv, int lgv, const float* bv, int n_heads, int n_kv,
     int head_dim, int K, int neox, const int* positions, const int* slots, float* cache,
-    int n_slots, int n_layers, int max_len, int layer, RopeTable table) {
-    vt_launch_dependents();
+    int n_slots, int n_layers, int max_len, int layer, const RopeTable& table,
+    const float* nw, float eps) {
     int half = head_dim / 2, pq = n_heads * half, pk = n_kv * half;
     int b = blockIdx.x;
     int kind = b < pq ? 0 : b < pq + pk ? 1 : 2;  // q, k, v: the same for the whole block
@@ -129,7 +130,7 @@ extern "C" __global__ void qkv_rope_gemv_q(
     int lg = kind == 0 ? lgq : kind == 1 ? lgk : lgv;
     VtRow w[2] = {{data, sm, lg, (long long)fa * K}, {data, sm, lg, (long long)fb * K}};
     float s[2];
-    vt_gv_rows<2>(w, x, K, s);  // waits for the previous kernel (x) before any read of it
+    vt_gv_rows<2, NORM>(w, x, K, s, nw, eps);  // waits for the previous kernel (x) first
     if (threadIdx.x != 0) return;
     float a = bias ? s[0] + bias[fa] : s[0], c = bias ? s[1] + bias[fb] : s[1];
     int pos = positions[0];
@@ -147,4 +148,30 @@ extern "C" __global__ void qkv_rope_gemv_q(
     long long base = vt_kv_index(pos, slot, layer, kind - 1, n_slots, n_layers, n_kv * head_dim);
     cache[base + fa] = a;
     cache[base + fb] = c;
+}
+
+extern "C" __global__ void qkv_rope_gemv_q(
+    float* q, float* k, float* v, const float* x, const void* wq, const float* sq, int lgq,
+    const float* bq, const void* wk, const float* sk, int lgk, const float* bk,
+    const void* wv, const float* sv, int lgv, const float* bv, int n_heads, int n_kv,
+    int head_dim, int K, int neox, const int* positions, const int* slots, float* cache,
+    int n_slots, int n_layers, int max_len, int layer, RopeTable table) {
+    vt_launch_dependents();
+    vt_qkv_rope_gemv<false>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv,
+                            n_heads, n_kv, head_dim, K, neox, positions, slots, cache, n_slots,
+                            n_layers, max_len, layer, table, nullptr, 0.0f);
+}
+
+// The same of rms_norm(x) (weight nw, eps; vt_gv_rows): the rms_norm_qkv_rope_kv_store op.
+extern "C" __global__ void qkv_rope_norm_gemv_q(
+    float* q, float* k, float* v, const float* x, const void* wq, const float* sq, int lgq,
+    const float* bq, const void* wk, const float* sk, int lgk, const float* bk,
+    const void* wv, const float* sv, int lgv, const float* bv, int n_heads, int n_kv,
+    int head_dim, int K, int neox, const int* positions, const int* slots, float* cache,
+    int n_slots, int n_layers, int max_len, int layer, RopeTable table, const float* nw,
+    float eps) {
+    vt_launch_dependents();
+    vt_qkv_rope_gemv<true>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv,
+                           n_heads, n_kv, head_dim, K, neox, positions, slots, cache, n_slots,
+                           n_layers, max_len, layer, table, nw, eps);
 }
