@@ -319,6 +319,24 @@ def _attr(name: str, doc: str) -> Arg:
     return Arg(name, "attr", doc=doc)
 
 
+#: qkv_rope_kv_store's arguments; the norm op's are these with _NORM_ARGS after x.
+_QKV_ROPE_KV_ARGS: tuple[Arg, ...] = (
+    _t("q", "out", ("n", "q_dim")), _t("k", "out", ("n", "kv_dim")),
+    _t("v", "out", ("n", "kv_dim")), _t("x", "in", ("n", "dim")),
+    _w("wq", ("q_dim", "dim")), _w("wk", ("kv_dim", "dim")),
+    _w("wv", ("kv_dim", "dim")), _w("bq", ("q_dim",), optional=True),
+    _w("bk", ("kv_dim",), optional=True), _w("bv", ("kv_dim",), optional=True),
+    _t("positions", "in", ("n",), "i32"), _t("slots", "in", ("n",), "i32"),
+    _t("cache", "inout", _CACHE), _attr("layout", "vt.KVLayout"),
+    _attr("layer", "int"), _attr("n_heads", "int: query heads"),
+    _attr("params", "vt.RopeParams"),
+)  # fmt: skip
+#: The rms_norm_* ops' norm: rms_norm's weight and eps.
+_NORM_ARGS: tuple[Arg, ...] = (
+    _w("norm", ("dim",)),
+    _attr("eps", "float: added to the mean square"),
+)
+
 OPS: dict[str, OpDef] = {
     op.name: op
     for op in (
@@ -474,15 +492,7 @@ OPS: dict[str, OpDef] = {
             "qkv, then rope_kv_store of its q, k and v (the attention's input projections, "
             "RoPE and the KV store as one op: at one row a backend can rotate each pair of "
             "features as it computes them and store k and v straight into the cache)",
-            (_t("q", "out", ("n", "q_dim")), _t("k", "out", ("n", "kv_dim")),
-             _t("v", "out", ("n", "kv_dim")), _t("x", "in", ("n", "dim")),
-             _w("wq", ("q_dim", "dim")), _w("wk", ("kv_dim", "dim")),
-             _w("wv", ("kv_dim", "dim")), _w("bq", ("q_dim",), optional=True),
-             _w("bk", ("kv_dim",), optional=True), _w("bv", ("kv_dim",), optional=True),
-             _t("positions", "in", ("n",), "i32"), _t("slots", "in", ("n",), "i32"),
-             _t("cache", "inout", _CACHE), _attr("layout", "vt.KVLayout"),
-             _attr("layer", "int"), _attr("n_heads", "int: query heads"),
-             _attr("params", "vt.RopeParams")),
+            _QKV_ROPE_KV_ARGS,
             _ref_qkv_rope_kv_store,
             _dec_qkv_rope_kv_store,
             ("qkv", "rope_kv_store"),
@@ -493,16 +503,8 @@ OPS: dict[str, OpDef] = {
             "rms_norm of x (norm, eps), then qkv_rope_kv_store of it (at one row a backend "
             "can normalise x inside the projections' kernel; scratch: the normalised x of "
             "the decomposition, left undefined)",
-            (_t("q", "out", ("n", "q_dim")), _t("k", "out", ("n", "kv_dim")),
-             _t("v", "out", ("n", "kv_dim")), _t("x", "in", ("n", "dim")),
-             _w("norm", ("dim",)), _attr("eps", "float: added to the mean square"),
-             _w("wq", ("q_dim", "dim")), _w("wk", ("kv_dim", "dim")),
-             _w("wv", ("kv_dim", "dim")), _w("bq", ("q_dim",), optional=True),
-             _w("bk", ("kv_dim",), optional=True), _w("bv", ("kv_dim",), optional=True),
-             _t("positions", "in", ("n",), "i32"), _t("slots", "in", ("n",), "i32"),
-             _t("cache", "inout", _CACHE), _attr("layout", "vt.KVLayout"),
-             _attr("layer", "int"), _attr("n_heads", "int: query heads"),
-             _attr("params", "vt.RopeParams"), _t("scratch", "scratch", ("n", "dim"))),
+            (*_QKV_ROPE_KV_ARGS[:4], *_NORM_ARGS, *_QKV_ROPE_KV_ARGS[4:],
+             _t("scratch", "scratch", ("n", "dim"))),
             _ref_rms_norm_qkv_rope_kv_store,
             _dec_rms_norm_qkv_rope_kv_store,
             ("rms_norm", "qkv_rope_kv_store"),
@@ -512,8 +514,7 @@ OPS: dict[str, OpDef] = {
             "rms_norm_swiglu",
             "rms_norm of x (norm, eps), then swiglu of it (scratch: the normalised x of the "
             "decomposition, left undefined)",
-            (_t("out", "out", ("n", "ffn")), _t("x", "in", ("n", "dim")),
-             _w("norm", ("dim",)), _attr("eps", "float: added to the mean square"),
+            (_t("out", "out", ("n", "ffn")), _t("x", "in", ("n", "dim")), *_NORM_ARGS,
              _w("gate", ("ffn", "dim")), _w("up", ("ffn", "dim")),
              _t("scratch", "scratch", ("n", "dim")),
              _t("scratch_gate", "scratch", ("n", "ffn")),

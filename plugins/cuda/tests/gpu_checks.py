@@ -13,9 +13,11 @@ type with graphs and async readback each on and off.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,17 @@ class IO:
     def close(self) -> None:
         for b in self.bufs:
             self.be.free(b)
+
+
+@contextlib.contextmanager
+def recording(cuda: Any, names: list[str]) -> Iterator[None]:
+    """The kernels ``cuda`` launches inside the block, by name, appended to ``names``."""
+    kernel = cuda._kernel
+    cuda._kernel = lambda name, *a, **kw: (names.append(name), kernel(name, *a, **kw))
+    try:
+        yield
+    finally:
+        del cuda._kernel
 
 
 def test_capabilities_are_the_discrete_device_facts(cuda: Any) -> None:
@@ -483,7 +496,7 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool = False
     ws = [cuda.upload_weight(t) for t, _ in mats]
     bs = [cuda.upload_weight(t) for t, _ in biases]
     nw = cuda.upload_weight(norm_t)
-    saved, kernel = cuda.native_fused, cuda._kernel
+    saved = cuda.native_fused
     launched: dict[bool, list[str]] = {True: [], False: []}
     try:
         stream = cuda.create_stream()
@@ -495,17 +508,13 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool = False
             names: dict[str, Any] = dict(zip(("bq", "bk", "bv"), bs, strict=False))
             if norm:
                 names |= {"norm": nw, "eps": 1e-5, "scratch": f32(io.empty(4 * k_in), 1, k_in)}
-            cuda._kernel = lambda name, *a, f=fused, **kw: (
-                launched[f].append(name),
-                kernel(name, *a, **kw),
-            )
-            cuda.launch(
-                op, stream, q=outs[0], k=outs[1], v=outs[2],
-                x=f32(io.put(x), 1, k_in), wq=ws[0], wk=ws[1], wv=ws[2], **names,
-                positions=i32(io.put(pos), 1), slots=i32(io.put(slots), 1), cache=cache,
-                layout=layout, layer=1, n_heads=n_heads, params=params,
-            )  # fmt: skip
-            del cuda._kernel
+            with recording(cuda, launched[fused]):
+                cuda.launch(
+                    op, stream, q=outs[0], k=outs[1], v=outs[2],
+                    x=f32(io.put(x), 1, k_in), wq=ws[0], wk=ws[1], wv=ws[2], **names,
+                    positions=i32(io.put(pos), 1), slots=i32(io.put(slots), 1), cache=cache,
+                    layout=layout, layer=1, n_heads=n_heads, params=params,
+                )  # fmt: skip
             cuda.synchronize(stream)
             got[fused] = [io.get(o.buffer, np.float32, (1, o.shape[1])) for o in outs]
             got[fused].append(io.get(cache.buffer, np.float32, layout.shape))
@@ -534,7 +543,6 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool = False
         else:  # the cache is untouched
             np.testing.assert_array_equal(got[True][3], cache0)
     finally:
-        cuda.__dict__.pop("_kernel", None)
         cuda.native_fused = saved
         for w in [*ws, *bs, nw]:
             cuda.free_weight(w)
@@ -560,7 +568,7 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
     io = IO(cuda)
     ws = [cuda.upload_weight(t) for t, _ in mats]
     nw = cuda.upload_weight(norm_t)
-    saved, kernel = cuda.native_fused, cuda._kernel
+    saved = cuda.native_fused
     launched: dict[bool, list[str]] = {True: [], False: []}
     try:
         stream = cuda.create_stream()
@@ -568,16 +576,13 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
         for fused in (True, False):
             cuda.native_fused = (saved | {"rms_norm_swiglu"}) if fused else saved
             out = f32(io.empty(4 * 37), 1, 37)
-            cuda._kernel = lambda name, *a, f=fused, **kw: (
-                launched[f].append(name),
-                kernel(name, *a, **kw),
-            )
-            cuda.launch(
-                "rms_norm_swiglu", stream, out=out, x=f32(io.put(x), 1, k_in), norm=nw,
-                eps=1e-5, gate=ws[0], up=ws[1], scratch=f32(io.empty(4 * k_in), 1, k_in),
-                scratch_gate=f32(io.empty(4 * 37), 1, 37), scratch_up=f32(io.empty(4 * 37), 1, 37),
-            )  # fmt: skip
-            del cuda._kernel
+            with recording(cuda, launched[fused]):
+                cuda.launch(
+                    "rms_norm_swiglu", stream, out=out, x=f32(io.put(x), 1, k_in), norm=nw,
+                    eps=1e-5, gate=ws[0], up=ws[1], scratch=f32(io.empty(4 * k_in), 1, k_in),
+                    scratch_gate=f32(io.empty(4 * 37), 1, 37),
+                    scratch_up=f32(io.empty(4 * 37), 1, 37),
+                )  # fmt: skip
             cuda.synchronize(stream)
             got[fused] = io.get(out.buffer, np.float32, (1, 37))
         assert launched == {True: ["swiglu_norm_gemv2_q"], False: ["rms_norm", "swiglu_gemv2_q"]}
@@ -588,7 +593,6 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
         )
         assert nmse(got[True], want["out"]) <= kernel_tolerance("rms_norm_swiglu", wtype)
     finally:
-        cuda.__dict__.pop("_kernel", None)
         cuda.native_fused = saved
         for w in [*ws, nw]:
             cuda.free_weight(w)
