@@ -4,7 +4,8 @@
 
 Needs cupy and an NVIDIA GPU. Compiles vt's kernel source with ``bench_gemv_read.cu``
 appended (nvrtc through cupy), fills int8 codes and (scale, offset) pairs of each matrix of
-a layer (the kernels' WT_Q layout, blocks of 32) with random values, and times
+a layer (WT_Q's wide layout, blocks of 32: ``lg`` 5 without layout flags) with random
+values, and times
 ``matmul_gemv2_q`` / ``swiglu_gemv2_q`` (the backend's grid and threads) and ``read_bw`` (the
 codes and pairs read by a plain kernel: what the memory gives a kernel of that size) over
 copies of the weights that together exceed the L2 cache, each call a node of one CUDA graph
