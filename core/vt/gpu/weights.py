@@ -7,11 +7,11 @@ gguf's dequantization computes them (``d * sc`` for K-quants, in float32), so th
 dequantization equals ``vt.reference.dequantize`` bit for bit.
 
 How the codes and pairs are stored is the weight's layout (``LAYOUTS``, flags that
-kernels/common.cu defines too): 4-bit codes two a byte where the type's codes fit 4 bits, scales as
-IEEE half where the file stores them so, no offsets where they are all zero. So a weight
-costs on the device about what it costs in the file (Q8_0 1.0625 bytes a value, Q4_0
-0.5625, Q4_1 0.625, Q4_K 0.75, Q6_K 1.25, Q5_K 1.25) and every layout dequantizes to the
-same float32 values. ``compact=False`` gives the wide layout (int8 codes, float32 pairs,
+kernels/common.cu defines too): 4-bit codes two a byte where the type's codes fit 4 bits,
+scales as IEEE half where the file stores them so, no offsets where they are all zero. So
+a weight costs on the device about what it costs in the file (Q8_0 1.0625 bytes a value,
+Q4_0 0.5625, Q4_1 0.625, Q4_K 0.75, Q6_K 1.25, Q5_K 1.25) and every layout dequantizes to
+the same float32 values. ``compact=False`` gives the wide layout (int8 codes, float32 pairs,
 1.25 bytes a value, 1.5 for Q6_K) that every kernel also reads: a benchmark's baseline.
 """
 
