@@ -1505,6 +1505,13 @@ def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any
     return {**kv, "out": q, "q": q, "n_heads": n_heads, "scale": 1.0}
 
 
+def _norm_swiglu(w: vt.Weight, b: vt.Buffer, norm: vt.Weight) -> dict[str, Any]:
+    """rms_norm_swiglu's arguments for one row: gate and up the (4, 96) weight ``w``."""
+    row = _f32(b, 1, 4)
+    return dict(out=row, x=_f32(b, 1, 96), norm=norm, eps=1e-5, gate=w, up=w,
+                scratch=_f32(b, 1, 96), scratch_gate=row, scratch_up=row)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("op", "args", "message"),
     [
@@ -1520,6 +1527,12 @@ def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any
          "op qkv_rope_kv_store: k has 4 columns, the layout needs 2"),
         ("qkv_rope_kv_store", lambda w, b: _qkv_rope(w, b, vt.KVLayout(1, 1, 4, 2, 2), 4),
          "op qkv_rope_kv_store: rope head_dim differs from the layout's head_dim"),
+        ("rms_norm_swiglu", lambda w, b: _norm_swiglu(w, b, w),
+         r"op rms_norm_swiglu: weight norm \('w'\) has shape \(4, 96\), expected 1 dimensions"),
+        ("rms_norm_qkv_rope_kv_store",
+         lambda w, b: {**_qkv_rope(w, b, vt.KVLayout(1, 1, 4, 1, 2), 2),
+                       "norm": w, "eps": 1e-5, "scratch": _f32(b, 1, 96)},
+         r"op rms_norm_qkv_rope_kv_store: weight norm \('w'\) has shape \(4, 96\)"),
         # the GPU's own limits
         ("rope", lambda w, b: {"x": _f32(b, 1, 7), "positions": _i32(b, 1), "n_heads": 1,
                                "params": vt.RopeParams(7)},
@@ -1543,7 +1556,8 @@ def _attention(b: vt.Buffer, layout: vt.KVLayout, n_heads: int) -> dict[str, Any
                                    "ids": _i32(b, 1), "rows": _i32(b, 1)},
          r"k=5 alternatives exceed the vocabulary of 4"),
     ],
-    ids=["matmul-x", "gqa", "layer", "qkv-rope-kv-width", "qkv-rope-head-dim", "rope-odd",
+    ids=["matmul-x", "gqa", "layer", "qkv-rope-kv-width", "qkv-rope-head-dim",
+         "norm-swiglu-matrix", "norm-qkv-rope-matrix", "rope-odd",
          "rope-head-dim", "kv-head-dim", "attention-head-dim", "vocab", "logprobs-k",
          "logprobs-vocab"],
 )  # fmt: skip
