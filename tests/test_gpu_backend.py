@@ -702,7 +702,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
             {"out": c.t("out", I32, 3), "logits": c.t("logits", F32, 3, 7),
              "params": c.t("params", vt.SAMPLE_PARAMS_DTYPE, 3)},
             "sample",
-            {"n": 3, "vocab": 7},
+            {"n": 3, "vocab": 7, "parts": 0},
         ),
         "logprobs": lambda: (
             {"chosen": c.t("chosen", F32, 2), "top_ids": c.t("top_ids", I32, 2, 5),
@@ -748,6 +748,28 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
     return cases[op]()
 
 
+def test_sample_finds_a_long_rows_argmax_over_blocks_first() -> None:
+    """A row of 5,000 ids: sample_argmax over blocks of 2,048 ids (3 a row), then sample
+    reading their results from the same scratch; sample_argmax_slice = 0: sample alone."""
+    backend, rt = make()
+    c = OpCase(backend)
+    args = {"out": c.t("out", I32, 2), "logits": c.t("logits", F32, 2, 5000),
+            "params": c.t("params", vt.SAMPLE_PARAMS_DTYPE, 2)}  # fmt: skip
+    stream = backend.create_stream()
+    backend.launch("sample", stream, **args)
+    argmax, sample = rt.launches
+    assert argmax.kernel == "sample_argmax" and argmax.grid == (2, 3, 1)
+    part = argmax.args[0]
+    assert part and argmax.args[1:] == [c.addresses["logits"], 5000, 2048]
+    assert sample.kernel == "sample" and sample.grid == (2, 1, 1)
+    assert sample.args[-2:] == [part, 3]
+    rt.launches.clear()
+    backend.sample_argmax_slice = 0
+    backend.launch("sample", stream, **args)
+    (sample,) = rt.launches
+    assert not sample.args[-2] and sample.args[-1] == 0
+
+
 #: Kernel pointer parameters that carry a weight: (op argument, GpuWeight field).
 WEIGHT_POINTERS = {
     "data": ("weight", "data"), "sm": ("weight", "scales"), "bias": ("bias", "data"),
@@ -788,7 +810,7 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
         elif "*" in ctype and name == "w":
             assert value == weights["weight"].data, name
         elif "*" in ctype and name == "part":  # the backend's scratch for split partials
-            assert value, name
+            assert bool(value) == (op != "sample"), name  # 7 ids: one block, no parts
         elif "*" in ctype and name == "counts":  # last-block combine's counters, when on
             assert bool(value) == backend.attention_last_block_combine, name
         elif "*" in ctype and name in WEIGHT_POINTERS:  # a weight's data, scales, a bias

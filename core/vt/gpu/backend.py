@@ -60,6 +60,7 @@ P, I32, I64, F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_flo
 MAX_HEAD_DIM = 256
 _THREADS = 256
 _SAMPLE_THREADS = 512
+_ARGMAX_THREADS = 256  # ARGMAX_THREADS in kernels/sample.cu
 _MAX_BLOCKS = 65535
 #: Rows of x per pass of the decode-path matmul kernels (MM_R in kernels/matmul.cu).
 MM_R = 8
@@ -212,7 +213,11 @@ _OVERLAP = (
     "rms_norm",
     "swiglu_norm_gemv",
     "qkv_rope_norm_gemv",
+    "sample",
 )
+#: Attention's kernels, overlapped where ``GpuBackend.overlap_attention`` says: the split
+#: kernel prefetches its K and V rows into L2 before its wait.
+_OVERLAP_ATTENTION = ("attention_split", "attention_combine")
 
 
 def _qkv_weight_args(ws: list[GpuWeight], biases: list[int]) -> list[Any]:
@@ -329,12 +334,19 @@ class GpuBackend(
     #: ``attention_split`` for the other tiles' rows (decided on the device); fewer rows
     #: (decode batches) on ``attention_split`` alone. Measured in docs/gpu.md (runs 16-17).
     attention_tiled_min_rows: int = 64
+    #: ``sample`` finds a row's argmax over blocks of at least this many ids
+    #: (``sample_argmax``, then the sample kernel reduces their results) where the row has
+    #: more; 0: one block walks the whole row (a tool's "before").
+    sample_argmax_slice: int = 2048
     #: Launch the kernels that wait for their predecessor themselves (``_OVERLAP``: the
     #: gemv kernels and rms_norm, kernels/common.cu) overlapped
     #: (``GpuRuntime.launch_overlapped``: on CUDA sm_90+, programmatic dependent launch), so
     #: their blocks start, and the gemv kernels' first weight loads go out, while the
     #: previous kernel finishes; False: every launch plain (a tool's "before").
     overlap_launches: bool = True
+    #: With ``overlap_launches``, attention's split and combine kernels too (the split
+    #: kernel's K and V rows prefetched into L2 before its wait).
+    overlap_attention: bool = False
     #: Quantized weights in their compact layouts (vt.gpu.weights.LAYOUTS: about the file's
     #: bytes a value) rather than the wide one (int8 codes, float32 pairs: 1.25-1.5 bytes a
     #: value; a tool's "before"). The same values either way; set before loading a model.
@@ -423,7 +435,14 @@ class GpuBackend(
     ) -> None:  # fmt: skip
         """Launch ``name``; ``weights``: the GpuWeights it reads (which module it comes from)."""
         fn = self._fn(name, self._layout(weights))
-        if overlap and self.overlap_launches and name.startswith(_OVERLAP):
+        if (
+            overlap
+            and self.overlap_launches
+            and (
+                name.startswith(_OVERLAP)
+                or (self.overlap_attention and name.startswith(_OVERLAP_ATTENTION))
+            )
+        ):
             self._rt.launch_overlapped(fn, grid, (block, 1, 1), 0, stream.handle, args)
         else:
             self._rt.launch(fn, grid, (block, 1, 1), 0, stream.handle, args)
@@ -1273,9 +1292,20 @@ class GpuBackend(
         n, vocab = logits.shape
         if not 1 <= vocab < 1 << 24:  # the kernel reduces ids as floats: exact below 2**24
             raise ValueError(f"sample: vocab must be in [1, 2**24), got {vocab}")
-        if n:
-            self._kernel("sample", (n, 1, 1), _SAMPLE_THREADS, stream, self._ptr(out),
-                         self._ptr(logits), self._ptr(params), I32(n), I32(vocab))  # fmt: skip
+        if not n:
+            return
+        # A long row's argmax over several blocks first (sample_argmax), a slice of at least
+        # ``sample_argmax_slice`` ids each; the sample kernel then reduces their results.
+        per = -(-max(self.sample_argmax_slice, -(-vocab // 128)) // 4) * 4
+        parts = -(-vocab // per) if self.sample_argmax_slice else 1
+        part = 0
+        if parts > 1:
+            part = self._scratch_at_least(n * parts * 12, slot="sample")
+            self._kernel("sample_argmax", (n, parts, 1), _ARGMAX_THREADS, stream, P(part),
+                         self._ptr(logits), I32(vocab), I32(per))  # fmt: skip
+        self._kernel("sample", (n, 1, 1), _SAMPLE_THREADS, stream, self._ptr(out),
+                     self._ptr(logits), self._ptr(params), I32(n), I32(vocab), P(part),
+                     I32(parts if parts > 1 else 0))  # fmt: skip
 
     def op_logprobs(
         self, stream: Stream, chosen: Tensor, top_ids: Tensor, top_logprobs: Tensor,

@@ -467,7 +467,7 @@ QKV_ROPE_CASES = [
 
 @pytest.mark.parametrize("norm", [False, True], ids=["", "rms_norm"])
 @pytest.mark.parametrize("case", QKV_ROPE_CASES, ids=[c[0] for c in QKV_ROPE_CASES])
-def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool = False) -> None:
+def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool) -> None:
     """qkv_rope_kv_store of one row in one launch (qkv_rope_gemv_q) leaves q, k, v and the
     cache bit for bit as its decomposition (qkv on the gemv kernels, then rope_kv_store)
     does, within the kit's bounds of the reference; both RoPE styles, biases, a K-quant v
@@ -876,6 +876,45 @@ def test_sampling_equals_the_reference_on_real_vocabularies(cuda: Any, vocab: in
         io.close()
 
 
+@pytest.mark.parametrize("vocab", [49152, 49155, 128256])
+def test_greedy_argmax_over_blocks(cuda: Any, vocab: int) -> None:
+    """sample_argmax's blocks, then sample over their results, give numpy's argmax (the
+    lowest id on ties, across blocks too), -1 for a row with a NaN or +inf, 0 for a row all
+    -inf; rows of 49,155 ids start off 16-byte boundaries. And the same ids as one block
+    walking each row (sample_argmax_slice = 0)."""
+    rng = np.random.default_rng(vocab)
+    logits = rng.standard_normal((6, vocab)).astype(np.float32)
+    logits[1, [5, vocab - 3, 40000]] = 9.0  # a tie in three blocks: the lowest id wins
+    logits[2, 30000] = np.nan
+    logits[3, vocab - 1] = np.inf
+    logits[4] = -np.inf
+    logits[5, vocab - 1] = 20.0  # the last id, in the last (short) block
+    want = [int(np.argmax(logits[0])), 5, -1, -1, 0, vocab - 1]
+    params = np.zeros(6, vt.SAMPLE_PARAMS_DTYPE)
+    params["top_p"] = 1.0  # temperature 0: greedy
+    io = IO(cuda)
+    saved = cuda.sample_argmax_slice
+    try:
+        got = {}
+        for slice_ in (2048, 0):
+            cuda.sample_argmax_slice = slice_
+            out = io.empty(6 * 4)
+            stream = cuda.create_stream()
+            names: list[str] = []
+            with recording(cuda, names):
+                cuda.launch(
+                    "sample", stream, out=i32(out, 6), logits=f32(io.put(logits), *logits.shape),
+                    params=vt.Tensor.of(io.put(params), vt.SAMPLE_PARAMS_DTYPE, 6),
+                )  # fmt: skip
+            cuda.synchronize(stream)
+            assert names == (["sample_argmax", "sample"] if slice_ else ["sample"])
+            got[slice_] = io.get(out, np.int32, (6,)).tolist()
+        assert got[2048] == got[0] == want
+    finally:
+        cuda.sample_argmax_slice = saved
+        io.close()
+
+
 def greedy(runner: ModelRunner, prompts: dict[int, list[int]], n_new: int) -> dict[int, list]:
     out = {s: [] for s in prompts}
     got = runner.execute(
@@ -911,8 +950,14 @@ def test_runner_ids_equal_cpu_on_every_path(tiny: Any) -> None:
         "cuda/sync": {"async_scheduling": False},
         "cuda/vmm": {"kv_cache": "vmm"},
         "cuda/contiguous": {"kv_cache": "contiguous"},
+        "cuda/overlap-attention": {},
+        "cuda/argmax-blocks": {},
     }.items():
         backend = make(name.split("/")[0])
+        if name == "cuda/overlap-attention":  # attention's kernels launched overlapped
+            backend.overlap_attention = True  # type: ignore[attr-defined]
+        if name == "cuda/argmax-blocks":  # the 300 ids' argmax over 19 blocks
+            backend.sample_argmax_slice = 16  # type: ignore[attr-defined]
         try:
             with ModelRunner(backend, tiny, max_slots=2, max_model_len=64, **kw) as r:
                 if name == "cuda/async":

@@ -634,3 +634,16 @@ def test_an_overlapped_launch_is_a_plain_one_without_sm_90_or_the_binding(lack: 
     assert "attrs" not in driver.launches[0]
     want = "compute capability 8.x" if lack == "sm_80" else "cuda-python lacks CUlaunchConfig"
     assert runtime.overlap_reason.startswith(want)
+
+
+def test_the_device_checks_collect_without_a_gpu() -> None:
+    """gpu_checks.py runs only on a GPU, where a collection error costs a device call:
+    pytest must collect all of it here (run 52 found one that had slipped through)."""
+    here = Path(__file__).parent
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-o", "addopts=", str(here / "gpu_checks.py")],
+        capture_output=True, text=True, cwd=here, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "error" not in done.stdout.lower().splitlines()[-1], done.stdout[-2000:]

@@ -24,6 +24,9 @@ cuBLASLt plans cached per shape (1, the default; ``vt_cuda.blas.Cublas.use_lt``)
 (``GpuBackend.gemv_features``; 0: a warp per feature, the kernels before them);
 ``--overlap 0|1``: every launch plain (0) or the gemv kernels and rms_norm launched
 overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches``);
+``--overlap-attention 0|1``: attention's split and combine kernels launched overlapped
+too (the split kernel's K and V rows prefetched into L2 before its wait;
+``GpuBackend.overlap_attention``, off by default);
 ``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
 ``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
 ``--add-fused OP``: that one fused op runs natively (``rms_norm_swiglu``,
@@ -36,6 +39,9 @@ as before run 47) or their compact one (1, the default; ``GpuBackend.compact_wei
 ``--layout-kernels 0|1``: every launch on the kernels that read a weight's layout at run
 time (0) or, where a launch's weights share one, on kernels compiled for it (1, the
 default; ``GpuBackend.layout_kernels``);
+``--argmax-slice N``: ``sample`` finds a long row's argmax over blocks of N ids
+(``sample_argmax``; ``GpuBackend.sample_argmax_slice``, 2048 by default; 0: one block walks
+the row, as before run 52);
 ``--tiled-rows N``: attention
 of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
 huge N: every step on ``attention_split``, as before it). ``--no-fused``:
@@ -86,6 +92,8 @@ _NUMBERS = {
     "--overlap": "overlap_launches",
     "--compact": "compact_weights",
     "--layout-kernels": "layout_kernels",
+    "--argmax-slice": "sample_argmax_slice",
+    "--overlap-attention": "overlap_attention",
 }
 
 

@@ -7,7 +7,7 @@ Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``dequantize16_h_q``, ``to_half8``) and the int8 tensor-core kernels (``quantize_rows``,
 ``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch), the batch-1
 gemv kernels (``matmul_gemv*``, ``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``) and
-``rope_kv_store`` from
+``rope_kv_store``, ``sample_argmax`` and ``sample`` from
 ``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
 ``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
 its warp, ``__shared__`` is a static. Then it runs ``gpu_checks.py``'s tiled-attention
@@ -226,6 +226,12 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
         attention_combine(P(float*, 0), P(const float*, 1), P(const int*, 2), P(const int*, 3),
             P(int, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10)); });
         return 1; }
+    if (!std::strcmp(name, "sample_argmax")) { vt_grid(g, block, [=] {
+        sample_argmax(P(VtArgmax*, 0), P(const float*, 1), P(int, 2), P(int, 3)); });
+        return 1; }
+    if (!std::strcmp(name, "sample")) { vt_grid(g, block, [=] {
+        sample(P(int*, 0), P(const float*, 1), P(const SampleParams*, 2), P(int, 3),
+            P(int, 4), P(const VtArgmax*, 5), P(int, 6)); }); return 1; }
     if (!std::strcmp(name, "dequantize16_q")) { vt_grid(g, block, [=] {
         dequantize16_q(P(float*, 0), P(const vt_i8*, 1), P(const float*, 2), P(int, 3),
             P(long long, 4)); }); return 1; }
@@ -251,7 +257,7 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
 
 PARTS = (
     "common.cu", "embedding_norm.cu", "matmul.cu", "rope_kv.cu", "attention.cu",
-    "attention_tiled.cu", "blas_copies.cu",
+    "attention_tiled.cu", "blas_copies.cu", "sample.cu",
 )  # fmt: skip
 
 
@@ -323,6 +329,18 @@ def main() -> None:
             label = f"last-block combine {case}"
             if a.k in label:
                 checks.test_last_block_combine_equals_the_combine_launch(backend, *case)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for vocab in (49152, 49155, 128256):
+            label = f"greedy argmax over blocks {vocab}"
+            if a.k in label:
+                checks.test_greedy_argmax_over_blocks(backend, vocab)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for vocab in (49152, 151936):
+            label = f"sampling {vocab}"
+            if a.k in label:
+                checks.test_sampling_equals_the_reference_on_real_vocabularies(backend, vocab)
                 ran += 1
                 print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"):

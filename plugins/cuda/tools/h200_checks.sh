@@ -271,9 +271,31 @@ EOF"
         m=${s#pprof:}
         step "pprof-$m" 200 "python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --prefill 512"
         ;;
-    kprofile1:*)  # the same at batch 1 only
+    kprofile1:*)  # the same at batch 1 only, per variant of bench_variant.py flags in KPVARS
+        # ('|' between variants; default: the tree as it is)
         m=${s#kprofile1:}
-        step "kprofile1-$m" 300 "python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --steps 64 --batch 1 --kernels --no-cprofile"
+        IFS='|' read -ra VS <<< "${KPVARS:-}"
+        [ ${#VS[@]} -eq 0 ] && VS=("")
+        for v in "${VS[@]}"; do
+            step "kprofile1-$m" 300 "echo 'variant: $v'; python3 plugins/cuda/tools/profile_decode.py $v /tmp/$m.gguf --steps 64 --batch 1 --kernels --no-cprofile"
+        done
+        ;;
+    kcache)  # the disk kernel cache (vt.gpu.kernel_cache): a backend's compiles and a 1B
+        # model's load, from an empty cache and again from the files it left
+        step kcache 300 "rm -rf $VT_HOME/kernels; for i in 1 2; do python3 - <<'EOF'
+import time
+t0 = time.perf_counter()
+from vt.management.registry import Registry
+from vt.model import load_gguf
+from vt.execution.runner import ModelRunner
+backend, _ = Registry(env={}).create_backend('cuda')
+t1 = time.perf_counter()
+with load_gguf('/tmp/1b.gguf') as model, ModelRunner(backend, model, max_slots=1, max_model_len=64):
+    t2 = time.perf_counter()
+backend.close()
+print(f'backend {t1 - t0:.2f} s, 1B model loaded {t2 - t1:.2f} s')
+EOF
+done; ls -la $VT_HOME/kernels"
         ;;
     checksk:*)  # gpu_checks.py's tests whose names match the pytest -k expression after the
         # colon, each + read as " or " (steps are split at spaces): checksk:gemv+tiled_matmul
@@ -281,9 +303,13 @@ EOF"
         step "gpu_checks-k" 400 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -rfE \
             plugins/cuda/tests/gpu_checks.py -k '${k//+/ or }'"
         ;;
-    kprofile:*)
+    kprofile:*)  # at batch 1 and 32 (KPBATCH), per variant in KPVARS as kprofile1
         m=${s#kprofile:}
-        step "kprofile-$m" 400 "for b in 1 32; do python3 plugins/cuda/tools/profile_decode.py /tmp/$m.gguf --steps 64 --batch \$b --kernels --no-cprofile; done"
+        IFS='|' read -ra VS <<< "${KPVARS:-}"
+        [ ${#VS[@]} -eq 0 ] && VS=("")
+        for v in "${VS[@]}"; do
+            step "kprofile-$m" 400 "echo 'variant: $v'; for b in ${KPBATCH:-1 32}; do python3 plugins/cuda/tools/profile_decode.py $v /tmp/$m.gguf --steps 64 --batch \$b --kernels --no-cprofile; done"
+        done
         ;;
     *)
         echo "unknown step $s" | tee -a "$OUT/summary.txt"

@@ -1,7 +1,10 @@
 """Time of a decode step on a GPU backend, with graph replay on and off, per kernel too.
 
-    python plugins/cuda/tools/profile_decode.py MODEL.gguf [--backend cuda] [--steps 128]
-        [--batch 1] [--kernels] [--no-cprofile] [--prefill N]
+    python plugins/cuda/tools/profile_decode.py [VARIANT...] MODEL.gguf [--backend cuda]
+        [--steps 128] [--batch 1] [--kernels] [--no-cprofile] [--prefill N]
+
+VARIANT: ``bench_variant.py``'s options (e.g. ``--overlap 0``: every launch plain, so the
+kernels' times add up to the step's).
 
 Runs ``ModelRunner(max_slots=B)`` on MODEL: a 128-token prompt per sequence, 8 warm-up
 decode steps of all B sequences, then ``--steps`` decode steps, each enqueued one ahead of
@@ -20,9 +23,11 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
 import time
 from typing import Any
 
+import bench_variant  # this folder's: a GpuBackend variant's leading flags
 from vt.execution.runner import ModelRunner, SeqChunk
 from vt.management.registry import Registry
 from vt.model import load_gguf
@@ -137,6 +142,7 @@ def profiled(work: Any, runner: ModelRunner, steps: int, what: str) -> str:
 
 
 def main() -> None:
+    sys.argv[1:] = bench_variant.apply(sys.argv[1:])  # a variant's flags, then ours
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
     ap.add_argument("--backend", default="cuda")

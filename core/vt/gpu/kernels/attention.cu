@@ -15,6 +15,10 @@
 #define FA_THREADS 128
 #define FA_CHUNK 128  // == FA_THREADS: one position per thread per pass
 #define FA_MAXG 8     // query heads per block (the host picks a divisor of the group size)
+#define FA_VPRE 16    // V elements a thread loads with K's (chunks of at most 16 * R positions)
+#ifndef VT_FA_VPRE     // --kdefine VT_FA_VPRE=0: V loaded after the softmax, as before run 53
+#define VT_FA_VPRE 1
+#endif
 
 // min(v) over the block (every thread gets it); red holds a value per warp.
 __device__ __forceinline__ int vt_block_min_int(int v, int* red) {
@@ -158,6 +162,20 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     int length = ok ? pos + 1 : 0;
     int per = max((length + splits - 1) / splits, min_per_split);
     int p0 = min(length, s * per), p1 = min(length, p0 + per);
+    long long pos_stride = (long long)n_slots * n_layers * 2 * row;
+    long long kbase = ok ? vt_kv_index(0, slot, layer, 0, n_slots, n_layers, row) + kvh * head_dim
+                         : 0;
+    long long vbase = kbase + row;
+    // Launched overlapped (GpuBackend.overlap_attention), the block's K and V rows go to L2
+    // while the kernel before (the one writing q and this step's K and V) finishes; slots and
+    // positions are the step's inputs, copied before its first kernel. Then wait for it.
+    int lines = (head_dim + 31) / 32;  // 128-byte lines a head's K (V) row spans
+    for (int e = t; e < (p1 - p0) * 2 * lines; e += FA_THREADS) {
+        int j = e / (2 * lines), c = e % (2 * lines);
+        vt_prefetch_l2(cache + (c < lines ? kbase : vbase) + (long long)(p0 + j) * pos_stride +
+                       (c % lines) * 32);
+    }
+    vt_grid_wait();
     for (int e = t; e < gb * head_dim; e += FA_THREADS) {
         int g = e / head_dim, d = e % head_dim;
         qs[g * 256 + d] = q[((long long)i * n_heads + h0 + g) * head_dim + d];
@@ -167,10 +185,6 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
         ls[t] = 0.0f;
     }
     __syncthreads();
-    long long pos_stride = (long long)n_slots * n_layers * 2 * row;
-    long long kbase = ok ? vt_kv_index(0, slot, layer, 0, n_slots, n_layers, row) + kvh * head_dim
-                         : 0;
-    long long vbase = kbase + row;
     // Values: thread t owns element d = t % hd_lanes (and d + 128 for head_dim > 128) and the
     // positions j with j % R == t / hd_lanes; R partial sums are added at the end.
     int hd_lanes = head_dim <= FA_THREADS && FA_THREADS % head_dim == 0 ? head_dim : FA_THREADS;
@@ -189,6 +203,17 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     bool k16 = ((head_dim | row) & 3) == 0 && ((vt_u64)cache & 15) == 0;  // 16-byte loads
     for (int c0 = p0; c0 < p1; c0 += FA_CHUNK) {
         int cn = min(FA_CHUNK, p1 - c0);
+        // A chunk of at most FA_VPRE * R positions (a decode split's, as a rule) has its V
+        // elements loaded here, in flight with K's, not after the softmax: one wait less.
+        bool vpre = VT_FA_VPRE && head_dim <= FA_THREADS && cn <= FA_VPRE * R;
+        float vp[FA_VPRE];
+#pragma unroll
+        for (int u = 0; u < FA_VPRE; ++u) {
+            int j = r + u * R;
+            vp[u] = vpre && j < cn && d0 < head_dim
+                        ? cache[vbase + (long long)(c0 + j) * pos_stride + d0]
+                        : 0.0f;
+        }
 #ifdef VT_FA_ROW
         float sr[FA_MAXG];
 #pragma unroll
@@ -314,8 +339,19 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
             float a[FA_MAXG];
 #pragma unroll
             for (int g = 0; g < FA_MAXG; ++g) a[g] = 0.0f;
+            if (vpre) {  // the same sums in the same order, from registers
+#pragma unroll
+                for (int u = 0; u < FA_VPRE; ++u) {
+                    int j = r + u * R;
+                    if (j < cn) {
+#pragma unroll
+                        for (int g = 0; g < FA_MAXG; ++g)
+                            if (g < gb) a[g] += sc[g * FA_CHUNK + j] * vp[u];
+                    }
+                }
+            }
 #pragma unroll 8
-            for (int j = r; j < cn; j += R) {  // unrolled: V loads in flight together
+            for (int j = vpre ? cn : r; j < cn; j += R) {  // unrolled: V loads in flight together
                 float vd = cache[vbase + (long long)(c0 + j) * pos_stride + d];
 #pragma unroll
                 for (int g = 0; g < FA_MAXG; ++g)
@@ -384,5 +420,6 @@ extern "C" __global__ void attention_combine(float* out, const float* part, cons
         return;  // attention_tiled wrote this row
     int slot = slots[i], pos = positions[i];
     bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
+    vt_grid_wait();  // the partials come from attention_split
     vt_attention_combine_block(out, part, oh, head_dim, splits, ok, wt, red);
 }

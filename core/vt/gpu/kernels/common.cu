@@ -91,6 +91,14 @@ __device__ __forceinline__ void vt_launch_dependents() {
 
 // ------------------------------------------------------------------------ helpers
 
+// Bring the 128-byte line at p into L2 (no registers; a hint, a no-op off NVIDIA). Safe
+// before vt_grid_wait() even on a line the previous kernel writes: its store lands in L2.
+__device__ __forceinline__ void vt_prefetch_l2(const void* p) {
+#if !defined(VT_HIP) && !defined(VT_EMULATE)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
 // A global load that skips L1 (ld.global.cg): what other blocks of the running kernel wrote
 // before a __threadfence is read from L2, never from a line this SM kept. asm volatile:
 // kept in program order (callers issue a batch of them before using any).

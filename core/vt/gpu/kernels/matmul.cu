@@ -456,10 +456,7 @@ __device__ __forceinline__ float vt_code_f(vt_u32 word, int j) {
 
 // Bring the 16 codes of w at value index at into L2 (no registers; a hint, no-op off NVIDIA).
 __device__ __forceinline__ void vt_gv_prefetch(const VtRow& w, long long at) {
-#if !defined(VT_HIP) && !defined(VT_EMULATE)
-    const char* p = (const char*)w.data + ((VT_QF(w.lg) & VT_Q_NIB) ? (at >> 4) * 8 : at);
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
+    vt_prefetch_l2((const char*)w.data + ((VT_QF(w.lg) & VT_Q_NIB) ? (at >> 4) * 8 : at));
 }
 
 // The scale rms_norm computes for a row x of dim values, 1 / sqrt(mean(x**2) + eps), in its

@@ -129,11 +129,13 @@ __device__ void vt_qkv_rope_gemv(
     float* out = kind == 0 ? q : kind == 1 ? k : v;
     int lg = kind == 0 ? lgq : kind == 1 ? lgk : lgv;
     VtRow w[2] = {{data, sm, lg, (long long)fa * K}, {data, sm, lg, (long long)fb * K}};
+    // The step's inputs (copied before its first kernel): read before the wait, so the
+    // rotation after the sums waits on no load.
+    int pos = positions[0], slot = slots[0];
     float s[2];
     vt_gv_rows<2, NORM>(w, x, K, s, nw, eps);  // waits for the previous kernel (x) first
     if (threadIdx.x != 0) return;
     float a = bias ? s[0] + bias[fa] : s[0], c = bias ? s[1] + bias[fb] : s[1];
-    int pos = positions[0];
     if (kind < 2) {
         double theta = (double)pos * table.inv[i];
         float cs = (float)cos(theta), sn = (float)sin(theta);
@@ -143,7 +145,6 @@ __device__ void vt_qkv_rope_gemv(
     }
     out[fa] = a;
     out[fb] = c;
-    int slot = slots[0];
     if (kind == 0 || slot < 0 || slot >= n_slots || pos < 0 || pos >= max_len) return;
     long long base = vt_kv_index(pos, slot, layer, kind - 1, n_slots, n_layers, n_kv * head_dim);
     cache[base + fa] = a;

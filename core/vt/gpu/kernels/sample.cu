@@ -114,43 +114,27 @@ __device__ bool vt_crossing(const SampleRow& R, bool kept_only, float target, bo
     return found >= 0;
 }
 
-extern "C" __global__ void sample(int* out, const float* logits, const SampleParams* params,
-                                  int n, int vocab) {
-    __shared__ float red[SAMPLE_THREADS];
-    __shared__ int ired[SAMPLE_THREADS];
-    int r = blockIdx.x, t = threadIdx.x;
-    const float* lg = logits + (long long)r * vocab;
-    SampleParams p = params[r];
+// Step 1 of the reference, by a block over ids [i0, i1): the argmax (lowest id on ties) and
+// whether a NaN or +inf is among them. Each thread walks its ids in increasing order (four at
+// a time, one 128-bit load, where the row allows), then a tree over the block; every thread
+// gets the block's answer. red and ired: blockDim.x entries each (a power of 2).
+struct VtArgmax {
+    float best;
+    int id;  // 0x7fffffff: every value -inf (or none)
+    int bad;
+};
 
-    // 1. argmax (lowest id on ties) and the checks the reference makes. Each thread walks
-    // its ids in increasing order (four at a time, one 128-bit load, where the row allows).
-    float best = -__uint_as_float(0x7f800000u);
-    int best_id = 0x7fffffff;
-    int bad = 0;
-    int vec = ((vocab & 3) == 0 && (((unsigned long long)lg) & 15ull) == 0) ? vocab : 0;
-    for (int i4 = 4 * t; i4 < vec; i4 += 4 * blockDim.x) {
-        vt_f4 v4 = *(const vt_f4*)(lg + i4);
-        float vs[4] = {v4.x, v4.y, v4.z, v4.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float v = vs[j];
-            if (v != v || v == __uint_as_float(0x7f800000u)) bad = 1;
-            if (v > best || (v == best && i4 + j < best_id)) {
-                best = v;
-                best_id = i4 + j;
-            }
-        }
+__device__ __forceinline__ void vt_argmax_take(VtArgmax& a, float v, int i) {
+    if (v > a.best || (v == a.best && i < a.id)) {
+        a.best = v;
+        a.id = i;
     }
-    for (int i = vec + t; i < vocab; i += blockDim.x) {
-        float v = lg[i];
-        if (v != v || v == __uint_as_float(0x7f800000u)) bad = 1;
-        if (v > best || (v == best && i < best_id)) {
-            best = v;
-            best_id = i;
-        }
-    }
-    red[t] = best;
-    ired[t] = best_id;
+}
+
+__device__ VtArgmax vt_argmax_reduce(VtArgmax a, float* red, int* ired) {
+    int t = threadIdx.x;
+    red[t] = a.best;
+    ired[t] = a.id;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
         if (t < s) {
@@ -163,10 +147,81 @@ extern "C" __global__ void sample(int* out, const float* logits, const SamplePar
         }
         __syncthreads();
     }
-    best = red[0];
-    best_id = ired[0];
+    VtArgmax r;
+    r.best = red[0];
+    r.id = ired[0];
     __syncthreads();
-    bad = (int)vt_block_sum((float)bad, red) > 0;
+    r.bad = (int)vt_block_sum((float)a.bad, red) > 0;
+    return r;
+}
+
+__device__ VtArgmax vt_argmax_scan(const float* lg, int i0, int i1, float* red, int* ired) {
+    VtArgmax a = {-__uint_as_float(0x7f800000u), 0x7fffffff, 0};
+    int t = threadIdx.x;
+    // 16-byte loads from i0 (a multiple of 4 where the host asks for them) up to v1.
+    bool vec = (i0 & 3) == 0 && (((unsigned long long)(lg + i0)) & 15ull) == 0;
+    int v1 = vec ? i0 + ((i1 - i0) & ~3) : i0;
+    for (int i4 = i0 + 4 * t; i4 < v1; i4 += 4 * blockDim.x) {
+        vt_f4 v4 = *(const vt_f4*)(lg + i4);
+        float vs[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float v = vs[j];
+            if (v != v || v == __uint_as_float(0x7f800000u)) a.bad = 1;
+            vt_argmax_take(a, v, i4 + j);
+        }
+    }
+    for (int i = v1 + t; i < i1; i += blockDim.x) {
+        float v = lg[i];
+        if (v != v || v == __uint_as_float(0x7f800000u)) a.bad = 1;
+        vt_argmax_take(a, v, i);
+    }
+    return vt_argmax_reduce(a, red, ired);
+}
+
+// A long row's step 1 spread over blocks: block b of row r scans ids [b * per, (b + 1) * per)
+// and writes its VtArgmax to part[r * gridDim.y + b]; sample then reduces the row's
+// gridDim.y entries instead of walking the row in one block (26 us for a vocabulary of
+// 128,256 ids in one block on the H200, run 31). per: a multiple of 4.
+#define ARGMAX_THREADS 256
+extern "C" __global__ void sample_argmax(VtArgmax* part, const float* logits, int vocab,
+                                         int per) {
+    __shared__ float red[ARGMAX_THREADS];
+    __shared__ int ired[ARGMAX_THREADS];
+    vt_launch_dependents();
+    vt_grid_wait();  // the logits come from the kernel before
+    int r = blockIdx.x, b = blockIdx.y;
+    int i0 = min(vocab, b * per), i1 = min(vocab, i0 + per);
+    VtArgmax a = vt_argmax_scan(logits + (long long)r * vocab, i0, i1, red, ired);
+    if (threadIdx.x == 0) part[(long long)r * gridDim.y + b] = a;
+}
+
+// parts > 0: step 1 from sample_argmax's parts entries of the row (part), not the logits.
+extern "C" __global__ void sample(int* out, const float* logits, const SampleParams* params,
+                                  int n, int vocab, const VtArgmax* part, int parts) {
+    __shared__ float red[SAMPLE_THREADS];
+    __shared__ int ired[SAMPLE_THREADS];
+    vt_grid_wait();
+    int r = blockIdx.x, t = threadIdx.x;
+    const float* lg = logits + (long long)r * vocab;
+    SampleParams p = params[r];
+
+    // 1. argmax (lowest id on ties) and the checks the reference makes.
+    VtArgmax am;
+    if (parts > 0) {
+        VtArgmax a = {-__uint_as_float(0x7f800000u), 0x7fffffff, 0};
+        for (int k = t; k < parts; k += blockDim.x) {
+            VtArgmax o = part[(long long)r * parts + k];
+            a.bad |= o.bad;
+            vt_argmax_take(a, o.best, o.id);
+        }
+        am = vt_argmax_reduce(a, red, ired);
+    } else {
+        am = vt_argmax_scan(lg, 0, vocab, red, ired);
+    }
+    float best = am.best;
+    int best_id = am.id;
+    int bad = am.bad;
     if (best_id == 0x7fffffff) best_id = 0;  // every logit -inf: numpy's argmax is 0
     float temp = p.temperature;
     int result;
