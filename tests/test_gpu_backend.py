@@ -792,7 +792,8 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     if op == "attention":  # split over positions, then the partials combined
         launch, combine = rt.launches
         assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
-        assert combine.args[-1] == 0 and combine.block == (128, 1, 1)  # no tiled launch
+        assert combine.args[-2] == 0 and combine.block == (128, 1, 1)  # no tiled launch
+        assert combine.args[-1] == backend.attention_min_split == launch.args[-3]
         assert not launch.args[-1]  # no counters: attention_last_block_combine is off
     else:
         (launch,) = rt.launches

@@ -1239,7 +1239,7 @@ class GpuBackend(
                 "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
-                I32(tile),
+                I32(tile), I32(self.attention_min_split),
             )  # fmt: skip
 
     def _tiled_attention_kernel(self, n: int, n_heads: int, head_dim: int) -> tuple[str, int]:

@@ -11,9 +11,9 @@ gemv kernels (``matmul_gemv*``, ``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv
 ``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
 ``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
 its warp, ``__shared__`` is a static. Then it runs ``gpu_checks.py``'s tiled-attention
-cases, the last-block combine and ``qkv_rope_kv_store`` checks (bit-equal to their
-two-launch forms), bit-exact copy checks, int8 tensor-core checks and gemv checks on the
-fake runtime
+cases, split attention past one chunk, the last-block combine and ``qkv_rope_kv_store``
+checks (bit-equal to their two-launch forms), bit-exact copy checks, int8 tensor-core
+checks, gemv checks and the greedy argmax and sampling checks on the fake runtime
 (``tests/fake_gpu.py``), those kernels' launches routed to the emulation; ``-k`` keeps
 the cases whose name contains SUBSTRING. What it cannot see: timing, the memory model
 between blocks (blocks run one after another), warp-divergent shuffles (every shuffle must
@@ -224,7 +224,8 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
             P(int, 16), P(int, 17), P(int, 18), P(int*, 19)); }); return 1; }
     if (!std::strcmp(name, "attention_combine")) { vt_grid(g, block, [=] {
         attention_combine(P(float*, 0), P(const float*, 1), P(const int*, 2), P(const int*, 3),
-            P(int, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10)); });
+            P(int, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10),
+            P(int, 11)); });
         return 1; }
     if (!std::strcmp(name, "sample_argmax")) { vt_grid(g, block, [=] {
         sample_argmax(P(VtArgmax*, 0), P(const float*, 1), P(int, 2), P(int, 3)); });
@@ -323,6 +324,13 @@ def main() -> None:
                 label = f"rms_norm_swiglu {wtype} K={k_in}"
                 if a.k in label:
                     checks.test_rms_norm_swiglu_at_one_row(backend, wtype, k_in)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for length in (1, 17, 129, 1025):
+            for n_kv, hd, rows in ((3, 64, 2), (1, 128, 1)):
+                label = f"attention past one chunk {length} {n_kv}-{hd}-{rows}"
+                if a.k in label:
+                    checks.test_attention_past_one_chunk(backend, length, n_kv, hd, rows)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in ((8, 32, 1), (3, 9, 2), (2, 8, 3)):

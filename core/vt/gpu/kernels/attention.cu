@@ -15,10 +15,6 @@
 #define FA_THREADS 128
 #define FA_CHUNK 128  // == FA_THREADS: one position per thread per pass
 #define FA_MAXG 8     // query heads per block (the host picks a divisor of the group size)
-#define FA_VPRE 16    // V elements a thread loads with K's (chunks of at most 16 * R positions)
-#ifndef VT_FA_VPRE     // --kdefine VT_FA_VPRE=0: V loaded after the softmax, as before run 53
-#define VT_FA_VPRE 1
-#endif
 
 // min(v) over the block (every thread gets it); red holds a value per warp.
 __device__ __forceinline__ int vt_block_min_int(int v, int* red) {
@@ -59,18 +55,20 @@ __device__ bool vt_tile_is_tiled(const int* slots, const int* positions, int n, 
 // whole block (FA_THREADS threads; wt and red: FA_THREADS floats of shared memory each):
 // attention_combine's. Thread s reads split s's max and sum, so the weights exp(m_s - max)
 // come from one block reduction each, not a chain of loads per thread; then a thread per
-// element sums the weighted partials. A split that saw no position (sum 0) weighs 0.
-// splits <= FA_MAX_SPLITS.
+// element sums the weighted partials. A split that saw no position (sum 0) weighs 0; only
+// the first `used` splits (those attention_split gave positions) are read. splits <=
+// FA_MAX_SPLITS.
 #define FA_MAX_SPLITS 128  // == FA_THREADS
 __device__ void vt_attention_combine_block(float* out, const float* part, long long oh,
-                                           int head_dim, int splits, bool ok, float* wt,
-                                           float* red) {
+                                           int head_dim, int splits, int used, bool ok,
+                                           float* wt, float* red) {
     int t = threadIdx.x;
     const float* pp = part + oh * splits * (head_dim + 2);
     float m = -__uint_as_float(0x7f800000u), l = 0.0f;
-    if (t < splits) {
+    if (t < used) {  // both loads in flight together
+        float mt = pp[(long long)t * (head_dim + 2) + head_dim];
         l = pp[(long long)t * (head_dim + 2) + head_dim + 1];
-        if (l > 0.0f) m = pp[(long long)t * (head_dim + 2) + head_dim];
+        if (l > 0.0f) m = mt;
     }
     // Two barriers a reduction (warps, then their results), not log2(FA_THREADS).
     float mx = vt_block_max_warps(m, red);
@@ -80,7 +78,7 @@ __device__ void vt_attention_combine_block(float* out, const float* part, long l
     for (int d = t; d < head_dim; d += FA_THREADS) {
         float num = 0.0f;
 #pragma unroll 8
-        for (int k = 0; k < splits; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
+        for (int k = 0; k < used; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
         out[oh * head_dim + d] = ok ? num / den : vt_nan();
     }
 }
@@ -162,6 +160,9 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     int length = ok ? pos + 1 : 0;
     int per = max((length + splits - 1) / splits, min_per_split);
     int p0 = min(length, s * per), p1 = min(length, p0 + per);
+    // A split past the row's positions (a short context) leaves at once: attention_combine
+    // reads only the splits before it (the last-block combine counts every block, so not then).
+    if (splits > 1 && !counts && p0 >= p1) return;
     long long pos_stride = (long long)n_slots * n_layers * 2 * row;
     long long kbase = ok ? vt_kv_index(0, slot, layer, 0, n_slots, n_layers, row) + kvh * head_dim
                          : 0;
@@ -203,17 +204,6 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     bool k16 = ((head_dim | row) & 3) == 0 && ((vt_u64)cache & 15) == 0;  // 16-byte loads
     for (int c0 = p0; c0 < p1; c0 += FA_CHUNK) {
         int cn = min(FA_CHUNK, p1 - c0);
-        // A chunk of at most FA_VPRE * R positions (a decode split's, as a rule) has its V
-        // elements loaded here, in flight with K's, not after the softmax: one wait less.
-        bool vpre = VT_FA_VPRE && head_dim <= FA_THREADS && cn <= FA_VPRE * R;
-        float vp[FA_VPRE];
-#pragma unroll
-        for (int u = 0; u < FA_VPRE; ++u) {
-            int j = r + u * R;
-            vp[u] = vpre && j < cn && d0 < head_dim
-                        ? cache[vbase + (long long)(c0 + j) * pos_stride + d0]
-                        : 0.0f;
-        }
 #ifdef VT_FA_ROW
         float sr[FA_MAXG];
 #pragma unroll
@@ -339,19 +329,8 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
             float a[FA_MAXG];
 #pragma unroll
             for (int g = 0; g < FA_MAXG; ++g) a[g] = 0.0f;
-            if (vpre) {  // the same sums in the same order, from registers
-#pragma unroll
-                for (int u = 0; u < FA_VPRE; ++u) {
-                    int j = r + u * R;
-                    if (j < cn) {
-#pragma unroll
-                        for (int g = 0; g < FA_MAXG; ++g)
-                            if (g < gb) a[g] += sc[g * FA_CHUNK + j] * vp[u];
-                    }
-                }
-            }
 #pragma unroll 8
-            for (int j = vpre ? cn : r; j < cn; j += R) {  // unrolled: V loads in flight together
+            for (int j = r; j < cn; j += R) {  // unrolled: V loads in flight together
                 float vd = cache[vbase + (long long)(c0 + j) * pos_stride + d];
 #pragma unroll
                 for (int g = 0; g < FA_MAXG; ++g)
@@ -410,7 +389,7 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
 extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
                                              const int* positions, int n, int n_heads,
                                              int head_dim, int n_slots, int max_len,
-                                             int splits, int tile) {
+                                             int splits, int tile, int min_per_split) {
     __shared__ float wt[FA_THREADS];
     __shared__ float red[FA_THREADS];
     __shared__ int ired[FA_THREADS / VT_WARP];
@@ -420,6 +399,9 @@ extern "C" __global__ void attention_combine(float* out, const float* part, cons
         return;  // attention_tiled wrote this row
     int slot = slots[i], pos = positions[i];
     bool ok = slot >= 0 && slot < n_slots && pos >= 0 && pos < max_len;
+    int length = ok ? pos + 1 : 0;  // attention_split's splits: those with positions first
+    int per = max((length + splits - 1) / splits, min_per_split);
+    int used = min(splits, (length + per - 1) / per);
     vt_grid_wait();  // the partials come from attention_split
-    vt_attention_combine_block(out, part, oh, head_dim, splits, ok, wt, red);
+    vt_attention_combine_block(out, part, oh, head_dim, splits, used, ok, wt, red);
 }

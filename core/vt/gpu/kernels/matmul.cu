@@ -486,9 +486,16 @@ __device__ float vt_norm_scale(const float* x, int dim, float eps, float* red) {
 // NORM: . rms_norm(x) (weight nw, eps) instead, each value as rms_norm rounds it ((x * scale)
 // * nw), so the sums equal rms_norm's launch followed by this one's; the block waits for x
 // and sums its squares first, the first pass's codes prefetched into L2 meanwhile.
-template <int NW, bool NORM = false>
+struct VtNoop {
+    __device__ void operator()() const {}
+};
+
+// after_wait(): called by every thread once the previous kernel's writes are visible, before
+// the products (a caller's loads of what that kernel wrote, in flight during them).
+template <int NW, bool NORM = false, typename F = VtNoop>
 __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K, float* sums,
-                                           const float* nw = nullptr, float eps = 0.0f) {
+                                           const float* nw = nullptr, float eps = 0.0f,
+                                           F after_wait = F()) {
     __shared__ float red[GV_MAX_THREADS / VT_WARP][NW];
     constexpr int U = NORM ? 1 : VT_GV_UNROLL;
     int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
@@ -504,9 +511,10 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
             for (int i = 0; i < NW; ++i) vt_gv_prefetch(w[i], w[i].at + t * 16);
         }
         vt_grid_wait();
+        after_wait();
         scale = vt_norm_scale(x, K, eps, nred);
     }
-    bool first = true;
+    bool waited = NORM;
     for (int k0 = t * 16; k0 < K; k0 += U * step) {
         vt_codes<16> raw[U][NW];
         vt_f2 so[U][NW];
@@ -522,8 +530,11 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
         }
         // Launched overlapped (common.cu): the first pass's weights are in flight while the
         // previous kernel finishes; x (its output) is read only after the wait.
-        if (first) vt_grid_wait();
-        first = false;
+        if (!waited) {
+            vt_grid_wait();
+            after_wait();
+            waited = true;
+        }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int k = k0 + u * step;
@@ -574,7 +585,10 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
             }
         }
     }
-    vt_grid_wait();  // threads with no pass (t * 16 >= K) wait here, before any store
+    if (!waited) {  // threads with no pass (t * 16 >= K) wait here, before any store
+        vt_grid_wait();
+        after_wait();
+    }
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = vt_warp_sum(acc[i]);
     if (lane == 0) {
@@ -599,14 +613,20 @@ __device__ void vt_gemv(float* out, const float* x, const void* data, const floa
     VtRow w[GV];
 #pragma unroll
     for (int i = 0; i < GV; ++i) w[i] = {data, sm, lg, (long long)min(o0 + i, N - 1) * K};
+    // Thread i < GV writes feature o0 + i: its bias (a weight) read now, its residual (an
+    // earlier kernel's output) once the wait allows, both in flight during the products.
+    int me = threadIdx.x, o = o0 + me;
+    bool mine = me < GV && o < N;
+    float b = mine && bias ? bias[o] : 0.0f, r = 0.0f;
     float s[GV];
-    vt_gv_rows<GV>(w, x, K, s);
+    vt_gv_rows<GV>(w, x, K, s, nullptr, 0.0f, [&]() {
+        if (mine && residual) r = residual[o];
+    });
 #pragma unroll
     for (int i = 0; i < GV; ++i) {
-        int o = o0 + i;
-        if ((int)threadIdx.x == i && o < N) {
-            float v = bias ? s[i] + bias[o] : s[i];
-            out[o] = residual ? __fadd_rn(residual[o], v) : v;
+        if (me == i && mine) {
+            float v = bias ? s[i] + b : s[i];
+            out[o] = residual ? __fadd_rn(r, v) : v;
         }
     }
 }
@@ -665,12 +685,16 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
             w[i] = {wq, sq, lgq, (long long)os[i] * K};
         }
     }
+    int me = threadIdx.x;
+    float b = 0.0f;  // thread i's bias, a weight: read before the wait
+#pragma unroll
+    for (int i = 0; i < GV; ++i)
+        if (me == i && g0 + i < total && biases[i]) b = biases[i][os[i]];
     float s[GV];
     vt_gv_rows<GV>(w, x, K, s);
 #pragma unroll
     for (int i = 0; i < GV; ++i) {
-        if ((int)threadIdx.x == i && g0 + i < total)
-            outs[i][os[i]] = biases[i] ? s[i] + biases[i][os[i]] : s[i];
+        if (me == i && g0 + i < total) outs[i][os[i]] = biases[i] ? s[i] + b : s[i];
     }
 }
 

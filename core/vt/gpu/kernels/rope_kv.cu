@@ -129,16 +129,22 @@ __device__ void vt_qkv_rope_gemv(
     float* out = kind == 0 ? q : kind == 1 ? k : v;
     int lg = kind == 0 ? lgq : kind == 1 ? lgk : lgv;
     VtRow w[2] = {{data, sm, lg, (long long)fa * K}, {data, sm, lg, (long long)fb * K}};
-    // The step's inputs (copied before its first kernel): read before the wait, so the
-    // rotation after the sums waits on no load.
+    // The step's inputs (copied before its first kernel), the biases (weights) and the
+    // rotation's angle: all before the wait, so nothing after the sums waits on a load.
     int pos = positions[0], slot = slots[0];
+    float ba = 0.0f, bb = 0.0f, cs = 1.0f, sn = 0.0f;
+    if (threadIdx.x == 0) {
+        if (bias) ba = bias[fa], bb = bias[fb];
+        if (kind < 2) {
+            double theta = (double)pos * table.inv[i];
+            cs = (float)cos(theta), sn = (float)sin(theta);
+        }
+    }
     float s[2];
     vt_gv_rows<2, NORM>(w, x, K, s, nw, eps);  // waits for the previous kernel (x) first
     if (threadIdx.x != 0) return;
-    float a = bias ? s[0] + bias[fa] : s[0], c = bias ? s[1] + bias[fb] : s[1];
+    float a = bias ? s[0] + ba : s[0], c = bias ? s[1] + bb : s[1];
     if (kind < 2) {
-        double theta = (double)pos * table.inv[i];
-        float cs = (float)cos(theta), sn = (float)sin(theta);
         float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));
         float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(c, cs));
         a = ra, c = rb;
