@@ -483,6 +483,29 @@ def test_the_kernels_compile_once_with_the_warp_size() -> None:
     assert rt.compiles == [("vt_kernels.cu", ("-DVT_WARP=64",))]
 
 
+def test_norm_late_compiles_every_module_with_its_define() -> None:
+    """GpuBackend.norm_late reaches the kernels as -DVT_NORM_LATE=1, in the module of every
+    kernel and in each layout's (the norm ops' gemv kernels are in both)."""
+    backend, rt = make()
+    backend.norm_late = True
+    c = OpCase(backend)
+    c.w("w", np.ones((16, 256), np.float32), "Q8_0")
+    late = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")
+    assert rt.compiles == [("vt_kernels.cu", late),
+                           ("vt_kernels_qc00.cu", (*late, "-DVT_Q_FLAGS=0xc00"))]  # fmt: skip
+    assert "VT_NORM_LATE" in kernel_source(LAYOUT_PARTS)
+
+
+def test_a_layout_override_uploads_and_compiles_that_layout() -> None:
+    """layout_overrides (bench_variant.py --layout Q8_0=0x800) packs Q8_0 with float32
+    scales and compiles that layout's module, not the default one's."""
+    backend, rt = make()
+    backend.layout_overrides = (("Q8_0", 0x800),)
+    w = OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
+    assert w.handle.layout == 0x800
+    assert rt.compiles[-1] == ("vt_kernels_q800.cu", ("-DVT_WARP=32", "-DVT_Q_FLAGS=0x800"))
+
+
 def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
     source = kernel_source()
     includes = [line for line in source.splitlines() if line.lstrip().startswith("#include")]

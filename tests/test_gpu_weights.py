@@ -42,6 +42,21 @@ def test_packed_values_equal_the_reference_dequantization(wtype: str, compact: b
         assert per_value == (COMPACT_BYTES.get(wtype, 1.25) if compact else wide)
 
 
+@pytest.mark.parametrize(("wtype", "flags"), [("Q8_0", W.Q_ONE), ("Q4_0", W.Q_ONE), ("Q6_K", 0)])
+def test_a_layout_override_keeps_the_values(wtype: str, flags: int) -> None:
+    """A benchmark's layout for one type (Q8_0 with float32 scales, Q4_0 as int8 codes,
+    Q6_K wide) dequantizes to the same values; the other types keep theirs."""
+    cols = 512 if wtype.endswith("_K") else 96
+    values = (np.random.default_rng(5).standard_normal((4, cols)) * 3).astype(np.float32)
+    tensor, ref = weight_tensor("w", values, wtype)
+    packed = W.pack(tensor, layouts={wtype: flags})
+    assert packed.layout == flags
+    np.testing.assert_array_equal(packed.values(), ref)
+    other, _ = weight_tensor("o", values[:, :96], "Q4_1" if wtype == "Q6_K" else "Q8_0")
+    overrides = {wtype: flags} if wtype == "Q6_K" else {"Q4_1": 0}
+    assert W.pack(other, layouts=overrides).layout == W.LAYOUTS[other.ggml_type]
+
+
 def test_nibbles_hold_each_chunks_values_j_and_j_plus_8() -> None:
     """The byte order the kernels' vt_unnib reads: Q4_0 codes -8..7 as nibbles 0..15."""
     values = np.tile(np.arange(-8, 8, dtype=np.float32), (2, 2))  # d = 1: codes = values

@@ -310,6 +310,12 @@ class GpuBackend(
     #: many output features, K split over the whole block) instead of a warp per feature
     #: (``*_small1_q``); 0: the warp kernels (a tool's "before").
     gemv_features: int = 2
+    #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
+    #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
+    #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the
+    #: block, not bit-equal to the two launches (within the kit's tolerances). Set before
+    #: the first launch; not yet measured on a device (``bench_variant.py --norm-late 1``).
+    norm_late: bool = False
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
     #: a tool clears it to measure what the fusion buys. Not yet by default:
     #: ``rms_norm_qkv_rope_kv_store`` and ``rms_norm_swiglu`` (the norm inside the gemv
@@ -351,6 +357,10 @@ class GpuBackend(
     #: bytes a value) rather than the wide one (int8 codes, float32 pairs: 1.25-1.5 bytes a
     #: value; a tool's "before"). The same values either way; set before loading a model.
     compact_weights: bool = True
+    #: A benchmark's variant: (type name, Q_* flags) pairs that replace those types'
+    #: ``LAYOUTS`` entries (``bench_variant.py --layout Q8_0=0x800``: Q8_0 with float32
+    #: scales); the same values, another layout.
+    layout_overrides: tuple[tuple[str, int], ...] = ()
     #: Launches whose quantized weights share one layout run kernels compiled for it
     #: (``LAYOUT_PARTS`` with ``-DVT_Q_FLAGS``: the layout's branches resolved by the
     #: compiler), a module per layout, compiled when its first weight is uploaded; others
@@ -390,7 +400,8 @@ class GpuBackend(
 
     # ---- kernels: compiled once per process (the adapter caches the binary)
     def compile_options(self) -> list[str]:
-        return [f"-DVT_WARP={self._rt.warp_size()}"]
+        late = ["-DVT_NORM_LATE=1"] if self.norm_late else []
+        return [f"-DVT_WARP={self._rt.warp_size()}", *late]
 
     def _module(self, layout: int | None = None) -> Any:
         """The module of every kernel, or (``layout``) of the quantized-weight kernels
@@ -649,7 +660,7 @@ class GpuBackend(
 
     # ---- weights
     def _upload_weight(self, tensor: WeightTensor) -> Weight:
-        packed = W.pack(tensor, compact=self.compact_weights)
+        packed = W.pack(tensor, compact=self.compact_weights, layouts=dict(self.layout_overrides))
         self.prepare()  # compile before the first step, never during one
         if packed.kind == W.WT_Q and self.layout_kernels:
             self._module(packed.layout)

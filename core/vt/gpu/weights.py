@@ -18,6 +18,7 @@ the same float32 values. ``compact=False`` gives the wide layout (int8 codes, fl
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,9 +223,12 @@ def _stored_scales(scale: np.ndarray, offset: np.ndarray, layout: int) -> np.nda
     return np.ascontiguousarray(out)
 
 
-def pack(tensor: WeightTensor, compact: bool = True) -> PackedWeight:
+def pack(
+    tensor: WeightTensor, compact: bool = True, layouts: Mapping[str, int] | None = None
+) -> PackedWeight:
     """``tensor`` in a kernel weight format. Vectors (norms, biases) become float32.
-    Quantized types take their ``LAYOUTS`` entry, or the wide layout where not ``compact``."""
+    Quantized types take their ``LAYOUTS`` entry, or the wide layout where not ``compact``;
+    ``layouts`` (type name -> flags, a benchmark's variant) overrides the entry of a type."""
     qtype = check_type(tensor)
     if len(tensor.shape) == 1:
         values = dequantize(tensor)
@@ -241,7 +245,7 @@ def pack(tensor: WeightTensor, compact: bool = True) -> PackedWeight:
     blocks = scale.size
     if codes.size != rows * cols or blocks != math.ceil(codes.size / (1 << lg_block)):
         raise AssertionError(f"{qtype.name} repacking produced the wrong sizes")  # a vt bug
-    layout = LAYOUTS[qtype] if compact else 0
+    layout = (layouts or {}).get(qtype.name, LAYOUTS[qtype]) if compact else 0
     scale = scale.reshape(-1).astype(np.float32)
     offset = offset.reshape(-1).astype(np.float32)
     scales = _stored_scales(scale, offset, layout)

@@ -523,8 +523,9 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool) -> Non
         else:
             want_launched = {True: ["qkv_rope_gemv_q"], False: ["qkv_gemv2_q", "rope_kv_store"]}
         assert launched == want_launched
-        for a, b in zip(got[True], got[False], strict=True):
-            np.testing.assert_array_equal(a, b)
+        if not (norm and cuda.norm_late):  # the scale applied after the sums rounds otherwise
+            for a, b in zip(got[True], got[False], strict=True):
+                np.testing.assert_array_equal(a, b)
         want = {n: np.zeros((1, r), np.float32) for n, r in zip("qkv", rows, strict=True)}
         want_cache = cache0.copy()
         ref_args = {f"w{n}": ref for n, (_, ref) in zip("qkv", mats, strict=True)}
@@ -555,7 +556,8 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
     """rms_norm_swiglu of one row native (swiglu_norm_gemv2_q: the block normalises x as
     rms_norm does) gives the bits of rms_norm's launch followed by swiglu_gemv2_q's, within
     the kit's bound of the reference; K = 96 (a block of 64 threads, each four of
-    rms_norm's 256) and 4608 (128 threads, several passes). Features 37: a partial block."""
+    rms_norm's 256) and 4608 (128 threads, several passes). Features 37: a partial block.
+    With ``norm_late`` (the sums scaled at the end) only the bound holds."""
     if wtype.endswith("_K") and k_in % 256:
         k_in = 512
     rng = np.random.default_rng(k_in + 1)
@@ -586,7 +588,8 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
             cuda.synchronize(stream)
             got[fused] = io.get(out.buffer, np.float32, (1, 37))
         assert launched == {True: ["swiglu_norm_gemv2_q"], False: ["rms_norm", "swiglu_gemv2_q"]}
-        np.testing.assert_array_equal(got[True], got[False])
+        if not cuda.norm_late:  # the scale applied after the sums rounds otherwise
+            np.testing.assert_array_equal(got[True], got[False])
         want = {"out": np.zeros((1, 37), np.float32)}
         vt.OPS["rms_norm_swiglu"].reference(
             {**want, "x": x, "norm": norm_ref, "eps": 1e-5, "gate": mats[0][1], "up": mats[1][1]}

@@ -27,6 +27,8 @@ overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches
 ``--overlap-attention 0|1``: attention's split and combine kernels launched overlapped
 too (the split kernel's K and V rows prefetched into L2 before its wait;
 ``GpuBackend.overlap_attention``, off by default);
+``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
+the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
 ``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
 ``--add-fused OP``: that one fused op runs natively (``rms_norm_swiglu``,
@@ -36,6 +38,9 @@ the default) or by each group's last split block (1;
 ``GpuBackend.attention_last_block_combine``);
 ``--compact 0|1``: quantized weights in the wide layout (0: int8 codes and float32 pairs,
 as before run 47) or their compact one (1, the default; ``GpuBackend.compact_weights``);
+``--layout TYPE=FLAGS``: quantized weights of that GGML type in the layout of those
+``vt.gpu.weights`` Q_* flags (``Q8_0=0x800``: int8 codes with float32 scales;
+``GpuBackend.layout_overrides``);
 ``--layout-kernels 0|1``: every launch on the kernels that read a weight's layout at run
 time (0) or, where a launch's weights share one, on kernels compiled for it (1, the
 default; ``GpuBackend.layout_kernels``);
@@ -94,6 +99,7 @@ _NUMBERS = {
     "--layout-kernels": "layout_kernels",
     "--argmax-slice": "sample_argmax_slice",
     "--overlap-attention": "overlap_attention",
+    "--norm-late": "norm_late",
 }
 
 
@@ -115,6 +121,9 @@ def apply(args: list[str]) -> list[str]:
         elif flag == "--kdefine":
             name, _, value = args[1].partition("=")
             _define(name, value)
+        elif flag == "--layout":
+            name, _, flags = args[1].partition("=")
+            GpuBackend.layout_overrides = (*GpuBackend.layout_overrides, (name, int(flags, 0)))
         elif flag == "--no-fused":
             GpuBackend.native_fused = frozenset()
         elif flag == "--drop-fused":

@@ -262,14 +262,14 @@ PARTS = (
 )  # fmt: skip
 
 
-def build(folder: Path) -> ctypes.CDLL:
-    """The emulation as a shared library in ``folder``."""
+def build(folder: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The emulation as a shared library in ``folder`` (``defines``: g++'s ``-D`` values)."""
     source = PRELUDE + "".join((KERNELS / part).read_text() for part in PARTS) + LAUNCH
     cpp, lib = folder / "vt_emulated.cpp", folder / "vt_emulated.so"
     cpp.write_text(source)
     subprocess.run(
         ["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-ffp-contract=off", "-o", str(lib),
-         str(cpp), "-lpthread"],
+         *(f"-D{d}" for d in defines), str(cpp), "-lpthread"],
         check=True,
     )  # fmt: skip
     return ctypes.CDLL(str(lib))
@@ -299,9 +299,13 @@ def emulated_backend(lib: ctypes.CDLL) -> tuple[Any, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-k", default="", help="only the cases whose name contains this")
+    ap.add_argument("--norm-late", action="store_true",
+                    help="the norm ops' kernels as GpuBackend.norm_late compiles them")  # fmt: skip
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        backend, _ = emulated_backend(build(Path(tmp)))
+        defines = ("VT_NORM_LATE=1",) if a.norm_late else ()
+        backend, _ = emulated_backend(build(Path(tmp), defines))
+        backend.norm_late = a.norm_late
         import gpu_checks as checks
 
         start, ran = time.perf_counter(), 0

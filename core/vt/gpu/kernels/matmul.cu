@@ -482,29 +482,38 @@ __device__ float vt_norm_scale(const float* x, int dim, float eps, float* red) {
     return 1.0f / sqrtf(r / (float)dim + eps);
 }
 
-// sums[i] (every thread gets them) = dequant(w[i]) . x over K, for the block's NW weight rows.
-// NORM: . rms_norm(x) (weight nw, eps) instead, each value as rms_norm rounds it ((x * scale)
-// * nw), so the sums equal rms_norm's launch followed by this one's; the block waits for x
-// and sums its squares first, the first pass's codes prefetched into L2 meanwhile.
 struct VtNoop {
     __device__ void operator()() const {}
 };
 
+// VT_NORM_LATE=1 (a --kdefine, not the default): the NORM kernels below sum x's squares
+// beside the products of (x * nw) and scale the row's sums at the end, so no block waits
+// on a sum of squares before its products; the sums then round differently from
+// rms_norm's launch followed by the gemv (not bit-equal; within the kit's tolerances).
+#ifndef VT_NORM_LATE
+#define VT_NORM_LATE 0
+#endif
+
+// sums[i] (every thread gets them) = dequant(w[i]) . x over K, for the block's NW weight rows.
+// NORM: . rms_norm(x) (weight nw, eps) instead, each value as rms_norm rounds it ((x * scale)
+// * nw), so the sums equal rms_norm's launch followed by this one's; the block waits for x
+// and sums its squares first, the first pass's codes prefetched into L2 meanwhile.
 // after_wait(): called by every thread once the previous kernel's writes are visible, before
 // the products (a caller's loads of what that kernel wrote, in flight during them).
 template <int NW, bool NORM = false, typename F = VtNoop>
 __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K, float* sums,
                                            const float* nw = nullptr, float eps = 0.0f,
                                            F after_wait = F()) {
-    __shared__ float red[GV_MAX_THREADS / VT_WARP][NW];
+    constexpr bool LATE = NORM && VT_NORM_LATE;
+    __shared__ float red[GV_MAX_THREADS / VT_WARP][NW + 1];
     constexpr int U = NORM ? 1 : VT_GV_UNROLL;
     int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
     int step = blockDim.x * 16;
     float acc[NW];
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = 0.0f;
-    float scale = 1.0f;
-    if (NORM) {
+    float scale = 1.0f, ss = 0.0f;  // ss: LATE's share of x's squares
+    if (NORM && !LATE) {
         __shared__ float nred[RN_THREADS / VT_WARP];
         if (t * 16 < K) {
 #pragma unroll
@@ -514,7 +523,7 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
         after_wait();
         scale = vt_norm_scale(x, K, eps, nred);
     }
-    bool waited = NORM;
+    bool waited = NORM && !LATE;
     for (int k0 = t * 16; k0 < K; k0 += U * step) {
         vt_codes<16> raw[U][NW];
         vt_f2 so[U][NW];
@@ -553,8 +562,12 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
                         vt_f4 g = np[c];
                         float gs[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            xv[4 * c + e] = __fmul_rn(__fmul_rn(xv[4 * c + e], scale), gs[e]);
+                        for (int e = 0; e < 4; ++e) {
+                            float xe = xv[4 * c + e];
+                            if (LATE) ss = __fadd_rn(ss, __fmul_rn(xe, xe));
+                            xv[4 * c + e] = LATE ? __fmul_rn(xe, gs[e])
+                                                 : __fmul_rn(__fmul_rn(xe, scale), gs[e]);
+                        }
                     }
                 }
 #ifdef VT_GV_FACTOR
@@ -591,17 +604,24 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
     }
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = vt_warp_sum(acc[i]);
+    if (LATE) ss = vt_warp_sum(ss);
     if (lane == 0) {
 #pragma unroll
         for (int i = 0; i < NW; ++i) red[warp][i] = acc[i];
+        if (LATE) red[warp][NW] = ss;
     }
     __syncthreads();
     int warps = blockDim.x / VT_WARP;
+    if (LATE) {
+        float q = red[0][NW];
+        for (int v = 1; v < warps; ++v) q += red[v][NW];
+        scale = 1.0f / sqrtf(q / (float)K + eps);
+    }
 #pragma unroll
     for (int i = 0; i < NW; ++i) {
         float s = red[0][i];
         for (int v = 1; v < warps; ++v) s += red[v][i];
-        sums[i] = s;
+        sums[i] = LATE ? s * scale : s;
     }
 }
 
