@@ -1468,6 +1468,22 @@ def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
     assert tiled.args[-4:] == [None, 5, 37, 96]  # no residual, then n, N, K
 
 
+def test_long_one_row_matmuls_take_the_unrolled_gemv_where_asked() -> None:
+    """gemv_unroll_min_k: one-row matmuls with at least that many inputs launch
+    matmul_gemvu2_q (the same arguments), shorter ones and every other op the plain gemv."""
+    backend, rt = make()
+    backend.gemv_unroll_min_k = 128
+    stream = backend.create_stream()
+    for k in (96, 128):
+        w = backend.upload_weight(weight_tensor("w", np.ones((8, k), np.float32), "Q8_0"))
+        x = vt.Tensor.of(backend.alloc(k * 4), F32, 1, k)
+        out = vt.Tensor.of(backend.alloc(8 * 4), F32, 1, 8)
+        backend.launch("matmul", stream, out=out, x=x, weight=w)
+    short, long = rt.launches
+    assert (short.kernel, long.kernel) == ("matmul_gemv2_q", "matmul_gemvu2_q")
+    assert long.args[-2:] == [8, 128] and len(long.args) == len(short.args)
+
+
 def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
     backend, rt = make()
     backend.int8_min_rows = 1 << 30  # the float32 kernels (these weights would take int8)

@@ -206,7 +206,7 @@ def _out_of_memory(error: GpuCallError) -> bool:
 #: 39-41): adding rope_kv_store and attention's kernels (a wait at their start) gave the 1B
 #: shape +0.5-3% at batch 1 and cost the 135M shape 9%.
 _OVERLAP = (
-    "matmul_gemv",
+    "matmul_gemv",  # and matmul_gemvu
     "swiglu_gemv",
     "qkv_gemv",
     "qkv_rope_gemv",
@@ -310,6 +310,11 @@ class GpuBackend(
     #: many output features, K split over the whole block) instead of a warp per feature
     #: (``*_small1_q``); 0: the warp kernels (a tool's "before").
     gemv_features: int = 2
+    #: One-row matmuls whose K is at least this run ``matmul_gemvu*_q``: each thread's
+    #: loads of two passes in flight together (a long row, as the 1B shape's down
+    #: projection: four passes of 128 threads); 0: never. Not yet measured on a device
+    #: (``bench_variant.py --gemv-unroll-k 4096``).
+    gemv_unroll_min_k: int = 0
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the
@@ -781,7 +786,8 @@ class GpuBackend(
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args, weights=(w,))
         elif (gv := self._gemv(x, w))[0]:
             del args[7]  # n: one row
-            self._kernel(f"matmul_gemv{gv[0]}_q", (-(-out_f // gv[0]), 1, 1), gv[1], stream,
+            u = "u" if 0 < self.gemv_unroll_min_k <= in_f else ""
+            self._kernel(f"matmul_gemv{u}{gv[0]}_q", (-(-out_f // gv[0]), 1, 1), gv[1], stream,
                          *args, weights=(w,))  # fmt: skip
         else:
             suffix, xq = self._int8_x(stream, x, w)

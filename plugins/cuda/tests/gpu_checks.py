@@ -398,6 +398,44 @@ LAYOUT_PATHS = [
 ]
 
 
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("k_in", [96, 2560, 8192])
+def test_gemv_unrolled_gives_the_gemvs_bits(cuda: Any, wtype: str, k_in: int) -> None:
+    """matmul_gemvu2_q (two passes' loads in flight a thread; gemv_unroll_min_k) adds each
+    thread's passes in the same order as matmul_gemv2_q: the same bits, with the residual,
+    for K of one pass (96), an odd number of passes (2560 = 5 of 128 threads: the last
+    pair's second load past K) and four (8192, the 1B shape's down projection)."""
+    if wtype.endswith("_K") and k_in % 256:
+        k_in = 512
+    rng = np.random.default_rng(k_in)
+    w_t, ref = weight_tensor("w", rng.standard_normal((37, k_in)).astype(np.float32), wtype)
+    x = rng.standard_normal((1, k_in)).astype(np.float32)
+    res = rng.standard_normal((1, 37)).astype(np.float32)
+    io = IO(cuda)
+    w = cuda.upload_weight(w_t)
+    saved = cuda.gemv_unroll_min_k
+    try:
+        stream = cuda.create_stream()
+        got, names = {}, []
+        for unroll in (16, 0):
+            cuda.gemv_unroll_min_k = unroll
+            out = f32(io.empty(4 * 37), 1, 37)
+            with recording(cuda, names):
+                cuda.launch("matmul_add", stream, out=out, x=f32(io.put(x), 1, k_in), weight=w,
+                            residual=f32(io.put(res), 1, 37),
+                            scratch=f32(io.empty(4 * 37), 1, 37))  # fmt: skip
+            cuda.synchronize(stream)
+            got[unroll] = io.get(out.buffer, np.float32, (1, 37))
+        assert names == ["matmul_gemvu2_q", "matmul_gemv2_q"]
+        np.testing.assert_array_equal(got[16], got[0])
+        want = R.matmul(x, ref) + res
+        assert nmse(got[16], want) <= kernel_tolerance("matmul_add", wtype)
+    finally:
+        cuda.gemv_unroll_min_k = saved
+        cuda.free_weight(w)
+        io.close()
+
+
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("case", LAYOUT_PATHS, ids=[c[0] for c in LAYOUT_PATHS])
 def test_compact_layouts_give_the_wide_layouts_bits(cuda: Any, wtype: str, case: tuple) -> None:

@@ -27,6 +27,8 @@ overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches
 ``--overlap-attention 0|1``: attention's split and combine kernels launched overlapped
 too (the split kernel's K and V rows prefetched into L2 before its wait;
 ``GpuBackend.overlap_attention``, off by default);
+``--gemv-unroll-k K``: one-row matmuls with K or more inputs on ``matmul_gemvu*_q``
+(two passes' loads in flight a thread; ``GpuBackend.gemv_unroll_min_k``, 0: never);
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
@@ -100,6 +102,7 @@ _NUMBERS = {
     "--argmax-slice": "sample_argmax_slice",
     "--overlap-attention": "overlap_attention",
     "--norm-late": "norm_late",
+    "--gemv-unroll-k": "gemv_unroll_min_k",
 }
 
 

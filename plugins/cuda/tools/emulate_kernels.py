@@ -179,6 +179,10 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
         matmul_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),              \
             P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
             P(int, 8)); }); return 1; }                                                         \
+    if (!std::strcmp(name, "matmul_gemvu" #GV "_q")) { vt_grid(g, block, [=] {               \
+        matmul_gemvu##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),             \
+            P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
+            P(int, 8)); }); return 1; }                                                         \
     if (!std::strcmp(name, "swiglu_gemv" #GV "_q")) { vt_grid(g, block, [=] {                \
         swiglu_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),              \
             P(const float*, 3), P(int, 4), P(const void*, 5), P(const float*, 6), P(int, 7),   \
@@ -377,6 +381,13 @@ def main() -> None:
                         checks.test_gemv_one_row(backend, wtype, k_in, gv)
                         ran += 1
                         print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+            for k_in in (96, 2560, 8192):
+                label = f"gemv unrolled {wtype} K={k_in}"
+                if a.k in label:
+                    checks.test_gemv_unrolled_gives_the_gemvs_bits(backend, wtype, k_in)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"):
             for case in checks.LAYOUT_PATHS:
                 label = f"layouts {wtype} {case[0]}"

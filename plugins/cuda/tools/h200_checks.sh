@@ -202,6 +202,7 @@ EOF"
         m=${s#kvars:}
         B="bench --backend cuda --model /tmp/$m.gguf --batch ${KBATCH:-1,8,32} --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json"
         IFS='|' read -ra VS <<< "${KVARS:-}"
+        [ ${#VS[@]} -eq 0 ] && VS=("")  # no KVARS: the tree as it is (run 55 ran nothing)
         i=0
         for v in "${VS[@]}"; do
             i=$((i + 1))

@@ -500,13 +500,14 @@ struct VtNoop {
 // and sums its squares first, the first pass's codes prefetched into L2 meanwhile.
 // after_wait(): called by every thread once the previous kernel's writes are visible, before
 // the products (a caller's loads of what that kernel wrote, in flight during them).
-template <int NW, bool NORM = false, typename F = VtNoop>
+// UR: passes whose loads a thread issues together (VT_GV_UNROLL, or the caller's).
+template <int NW, bool NORM = false, typename F = VtNoop, int UR = VT_GV_UNROLL>
 __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K, float* sums,
                                            const float* nw = nullptr, float eps = 0.0f,
                                            F after_wait = F()) {
     constexpr bool LATE = NORM && VT_NORM_LATE;
     __shared__ float red[GV_MAX_THREADS / VT_WARP][NW + 1];
-    constexpr int U = NORM ? 1 : VT_GV_UNROLL;
+    constexpr int U = NORM ? 1 : UR;
     int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
     int step = blockDim.x * 16;
     float acc[NW];
@@ -626,7 +627,8 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
 }
 
 // out = x @ W.T (+ bias) (+ residual: out may alias it) for one row: features GV * blockIdx.x..
-template <int GV>
+// (UR passes' loads a thread in flight together: matmul_gemvu*, for long rows).
+template <int GV, int UR = VT_GV_UNROLL>
 __device__ void vt_gemv(float* out, const float* x, const void* data, const float* sm, int lg,
                         const float* bias, const float* residual, int N, int K) {
     int o0 = blockIdx.x * GV;
@@ -639,9 +641,10 @@ __device__ void vt_gemv(float* out, const float* x, const void* data, const floa
     bool mine = me < GV && o < N;
     float b = mine && bias ? bias[o] : 0.0f, r = 0.0f;
     float s[GV];
-    vt_gv_rows<GV>(w, x, K, s, nullptr, 0.0f, [&]() {
+    auto late = [&]() {
         if (mine && residual) r = residual[o];
-    });
+    };
+    vt_gv_rows<GV, false, decltype(late), UR>(w, x, K, s, nullptr, 0.0f, late);
 #pragma unroll
     for (int i = 0; i < GV; ++i) {
         if (me == i && mine) {
@@ -728,6 +731,12 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
                                                    int N, int K) {                             \
         vt_launch_dependents();                                                                \
         vt_gemv<GV>(out, x, data, sm, lg_block, bias, residual, N, K);                         \
+    }                                                                                          \
+    extern "C" __global__ void matmul_gemvu##GV##_q(                                           \
+        float* out, const float* x, const void* data, const float* sm, int lg_block,          \
+        const float* bias, const float* residual, int N, int K) {                             \
+        vt_launch_dependents();                                                                \
+        vt_gemv<GV, 2>(out, x, data, sm, lg_block, bias, residual, N, K);                      \
     }                                                                                          \
     extern "C" __global__ void swiglu_gemv##GV##_q(                                            \
         float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
