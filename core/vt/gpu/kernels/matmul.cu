@@ -506,7 +506,7 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
                                            const float* nw = nullptr, float eps = 0.0f,
                                            F after_wait = F()) {
     constexpr bool LATE = NORM && VT_NORM_LATE;
-    __shared__ float red[GV_MAX_THREADS / VT_WARP][NW + 1];
+    __shared__ float red[GV_MAX_THREADS / VT_WARP][NW + LATE];  // LATE: x's squares too
     constexpr int U = NORM ? 1 : UR;
     int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
     int step = blockDim.x * 16;
