@@ -204,7 +204,8 @@ def _out_of_memory(error: GpuCallError) -> bool:
 #: store (kernels/common.cu), so they may be launched overlapped with their predecessor.
 #: rms_norm only for one row (the gemv kernels run only then). Measured (docs/gpu.md runs
 #: 39-41): adding rope_kv_store and attention's kernels (a wait at their start) gave the 1B
-#: shape +0.5-3% at batch 1 and cost the 135M shape 9%.
+#: shape +0.5-3% at batch 1 and cost the 135M shape 9%. sample and sample_argmax wait at
+#: their start (since run 52).
 _OVERLAP = (
     "matmul_gemv",  # and matmul_gemvu
     "swiglu_gemv",
