@@ -57,6 +57,26 @@ def test_a_layout_override_keeps_the_values(wtype: str, flags: int) -> None:
     assert W.pack(other, layouts=overrides).layout == W.LAYOUTS[other.ggml_type]
 
 
+@pytest.mark.parametrize(
+    ("wtype", "layouts", "message"),
+    [
+        ("Q8_0", {"Q8_1": 0}, "'Q8_1': not a quantized type vt packs"),
+        ("Q8_0", {"Q8_0": 0x1000}, "flags 0x1000 are not Q_\\* flags"),
+        ("Q8_0", {"Q8_0": W.Q_NIB}, "tensor 'w': layout 0x100 cannot hold Q8_0's values"),
+        ("Q4_1", {"Q4_1": W.Q_ONE}, "tensor 'w': layout 0x800 cannot hold Q4_1's values"),
+    ],
+)
+def test_a_bad_layout_override_is_refused_by_name(
+    wtype: str, layouts: dict[str, int], message: str
+) -> None:
+    """A benchmark's override that names no type, sets other bits, or cannot hold the
+    type's codes (Q8_0 in nibbles) or pairs (Q4_1's offsets dropped) is a ValueError."""
+    values = (np.random.default_rng(6).standard_normal((2, 96)) * 3).astype(np.float32)
+    tensor, _ = weight_tensor("w", values, wtype)
+    with pytest.raises(ValueError, match=message):
+        W.pack(tensor, layouts=layouts)
+
+
 def test_nibbles_hold_each_chunks_values_j_and_j_plus_8() -> None:
     """The byte order the kernels' vt_unnib reads: Q4_0 codes -8..7 as nibbles 0..15."""
     values = np.tile(np.arange(-8, 8, dtype=np.float32), (2, 2))  # d = 1: codes = values

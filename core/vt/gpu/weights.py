@@ -245,9 +245,33 @@ def pack(
     blocks = scale.size
     if codes.size != rows * cols or blocks != math.ceil(codes.size / (1 << lg_block)):
         raise AssertionError(f"{qtype.name} repacking produced the wrong sizes")  # a vt bug
-    layout = (layouts or {}).get(qtype.name, LAYOUTS[qtype]) if compact else 0
+    layout = _check_layouts(layouts).get(qtype.name, LAYOUTS[qtype]) if compact else 0
     scale = scale.reshape(-1).astype(np.float32)
     offset = offset.reshape(-1).astype(np.float32)
-    scales = _stored_scales(scale, offset, layout)
-    data = _nibbles_of(codes, layout) if layout & Q_NIB else codes
+    try:
+        scales = _stored_scales(scale, offset, layout)
+        data = _nibbles_of(codes, layout) if layout & Q_NIB else codes
+    except AssertionError as exc:
+        if layout == LAYOUTS[qtype]:
+            raise  # a vt bug: LAYOUTS is wrong
+        raise ValueError(
+            f"tensor {tensor.name!r}: layout {layout:#x} cannot hold {qtype.name}'s values ({exc})"
+        ) from None
     return PackedWeight(WT_Q, rows, cols, data, scales, lg_block, layout)
+
+
+def _check_layouts(layouts: Mapping[str, int] | None) -> Mapping[str, int]:
+    """``layouts`` (overrides of ``LAYOUTS`` by type name), or ValueError naming an unknown
+    type or flags outside Q_NIB | Q_NIB8 | Q_HALF | Q_ONE."""
+    if not layouts:
+        return {}
+    names = {t.name for t in LAYOUTS}
+    for name, flags in layouts.items():
+        if name not in names:
+            raise ValueError(
+                f"layout override for {name!r}: not a quantized type vt packs "
+                f"({', '.join(sorted(names))})"
+            )
+        if flags & ~(Q_NIB | Q_NIB8 | Q_HALF | Q_ONE) or flags < 0:
+            raise ValueError(f"layout override for {name}: flags {flags:#x} are not Q_* flags")
+    return layouts
