@@ -861,7 +861,7 @@ __device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32
 #define VT_MMA_U1 4  // 1 or 2 tiles of 8 rows
 #endif
 #ifndef VT_MMA_U4
-#define VT_MMA_U4 2
+#define VT_MMA_U4 4  // 4 tiles (17-32 rows); 2 until run 57 (matmul_mma4_q8a +30% on Q8_0)
 #endif
 #ifndef VT_MMA_U8
 #define VT_MMA_U8 1
