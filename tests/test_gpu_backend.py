@@ -599,6 +599,12 @@ def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def karg(launch: Any, name: str) -> Any:
+    """A launch's argument by its parameter name in the kernel's signature."""
+    names = [n for _, n in kernel_signatures()[launch.kernel]]
+    return launch.args[names.index(name)]
+
+
 class OpCase:
     """Tensors in buffers of their own, so each kernel pointer argument names its tensor."""
 
@@ -816,8 +822,8 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
         launch, combine = rt.launches
         assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
         assert combine.args[-2] == 0 and combine.block == (128, 1, 1)  # no tiled launch
-        assert combine.args[-1] == backend.attention_min_split == launch.args[-3]
-        assert not launch.args[-1]  # no counters: attention_last_block_combine is off
+        assert combine.args[-1] == backend.attention_min_split == karg(launch, "min_per_split")
+        assert not karg(launch, "counts")  # no counters: attention_last_block_combine is off
     else:
         (launch,) = rt.launches
     assert launch.kernel == kernel and launch.stream == stream.handle
@@ -843,6 +849,8 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
             assert (value or 0) == want, name
         elif "*" in ctype:  # an optional tensor the op was not given (matmul's residual)
             assert not value, name
+        elif name.startswith("pn"):  # prefetch_ahead's ranges: off by default
+            assert value == 0, name
         elif ctype == "RopeTable":
             assert isinstance(raw, RopeTable) and raw.inv[1] == pytest.approx(10000**-0.25)
         else:
@@ -903,9 +911,10 @@ def test_attention_splits_positions_only_while_the_grid_is_small(last_block: boo
         if n < 256:
             assert kernels == ["attention_split"] + ["attention_combine"] * (not last_block)
             assert split.grid == (n, 2, min(32, 128 // n))  # 4 heads per block
-            assert bool(split.args[-1]) == last_block  # the counters
+            assert bool(karg(split, "counts")) == last_block  # the counters
         else:
-            assert kernels == ["attention_split"] and not split.args[1] and not split.args[-1]
+            assert kernels == ["attention_split"] and not split.args[1]
+            assert not karg(split, "counts")
         sizes.append(len(backend._scratch))
     # n=2 needs larger ones; n=1 again reuses the first (partials, and counters)
     assert sizes == ([2, 4, 4, 4] if last_block else [1, 2, 2, 2])
@@ -951,7 +960,7 @@ def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_orde
     assert launch.grid == (4, 8, 1) and launch.block == (128, 1, 1)
     assert launch.stream == split.stream == combine.stream == stream.handle
     assert split.kernel == "attention_split" and split.grid == (64, 2, 2)
-    assert split.args[0] == addresses["out"] and split.args[-2] == combine.args[-1] == 16
+    assert split.args[0] == addresses["out"] and karg(split, "tile") == combine.args[-1] == 16
     signature = kernel_signatures()["attention_tiled"]
     scalars = {"n": 64, "n_heads": 8, "n_kv": 2, "head_dim": 64, "n_slots": 5, "n_layers": 3,
                "max_len": 700, "layer": 1, "scale": 0.25}  # fmt: skip
@@ -991,10 +1000,10 @@ def test_the_tiled_attention_kernel_by_head_dim_and_grid(
     launch, split, *combine = rt.launches
     assert launch.kernel == f"attention_tiled_{kernel}"
     assert launch.grid == (tiles, n_heads, 1)
-    assert split.kernel == "attention_split" and split.args[-2] == int(kernel[-2:])
+    assert split.kernel == "attention_split" and karg(split, "tile") == int(kernel[-2:])
     assert [c.kernel for c in combine] in ([], ["attention_combine"])
     if combine:
-        assert combine[0].args[-1] == split.args[-2]
+        assert combine[0].args[-1] == karg(split, "tile")
 
 
 def test_every_tiled_attention_kernel_is_instantiated_within_static_shared_memory() -> None:
@@ -1889,3 +1898,54 @@ def test_qkv_rope_kv_store_is_one_launch_only_where_the_gemv_kernels_run(
         params=vt.RopeParams(8),
     )  # fmt: skip
     assert [launch.kernel for launch in rt.launches] == kernels
+
+
+def test_prefetch_ahead_names_the_weights_that_ran_next_last_time() -> None:
+    """``prefetch_ahead``: at one row, attention's split kernel carries up to four (address,
+    bytes) ranges: the weights that followed the last one read when it last ran,
+    ``prefetch_ahead`` bytes of them (the last range cut, each a multiple of 16 bytes). The
+    embedding's row lookup is not part of the order; more rows carry none; a freed weight
+    makes the order start over; off by default."""
+    backend, rt = make()
+    backend.attention_tiled_min_rows = 1 << 30
+    c = OpCase(backend)
+    s = backend.create_stream()
+    ws = {n: c.w(n, np.ones((64, 256), np.float32), "Q8_0") for n in "abcdef"}
+    table = c.w("table", np.ones((11, 256), np.float32), "Q8_0")
+    x1 = c.t("x1", F32, 1, 256)
+    ids = c.t("ids", I32, 1)
+    layout = vt.KVLayout(n_layers=2, n_slots=4, n_kv_heads=1, head_dim=64, max_len=8)
+
+    def matmul(name: str) -> None:
+        backend.launch("matmul", s, out=c.t("o", F32, 1, 64), x=x1, weight=ws[name])
+
+    def attention(n: int = 1) -> list[tuple[int, int]]:
+        rt.launches.clear()
+        _attention_launch(backend, n, 4, layout)
+        split = rt.launches[0]
+        assert split.kernel == "attention_split"
+        pairs = [(karg(split, f"pf{r}") or 0, karg(split, f"pn{r}")) for r in range(4)]
+        return [p for p in pairs if p != (0, 0)]
+
+    def step() -> None:
+        backend.launch("embedding", s, out=c.t("e", F32, 1, 256), ids=ids, table=table)
+        for name in "abcdef":
+            matmul(name)
+
+    step()
+    assert attention() == []  # off by default
+    nbytes = {n: w.handle.buffer.nbytes // 16 * 16 for n, w in ws.items()}
+    backend.prefetch_ahead = nbytes["b"] + nbytes["c"] + 100
+    step()
+    matmul("a")
+    want = [(ws["b"].handle.data, nbytes["b"]), (ws["c"].handle.data, nbytes["c"]),
+            (ws["d"].handle.data, 96)]  # fmt: skip
+    assert attention() == want
+    assert attention(3) == []  # more rows: none
+    backend.prefetch_ahead = 1 << 30  # at most four weights: b, c, d, e
+    assert attention() == [(ws[n].handle.data, nbytes[n]) for n in "bcde"]
+    matmul("f")  # after the last weight: a again (the embedding is not in the order)
+    assert attention()[0] == (ws["a"].handle.data, nbytes["a"])
+    backend.free_weight(ws["f"])  # no launch may name a freed weight
+    assert attention() == []
+    backend.close()
