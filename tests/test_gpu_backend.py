@@ -849,8 +849,6 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
             assert (value or 0) == want, name
         elif "*" in ctype:  # an optional tensor the op was not given (matmul's residual)
             assert not value, name
-        elif name.startswith("pn"):  # prefetch_ahead's ranges: off by default
-            assert value == 0, name
         elif ctype == "RopeTable":
             assert isinstance(raw, RopeTable) and raw.inv[1] == pytest.approx(10000**-0.25)
         else:
@@ -1898,54 +1896,3 @@ def test_qkv_rope_kv_store_is_one_launch_only_where_the_gemv_kernels_run(
         params=vt.RopeParams(8),
     )  # fmt: skip
     assert [launch.kernel for launch in rt.launches] == kernels
-
-
-def test_prefetch_ahead_names_the_weights_that_ran_next_last_time() -> None:
-    """``prefetch_ahead``: at one row, attention's split kernel carries up to four (address,
-    bytes) ranges: the weights that followed the last one read when it last ran,
-    ``prefetch_ahead`` bytes of them (the last range cut, each a multiple of 16 bytes). The
-    embedding's row lookup is not part of the order; more rows carry none; a freed weight
-    makes the order start over; off by default."""
-    backend, rt = make()
-    backend.attention_tiled_min_rows = 1 << 30
-    c = OpCase(backend)
-    s = backend.create_stream()
-    ws = {n: c.w(n, np.ones((64, 256), np.float32), "Q8_0") for n in "abcdef"}
-    table = c.w("table", np.ones((11, 256), np.float32), "Q8_0")
-    x1 = c.t("x1", F32, 1, 256)
-    ids = c.t("ids", I32, 1)
-    layout = vt.KVLayout(n_layers=2, n_slots=4, n_kv_heads=1, head_dim=64, max_len=8)
-
-    def matmul(name: str) -> None:
-        backend.launch("matmul", s, out=c.t("o", F32, 1, 64), x=x1, weight=ws[name])
-
-    def attention(n: int = 1) -> list[tuple[int, int]]:
-        rt.launches.clear()
-        _attention_launch(backend, n, 4, layout)
-        split = rt.launches[0]
-        assert split.kernel == "attention_split"
-        pairs = [(karg(split, f"pf{r}") or 0, karg(split, f"pn{r}")) for r in range(4)]
-        return [p for p in pairs if p != (0, 0)]
-
-    def step() -> None:
-        backend.launch("embedding", s, out=c.t("e", F32, 1, 256), ids=ids, table=table)
-        for name in "abcdef":
-            matmul(name)
-
-    step()
-    assert attention() == []  # off by default
-    nbytes = {n: w.handle.buffer.nbytes // 16 * 16 for n, w in ws.items()}
-    backend.prefetch_ahead = nbytes["b"] + nbytes["c"] + 100
-    step()
-    matmul("a")
-    want = [(ws["b"].handle.data, nbytes["b"]), (ws["c"].handle.data, nbytes["c"]),
-            (ws["d"].handle.data, 96)]  # fmt: skip
-    assert attention() == want
-    assert attention(3) == []  # more rows: none
-    backend.prefetch_ahead = 1 << 30  # at most four weights: b, c, d, e
-    assert attention() == [(ws[n].handle.data, nbytes[n]) for n in "bcde"]
-    matmul("f")  # after the last weight: a again (the embedding is not in the order)
-    assert attention()[0] == (ws["a"].handle.data, nbytes["a"])
-    backend.free_weight(ws["f"])  # no launch may name a freed weight
-    assert attention() == []
-    backend.close()

@@ -374,13 +374,6 @@ class GpuBackend(
     #: every launch on the run-time kernels (a tool's "before"; docs/gpu.md run 49: they
     #: cost 3-10%).
     layout_kernels: bool = True
-    #: At one row (batch 1), attention's split kernel (it reads no weights) brings the next
-    #: this many bytes of the step's weights into L2 (at most four weights, a share a block;
-    #: ``vt_prefetch_weights``, kernels/common.cu), so the memory streams them while its
-    #: latency-bound work runs. Which weights come next is learned from the launches
-    #: themselves (each weight's successor when it last ran). 0: off. A hint: the same
-    #: results either way (``bench_variant.py --prefetch-mb 16``; docs/gpu.md run 59).
-    prefetch_ahead: int = 0
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
@@ -396,10 +389,6 @@ class GpuBackend(
         # matmul) until a weight's copies are freed.
         self._keep_full = False
         self._reservations: list[_Reservation] = []  # live VMM reservations (KV growth)
-        # prefetch_ahead's order: the weight that ran after each weight (by id) last time,
-        # and the last weight a launch read.
-        self._pf_next: dict[int, GpuWeight] = {}
-        self._pf_last: GpuWeight | None = None
 
     @property
     def runtime(self) -> GpuRuntime:
@@ -461,16 +450,8 @@ class GpuBackend(
         self, name: str, grid: tuple[int, int, int], block: int, stream: Stream, *args: Any,
         overlap: bool = True, weights: tuple[GpuWeight, ...] = (),
     ) -> None:  # fmt: skip
-        """Launch ``name``; ``weights``: the GpuWeights it reads (which module it comes from;
-        but for the embedding's rows, read whole: the order ``prefetch_ahead`` learns)."""
+        """Launch ``name``; ``weights``: the GpuWeights it reads (which module it comes from)."""
         fn = self._fn(name, self._layout(weights))
-        if weights and self.prefetch_ahead and not name.startswith("embedding"):
-            last = self._pf_last
-            for w in weights:
-                if last is not None and last is not w:
-                    self._pf_next[id(last)] = w
-                last = w
-            self._pf_last = last
         if (
             overlap
             and self.overlap_launches
@@ -482,20 +463,6 @@ class GpuBackend(
             self._rt.launch_overlapped(fn, grid, (block, 1, 1), 0, stream.handle, args)
         else:
             self._rt.launch(fn, grid, (block, 1, 1), 0, stream.handle, args)
-
-    def _prefetch_args(self, n: int) -> list[Any]:
-        """The pf*/pn* arguments of a kernel that reads no weights: up to four ranges (each
-        a multiple of 16 bytes), the ``prefetch_ahead`` bytes of weights that followed the
-        last one read, at one row; else none."""
-        ranges: list[Any] = []
-        w = self._pf_next.get(id(self._pf_last)) if n == 1 and self.prefetch_ahead else None
-        left = self.prefetch_ahead // 16 * 16
-        while w is not None and left > 0 and len(ranges) < 8:
-            nbytes = min(w.buffer.nbytes, left) // 16 * 16
-            ranges += [P(w.data), I64(nbytes)]
-            left -= nbytes
-            w = self._pf_next.get(id(w))
-        return ranges + [P(0), I64(0)] * (4 - len(ranges) // 2)
 
     # ---- memory
     @staticmethod
@@ -729,9 +696,6 @@ class GpuBackend(
 
     def _free_weight(self, weight: Weight) -> None:
         w = self._gpu_weight(weight, "free_weight")
-        # prefetch_ahead's order starts over: no later launch may name a freed weight
-        self._pf_next.clear()
-        self._pf_last = None
         self._drop_copies(w)  # before its address can be reused by another weight
         self.free(w.buffer)
 
@@ -1287,7 +1251,6 @@ class GpuBackend(
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
             F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile), P(counts),
-            *self._prefetch_args(n),
         )  # fmt: skip
         if splits > 1 and not counts:
             self._kernel(

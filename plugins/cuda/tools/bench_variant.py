@@ -31,8 +31,6 @@ too (the split kernel's K and V rows prefetched into L2 before its wait;
 (two passes' loads in flight a thread; ``GpuBackend.gemv_unroll_min_k``, 0: never);
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
-``--prefetch-mb N``: at one row, attention's split kernel brings the next N MiB of the
-step's weights into L2 (``GpuBackend.prefetch_ahead``, 0: off);
 ``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
 ``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
 ``--add-fused OP``: that one fused op runs natively (``rms_norm_swiglu``,
@@ -121,8 +119,6 @@ def apply(args: list[str]) -> list[str]:
             from vt_cuda.blas import Cublas
 
             Cublas.use_lt = bool(int(args[1]))
-        elif flag == "--prefetch-mb":
-            GpuBackend.prefetch_ahead = int(float(args[1]) * (1 << 20))
         elif flag == "--int8-mma":
             GpuBackend.int8_mma = bool(int(args[1]))
         elif flag == "--kdefine":

@@ -141,15 +141,12 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
                                            int head_dim, int n_slots, int n_layers,
                                            int max_len, int layer, float scale, int gb,
                                            int splits, int min_per_split, int tile,
-                                           int* counts, const char* pf0, long long pn0,
-                                           const char* pf1, long long pn1, const char* pf2,
-                                           long long pn2, const char* pf3, long long pn3) {
+                                           int* counts) {
     __shared__ float qs[FA_MAXG * 256];
     __shared__ float sc[FA_MAXG * FA_CHUNK];
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
     __shared__ int red[FA_THREADS / VT_WARP];
     vt_launch_dependents();  // the next overlapped kernel may start (common.cu)
-    vt_prefetch_weights(pf0, pn0, pf1, pn1, pf2, pn2, pf3, pn3);  // the next weights, at one row
     int i = blockIdx.x, s = blockIdx.z, t = threadIdx.x;
     if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, red))
         return;  // attention_tiled writes this row (the whole block leaves together)

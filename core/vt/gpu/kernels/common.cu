@@ -99,46 +99,6 @@ __device__ __forceinline__ void vt_prefetch_l2(const void* p) {
 #endif
 }
 
-// Weights the step reads next (GpuBackend.prefetch_ahead: up to four byte ranges, pf*/pn*
-// arguments, each a multiple of 16 bytes), brought into L2 by attention's split kernel,
-// which reads no weights itself, so the memory streams them while its latency-bound work
-// runs and the gemv after it finds them in L2. A hint: no result depends on it. The ranges
-// are cut into one share a block, each block's on its own SM's copy engine (sm_90: one bulk
-// prefetch, cp.async.bulk.prefetch.L2, by thread 0; run 59 found a block's prefetches run
-// at about 350 GB/s, so one block's or a few blocks' share slows the kernel); before sm_90
-// the block prefetches its share a 128-byte line a thread; a no-op on HIP and in the
-// emulator. Weights are never written during a step: safe before vt_grid_wait().
-__device__ __forceinline__ long long vt_prefetch_part(const char* p, long long n, long long base,
-                                                      long long lo, long long hi) {
-#if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__)
-    long long a = max(lo, base), e = min(hi, base + n);  // this block's part of the range
-#if __CUDA_ARCH__ >= 900
-    if (a < e && threadIdx.x == 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + (a - base)),
-                     "r"((unsigned)(e - a)));
-#else
-    for (long long b = a + threadIdx.x * 128; b < e; b += blockDim.x * 128)
-        vt_prefetch_l2(p + (b - base));
-#endif
-#endif
-    return base + n;
-}
-__device__ __forceinline__ void vt_prefetch_weights(const char* pf0, long long pn0,
-                                                    const char* pf1, long long pn1,
-                                                    const char* pf2, long long pn2,
-                                                    const char* pf3, long long pn3) {
-    long long total = pn0 + pn1 + pn2 + pn3;
-    if (total <= 0) return;
-    long long blocks = (long long)gridDim.x * gridDim.y * gridDim.z;
-    long long b = ((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    long long share = ((total + blocks - 1) / blocks + 15) & ~15LL;
-    long long lo = b * share, hi = min(total, lo + share), base = 0;
-    base = vt_prefetch_part(pf0, pn0, base, lo, hi);
-    base = vt_prefetch_part(pf1, pn1, base, lo, hi);
-    base = vt_prefetch_part(pf2, pn2, base, lo, hi);
-    vt_prefetch_part(pf3, pn3, base, lo, hi);
-}
-
 // A global load that skips L1 (ld.global.cg): what other blocks of the running kernel wrote
 // before a __threadfence is read from L2, never from a line this SM kept. asm volatile:
 // kept in program order (callers issue a batch of them before using any).
