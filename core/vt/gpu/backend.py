@@ -313,20 +313,21 @@ class GpuBackend(
     gemv_features: int = 2
     #: One-row matmuls whose K is at least this run ``matmul_gemvu*_q``: each thread's
     #: loads of two passes in flight together (a long row, as the 1B shape's down
-    #: projection: four passes of 128 threads); 0: never. Not yet measured on a device
-    #: (``bench_variant.py --gemv-unroll-k 4096``).
+    #: projection: four passes of 128 threads); 0: never. Run 57 (``bench_variant.py
+    #: --gemv-unroll-k 4096``): 1,192.8 against 1,186.4 tok/s on the 1B shape, within noise.
     gemv_unroll_min_k: int = 0
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the
     #: block, not bit-equal to the two launches (within the kit's tolerances). Set before
-    #: the first launch; not yet measured on a device (``bench_variant.py --norm-late 1``).
+    #: the first launch. Run 57 (with both norm ops native, ``bench_variant.py --norm-late
+    #: 1``): -8.8% on the 1B shape, +4.5% on the 135M shape at batch 1; so off.
     norm_late: bool = False
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
     #: a tool clears it to measure what the fusion buys. Not yet by default:
     #: ``rms_norm_qkv_rope_kv_store`` and ``rms_norm_swiglu`` (the norm inside the gemv
-    #: kernels, bit-equal to the two launches; written without device time to measure
-    #: them: ``bench_variant.py --add-fused OP``).
+    #: kernels, bit-equal to the two launches; ``bench_variant.py --add-fused OP``: -13% at
+    #: batch 1 on both shapes in run 52, every block waiting on its sum of squares).
     native_fused: frozenset[str] = frozenset(
         {"matmul_add", "swiglu", "rope_kv_store", "qkv", "qkv_rope_kv_store"}
     )
