@@ -104,6 +104,29 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     assert GpuBackend.native_fused == frozenset({"swiglu", "rms_norm_swiglu"})
 
 
+def test_kit_variant_runs_the_kit_on_cuda_with_the_variant_set(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kit_variant.py sets the flags in its own process, then runs pytest on cuda with the
+    arguments after ``--``; anything else is refused by name, before any test runs."""
+    from vt.gpu import GpuBackend
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import kit_variant  # noqa: PLC0415
+
+    for name in ("native_fused", "norm_late"):
+        monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))  # restored after
+    runs: list[list[str]] = []
+    monkeypatch.setattr(pytest, "main", lambda args: runs.append(args) or 0)
+    flags = ["--add-fused", "rms_norm_swiglu", "--norm-late", "1"]
+    assert kit_variant.main([*flags, "--", "-k", "e2e"]) == 0
+    assert runs == [["-q", "-p", "no:cacheprovider", "-rfE", "--vt-backend", "cuda", "-k", "e2e"]]
+    assert GpuBackend.norm_late and "rms_norm_swiglu" in GpuBackend.native_fused
+    assert kit_variant.main(["--norm-late", "0", "--bogus"]) == 2
+    assert "not a bench_variant.py flag: '--bogus'" in capsys.readouterr().err
+    assert len(runs) == 1
+
+
 def test_vt_prefill_keeps_the_best_repeat_and_each_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """pp512 is the best repeat of either async setting; the async-on run's repeats (eager,
     captured, replayed) travel with it."""

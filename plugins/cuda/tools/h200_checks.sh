@@ -25,6 +25,7 @@
 # ab:MODELS: pp512 alternating that tree, this one on cublasGemmEx and this one on cuBLASLt
 # plans, AB_ROUNDS (3) rounds (bench_ab.py; $OUT/ab.json). pgraph:MODELS: pp512 with prefill
 # steps replayed as graphs and eager, alternating (bench_ab.py; $OUT/pgraph.json).
+# kitvar: the conformance kit with the bench_variant.py flags in KITVARS (kit_variant.py).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -85,6 +86,9 @@ EOF"
     kit)  # the conformance kit as a plugin author runs it: from an empty directory
         step kit 400 "cd \$(mktemp -d) && python3 -m pytest -q -p no:cacheprovider -rfE \
             --vt-backend cuda --vt-matrix $OUT/cuda-matrix.md"
+        ;;
+    kitvar)  # the kit with the bench_variant.py flags in KITVARS set in its process
+        step kitvar 400 "cd \$(mktemp -d) && python3 $ROOT/plugins/cuda/tools/kit_variant.py ${KITVARS:-}"
         ;;
     checks)
         step gpu_checks 500 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -s -rfE \
