@@ -882,6 +882,50 @@ def test_the_norm_ops_fold_the_norm_into_the_gemv_only_natively_at_one_row(nativ
     assert [launch.kernel for launch in rt.launches] == [*one, "rms_norm", "swiglu_small2_q"]
 
 
+def test_norm_fold_max_k_folds_the_norm_only_into_short_rows_at_one_row() -> None:
+    """norm_fold_max_k: the norm ops become native, late-scaled (-DVT_NORM_LATE=1), and fold
+    the norm into the gemv only at one row whose K is at most the setting; a longer row (the
+    1B shape's 2,048 against 1,024) or more rows run rms_norm's launch and then the gemv."""
+    backend, rt = make()
+    norm_ops = ("rms_norm_swiglu", "rms_norm_qkv_rope_kv_store")
+    assert not any(backend.supports(op) for op in norm_ops)  # 0 by default
+    backend.norm_fold_max_k = 1024
+    assert all(backend.supports(op) for op in norm_ops)
+    c = OpCase(backend)
+    rng = np.random.default_rng(3)
+    stream = backend.create_stream()
+    layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=8, n_kv_heads=1, head_dim=8)
+    cache = c.t("cache", F32, *layout.shape)
+    for k in (1024, 2048):
+        norm = c.w(f"n{k}", np.ones(k, np.float32))
+        gate, up, wq, wk, wv = (
+            c.w(f"{name}{k}", rng.standard_normal((rows, k)).astype(np.float32), "Q8_0")
+            for name, rows in (("g", 6), ("u", 6), ("q", 16), ("k", 8), ("v", 8))
+        )
+        for n in (1, 3):
+            rt.launches.clear()
+            backend.launch("rms_norm_swiglu", stream, out=c.t("out", F32, n, 6),
+                           x=c.t("x", F32, n, k), norm=norm, eps=1e-5, gate=gate, up=up,
+                           scratch=c.t("s", F32, n, k), scratch_gate=c.t("sg", F32, n, 6),
+                           scratch_up=c.t("su", F32, n, 6))  # fmt: skip
+            backend.launch(
+                "rms_norm_qkv_rope_kv_store", stream, q=c.t("q", F32, n, 16),
+                k=c.t("k", F32, n, 8), v=c.t("v", F32, n, 8), x=c.t("x", F32, n, k),
+                norm=norm, eps=1e-5, wq=wq, wk=wk, wv=wv, positions=c.t("p", I32, n),
+                slots=c.t("sl", I32, n), cache=cache, layout=layout, layer=0, n_heads=2,
+                params=vt.RopeParams(8), scratch=c.t("s", F32, n, k),
+            )  # fmt: skip
+            kernels = [launch.kernel for launch in rt.launches]
+            assert rt.compiles[0] == ("vt_kernels.cu", ("-DVT_WARP=32", "-DVT_NORM_LATE=1"))
+            if n == 1 and k <= 1024:
+                assert kernels == ["swiglu_norm_gemv2_q", "qkv_rope_norm_gemv_q"]
+            elif n == 1:
+                assert kernels == ["rms_norm", "swiglu_gemv2_q", "rms_norm", "qkv_rope_gemv_q"]
+            else:
+                assert kernels[0] == "rms_norm" and "rms_norm" in kernels[1:], kernels
+    backend.close()
+
+
 @pytest.mark.parametrize("last_block", [True, False])
 def test_attention_splits_positions_only_while_the_grid_is_small(last_block: bool) -> None:
     """Few rows: positions split over blocks, partials combined (by each group's last

@@ -114,14 +114,15 @@ def test_kit_variant_runs_the_kit_on_cuda_with_the_variant_set(
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
     import kit_variant  # noqa: PLC0415
 
-    for name in ("native_fused", "norm_late"):
+    for name in ("native_fused", "norm_late", "norm_fold_max_k"):
         monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))  # restored after
     runs: list[list[str]] = []
     monkeypatch.setattr(pytest, "main", lambda args: runs.append(args) or 0)
-    flags = ["--add-fused", "rms_norm_swiglu", "--norm-late", "1"]
+    flags = ["--add-fused", "rms_norm_swiglu", "--norm-late", "1", "--norm-fold-k", "1024"]
     assert kit_variant.main([*flags, "--", "-k", "e2e"]) == 0
     assert runs == [["-q", "-p", "no:cacheprovider", "-rfE", "--vt-backend", "cuda", "-k", "e2e"]]
     assert GpuBackend.norm_late and "rms_norm_swiglu" in GpuBackend.native_fused
+    assert GpuBackend.norm_fold_max_k == 1024
     assert kit_variant.main(["--norm-late", "0", "--bogus"]) == 2
     assert "not a bench_variant.py flag: '--bogus'" in capsys.readouterr().err
     assert len(runs) == 1

@@ -219,6 +219,8 @@ _OVERLAP = (
 #: Attention's kernels, overlapped where ``GpuBackend.overlap_attention`` says: the split
 #: kernel prefetches its K and V rows into L2 before its wait.
 _OVERLAP_ATTENTION = ("attention_split", "attention_combine")
+#: The fused ops that fold rms_norm into their gemv kernels (GpuBackend.norm_fold_max_k).
+_NORM_OPS = frozenset({"rms_norm_swiglu", "rms_norm_qkv_rope_kv_store"})
 
 
 def _qkv_weight_args(ws: list[GpuWeight], biases: list[int]) -> list[Any]:
@@ -323,6 +325,14 @@ class GpuBackend(
     #: the first launch. Run 57 (with both norm ops native, ``bench_variant.py --norm-late
     #: 1``): -8.8% on the 1B shape, +4.5% on the 135M shape at batch 1; so off.
     norm_late: bool = False
+    #: At one row, the norm ops (``rms_norm_swiglu``, ``rms_norm_qkv_rope_kv_store``) fold
+    #: the norm into their gemv kernels, late-scaled (``norm_late``'s kernels), where the
+    #: row has at most this many values, and run as ``rms_norm`` then the gemv elsewhere;
+    #: 0: only as ``native_fused`` says. For the 135M shape (K 576) the fold measured
+    #: +4.5-8.3% at batch 1, for the 1B shape (K 2,048) -8.8% (docs/gpu.md runs 57, 61), so
+    #: 1024 is the candidate default once the kit passes with it on a GPU
+    #: (``h200_checks.sh kitvar`` with ``KITVARS='--norm-fold-k 1024'``).
+    norm_fold_max_k: int = 0
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
     #: a tool clears it to measure what the fusion buys. Not yet by default:
     #: ``rms_norm_qkv_rope_kv_store`` and ``rms_norm_swiglu`` (the norm inside the gemv
@@ -407,7 +417,7 @@ class GpuBackend(
 
     # ---- kernels: compiled once per process (the adapter caches the binary)
     def compile_options(self) -> list[str]:
-        late = ["-DVT_NORM_LATE=1"] if self.norm_late else []
+        late = ["-DVT_NORM_LATE=1"] if self.norm_late or self.norm_fold_max_k else []
         return [f"-DVT_WARP={self._rt.warp_size()}", *late]
 
     def _module(self, layout: int | None = None) -> Any:
@@ -972,8 +982,13 @@ class GpuBackend(
     # ---- fused ops (native; GpuBackend.native_fused lists those that run so)
     def supports(self, op: str, dtype: str | None = None) -> bool:
         if op in FUSED_OPS and op not in self.native_fused:
-            return False  # run as its decomposition (to measure what the fusion buys)
+            if not (self.norm_fold_max_k and op in _NORM_OPS):
+                return False  # run as its decomposition (to measure what the fusion buys)
         return super().supports(op, dtype)
+
+    def _fold_norm(self, op: str, k: int) -> bool:
+        """Whether ``op`` (a norm op, one row) folds the norm into its gemv kernels."""
+        return op in self.native_fused or 0 < k <= self.norm_fold_max_k
 
     def op_matmul_add(
         self, stream: Stream, out: Tensor, x: Tensor, weight: Weight, residual: Tensor,
@@ -1099,6 +1114,8 @@ class GpuBackend(
         params: RopeParams = a["params"]
         gv = self._gemv(a["x"], *ws)  # all three WT_Q where it says yes
         norm = self._gpu_weight(a["norm"], op) if "norm" in a else None
+        if norm is not None and not self._fold_norm(op, a["x"].shape[1]):
+            gv = (0, 0)
         if not gv[0] or params.head_dim % 2 or (norm is not None and norm.kind != W.WT_F32):
             decompose = get_op(op).decompose
             assert decompose is not None  # a fused op
@@ -1130,7 +1147,8 @@ class GpuBackend(
         ``scratch``, then ``swiglu``."""
         g, u = self._gpu_weight(gate, "rms_norm_swiglu"), self._gpu_weight(up, "rms_norm_swiglu")
         nw = self._gpu_weight(norm, "rms_norm_swiglu")
-        gv = self._gemv(x, g, u) if nw.kind == W.WT_F32 else (0, 0)
+        fold = nw.kind == W.WT_F32 and self._fold_norm("rms_norm_swiglu", x.shape[1])
+        gv = self._gemv(x, g, u) if fold else (0, 0)
         if not gv[0]:
             args = {"out": out, "x": x, "norm": norm, "eps": eps, "gate": gate, "up": up,
                     "scratch": scratch, "scratch_gate": scratch_gate,

@@ -534,7 +534,9 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool) -> Non
     ws = [cuda.upload_weight(t) for t, _ in mats]
     bs = [cuda.upload_weight(t) for t, _ in biases]
     nw = cuda.upload_weight(norm_t)
-    saved = cuda.native_fused
+    saved, saved_fold = cuda.native_fused, cuda.norm_fold_max_k
+    late = cuda.norm_late or saved_fold > 0  # how the norm kernels were compiled
+    cuda.norm_fold_max_k = 0  # native_fused alone says which path runs
     launched: dict[bool, list[str]] = {True: [], False: []}
     try:
         stream = cuda.create_stream()
@@ -561,7 +563,7 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool) -> Non
         else:
             want_launched = {True: ["qkv_rope_gemv_q"], False: ["qkv_gemv2_q", "rope_kv_store"]}
         assert launched == want_launched
-        if not (norm and cuda.norm_late):  # the scale applied after the sums rounds otherwise
+        if not (norm and late):  # the scale applied after the sums rounds otherwise
             for a, b in zip(got[True], got[False], strict=True):
                 np.testing.assert_array_equal(a, b)
         want = {n: np.zeros((1, r), np.float32) for n, r in zip("qkv", rows, strict=True)}
@@ -582,7 +584,7 @@ def test_qkv_rope_kv_store_at_one_row(cuda: Any, case: tuple, norm: bool) -> Non
         else:  # the cache is untouched
             np.testing.assert_array_equal(got[True][3], cache0)
     finally:
-        cuda.native_fused = saved
+        cuda.native_fused, cuda.norm_fold_max_k = saved, saved_fold
         for w in [*ws, *bs, nw]:
             cuda.free_weight(w)
         io.close()
@@ -608,7 +610,9 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
     io = IO(cuda)
     ws = [cuda.upload_weight(t) for t, _ in mats]
     nw = cuda.upload_weight(norm_t)
-    saved = cuda.native_fused
+    saved, saved_fold = cuda.native_fused, cuda.norm_fold_max_k
+    late = cuda.norm_late or saved_fold > 0  # how the norm kernels were compiled
+    cuda.norm_fold_max_k = 0  # native_fused alone says which path runs
     launched: dict[bool, list[str]] = {True: [], False: []}
     try:
         stream = cuda.create_stream()
@@ -626,7 +630,7 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
             cuda.synchronize(stream)
             got[fused] = io.get(out.buffer, np.float32, (1, 37))
         assert launched == {True: ["swiglu_norm_gemv2_q"], False: ["rms_norm", "swiglu_gemv2_q"]}
-        if not cuda.norm_late:  # the scale applied after the sums rounds otherwise
+        if not late:  # the scale applied after the sums rounds otherwise
             np.testing.assert_array_equal(got[True], got[False])
         want = {"out": np.zeros((1, 37), np.float32)}
         vt.OPS["rms_norm_swiglu"].reference(
@@ -634,7 +638,7 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
         )
         assert nmse(got[True], want["out"]) <= kernel_tolerance("rms_norm_swiglu", wtype)
     finally:
-        cuda.native_fused = saved
+        cuda.native_fused, cuda.norm_fold_max_k = saved, saved_fold
         for w in [*ws, nw]:
             cuda.free_weight(w)
         io.close()
