@@ -3,8 +3,11 @@ keeps an untrusted GGUF's template from doing anything but produce text."""
 
 from __future__ import annotations
 
+import inspect
 import logging
+import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -264,6 +267,27 @@ def test_renderer_checks_the_template_at_load() -> None:
         assert picky.render(USER_HI) == "Hi"
     finally:
         picky.close()
+
+
+def test_a_recursing_template_stops_with_the_stack_to_spare() -> None:
+    """A macro calling itself stops after MAX_NESTING template calls, far below Python's
+    recursion limit, so whatever else runs at that moment still has stack: a garbage
+    collection's finalizer (the cpu backend closes its streams in one) used to fail there
+    with 'Exception ignored in: <finalize object ...>' when the render ran into the limit."""
+    from vt.model import template_sandbox as sandbox
+
+    template = sandbox.make_environment().from_string(
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"
+    )
+    with pytest.raises(RecursionError, match="more than 100 nested template calls") as info:
+        sandbox.render_limited(template, {})
+    deepest = len(inspect.stack(0)) + len(traceback.extract_tb(info.value.__traceback__))
+    assert deepest < sys.getrecursionlimit() // 2
+    # 91 nested calls, five times in one render: the count unwinds as the calls return
+    nested = "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}x{% endmacro %}"
+    nested += "{{ f(90) }}{{ f(90) }}{% for i in range(3) %}{{ f(90) }}{% endfor %}"
+    text = sandbox.render_limited(sandbox.make_environment().from_string(nested), {})
+    assert text == "x" * 455
 
 
 @pytest.mark.parametrize(

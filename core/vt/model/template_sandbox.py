@@ -5,6 +5,9 @@ attribute access and mutation; :class:`LimitedSandbox` adds what it lacks:
 
 - time: while a template renders, a trace function on the template's own frames raises
   :class:`RenderLimitError` once ``timeout_s`` has passed (nested ``range`` loops);
+- depth: the same function raises ``RecursionError`` past :data:`MAX_NESTING` nested
+  template calls (a macro calling itself), while the stack still has room for whatever
+  else runs meanwhile (a garbage collection's finalizers), not at Python's own limit;
 - size: ``*``, ``+``, ``%`` and ``**``, every call (``'a'.center(10**9)``) and every filter
   are checked against ``max_chars``, before they run where the size can be foreseen
   (``'A' * 10**8``) and on their result otherwise; the output is counted as it is
@@ -40,6 +43,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 TIMEOUT_S = 5.0
 MAX_CHARS = 1_000_000  # output, and any string or list the template builds
 MAX_EXPONENT = 4096
+#: Template frames (the template's body, its macros and call blocks) that may be active at
+#: once: each costs a few interpreter frames, so 100 stays far below Python's recursion
+#: limit (1000 by default); real chat templates nest a handful.
+MAX_NESTING = 100
 #: Filters whose integer arguments size their result (width, length, count).
 _SIZING_FILTERS = frozenset({"center", "indent", "truncate", "wordwrap", "batch", "slice"})
 _NUMBERS = re.compile(r"\d+")
@@ -168,11 +175,15 @@ def render_limited(
     max_chars: int = MAX_CHARS,
 ) -> str:
     """Render ``template`` with ``context``, raising :class:`RenderLimitError` past
-    ``timeout_s`` seconds or ``max_chars`` characters of output."""
+    ``timeout_s`` seconds or ``max_chars`` characters of output, and ``RecursionError``
+    past :data:`MAX_NESTING` nested template calls."""
     deadline = time.monotonic() + timeout_s
     ticks = [0]
+    depth = [0]  # template frames entered and not yet left (a generator's: per resumption)
 
     def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "return":  # also when the frame is left by an exception
+            depth[0] -= 1
         ticks[0] += 1
         if not ticks[0] & 255 and time.monotonic() > deadline:
             raise RenderLimitError(f"the render took longer than {timeout_s:g} s and was stopped")
@@ -180,7 +191,12 @@ def render_limited(
 
     def calls(frame: Any, event: str, arg: Any) -> Any:
         # Only the template's own code: its loops are where a render can spin.
-        return local if frame.f_code.co_filename.startswith("<template") else None
+        if not frame.f_code.co_filename.startswith("<template"):
+            return None
+        if depth[0] >= MAX_NESTING:  # this frame gets no "return" event: not counted
+            raise RecursionError(f"more than {MAX_NESTING} nested template calls")
+        depth[0] += 1
+        return local
 
     previous = sys.gettrace()
     sys.settrace(calls)
