@@ -356,6 +356,28 @@ def test_bench_batches_json_and_table(tiny: Path) -> None:
     assert "same greedy ids in every request and setting: yes" in res.stdout
 
 
+def test_bench_batch_says_why_requests_can_part_where_they_did(tiny: Path) -> None:
+    """Where a batch's identical requests did not all generate the same ids (a GPU's
+    near-tie, decided by the kernels of each step's shape), the report says why under its
+    NO, so a user does not take it for a race; where they did, nothing more."""
+    from vt.frontends.bench import BenchResult, format_table
+
+    res = vt("bench", "--model", str(tiny), "--backend", "cpu", "--prompt-tokens", "12",
+             "--gen-tokens", "6", "--repeat", "1", "--batch", "1,3", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    for r in obj["batch_runs"]:
+        r["ids"] = []  # not in --json
+    same = format_table(BenchResult.model_validate(obj))
+    assert "same greedy ids in every request and setting: yes" in same
+    assert "near-tie" not in same
+    obj["same_ids"] = obj["batch_runs"][1]["same_ids"] = False
+    parted = format_table(BenchResult.model_validate(obj)).splitlines()
+    at = parted.index("same greedy ids in every request and setting: NO")
+    assert "near-tie between two ids can go either way" in parted[at + 1]
+    assert "the same batch and schedule give the same ids every time" in parted[at + 1]
+
+
 @pytest.mark.parametrize("value", ["0", "x", ",", "1,-2"])
 def test_bench_bad_batch(tiny: Path, value: str) -> None:
     res = vt("bench", "--model", str(tiny), "--batch", value)

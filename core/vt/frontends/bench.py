@@ -409,6 +409,15 @@ def format_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+#: Why identical requests of one batch can part (docs/gpu.md, "Batch invariance"): said
+#: where they did, so a user does not take it for a race.
+_PARTED = (
+    "  (a request's ids can depend on what else was in the steps that computed it: the "
+    "kernels and their order of summation follow each step's rows, so a near-tie between "
+    "two ids can go either way; the same batch and schedule give the same ids every time)"
+)
+
+
 def _format_batches(result: BenchResult) -> str:
     runs = result.batch_runs
     lines = [
@@ -434,6 +443,7 @@ def _format_batches(result: BenchResult) -> str:
         "decode tok/s: tokens generated once every request had its first one, over that time "
         "(all requests together); e2e: every generated token over the whole wall time",
         f"same greedy ids in every request and setting: {'yes' if result.same_ids else 'NO'}",
+        *([] if result.same_ids else [_PARTED]),
         f"graphs: {'on' if runs[0].graphs else 'off'} ({runs[0].graphs_reason}); "
         "replays and captures per batch size, warm-up included",
     ]
