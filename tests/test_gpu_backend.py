@@ -587,7 +587,9 @@ def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
     ``[(type, parameter name)]``."""
     source = kernel_source().replace("\\\n", " ")
     found = re.findall(
-        r'extern "C" __global__ void (\w+?)(?:##NO##|##GV##_q)?(?:_##SUFFIX)?\(([^)]*)\)', source
+        r'extern "C" __global__ void (?:__cluster_dims__\([^)]*\) )?'
+        r"(\w+?)(?:##NO##|##GV##_q)?(?:_##SUFFIX)?\(([^)]*)\)",
+        source,
     )
     out = {}
     for name, params in found:
@@ -965,6 +967,43 @@ def test_attention_splits_positions_only_while_the_grid_is_small(last_block: boo
         assert len(zeroed) == 2 and all(c[1][1] == 0 and c[1][3] is not None for c in zeroed)
     backend.close()
     assert backend._scratch == []
+
+
+@pytest.mark.parametrize(
+    ("arch", "n", "tiled", "want"),
+    [
+        ("sm_90", 1, False, ["attention_split_cluster"]),
+        ("sm_90", 3, False, ["attention_split_cluster"]),
+        ("sm_90", 256, False, ["attention_split"]),  # a full grid: no splits to combine
+        ("sm_90", 64, True, ["attention_tiled_h64r16", "attention_split", "attention_combine"]),
+        ("sm_80", 1, False, ["attention_split", "attention_combine"]),  # no clusters there
+        ("gfx90a", 1, False, ["attention_split", "attention_combine"]),  # nor on HIP
+    ],
+)
+def test_attention_cluster_combines_in_the_split_launch_where_the_device_has_clusters(
+    arch: str, n: int, tiled: bool, want: list[str]
+) -> None:
+    """attention_cluster: at decode on sm_90 and later, attention_split_cluster alone, its
+    grid's z the cluster's 8 splits (FA_CLUSTER), with attention_split's arguments in the
+    same order and no counters; prefill steps (tiled rows), a grid with no splits, an older
+    or another vendor's device: the kernels as without it."""
+    from vt.gpu.backend import _FA_CLUSTER
+
+    assert f"#define FA_CLUSTER {_FA_CLUSTER} " in kernel_source()
+    sigs = kernel_signatures()
+    assert sigs["attention_split_cluster"] == sigs["attention_split"]
+    backend, rt = make()
+    rt.arch = lambda: arch  # type: ignore[method-assign]
+    backend.attention_cluster = True
+    backend.attention_tiled_min_rows = 64 if tiled else 1 << 30
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=700, n_kv_heads=2, head_dim=64)
+    _attention_launch(backend, n, 8, layout)
+    assert [launch.kernel for launch in rt.launches] == want
+    split = next(la for la in rt.launches if la.kernel.startswith("attention_split"))
+    if want == ["attention_split_cluster"]:
+        assert split.grid == (n, 2, _FA_CLUSTER) and karg(split, "splits") == _FA_CLUSTER
+        assert karg(split, "part") and not karg(split, "counts") and not karg(split, "tile")
+    backend.close()
 
 
 def _attention_launch(

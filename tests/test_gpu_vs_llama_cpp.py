@@ -96,11 +96,13 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     assert (GpuBackend.blas_inputs, GpuBackend.blas_min_rows) == ("f16", 99)
     assert backend_module.kernel_source() == f"#define VT_X 2\nint x{len(parts)};"
     monkeypatch.setattr(GpuBackend, "attention_last_block_combine", True)
+    monkeypatch.setattr(GpuBackend, "attention_cluster", False)
     GpuBackend.native_fused = frozenset({"qkv", "swiglu", "qkv_rope_kv_store"})
     rest = bench_variant.apply(["--drop-fused", "qkv_rope_kv_store", "--drop-fused", "qkv",
                                 "--add-fused", "rms_norm_swiglu", "--last-block-combine", "0",
-                                "bench"])  # fmt: skip
+                                "--attention-cluster", "1", "bench"])  # fmt: skip
     assert rest == ["bench"] and GpuBackend.attention_last_block_combine is False
+    assert GpuBackend.attention_cluster is True
     assert GpuBackend.native_fused == frozenset({"swiglu", "rms_norm_swiglu"})
 
 

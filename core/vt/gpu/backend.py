@@ -67,6 +67,8 @@ MM_R = 8
 #: Threads and query heads per block of attention_split (FA_THREADS, FA_MAXG in attention.cu).
 _FA_THREADS = 128
 _FA_MAXG = 8
+#: Splits a (row, KV group) of attention_split_cluster: its cluster's blocks (FA_CLUSTER).
+_FA_CLUSTER = 8
 #: attention_tiled's kernels (kernels/attention_tiled.cu): per largest head_dim (DMAX), the
 #: rows per block (16 * RM) it is instantiated with, largest first; 128 threads a block.
 _TILED_ROWS = {64: (64, 32, 16), 128: (32, 16), 256: (16,)}
@@ -351,6 +353,14 @@ class GpuBackend(
     #: of a second launch (``attention_combine``). Off: measured 2-11% slower at batch 1 on
     #: the H200 (runs 43-46, docs/gpu.md: a serial tail after the slowest split).
     attention_last_block_combine: bool = False
+    #: At decode (no tiled rows) on NVIDIA sm_90 and later: attention's split kernel with its
+    #: combine in the same launch (``attention_split_cluster``): each (row, KV group)'s
+    #: splits, ``FA_CLUSTER`` = 8 of them, are one thread-block cluster whose first block
+    #: combines the partials after the cluster's barrier; no ``attention_combine``, no
+    #: device-wide counter. The same outputs as 8 splits and the second launch. Not yet run
+    #: on a device (``bench_variant.py --attention-cluster 1``; 8 splits must also hold up
+    #: at long contexts, where 32 split a row over more blocks).
+    attention_cluster: bool = False
     #: Attention of at least this many rows runs on the tiled prefill kernel
     #: (``attention_tiled_*``: a block per tile of consecutive rows and query head, K/V
     #: staged in shared memory) for tiles of rows of at most two sequences, and on
@@ -400,6 +410,7 @@ class GpuBackend(
         # matmul) until a weight's copies are freed.
         self._keep_full = False
         self._reservations: list[_Reservation] = []  # live VMM reservations (KV growth)
+        self._sm_number: int | None = None  # _sm()'s answer, once asked
 
     @property
     def runtime(self) -> GpuRuntime:
@@ -813,14 +824,21 @@ class GpuBackend(
             self._kernel(f"matmul_small{no}_{suffix}", grid, _THREADS, stream, *args, I32(rpb),
                          weights=(w,))  # fmt: skip
 
+    def _sm(self) -> int:
+        """The NVIDIA device's compute capability as a number (90 for ``sm_90``; asked
+        once), or 0 on any other (HIP's ``gfx...``)."""
+        if self._sm_number is None:
+            arch = self._rt.arch()
+            digits = arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")
+            self._sm_number = int(digits) if arch.startswith("sm_") and digits.isdigit() else 0
+        return self._sm_number
+
     def _mma_tiles(self, n: int) -> int:
         """Tiles of 8 rows (1, 2, 4 or 8) for an int8 step of n rows on the tensor-core
         kernels, or 0: the dp4a ones (no tensor cores for s8, or more than 64 rows)."""
         use = self.int8_mma
         if use is None:
-            arch = self._rt.arch()
-            digits = arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")
-            use = arch.startswith("sm_") and digits.isdigit() and int(digits) >= 80
+            use = self._sm() >= 80
             self.int8_mma = use  # this backend's device, once
         if not use or n > 64:
             return 0
@@ -1258,20 +1276,24 @@ class GpuBackend(
         gb = max(g for g in range(1, min(group, _FA_MAXG) + 1) if group % g == 0)
         blocks = n * n_kv * (group // gb)
         splits = max(1, min(self.attention_max_splits, -(-self.target_blocks // blocks)))
+        cluster = self.attention_cluster and splits > 1 and not tile and self._sm() >= 90
+        if cluster:
+            splits = _FA_CLUSTER
         part = counts = 0
         if splits > 1:
             part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot="attention")
-            if self.attention_last_block_combine:
+            if self.attention_last_block_combine and not cluster:
                 counts = self._scratch_at_least(
                     n * n_kv * (group // gb) * 4, slot="attention counts", zero_on=stream
                 )
         self._kernel(
-            "attention_split", (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
+            "attention_split_cluster" if cluster else "attention_split",
+            (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
             F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile), P(counts),
         )  # fmt: skip
-        if splits > 1 and not counts:
+        if splits > 1 and not counts and not cluster:
             self._kernel(
                 "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),

@@ -720,6 +720,58 @@ def test_last_block_combine_equals_the_combine_launch(
         io.close()
 
 
+@pytest.mark.parametrize(("n_kv", "n_heads", "rows"), [(8, 32, 1), (3, 9, 2), (2, 8, 3)])
+def test_cluster_attention_equals_eight_splits_and_the_combine_launch(
+    cuda: Any, n_kv: int, n_heads: int, rows: int
+) -> None:
+    """attention_cluster (sm_90 and later): attention_split_cluster, each (row, group)'s 8
+    splits one thread-block cluster whose first block combines them, gives what 8 splits
+    and the attention_combine launch give, bit for bit, launch after launch (a short
+    context between, where most splits have no position, and 3,000 positions, where each
+    has hundreds); a row with an invalid slot NaN in both."""
+    if cuda._sm() < 90:
+        pytest.skip(f"thread-block clusters need sm_90 or later, not {cuda.runtime.arch()}")
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=3000, n_kv_heads=n_kv, head_dim=64)
+    rng = np.random.default_rng(rows + 10)
+    cache = rng.standard_normal(layout.shape).astype(np.float32)
+    slots = np.array([1, 9, 2][:rows], np.int32)  # row 1: an invalid slot
+    q = rng.standard_normal((rows, n_heads * 64)).astype(np.float32)
+    io = IO(cuda)
+    saved = cuda.attention_cluster, cuda.attention_max_splits
+    launched: dict[bool, list[str]] = {True: [], False: []}
+    try:
+        outs: dict[bool, list[np.ndarray]] = {}
+        stream = cuda.create_stream()
+        cuda.attention_max_splits = 8  # the cluster's: the same partials either way
+        for cluster in (True, False):
+            cuda.attention_cluster = cluster
+            outs[cluster] = []
+            for length in (517, 40, 3000):
+                pos = np.array([length - 1, length // 2, 7][:rows], np.int32)
+                out = io.empty(q.nbytes)
+                with recording(cuda, launched[cluster]):
+                    cuda.launch(
+                        "attention", stream, out=f32(out, *q.shape),
+                        q=f32(io.put(q), *q.shape), cache=f32(io.put(cache), *layout.shape),
+                        slots=i32(io.put(slots), rows), positions=i32(io.put(pos), rows),
+                        layout=layout, layer=1, n_heads=n_heads, scale=0.125,
+                    )  # fmt: skip
+                cuda.synchronize(stream)
+                got = io.get(out, np.float32, q.shape)
+                outs[cluster].append(got)
+                ok = slots < layout.n_slots
+                want = R.attention(q[ok], cache, layout, 1, slots[ok], pos[ok], n_heads, 0.125)
+                assert nmse(got[ok], want) <= kernel_tolerance("attention", "F32")
+                assert np.isnan(got[~ok]).all()
+        assert launched[True] == ["attention_split_cluster"] * 3
+        assert launched[False] == ["attention_split", "attention_combine"] * 3
+        for a, b in zip(outs[True], outs[False], strict=True):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        cuda.attention_cluster, cuda.attention_max_splits = saved
+        io.close()
+
+
 def _loud_cache(layout: vt.KVLayout, slots: np.ndarray, pos: np.ndarray, seed: int) -> np.ndarray:
     """A random cache whose positions past each slot's last row are loud (K x8, V +50), so
     a kernel that reads past a row's position fails the comparison (as the kit's cache)."""

@@ -37,6 +37,9 @@ late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``,
 ``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
 ``--add-fused OP``: that one fused op runs natively (``rms_norm_swiglu``,
 ``rms_norm_qkv_rope_kv_store``: the norm inside the gemv kernels at batch 1);
+``--attention-cluster 0|1``: at decode on sm_90, attention's split kernel combines its 8
+splits in the same launch, a thread-block cluster a (row, group)
+(``GpuBackend.attention_cluster``, off by default);
 ``--last-block-combine 0|1``: attention's split partials combined by a second launch (0,
 the default) or by each group's last split block (1;
 ``GpuBackend.attention_last_block_combine``);
@@ -138,6 +141,8 @@ def apply(args: list[str]) -> list[str]:
             GpuBackend.native_fused = GpuBackend.native_fused | {args[1]}
         elif flag == "--last-block-combine":
             GpuBackend.attention_last_block_combine = bool(int(args[1]))
+        elif flag == "--attention-cluster":
+            GpuBackend.attention_cluster = bool(int(args[1]))
         elif flag in ("--blas-f16", "--blas-tf32"):
             GpuBackend.blas_inputs = flag.removeprefix("--blas-")
         else:

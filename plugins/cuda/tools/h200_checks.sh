@@ -202,9 +202,10 @@ EOF"
             python3 plugins/cuda/tools/batch_table.py $OUT/kvar-$m.json"
         ;;
     kvars:*)  # decode batches KBATCH (default 1,8,32) per variant of bench_variant.py flags in
-        # KVARS ('|' between variants; the JSON stays in /tmp, the table goes to the log)
+        # KVARS ('|' between variants; the JSON stays in /tmp, the table goes to the log);
+        # prompts of KPROMPT tokens (default 128: a long context is e.g. KPROMPT=2048)
         m=${s#kvars:}
-        B="bench --backend cuda --model /tmp/$m.gguf --batch ${KBATCH:-1,8,32} --prompt-tokens 128 --gen-tokens 128 --repeat 2 --json"
+        B="bench --backend cuda --model /tmp/$m.gguf --batch ${KBATCH:-1,8,32} --prompt-tokens ${KPROMPT:-128} --gen-tokens 128 --repeat 2 --json"
         IFS='|' read -ra VS <<< "${KVARS:-}"
         [ ${#VS[@]} -eq 0 ] && VS=("")  # no KVARS: the tree as it is (run 55 ran nothing)
         i=0

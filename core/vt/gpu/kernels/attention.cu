@@ -135,13 +135,36 @@ __device__ void vt_attention_combine_warp(float* out, const float* part, long lo
     }
 }
 
-extern "C" __global__ void attention_split(float* out, float* part, const float* q,
-                                           const float* cache, const int* slots,
-                                           const int* positions, int n, int n_heads, int n_kv,
-                                           int head_dim, int n_slots, int n_layers,
-                                           int max_len, int layer, float scale, int gb,
-                                           int splits, int min_per_split, int tile,
-                                           int* counts) {
+// Thread-block clusters (attention_split_cluster, NVIDIA sm_90 and later): the barrier
+// of all the cluster's threads (release, then acquire: what each block wrote before it is
+// seen by every other after it) and this block's rank in its cluster. Elsewhere stubs,
+// never reached (the cluster kernel exists only there).
+#define FA_CLUSTER 8  // the most blocks a cluster may portably have
+#if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void vt_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                 ::: "memory");
+}
+__device__ __forceinline__ unsigned vt_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+#else
+__device__ __forceinline__ void vt_cluster_sync() {}
+__device__ __forceinline__ unsigned vt_cluster_rank() { return 0; }
+#endif
+
+// CLUSTER (attention_split_cluster): the row's splits of a group are one thread-block
+// cluster, and its first block combines their partials after the cluster's barrier.
+template <bool CLUSTER>
+__device__ __forceinline__ void vt_attention_split(float* out, float* part, const float* q,
+                                                   const float* cache, const int* slots,
+                                                   const int* positions, int n, int n_heads,
+                                                   int n_kv, int head_dim, int n_slots,
+                                                   int n_layers, int max_len, int layer,
+                                                   float scale, int gb, int splits,
+                                                   int min_per_split, int tile, int* counts) {
     __shared__ float qs[FA_MAXG * 256];
     __shared__ float sc[FA_MAXG * FA_CHUNK];
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
@@ -161,8 +184,9 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
     int per = max((length + splits - 1) / splits, min_per_split);
     int p0 = min(length, s * per), p1 = min(length, p0 + per);
     // A split past the row's positions (a short context) leaves at once: attention_combine
-    // reads only the splits before it (the last-block combine counts every block, so not then).
-    if (splits > 1 && !counts && p0 >= p1) return;
+    // reads only the splits before it (the last-block combine counts every block, and every
+    // block of a cluster meets at its barrier, so not then).
+    if (splits > 1 && !counts && !CLUSTER && p0 >= p1) return;
     long long pos_stride = (long long)n_slots * n_layers * 2 * row;
     long long kbase = ok ? vt_kv_index(0, slot, layer, 0, n_slots, n_layers, row) + kvh * head_dim
                          : 0;
@@ -369,6 +393,15 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
         }
         __syncthreads();
     }
+    if (CLUSTER) {  // splits == the cluster's blocks (FA_CLUSTER), tile == 0: all arrive
+        __threadfence();  // this block's partials visible beyond its SM, then the barrier
+        vt_cluster_sync();
+        if (vt_cluster_rank() != 0) return;
+        for (int g = warp; g < gb; g += warps)  // a head a warp (reads through L2: vt_ld_l2)
+            vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim,
+                                      splits, ok);
+        return;
+    }
     if (splits == 1 || !counts) return;  // the whole block: attention_combine follows
     // Every thread's partials visible device-wide before the count says so; the block that
     // brings the count to `splits` reads them all (from L2: vt_ld_l2).
@@ -384,6 +417,36 @@ extern "C" __global__ void attention_split(float* out, float* part, const float*
                                   ok);
     if (t == 0) *count = 0;
 }
+
+extern "C" __global__ void attention_split(float* out, float* part, const float* q,
+                                           const float* cache, const int* slots,
+                                           const int* positions, int n, int n_heads, int n_kv,
+                                           int head_dim, int n_slots, int n_layers,
+                                           int max_len, int layer, float scale, int gb,
+                                           int splits, int min_per_split, int tile,
+                                           int* counts) {
+    vt_attention_split<false>(out, part, q, cache, slots, positions, n, n_heads, n_kv, head_dim,
+                              n_slots, n_layers, max_len, layer, scale, gb, splits,
+                              min_per_split, tile, counts);
+}
+
+// attention_split with its combine in the same launch (GpuBackend.attention_cluster; NVIDIA
+// sm_90 and later, not in the HIP branch): the grid's z is FA_CLUSTER splits, each (row,
+// group)'s splits one cluster (__cluster_dims__), so the cluster's barrier, not a second
+// launch or a device-wide counter, tells its first block that every partial is written.
+// The same arguments as attention_split's (counts unused); the outputs are bit for bit
+// attention_split's with FA_CLUSTER splits and attention_combine (the warp combine's sums).
+#if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+extern "C" __global__ void __cluster_dims__(1, 1, FA_CLUSTER) attention_split_cluster(
+    float* out, float* part, const float* q, const float* cache, const int* slots,
+    const int* positions, int n, int n_heads, int n_kv, int head_dim, int n_slots, int n_layers,
+    int max_len, int layer, float scale, int gb, int splits, int min_per_split, int tile,
+    int* counts) {
+    vt_attention_split<true>(out, part, q, cache, slots, positions, n, n_heads, n_kv, head_dim,
+                             n_slots, n_layers, max_len, layer, scale, gb, splits,
+                             min_per_split, tile, counts);
+}
+#endif
 
 // attention_split's partials combined by a second launch: one block per (row, query head).
 extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
