@@ -676,6 +676,28 @@ def test_attention_past_one_chunk(cuda: Any, length: int, n_kv: int, hd: int, ro
         io.close()
 
 
+def _attention_checked(
+    cuda: Any, io: IO, stream: Any, q: np.ndarray, cache: np.ndarray, layout: vt.KVLayout,
+    slots: np.ndarray, pos: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """The attention op's output for q's rows (layer 1, scale 0.125), within the kit's bound
+    of the reference on the rows of a valid slot and NaN on the others."""
+    rows, n_heads = q.shape[0], q.shape[1] // layout.head_dim
+    out = io.empty(q.nbytes)
+    cuda.launch(
+        "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
+        cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), rows),
+        positions=i32(io.put(pos), rows), layout=layout, layer=1, n_heads=n_heads, scale=0.125,
+    )  # fmt: skip
+    cuda.synchronize(stream)
+    got = io.get(out, np.float32, q.shape)
+    ok = slots < layout.n_slots
+    want = R.attention(q[ok], cache, layout, 1, slots[ok], pos[ok], n_heads, 0.125)
+    assert nmse(got[ok], want) <= kernel_tolerance("attention", "F32")
+    assert np.isnan(got[~ok]).all()
+    return got
+
+
 @pytest.mark.parametrize(("n_kv", "n_heads", "rows"), [(8, 32, 1), (3, 9, 2), (2, 8, 3)])
 def test_last_block_combine_equals_the_combine_launch(
     cuda: Any, n_kv: int, n_heads: int, rows: int
@@ -699,20 +721,9 @@ def test_last_block_combine_equals_the_combine_launch(
             outs[fused] = []
             for length in (517, 40, 517):
                 pos = np.array([length - 1, length // 2, 7][:rows], np.int32)
-                out = io.empty(q.nbytes)
-                cuda.launch(
-                    "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
-                    cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), rows),
-                    positions=i32(io.put(pos), rows), layout=layout, layer=1,
-                    n_heads=n_heads, scale=0.125,
-                )  # fmt: skip
-                cuda.synchronize(stream)
-                got = io.get(out, np.float32, q.shape)
-                outs[fused].append(got)
-                ok = slots < layout.n_slots
-                want = R.attention(q[ok], cache, layout, 1, slots[ok], pos[ok], n_heads, 0.125)
-                assert nmse(got[ok], want) <= kernel_tolerance("attention", "F32")
-                assert np.isnan(got[~ok]).all()
+                outs[fused].append(
+                    _attention_checked(cuda, io, stream, q, cache, layout, slots, pos)
+                )
         for a, b in zip(outs[True], outs[False], strict=True):
             np.testing.assert_array_equal(a, b)
     finally:
@@ -748,21 +759,9 @@ def test_cluster_attention_equals_eight_splits_and_the_combine_launch(
             outs[cluster] = []
             for length in (517, 40, 3000):
                 pos = np.array([length - 1, length // 2, 7][:rows], np.int32)
-                out = io.empty(q.nbytes)
                 with recording(cuda, launched[cluster]):
-                    cuda.launch(
-                        "attention", stream, out=f32(out, *q.shape),
-                        q=f32(io.put(q), *q.shape), cache=f32(io.put(cache), *layout.shape),
-                        slots=i32(io.put(slots), rows), positions=i32(io.put(pos), rows),
-                        layout=layout, layer=1, n_heads=n_heads, scale=0.125,
-                    )  # fmt: skip
-                cuda.synchronize(stream)
-                got = io.get(out, np.float32, q.shape)
+                    got = _attention_checked(cuda, io, stream, q, cache, layout, slots, pos)
                 outs[cluster].append(got)
-                ok = slots < layout.n_slots
-                want = R.attention(q[ok], cache, layout, 1, slots[ok], pos[ok], n_heads, 0.125)
-                assert nmse(got[ok], want) <= kernel_tolerance("attention", "F32")
-                assert np.isnan(got[~ok]).all()
         assert launched[True] == ["attention_split_cluster"] * 3
         assert launched[False] == ["attention_split", "attention_combine"] * 3
         for a, b in zip(outs[True], outs[False], strict=True):
