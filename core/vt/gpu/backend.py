@@ -1116,9 +1116,11 @@ class GpuBackend(
         scratch: Tensor, bq: Weight | None = None, bk: Weight | None = None,
         bv: Weight | None = None,
     ) -> None:  # fmt: skip
-        """One row on the gemv kernels: ``qkv_rope_norm_gemv_q``, the block normalising x
-        as ``rms_norm`` does (the same sums and roundings: bit-equal to the two launches).
-        Otherwise ``rms_norm`` into ``scratch``, then ``qkv_rope_kv_store``."""
+        """One row on the gemv kernels, where the norm folds (``_fold_norm``):
+        ``qkv_rope_norm_gemv_q``, the block normalising x as ``rms_norm`` does (the same sums
+        and roundings: bit-equal to the two launches; late-scaled where ``norm_late`` or
+        ``norm_fold_max_k`` compiled it so: not bit-equal). Otherwise ``rms_norm`` into
+        ``scratch``, then ``qkv_rope_kv_store``."""
         args = {"q": q, "k": k, "v": v, "x": x, "norm": norm, "eps": eps, "wq": wq, "wk": wk,
                 "wv": wv, "bq": bq, "bk": bk, "bv": bv, "positions": positions,
                 "slots": slots, "cache": cache, "layout": layout, "layer": layer,
@@ -1160,9 +1162,10 @@ class GpuBackend(
         self, stream: Stream, out: Tensor, x: Tensor, norm: Weight, eps: float, gate: Weight,
         up: Weight, scratch: Tensor, scratch_gate: Tensor, scratch_up: Tensor,
     ) -> None:  # fmt: skip
-        """One row on the gemv kernels: ``swiglu_norm_gemv*_q``, x normalised in the block as
-        ``rms_norm`` does it (bit-equal to the two launches). Otherwise ``rms_norm`` into
-        ``scratch``, then ``swiglu``."""
+        """One row on the gemv kernels, where the norm folds (``_fold_norm``):
+        ``swiglu_norm_gemv*_q``, x normalised in the block as ``rms_norm`` does it (bit-equal
+        to the two launches; late-scaled, not bit-equal, as ``op_rms_norm_qkv_rope_kv_store``
+        says). Otherwise ``rms_norm`` into ``scratch``, then ``swiglu``."""
         g, u = self._gpu_weight(gate, "rms_norm_swiglu"), self._gpu_weight(up, "rms_norm_swiglu")
         nw = self._gpu_weight(norm, "rms_norm_swiglu")
         fold = nw.kind == W.WT_F32 and self._fold_norm("rms_norm_swiglu", x.shape[1])
