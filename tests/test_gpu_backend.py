@@ -293,10 +293,11 @@ def test_a_decode_step_is_one_graph_launch_after_warm_up_and_capture(tmp_path: P
 
         eager, captured, replayed = step(3), step(4), step(5)
         per_step = eager.count("launch")
-        # embedding; per layer rms_norm, qkv_rope_kv_store (one row: one launch), attention
-        # (split over positions and combined: two launches), matmul_add, rms_norm, swiglu,
-        # matmul_add; then gather_rows, rms_norm, matmul, sample
-        assert per_step == 1 + 8 * model.config.n_layers + 4
+        # embedding; per layer the norm folded into qkv_rope_kv_store's gemv (one row of dim
+        # 64 <= norm_fold_max_k: one launch), attention (split over positions and combined:
+        # two launches), matmul_add, the norm folded into swiglu, matmul_add; then
+        # gather_rows, rms_norm, matmul, sample
+        assert per_step == 1 + 6 * model.config.n_layers + 4
         assert eager.count("launch_overlapped") == 0  # the fake runtime: plain launches
         assert "graph_begin_capture" not in eager and "graph_launch" not in eager
         begin, end = captured.index("graph_begin_capture"), captured.index("graph_end_capture")
@@ -480,7 +481,7 @@ def test_the_kernels_compile_once_with_the_warp_size() -> None:
     backend, rt = make(warp=64)
     backend.prepare()
     backend.prepare()
-    assert rt.compiles == [("vt_kernels.cu", ("-DVT_WARP=64",))]
+    assert rt.compiles == [("vt_kernels.cu", ("-DVT_WARP=64", "-DVT_NORM_LATE=1"))]
 
 
 def test_norm_late_compiles_every_module_with_its_define() -> None:
@@ -503,7 +504,10 @@ def test_a_layout_override_uploads_and_compiles_that_layout() -> None:
     backend.layout_overrides = (("Q8_0", 0x800),)
     w = OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
     assert w.handle.layout == 0x800
-    assert rt.compiles[-1] == ("vt_kernels_q800.cu", ("-DVT_WARP=32", "-DVT_Q_FLAGS=0x800"))
+    assert rt.compiles[-1] == (
+        "vt_kernels_q800.cu",
+        ("-DVT_WARP=32", "-DVT_NORM_LATE=1", "-DVT_Q_FLAGS=0x800"),
+    )
 
 
 def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
@@ -552,9 +556,10 @@ def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
     ws = {name: c.w(name, rng.standard_normal((rows, 256)).astype(np.float32), wtype)
           for name, rows, wtype in [("q", 16, "Q8_0"), ("k", 8, "Q4_0"), ("v", 8, "Q6_K"),
                                     ("k8", 8, "Q8_0"), ("v8", 8, "Q8_0")]}  # fmt: skip
-    base = [("vt_kernels.cu", ("-DVT_WARP=32",))]
+    late = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")  # norm_fold_max_k's kernels
+    base = [("vt_kernels.cu", late)]
     layouts = [("c00", "0xc00"), ("f00", "0xf00"), ("800", "0x800")] if on else []
-    own = [(f"vt_kernels_q{name}.cu", ("-DVT_WARP=32", f"-DVT_Q_FLAGS={flags}"))
+    own = [(f"vt_kernels_q{name}.cu", (*late, f"-DVT_Q_FLAGS={flags}"))
            for name, flags in layouts]  # fmt: skip
     assert rt.compiles == base + own
     assert "attention_split" not in kernel_source(LAYOUT_PARTS)  # only the weights' kernels
@@ -860,14 +865,15 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
 
 @pytest.mark.parametrize("native", [False, True], ids=["default", "native"])
 def test_the_norm_ops_fold_the_norm_into_the_gemv_only_natively_at_one_row(native: bool) -> None:
-    """rms_norm_swiglu and rms_norm_qkv_rope_kv_store: by default (not yet measured on a
-    device) rms_norm's launch, then the op's; native, one launch where the gemv kernels take
-    the row; several rows: the two launches either way. The kernel's norm sums as rms_norm's
+    """rms_norm_swiglu and rms_norm_qkv_rope_kv_store, with norm_fold_max_k 0: not native,
+    rms_norm's launch, then the op's; native, one launch where the gemv kernels take the
+    row; several rows: the two launches either way. The kernel's norm sums as rms_norm's
     block of _THREADS does (RN_THREADS in the source), which is what makes it bit-equal."""
     from vt.gpu.backend import _THREADS
 
     assert _THREADS == 256 and "#define RN_THREADS 256\n" in kernel_source()
     backend, rt = make()
+    backend.norm_fold_max_k = 0  # native_fused alone says which path runs
     if native:
         backend.native_fused |= {"rms_norm_swiglu", "rms_norm_qkv_rope_kv_store"}
     c = OpCase(backend)
@@ -890,7 +896,9 @@ def test_norm_fold_max_k_folds_the_norm_only_into_short_rows_at_one_row() -> Non
     1B shape's 2,048 against 1,024) or more rows run rms_norm's launch and then the gemv."""
     backend, rt = make()
     norm_ops = ("rms_norm_swiglu", "rms_norm_qkv_rope_kv_store")
-    assert not any(backend.supports(op) for op in norm_ops)  # 0 by default
+    assert backend.norm_fold_max_k == 1024  # the default
+    backend.norm_fold_max_k = 0
+    assert not any(backend.supports(op) for op in norm_ops)
     backend.norm_fold_max_k = 1024
     assert all(backend.supports(op) for op in norm_ops)
     c = OpCase(backend)

@@ -330,11 +330,10 @@ class GpuBackend(
     #: At one row, the norm ops (``rms_norm_swiglu``, ``rms_norm_qkv_rope_kv_store``) fold
     #: the norm into their gemv kernels, late-scaled (``norm_late``'s kernels), where the
     #: row has at most this many values, and run as ``rms_norm`` then the gemv elsewhere;
-    #: 0: only as ``native_fused`` says. For the 135M shape (K 576) the fold measured
-    #: +4.5-8.3% at batch 1, for the 1B shape (K 2,048) -8.8% (docs/gpu.md runs 57, 61), so
-    #: 1024 is the candidate default once the kit passes with it on a GPU
-    #: (``h200_checks.sh kitvar`` with ``KITVARS='--norm-fold-k 1024'``).
-    norm_fold_max_k: int = 0
+    #: 0: only as ``native_fused`` says. The 135M shape (K 576) gains +4.5-8.8% at batch 1
+    #: with it, the 1B shape (K 2,048) would lose 8.8% (docs/gpu.md runs 57, 61, 62), and
+    #: the kit passed with it on an H200 (run 62), so 1,024 splits the two.
+    norm_fold_max_k: int = 1024
     #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
     #: a tool clears it to measure what the fusion buys. Not yet by default:
     #: ``rms_norm_qkv_rope_kv_store`` and ``rms_norm_swiglu`` (the norm inside the gemv

@@ -478,7 +478,7 @@ def test_kernels_compile_once_per_process_with_the_device_target() -> None:
     backend.prepare()
     backend.prepare()
     (compile_call,) = [a for n, a in nvrtc.calls if n == "nvrtcCompileProgram"]
-    assert compile_call[1] == (b"--gpu-architecture=sm_90", b"-DVT_WARP=32")
+    assert compile_call[1] == (b"--gpu-architecture=sm_90", b"-DVT_WARP=32", b"-DVT_NORM_LATE=1")
     assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
     other, driver2, nvrtc2 = make()
     other.prepare()  # a second backend loads the cached cubin: no second compile

@@ -32,7 +32,8 @@ too (the split kernel's K and V rows prefetched into L2 before its wait;
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-fold-k K``: at one row the norm ops fold the norm into their gemv kernels,
-late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``, 0: never);
+late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``, 0: never;
+1024 by default);
 ``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
 ``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
 ``--add-fused OP``: that one fused op runs natively (``rms_norm_swiglu``,

@@ -237,7 +237,7 @@ def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> N
     backend, fake, rtc = make_rtc(APU.model_copy(update={"warp_size": 64}))
     backend.prepare()
     ((_, (prog, n, opts)),) = [c for c in rtc.calls if c[0] == "hiprtcCompileProgram"]
-    assert opts == [b"--offload-arch=gfx942", b"-DVT_WARP=64"] and n == 2
+    assert opts == [b"--offload-arch=gfx942", b"-DVT_WARP=64", b"-DVT_NORM_LATE=1"] and n == 3
     assert rtc.calls[-1] == ("hiprtcDestroyProgram", ("prog",))
     assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)]
     other, fake2, rtc2 = make_rtc(APU.model_copy(update={"warp_size": 64}), fresh=False)
