@@ -150,3 +150,33 @@ def test_vt_prefill_keeps_the_best_repeat_and_each_one(monkeypatch: pytest.Monke
     assert got == {"prefill_pp512": 120.0, "prefill_pp512_each": [1.0, 20.0, 110.0],
                    "prefill_graphs": True}  # fmt: skip
     assert seen[0][seen[0].index("--repeat") + 1] == "4"
+
+
+def test_bench_stream_cuts_each_weight_into_chunks_that_fit_a_slot() -> None:
+    """bench_stream.py's chunks: every row of a phase in exactly one chunk, a chunk within
+    its shared-memory slot and at most 16 rows, gate and up rows in pairs, and the blocks'
+    shares as even as the slot allows; rows the kernel cannot take are refused by name."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import bench_stream  # noqa: PLC0415
+
+    phases = [p for p in bench_stream.layer_phases(2) if not isinstance(p, str)]
+    assert [p.name for p in phases] == [
+        "qkv0", "o0", "gate_up0", "down0", "qkv1", "o1", "gate_up1", "down1", "output"
+    ]  # fmt: skip
+    assert sum(p.nbytes for p in bench_stream.layer_phases(16) if not isinstance(p, str)) == (
+        1_312_980_992  # the 1B shape's Q8_0 bytes: 1.0625 a value
+    )
+    slot = 34 * 1024
+    for p in phases:
+        p.rc = bench_stream.rows_a_chunk(p.rows, p.k, 132, slot, p.kind == "swiglu")
+        assert p.rc * p.k * 17 // 16 <= slot and 1 <= p.rc <= 16
+        assert p.rc * (p.nchunks - 1) < p.rows <= p.rc * p.nchunks
+        if p.kind == "swiglu":
+            assert p.rc % 2 == 0
+    assert {p.name: (p.rc, p.nchunks) for p in phases[:4]} == {
+        "qkv0": (12, 256), "o0": (16, 128), "gate_up0": (16, 1024), "down0": (4, 512)
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="rows of 576 values"):
+        bench_stream.rows_a_chunk(960, 576, 132, slot, False)
+    with pytest.raises(ValueError, match="holds no chunk of 8192-value rows"):
+        bench_stream.rows_a_chunk(2048, 8192, 132, 8 * 1024, False)
