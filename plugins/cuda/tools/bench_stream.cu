@@ -2,19 +2,20 @@
 // stream as one persistent launch, to measure what docs/gpu.md's persistent decode plan
 // would gain before vt is rebuilt around it.
 //
-// The step is a list of phases (struct Phase): gemv phases read a weight (int8 codes
-// [n, k] and an IEEE-half scale per 32 values, Q8_0's bytes) and a vector x written by the
-// phase before; the stand-in for attention (kind 2) reads no weight and only takes time on
-// some blocks; the norm (kind 3) is one block's. Phase p's work waits for every block to
-// have finished phase p - 1 (a counter per phase, released by each block, spun on with
-// acquire). A block's weight chunks form one stream across all phases: with RING, its
-// last warp (the producer) copies the next chunks into a ring of shared-memory slots
-// (cp.async.bulk; a "full" and an "empty" mbarrier a slot) as soon as a slot is free, so
-// the memory keeps streaming while the consumer warps wait on a counter or run a phase
-// without weights; the consumer warps take the rows of a phase in turn (row i of the
-// block's share on warp i mod WARPS), each on its own: no barrier between them inside a
-// phase. Without RING they read their codes from global memory as vt's gemv kernels do.
-// sm_90 (bulk copies); NVIDIA only.
+// The step is a list of phases (struct Phase): gemv phases read a weight (int8 codes [n, k] and
+// an IEEE-half scale per 32 values, Q8_0's bytes) and a vector x written by the phase before
+// (the RMSNorm before a projection folded into it, scaled late); the stand-in for attention
+// (kind 2) reads no weight and only takes time on 64 blocks (spin_ns). Each block reads the
+// launch's phases into shared memory once. Phase p's work waits for every block to have
+// finished phase p - 1 (a counter per phase, released by each block, spun on with acquire;
+// --define DP4A: x as int8 codes and integer dot products). A block's weight chunks form one
+// stream across all phases: with RING, its last warp (the producer) copies the next chunks into
+// a ring of shared-memory slots (cp.async.bulk; a "full" and an "empty" mbarrier a slot) as
+// soon as a slot is free, so the memory keeps streaming while the consumer warps wait on a
+// counter or run a phase without weights; the consumer warps take the rows of a phase in turn
+// (row i of the block's share on warp i mod WARPS), each on its own: no barrier between them
+// inside a phase. Without RING they read their codes from global memory as vt's gemv kernels
+// do. sm_90 (bulk copies); NVIDIA only.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -26,11 +27,11 @@ typedef unsigned short u16;
 #define THREADS (32 * (WARPS + 1))
 #define CONSUMERS (32 * WARPS)
 #define MAX_PHASES 128
-#define XS_FLOATS 8192  // x in shared memory: rows of up to 8192 values
+// After the slots: x in shared memory, rows of up to 8192 values (32 KB; bench_stream.py)
 
 struct Phase {
-    int kind;  // 0 gemv, 1 swiglu (rows gate, up, gate, up, ...), 2 attention stand-in, 3 norm
-    int n, k;  // weight rows and values a row (kind 2-3: n is the vector's length)
+    int kind;  // 0 gemv, 1 swiglu (rows gate, up, gate, up, ...), 2 attention's stand-in
+    int n, k;  // weight rows and values a row (kind 2: n is the vector's length)
     int rc;    // rows a chunk
     int nchunks, spin_ns, pad0, pad1;
     const signed char* codes;
@@ -83,7 +84,8 @@ __device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
     u32 a = smem_u32(bar), done = 0;
     while (!done) {
         asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+            "selp.u32 %0, 1, 0, p; }"
             : "=r"(done)
             : "r"(a), "r"(parity)
             : "memory");

@@ -37,7 +37,7 @@ import numpy as np
 
 #: The 1B shape (Llama-3.2-1B): dim, q + k + v rows, ffn, vocab.
 DIM, QKV, FFN, VOCAB = 2048, 3072, 8192, 128256
-KINDS = {"gemv": 0, "swiglu": 1, "attention": 2, "norm": 3}
+KINDS = {"gemv": 0, "swiglu": 1, "attention": 2}
 PHASE = np.dtype(
     [
         ("kind", "<i4"),
@@ -178,7 +178,7 @@ def main() -> int:  # noqa: PLR0915 - one device run, top to bottom
     dev = cp.cuda.Device()
     blocks = dev.attributes["MultiProcessorCount"]
     slot_bytes = args.slot_kb * 1024
-    dyn = args.slots * slot_bytes + 4 * 8192  # the slots, then x (XS_FLOATS)
+    dyn = args.slots * slot_bytes + 4 * 8192  # the slots, then x (rows of up to 8192)
     kernel.max_dynamic_shared_size_bytes = dyn
     stream = cp.cuda.Stream(non_blocking=True)
 

@@ -588,7 +588,18 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
 #ifdef VT_GV_FACTOR
                         d += q * xv[j];
 #else
-                        s += __fadd_rn(__fmul_rn(so[u][i].x, q), so[u][i].y) * xv[j];
+                        float wq = __fmul_rn(so[u][i].x, q);
+                        // VT_GV_SKIP_ZERO (a --kdefine; not yet measured on a device): a layout
+                        // of scales alone (VT_Q_ONE: Q8_0, Q4_0) adds +0.0 here, which changes
+                        // no sum (an FMA of +-0 leaves a nonzero s as it is, and s, which
+                        // starts at +0, is never -0: in RN x + -x is +0), so skip it: one
+                        // instruction of about five a value, where ncu shows the gemv's
+                        // issue, not its memory, the busier (docs/gpu.md, run 73).
+#ifdef VT_GV_SKIP_ZERO
+                        if (!(VT_QF(w[i].lg) & VT_Q_ONE))
+#endif
+                            wq = __fadd_rn(wq, so[u][i].y);
+                        s += wq * xv[j];
 #endif
                     }
 #ifdef VT_GV_FACTOR
