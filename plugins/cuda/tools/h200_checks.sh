@@ -26,6 +26,8 @@
 # plans, AB_ROUNDS (3) rounds (bench_ab.py; $OUT/ab.json). pgraph:MODELS: pp512 with prefill
 # steps replayed as graphs and eager, alternating (bench_ab.py; $OUT/pgraph.json).
 # kitvar: the conformance kit with the bench_variant.py flags in KITVARS (kit_variant.py).
+# checksvar: the kit and gpu_checks.py (CHECKK: a -k expression, + for " or ") with the
+# flags in CHECKVARS, in one process.
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -89,6 +91,12 @@ EOF"
         ;;
     kitvar)  # the kit with the bench_variant.py flags in KITVARS set in its process
         step kitvar 400 "cd \$(mktemp -d) && python3 $ROOT/plugins/cuda/tools/kit_variant.py ${KITVARS:-}"
+        ;;
+    checksvar)  # the kit and gpu_checks.py (-k CHECKK, if set) in one process with the
+        # bench_variant.py flags in CHECKVARS set: a variant's whole check before it becomes
+        # a default (CHECKVARS='--kdefine VT_GV_SKIP_ZERO=1': compact_layouts is its bits)
+        step checksvar 600 "cd \$(mktemp -d) && python3 $ROOT/plugins/cuda/tools/kit_variant.py ${CHECKVARS:-} \
+            -- -o addopts='' -s ${CHECKK:+-k '${CHECKK//+/ or }'} $ROOT/plugins/cuda/tests/gpu_checks.py"
         ;;
     checks)
         step gpu_checks 500 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -s -rfE \
