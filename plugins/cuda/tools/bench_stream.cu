@@ -128,6 +128,15 @@ __device__ __forceinline__ void bar_consumers() {  // the consumer warps only (n
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS) : "memory");
 }
 
+// Row r's 16 codes of unit u and their scale, from the slot (ring) or global memory.
+__device__ __forceinline__ uint4 load_unit(const unsigned char* cb, const u16* sb, int r, int k,
+                                           int u, bool ring, float& sc) {
+    size_t at = (size_t)r * k + u * 16;
+    int si = r * (k / 32) + u / 2;
+    sc = half_f(ring ? sb[si] : __ldg(sb + si));
+    return ring ? *(const uint4*)(cb + at) : ld_nc(cb + at);
+}
+
 // One item of a weight phase: a row (kind 0) or a gate and up pair (kind 1): the dot
 // product(s) of the warp's lanes over the row's 16-value units, summed in the warp.
 template <int NR>
@@ -146,10 +155,8 @@ __device__ __forceinline__ void dot_rows(const unsigned char* cb, const u16* sb,
         float dx = xd[u / 2];
 #pragma unroll
         for (int i = 0; i < NR; ++i) {
-            size_t at = (size_t)(r + i) * k + u * 16;
-            uint4 c4 = ring ? *(const uint4*)(cb + at) : ld_nc(cb + at);
-            int si = (r + i) * (k / 32) + u / 2;
-            float sc = half_f(ring ? sb[si] : __ldg(sb + si));
+            float sc;
+            uint4 c4 = load_unit(cb, sb, r + i, k, u, ring, sc);
             int d = __dp4a((int)c4.x, (int)xc.x, 0);
             d = __dp4a((int)c4.y, (int)xc.y, d);
             d = __dp4a((int)c4.z, (int)xc.z, d);
@@ -165,10 +172,8 @@ __device__ __forceinline__ void dot_rows(const unsigned char* cb, const u16* sb,
         for (int c = 0; c < 4; ++c) xv[c] = xs4[c * upr + u];
 #pragma unroll
         for (int i = 0; i < NR; ++i) {
-            size_t at = (size_t)(r + i) * k + u * 16;
-            uint4 c4 = ring ? *(const uint4*)(cb + at) : ld_nc(cb + at);
-            int si = (r + i) * (k / 32) + u / 2;
-            float sc = half_f(ring ? sb[si] : __ldg(sb + si));
+            float sc;
+            uint4 c4 = load_unit(cb, sb, r + i, k, u, ring, sc);
             u32 w4[4] = {c4.x, c4.y, c4.z, c4.w};
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
