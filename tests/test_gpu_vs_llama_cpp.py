@@ -180,3 +180,32 @@ def test_bench_stream_cuts_each_weight_into_chunks_that_fit_a_slot() -> None:
         bench_stream.rows_a_chunk(960, 576, 132, slot, False)
     with pytest.raises(ValueError, match="holds no chunk of 8192-value rows"):
         bench_stream.rows_a_chunk(2048, 8192, 132, 8 * 1024, False)
+
+
+def test_sass_count_counts_one_kernels_opcodes_predicated_or_not() -> None:
+    """sass_count.py reads the named kernel's section of an nvdisasm listing only, and
+    counts every instruction by opcode (a predicate and the modifiers left off); a kernel
+    the listing lacks is an error naming it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import sass_count  # noqa: PLC0415
+
+    listing = """
+//--------------------- .text.other_kernel        --------------------------
+        /*0000*/                   FADD R1, RZ, R2 ;          /* 0x0000000201017221 */
+//--------------------- .text.swiglu_gemv2_q      --------------------------
+        .section        .text.swiglu_gemv2_q,"ax",@progbits
+.L_x_1:
+        /*04d0*/                   I2F.S8 R30, R20 ;          /* 0x0000001400 */
+        /*0550*/                   FMUL R30, R47, R30 ;       /* 0x0000001e2f */
+        /*0570*/                   FADD R30, RZ, R30 ;        /* 0x0000001eff */
+        /*05c0*/                   FFMA R30, R4.reuse, R30, R49 ;
+        /*0430*/               @P0 BRA `(.L_x_3710) ;
+        /*0440*/              @!PT LDS RZ, [RZ] ;
+        /*0450*/                   FADD R31, RZ, R31 ;
+//--------------------- .text.third_kernel        --------------------------
+        /*0000*/                   EXIT ;
+"""
+    counts = sass_count.opcodes(listing, "swiglu_gemv2_q")
+    assert counts == {"FADD": 2, "I2F": 1, "FMUL": 1, "FFMA": 1, "BRA": 1, "LDS": 1}
+    with pytest.raises(KeyError, match="no kernel 'absent_kernel'"):
+        sass_count.opcodes(listing, "absent_kernel")
