@@ -141,8 +141,6 @@ def reference(
 
 
 def main() -> int:  # noqa: PLR0915 - one device run, top to bottom
-    import cupy as cp
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--spin-ns", default="0,5000", help="attention's stand-in, comma-separated")
@@ -166,6 +164,8 @@ def main() -> int:  # noqa: PLR0915 - one device run, top to bottom
     p.add_argument("--define", action="append", default=[], help="NAME=VALUE for the kernel")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args()
+    import cupy as cp  # noqa: PLC0415 - after the arguments: --help needs no GPU
+
     warps = next((int(d.split("=")[1]) for d in args.define if d.startswith("WARPS=")), WARPS)
     threads = 32 * (warps + 1)
     src = (pathlib.Path(__file__).parent / "bench_stream.cu").read_text(encoding="utf-8")
