@@ -485,15 +485,18 @@ def test_the_kernels_compile_once_with_the_warp_size() -> None:
 
 
 def test_norm_late_compiles_every_module_with_its_define() -> None:
-    """GpuBackend.norm_late reaches the kernels as -DVT_NORM_LATE=1, in the module of every
-    kernel and in each layout's (the norm ops' gemv kernels are in both)."""
-    backend, rt = make()
-    backend.norm_late = True
-    c = OpCase(backend)
-    c.w("w", np.ones((16, 256), np.float32), "Q8_0")
-    late = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")
-    assert rt.compiles == [("vt_kernels.cu", late),
-                           ("vt_kernels_qc00.cu", (*late, "-DVT_Q_FLAGS=0xc00"))]  # fmt: skip
+    """GpuBackend.norm_late (or norm_fold_max_k) reaches the kernels as -DVT_NORM_LATE=1,
+    in the module of every kernel and in each layout's (the norm ops' gemv kernels are in
+    both); with both off, the bit-equal norm kernels compile without it."""
+    for norm_late, fold, late in [(True, 0, ("-DVT_NORM_LATE=1",)), (False, 0, ())]:
+        backend, rt = make()
+        backend.norm_late, backend.norm_fold_max_k = norm_late, fold
+        c = OpCase(backend)
+        c.w("w", np.ones((16, 256), np.float32), "Q8_0")
+        opts = ("-DVT_WARP=32", *late)
+        assert rt.compiles == [("vt_kernels.cu", opts),
+                               ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00"))]  # fmt: skip
+        backend.close()
     assert "VT_NORM_LATE" in kernel_source(LAYOUT_PARTS)
 
 

@@ -356,9 +356,10 @@ class GpuBackend(
     #: combine in the same launch (``attention_split_cluster``): each (row, KV group)'s
     #: splits, ``FA_CLUSTER`` = 8 of them, are one thread-block cluster whose first block
     #: combines the partials after the cluster's barrier; no ``attention_combine``, no
-    #: device-wide counter. The same outputs as 8 splits and the second launch. Not yet run
-    #: on a device (``bench_variant.py --attention-cluster 1``; 8 splits must also hold up
-    #: at long contexts, where 32 split a row over more blocks).
+    #: device-wide counter. The same outputs as 8 splits and the second launch
+    #: (``gpu_checks.py``, run 62). Off: within noise on the 1B shape and +5% on the 135M
+    #: shape at 128 positions, but -20% and -32% at 2,048, where the default's up to 32
+    #: splits spread a row over more blocks (docs/gpu.md run 62).
     attention_cluster: bool = False
     #: Attention of at least this many rows runs on the tiled prefill kernel
     #: (``attention_tiled_*``: a block per tile of consecutive rows and query head, K/V

@@ -486,10 +486,11 @@ struct VtNoop {
     __device__ void operator()() const {}
 };
 
-// VT_NORM_LATE=1 (a --kdefine, not the default): the NORM kernels below sum x's squares
-// beside the products of (x * nw) and scale the row's sums at the end, so no block waits
-// on a sum of squares before its products; the sums then round differently from
-// rms_norm's launch followed by the gemv (not bit-equal; within the kit's tolerances).
+// VT_NORM_LATE=1 (GpuBackend.norm_late, or norm_fold_max_k: on by default): the NORM
+// kernels below sum x's squares beside the products of (x * nw) and scale the row's sums
+// at the end, so no block waits on a sum of squares before its products; the sums then
+// round differently from rms_norm's launch followed by the gemv (not bit-equal; within the
+// kit's tolerances). The bit-equal form (0) runs only with both settings off.
 #ifndef VT_NORM_LATE
 #define VT_NORM_LATE 0
 #endif
