@@ -209,3 +209,62 @@ def test_sass_count_counts_one_kernels_opcodes_predicated_or_not() -> None:
     assert counts == {"FADD": 2, "I2F": 1, "FMUL": 1, "FFMA": 1, "BRA": 1, "LDS": 1}
     with pytest.raises(KeyError, match="no kernel 'absent_kernel'"):
         sass_count.opcodes(listing, "absent_kernel")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--slots", "17"], "--slots 17: the kernel has 1 to 16"),
+        (["--slots", "6", "--slot-kb", "34"], "exceed the 216 KB of shared memory"),
+        (["--rows-div", "0"], "--rows-div 0: at least 1"),
+        (["--layers", "26"], "at most 128 phases (25 layers)"),
+        (["--variants", "ring,fast"], "unknown variants ['fast']"),
+        (["--spin-ns", "5us"], "--spin-ns '5us': nanoseconds"),
+        (["--define", "WARPS=40"], "--define WARPS=40: consumer warps, 1 to 31"),
+    ],
+)
+def test_bench_stream_refuses_bad_arguments_before_it_needs_a_gpu(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Arguments the kernel cannot take (mbarriers, shared memory, phases) are refused by
+    name, as argparse errors, before cupy is imported or anything is compiled."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import bench_stream  # noqa: PLC0415
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", ["bench_stream.py", *argv])
+        with pytest.raises(SystemExit) as info:
+            bench_stream.main()
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_stream_takes_its_defaults_and_the_measured_sweeps() -> None:
+    """The defaults (5 slots of 34 KB) and run 66's sweeps (3-5 slots, 8-31 warps) pass."""
+    import argparse
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import bench_stream  # noqa: PLC0415
+
+    variants = ",".join(bench_stream.VARIANTS)
+    base = {"slots": 5, "slot_kb": 34, "layers": 16, "steps": 20, "repeat": 3, "rows_div": 1,
+            "variants": variants, "spin_ns": "0,5000", "define": []}  # fmt: skip
+    for change in ({}, {"slots": 3}, {"define": ["WARPS=8"]}, {"define": ["WARPS=31"]}):
+        assert bench_stream.bad_arguments(argparse.Namespace(**(base | change))) is None
+
+
+def test_sass_count_names_a_kernel_the_source_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel name the machine code lacks (a typo, or a define that leaves it out) stops
+    the tool with one line naming it and the compile options, not a traceback."""
+    import subprocess
+    import types
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import sass_count  # noqa: PLC0415
+
+    listing = "//--------------------- .text.matmul_gemv2_q ----\n  /*0000*/  EXIT ;\n"
+    monkeypatch.setattr(sass_count, "cubin", lambda source, options: b"")
+    monkeypatch.setattr(sass_count, "nvdisasm", lambda: "nvdisasm")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=listing))
+    with pytest.raises(SystemExit, match="no kernel 'swiglu_gemv9_q' in the machine code"):
+        sass_count.main(["swiglu_gemv9_q", "-D", "VT_Q_FLAGS=0xc00"])

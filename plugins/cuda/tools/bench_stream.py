@@ -140,6 +140,39 @@ def reference(
     return x
 
 
+#: Shared memory a block may have on sm_90 (227 KB), less the kernel's static arrays.
+SMEM_BYTES = 232_448 - 11_000
+VARIANTS = ("ring", "direct", "launches-ring", "launches-direct")
+
+
+def bad_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in a sentence, or None."""
+    if not 1 <= args.slots <= 16:  # the kernel's mbarriers: 16 of each
+        return f"--slots {args.slots}: the kernel has 1 to 16"
+    if args.slot_kb < 1 or args.slots * args.slot_kb * 1024 + 4 * 8192 > SMEM_BYTES:
+        return (f"--slots {args.slots} x --slot-kb {args.slot_kb}, with x's 32 KB, exceed "
+                f"the {SMEM_BYTES // 1024} KB of shared memory a block may have")  # fmt: skip
+    for name in ("layers", "steps", "repeat", "rows_div"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} {getattr(args, name)}: at least 1"
+    if args.layers > 25:
+        return f"--layers {args.layers}: the kernel takes at most 128 phases (25 layers)"
+    for d in args.define:
+        name, _, value = d.partition("=")
+        if name == "WARPS" and not (value.isdigit() and 1 <= int(value) <= 31):
+            return f"--define {d}: consumer warps, 1 to 31 (a block of at most 1,024 threads)"
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        return f"unknown variants {sorted(unknown)}: {', '.join(VARIANTS)}"
+    try:
+        spins = [int(v) for v in args.spin_ns.split(",")]
+    except ValueError:
+        return f"--spin-ns {args.spin_ns!r}: nanoseconds, comma-separated"
+    if any(not 0 <= v < 2**31 for v in spins):
+        return f"--spin-ns {args.spin_ns}: each from 0 to 2**31 - 1"
+    return None
+
+
 def main() -> int:  # noqa: PLR0915 - one device run, top to bottom
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=16)
@@ -164,6 +197,9 @@ def main() -> int:  # noqa: PLR0915 - one device run, top to bottom
     p.add_argument("--define", action="append", default=[], help="NAME=VALUE for the kernel")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args()
+    problem = bad_arguments(args)
+    if problem:
+        p.error(problem)
     import cupy as cp  # noqa: PLC0415 - after the arguments: --help needs no GPU
 
     warps = next((int(d.split("=")[1]) for d in args.define if d.startswith("WARPS=")), WARPS)

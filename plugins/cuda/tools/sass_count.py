@@ -92,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         path.write_bytes(cubin(kernel_source(), options))
         sass = subprocess.run([nvdisasm(), "-c", str(path)], capture_output=True, text=True,
                               check=True).stdout  # fmt: skip
-    counts = opcodes(sass, a.kernel)
+    try:
+        counts = opcodes(sass, a.kernel)
+    except KeyError as exc:
+        raise SystemExit(f"sass_count: {exc.args[0]} (nvrtc compiled it with {options})") from None
     total = sum(counts.values())
     print(json.dumps({"kernel": a.kernel, "arch": a.arch, "defines": a.defines,
                       "instructions": total, "opcodes": dict(counts.most_common())}))  # fmt: skip
