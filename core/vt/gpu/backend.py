@@ -315,11 +315,21 @@ class GpuBackend(
     #: many output features, K split over the whole block) instead of a warp per feature
     #: (``*_small1_q``); 0: the warp kernels (a tool's "before").
     gemv_features: int = 2
+    #: Threads a block of those gemv kernels where K > 1024 (64 where K <= 1024).
+    gemv_threads: int = 128
     #: One-row matmuls whose K is at least this run ``matmul_gemvu*_q``: each thread's
     #: loads of two passes in flight together (a long row, as the 1B shape's down
     #: projection: four passes of 128 threads); 0: never. Run 57 (``bench_variant.py
     #: --gemv-unroll-k 4096``): 1,192.8 against 1,186.4 tok/s on the 1B shape, within noise.
     gemv_unroll_min_k: int = 0
+    #: One-row matmuls with at least this many output features (the output projection:
+    #: 49,152 or 128,256 rows, tens of thousands of blocks) take ``gemv_wide_features``
+    #: features and ``gemv_wide_threads`` threads a block instead: fewer, longer blocks where
+    #: the block's own fixed work (its addresses, the sums' shuffles and barrier) is a large
+    #: share of a one-pass block (ncu, run 75: SM 76%, DRAM 40%); 0: as every gemv.
+    gemv_wide_min_rows: int = 0
+    gemv_wide_features: int = 4
+    gemv_wide_threads: int = 128
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the
@@ -783,7 +793,10 @@ class GpuBackend(
         )  # fmt: skip
         if not ok:
             return 0, 0
-        return self.gemv_features, 64 if k <= 1024 else 128
+        wide = self.gemv_wide_min_rows
+        if wide and min(w.rows for w in ws) >= wide and self.gemv_wide_features in (1, 2, 4):
+            return self.gemv_wide_features, min(128, max(32, self.gemv_wide_threads))
+        return self.gemv_features, 64 if k <= 1024 else min(128, max(32, self.gemv_threads))
 
     def _matmul(
         self,

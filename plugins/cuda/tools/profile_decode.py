@@ -114,8 +114,36 @@ def prefill_cprofile(runner: ModelRunner, tokens: int, top: int, reps: int = 10)
     return f"cProfile of {reps} prefills ({wall * 1e3:.2f} ms each under it):\n" + text.getvalue()
 
 
+def by_grid(trace: dict[str, Any], steps: int) -> list[str]:
+    """Lines of a table of a Chrome trace's kernels per (name, grid): what each launch shape
+    costs (o, down and the output projection share a kernel), its registers a thread and
+    CUPTI's estimate of its achieved occupancy."""
+    rows: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+    for e in trace.get("traceEvents", []):
+        args = e.get("args") or {}
+        if e.get("cat") != "kernel" or "grid" not in args:
+            continue
+        key = (str(e.get("name", "?")), tuple(args["grid"]))
+        row = rows.setdefault(key, [0, 0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += float(e.get("dur", 0.0))
+        row[2] = float(args.get("registers per thread", 0))
+        row[3] = float(args.get("est. achieved occupancy %", 0.0))
+    lines = [f"{'kernel':<28} {'grid':>16} {'per step':>8} {'us/step':>9} {'us each':>8} "
+             f"{'regs':>5} {'occ%':>5}"]  # fmt: skip
+    for (name, grid), (n, us, regs, occ) in sorted(rows.items(), key=lambda r: -r[1][1])[:40]:
+        g = "x".join(str(v) for v in grid)
+        lines.append(f"{name[:28]:<28} {g:>16} {n / steps:>8.1f} {us / steps:>9.1f} "
+                     f"{us / n:>8.2f} {regs:>5.0f} {occ:>5.0f}")  # fmt: skip
+    return lines
+
+
 def profiled(work: Any, runner: ModelRunner, steps: int, what: str) -> str:
-    """GPU time per kernel of ``work()`` (``steps`` steps), from torch's CUPTI profiler."""
+    """GPU time per kernel of ``work()`` (``steps`` steps), from torch's CUPTI profiler;
+    then the same per launch shape (:func:`by_grid`)."""
+    import json
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -138,6 +166,11 @@ def profiled(work: Any, runner: ModelRunner, steps: int, what: str) -> str:
             f"{name[:28]:<28} {count / steps:>8.1f} {us / steps:>9.1f} {us / count:>8.2f} "
             f"{100 * us / total:>5.1f}%"
         )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/trace.json"
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            lines += ["per launch shape:", *by_grid(json.load(f), steps)]
     return "\n".join(lines)
 
 

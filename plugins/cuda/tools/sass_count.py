@@ -27,16 +27,21 @@ from pathlib import Path
 _OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def opcodes(sass: str, kernel: str) -> collections.Counter[str]:
-    """Opcodes of ``kernel``'s section of an nvdisasm listing."""
+def section(sass: str, kernel: str) -> str:
+    """``kernel``'s section of an nvdisasm listing."""
     start = sass.find(f".text.{kernel} ")
     if start < 0:
         start = sass.find(f".text.{kernel}\n")
     if start < 0:
         raise KeyError(f"no kernel {kernel!r} in the machine code")
     end = sass.find("//--------------------- .text.", start + 1)
+    return sass[start : end if end > 0 else None]
+
+
+def opcodes(sass: str, kernel: str) -> collections.Counter[str]:
+    """Opcodes of ``kernel``'s section of an nvdisasm listing."""
     counts: collections.Counter[str] = collections.Counter()
-    for line in sass[start : end if end > 0 else None].splitlines():
+    for line in section(sass, kernel).splitlines():
         m = _OPCODE.match(line)
         if m:
             counts[m.group(1)] += 1
@@ -84,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--warp", type=int, default=32)
+    p.add_argument("--listing", metavar="FILE", help="also write the kernel's machine code there")
     a = p.parse_args(argv)
     options = [f"--gpu-architecture={a.arch}", f"-DVT_WARP={a.warp}", "-std=c++17"]
     options += [f"-D{d}" for d in a.defines]
@@ -96,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = opcodes(sass, a.kernel)
     except KeyError as exc:
         raise SystemExit(f"sass_count: {exc.args[0]} (nvrtc compiled it with {options})") from None
+    if a.listing:
+        Path(a.listing).write_text(section(sass, a.kernel))
     total = sum(counts.values())
     print(json.dumps({"kernel": a.kernel, "arch": a.arch, "defines": a.defines,
                       "instructions": total, "opcodes": dict(counts.most_common())}))  # fmt: skip
