@@ -1585,6 +1585,34 @@ def test_long_one_row_matmuls_take_the_unrolled_gemv_where_asked() -> None:
     assert long.args[-2:] == [8, 128] and len(long.args) == len(short.args)
 
 
+def test_one_row_matmuls_with_many_features_take_the_wide_gemv() -> None:
+    """gemv_wide_min_rows (32,768 by default: the output projection): a one-row matmul with at
+    least that many features launches gemv_wide_features (4) a block of gemv_wide_threads
+    (64) threads; fewer features, swiglu and qkv keep gemv_features (2) and 128 threads
+    (K > 1024). Threads go to whole warps, one warp to 128 (the kernel's shared sums)."""
+    backend, rt = make()
+    assert (backend.gemv_wide_min_rows, backend.gemv_wide_features,
+            backend.gemv_wide_threads) == (32768, 4, 64)  # fmt: skip
+    backend.gemv_wide_min_rows = 40  # the tests' weights are small
+    stream = backend.create_stream()
+    k = 2048
+    x = vt.Tensor.of(backend.alloc(k * 4), F32, 1, k)
+    for rows in (39, 40, 41):
+        w = backend.upload_weight(weight_tensor("w", np.ones((rows, k), np.float32), "Q8_0"))
+        out = vt.Tensor.of(backend.alloc(rows * 4), F32, 1, rows)
+        backend.launch("matmul", stream, out=out, x=x, weight=w)
+    narrow, wide, wide41 = rt.launches
+    assert (narrow.kernel, narrow.grid, narrow.block) == ("matmul_gemv2_q", (20, 1, 1),
+                                                          (128, 1, 1))  # fmt: skip
+    assert (wide.kernel, wide.grid, wide.block) == ("matmul_gemv4_q", (10, 1, 1), (64, 1, 1))
+    assert (wide41.kernel, wide41.grid) == ("matmul_gemv4_q", (11, 1, 1))
+    assert wide.args[-2:] == [40, k] and len(wide.args) == len(narrow.args)
+    for asked, got in ((64, 64), (100, 96), (8, 32), (1000, 128), (0, 32)):
+        backend.gemv_wide_threads = asked
+        assert backend._gemv_threads(asked) == got
+    backend.close()
+
+
 def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
     backend, rt = make()
     backend.int8_min_rows = 1 << 30  # the float32 kernels (these weights would take int8)

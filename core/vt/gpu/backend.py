@@ -315,7 +315,9 @@ class GpuBackend(
     #: many output features, K split over the whole block) instead of a warp per feature
     #: (``*_small1_q``); 0: the warp kernels (a tool's "before").
     gemv_features: int = 2
-    #: Threads a block of those gemv kernels where K > 1024 (64 where K <= 1024).
+    #: Threads a block of those gemv kernels where K > 1024 (64 where K <= 1024). Run 77:
+    #: 64 made ``swiglu_gemv2_q`` faster (13.9 -> 12.8 us) but the o, down and qkv kernels
+    #: slower, -4% in all on the 1B shape.
     gemv_threads: int = 128
     #: One-row matmuls whose K is at least this run ``matmul_gemvu*_q``: each thread's
     #: loads of two passes in flight together (a long row, as the 1B shape's down
@@ -326,10 +328,11 @@ class GpuBackend(
     #: 49,152 or 128,256 rows, tens of thousands of blocks) take ``gemv_wide_features``
     #: features and ``gemv_wide_threads`` threads a block instead: fewer, longer blocks where
     #: the block's own fixed work (its addresses, the sums' shuffles and barrier) is a large
-    #: share of a one-pass block (ncu, run 75: SM 76%, DRAM 40%); 0: as every gemv.
-    gemv_wide_min_rows: int = 0
+    #: share of a one-pass block (ncu, run 75: SM 76%, DRAM 40%). Runs 76-77: the 1B shape's
+    #: output projection 117.9 -> 75.8 us, +6% tok/s at batch 1; 0: as every gemv.
+    gemv_wide_min_rows: int = 32768
     gemv_wide_features: int = 4
-    gemv_wide_threads: int = 128
+    gemv_wide_threads: int = 64
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the
@@ -795,8 +798,14 @@ class GpuBackend(
             return 0, 0
         wide = self.gemv_wide_min_rows
         if wide and min(w.rows for w in ws) >= wide and self.gemv_wide_features in (1, 2, 4):
-            return self.gemv_wide_features, min(128, max(32, self.gemv_wide_threads))
-        return self.gemv_features, 64 if k <= 1024 else min(128, max(32, self.gemv_threads))
+            return self.gemv_wide_features, self._gemv_threads(self.gemv_wide_threads)
+        return self.gemv_features, 64 if k <= 1024 else self._gemv_threads(self.gemv_threads)
+
+    def _gemv_threads(self, threads: int) -> int:
+        """``threads`` as a gemv block can take them: whole warps, at most 128
+        (``GV_MAX_THREADS``), at least one warp."""
+        warp = self._rt.warp_size()
+        return max(warp, min(128, threads) // warp * warp)
 
     def _matmul(
         self,

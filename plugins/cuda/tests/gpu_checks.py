@@ -337,7 +337,10 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
     """One row on the gemv kernels (GpuBackend.gemv_features = gv; a block of 64 threads for
     K = 96, 128 for K = 4608: several passes): matmul with bias, with the residual, swiglu
     and qkv within the kit's bounds, and close to the warp kernels (gemv_features 0): the
-    same float32 numerics, summed in another order. Features 37, 37, 13: partial blocks."""
+    same float32 numerics, summed in another order. Features 37, 37, 13: partial blocks.
+    gv 4 also on the wide gemv (gemv_wide_min_rows 1: every op's weights count as an output
+    projection's, 4 features a block of gemv_wide_threads = 64, so K = 4608 is several
+    passes)."""
     if wtype.endswith("_K") and k_in % 256:
         k_in = 512
     rows = (37, 37, 13)
@@ -347,7 +350,10 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
     b_tensor, b_ref = weight_tensor("b", rng.standard_normal(37).astype(np.float32), "F32")
     x = rng.standard_normal((1, k_in)).astype(np.float32)
     res = rng.standard_normal((1, 37)).astype(np.float32)
-    saved = cuda.gemv_features
+    saved = cuda.gemv_features, cuda.gemv_wide_min_rows
+    configs = {"gemv": (gv, 0), "warp": (0, 0)}
+    if gv == 4:
+        configs["wide"] = (gv, 1)
     io = IO(cuda)
     ws = [cuda.upload_weight(t) for t, _ in mats]
     bias = cuda.upload_weight(b_tensor)
@@ -355,9 +361,9 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
     try:
         stream = cuda.create_stream()
         xb = f32(io.put(x), 1, k_in)
-        got: dict[int, list[np.ndarray]] = {}
-        for features in (gv, 0):
-            cuda.gemv_features = features
+        got: dict[str, list[np.ndarray]] = {}
+        for name, (features, wide) in configs.items():
+            cuda.gemv_features, cuda.gemv_wide_min_rows = features, wide
             outs = [f32(io.empty(4 * r), 1, r) for r in (37, 37, 37, 37, 37, 13)]
             scratch = [f32(io.empty(4 * 37), 1, 37) for _ in range(2)]
             cuda.launch("matmul", stream, out=outs[0], x=xb, weight=ws[0], bias=bias)
@@ -368,18 +374,19 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
             cuda.launch("qkv", stream, q=outs[3], k=outs[4], v=outs[5], x=xb, wq=ws[0],
                         wk=ws[1], wv=ws[2])  # fmt: skip
             cuda.synchronize(stream)
-            got[features] = [io.get(o.buffer, np.float32, (1, o.shape[1])) for o in outs]
+            got[name] = [io.get(o.buffer, np.float32, (1, o.shape[1])) for o in outs]
         want = [
             R.matmul(x, refs[0], b_ref), R.matmul(x, refs[1]) + res,
             R.silu_mul(R.matmul(x, refs[0]), R.matmul(x, refs[1])), R.matmul(x, refs[0]),
             R.matmul(x, refs[1]), R.matmul(x, refs[2]),
         ]  # fmt: skip
         ops = ("matmul", "matmul_add", "swiglu", "qkv", "qkv", "qkv")
-        for i, (op, w) in enumerate(zip(ops, want, strict=True)):
-            assert nmse(got[gv][i], w) <= kernel_tolerance(op, wtype), (op, i)
-            assert nmse(got[gv][i], got[0][i]) <= 1e-10, (op, i)
+        for name in configs.keys() - {"warp"}:
+            for i, (op, w) in enumerate(zip(ops, want, strict=True)):
+                assert nmse(got[name][i], w) <= kernel_tolerance(op, wtype), (name, op, i)
+                assert nmse(got[name][i], got["warp"][i]) <= 1e-10, (name, op, i)
     finally:
-        cuda.gemv_features = saved
+        cuda.gemv_features, cuda.gemv_wide_min_rows = saved
         for w in ws:
             cuda.free_weight(w)
         cuda.free_weight(bias)

@@ -401,6 +401,9 @@ VT_DECODE_SW(q8a, WT_Q8A, 2)
 #ifndef VT_GV_UNROLL
 #define VT_GV_UNROLL 1
 #endif
+#ifndef VT_GV_SKIP_ZERO
+#define VT_GV_SKIP_ZERO 1
+#endif
 
 // 16 codes from global memory: on NVIDIA read-only and not kept in L1 (every weight byte is
 // read once a step; ld.global.nc.L1::no_allocate, sm_70+: 1B shape 804 -> 819 tok/s at batch
@@ -454,31 +457,6 @@ __device__ __forceinline__ float vt_code_f(vt_u32 word, int j) {
 #endif
 }
 
-// sum of a's two int16 halves times bytes 0-1 (hi: 2-3) of b as int8, plus c: dp2a on
-// NVIDIA (sm_61+), plain integer products elsewhere (HIP, the emulator). Exact in int32.
-__device__ __forceinline__ int vt_dot2(vt_u32 a, vt_u32 b, bool hi, int c) {
-#if defined(VT_HIP)
-    int sh = hi ? 16 : 0;
-    return c + (int)(short)(a & 0xffffu) * (int)(vt_i8)(b >> sh) +
-           (int)(short)(a >> 16) * (int)(vt_i8)(b >> (sh + 8));
-#else
-    return hi ? __dp2a_hi((int)a, (int)b, c) : __dp2a_lo((int)a, (int)b, c);
-#endif
-}
-
-// max(m, |v|), NaN if either is: a block of x with a NaN gets a NaN scale, so the sums it
-// enters are NaN as with float32 x (an invalid slot's attention row must stay NaN).
-__device__ __forceinline__ float vt_amax_nan(float m, float v) {
-#if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
-    return r;
-#else
-    float a = fabsf(v);
-    return (a > m || a != a) ? a : m;
-#endif
-}
-
 // Bring the 16 codes of w at value index at into L2 (no registers; a hint, no-op off NVIDIA).
 __device__ __forceinline__ void vt_gv_prefetch(const VtRow& w, long long at) {
     vt_prefetch_l2((const char*)w.data + ((VT_QF(w.lg) & VT_Q_NIB) ? (at >> 4) * 8 : at));
@@ -520,12 +498,6 @@ struct VtNoop {
 #define VT_NORM_LATE 0
 #endif
 
-// VT_GV_X16=1: the gemv kernels' x as 16-bit codes per block of 32 and integer dot products
-// (vt_gv_rows); 0: float32 x against the exactly dequantized weights.
-#ifndef VT_GV_X16
-#define VT_GV_X16 0
-#endif
-
 // sums[i] (every thread gets them) = dequant(w[i]) . x over K, for the block's NW weight rows.
 // NORM: . rms_norm(x) (weight nw, eps) instead, each value as rms_norm rounds it ((x * scale)
 // * nw), so the sums equal rms_norm's launch followed by this one's; the block waits for x
@@ -557,9 +529,7 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
         scale = vt_norm_scale(x, K, eps, nred);
     }
     bool waited = NORM && !LATE;
-    // X16: every thread takes every pass (its pair lane's shuffle needs it), K's last values
-    // clamped; else a thread's passes end at K.
-    for (int k0 = t * 16; (VT_GV_X16 ? k0 - t * 16 : k0) < K; k0 += U * step) {
+    for (int k0 = t * 16; k0 < K; k0 += U * step) {
         vt_codes<16> raw[U][NW];
         vt_f2 so[U][NW];
 #pragma unroll
@@ -582,116 +552,66 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int k = k0 + u * step;
-            bool in = k < K;
-#if !VT_GV_X16
-            if (!in) continue;
-#endif
-            int kx = in ? k : K - 16;  // X16: past K, x's last values quantized, never used
-            const vt_f4* xp = (const vt_f4*)(x + kx);
-            float xv[16];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                vt_f4 a = xp[c];
-                xv[4 * c] = a.x, xv[4 * c + 1] = a.y, xv[4 * c + 2] = a.z, xv[4 * c + 3] = a.w;
-            }
-            if (NORM) {
-                const vt_f4* np = (const vt_f4*)(nw + kx);
+            if (k < K) {
+                const vt_f4* xp = (const vt_f4*)(x + k);
+                float xv[16];
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    vt_f4 g = np[c];
-                    float gs[4] = {g.x, g.y, g.z, g.w};
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float xe = xv[4 * c + e];
-                        if (LATE && in) ss = __fadd_rn(ss, __fmul_rn(xe, xe));
-                        xv[4 * c + e] = LATE ? __fmul_rn(xe, gs[e])
-                                             : __fmul_rn(__fmul_rn(xe, scale), gs[e]);
-                    }
+                    vt_f4 a = xp[c];
+                    xv[4 * c] = a.x, xv[4 * c + 1] = a.y, xv[4 * c + 2] = a.z, xv[4 * c + 3] = a.w;
                 }
-            }
-#if VT_GV_X16
-            // x's 16 values as 16-bit codes of their block of 32 (lanes 2m and 2m + 1 hold
-            // one block): vt_cpu's 16-bit activations, d = amax / 32767 and q = rint(x *
-            // (32767 / amax)), taken from the float 2^23 + 2^22 + q, whose low 16 bits are q
-            // as int16. Then per weight row 8 dp2a (exact in int32) and (scale * d) * sum(q w)
-            // + offset * (d * sum(q)) in float32: about 12 instructions a row's 16 values,
-            // against 5 a value dequantized.
-            float am = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) am = vt_amax_nan(am, xv[j]);
-            if (!in) am = 0.0f;
-            am = vt_amax_nan(am, VT_SHFL_XOR(am, 1));
-            float d = __fdiv_rn(am, 32767.0f);
-            float inv = am > 0.0f ? __fdiv_rn(32767.0f, am) : 0.0f;  // NaN or inf: codes 0, d not finite
-            vt_u32 xq[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                vt_u32 lo = __float_as_uint(__fadd_rn(__fmul_rn(xv[2 * j], inv), 12582912.0f));
-                vt_u32 hi = __float_as_uint(__fadd_rn(__fmul_rn(xv[2 * j + 1], inv), 12582912.0f));
-                xq[j] = (lo & 0xffffu) | (hi << 16);
-            }
-            bool off = false;
-#pragma unroll
-            for (int i = 0; i < NW; ++i) off = off || !(VT_QF(w[i].lg) & VT_Q_ONE);
-            float xs = 0.0f;
-            if (off) {
-                int qs = 0;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) qs = vt_dot2(xq[j], 0x0101u, false, qs);
-                xs = __fmul_rn(d, (float)qs);
-            }
-            if (in) {
-#pragma unroll
-                for (int i = 0; i < NW; ++i) {
-                    int is = 0;
+                if (NORM) {
+                    const vt_f4* np = (const vt_f4*)(nw + k);
 #pragma unroll
                     for (int c = 0; c < 4; ++c) {
-                        is = vt_dot2(xq[2 * c], raw[u][i].w[c], false, is);
-                        is = vt_dot2(xq[2 * c + 1], raw[u][i].w[c], true, is);
+                        vt_f4 g = np[c];
+                        float gs[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            float xe = xv[4 * c + e];
+                            if (LATE) ss = __fadd_rn(ss, __fmul_rn(xe, xe));
+                            xv[4 * c + e] = LATE ? __fmul_rn(xe, gs[e])
+                                                 : __fmul_rn(__fmul_rn(xe, scale), gs[e]);
+                        }
                     }
-                    float s = acc[i] + __fmul_rn(so[u][i].x, d) * (float)is;
-                    if (!(VT_QF(w[i].lg) & VT_Q_ONE)) s += so[u][i].y * xs;
+                }
+#ifdef VT_GV_FACTOR
+                float xs = 0.0f;  // scale * sum(q x) + offset * sum(x): not vt_wload's roundings
+#pragma unroll
+                for (int j = 0; j < 16; ++j) xs += xv[j];
+#endif
+#pragma unroll
+                for (int i = 0; i < NW; ++i) {
+                    float s = acc[i];
+#ifdef VT_GV_FACTOR
+                    float d = 0.0f;
+#endif
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        float q = vt_code_f(raw[u][i].w[j >> 2], j & 3);
+#ifdef VT_GV_FACTOR
+                        d += q * xv[j];
+#else
+                        float wq = __fmul_rn(so[u][i].x, q);
+                        // A layout of scales alone (VT_Q_ONE: Q8_0, Q4_0) would add +0.0
+                        // here, which changes no sum (an FMA of +-0 leaves a nonzero s as it
+                        // is, and s, which starts at +0, is never -0: in RN x + -x is +0), so
+                        // VT_GV_SKIP_ZERO (1 by default) skips it: one instruction of about
+                        // five a value in an issue-bound loop (docs/gpu.md, runs 73-76: the
+                        // same bits on the H200, 1B shape +2%).
+#if VT_GV_SKIP_ZERO
+                        if (!(VT_QF(w[i].lg) & VT_Q_ONE))
+#endif
+                            wq = __fadd_rn(wq, so[u][i].y);
+                        s += wq * xv[j];
+#endif
+                    }
+#ifdef VT_GV_FACTOR
+                    s += so[u][i].x * d + so[u][i].y * xs;
+#endif
                     acc[i] = s;
                 }
             }
-#else
-#ifdef VT_GV_FACTOR
-            float xs = 0.0f;  // scale * sum(q x) + offset * sum(x): not vt_wload's roundings
-#pragma unroll
-            for (int j = 0; j < 16; ++j) xs += xv[j];
-#endif
-#pragma unroll
-            for (int i = 0; i < NW; ++i) {
-                float s = acc[i];
-#ifdef VT_GV_FACTOR
-                float d = 0.0f;
-#endif
-#pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    float q = vt_code_f(raw[u][i].w[j >> 2], j & 3);
-#ifdef VT_GV_FACTOR
-                    d += q * xv[j];
-#else
-                    float wq = __fmul_rn(so[u][i].x, q);
-                    // VT_GV_SKIP_ZERO (a --kdefine; not yet measured on a device): a layout
-                    // of scales alone (VT_Q_ONE: Q8_0, Q4_0) adds +0.0 here, which changes
-                    // no sum (an FMA of +-0 leaves a nonzero s as it is, and s, which
-                    // starts at +0, is never -0: in RN x + -x is +0), so skip it: one
-                    // instruction of about five a value, where ncu shows the gemv's
-                    // issue, not its memory, the busier (docs/gpu.md, run 73).
-#ifdef VT_GV_SKIP_ZERO
-                    if (!(VT_QF(w[i].lg) & VT_Q_ONE))
-#endif
-                        wq = __fadd_rn(wq, so[u][i].y);
-                    s += wq * xv[j];
-#endif
-                }
-#ifdef VT_GV_FACTOR
-                s += so[u][i].x * d + so[u][i].y * xs;
-#endif
-                acc[i] = s;
-            }
-#endif
         }
     }
     if (!waited) {  // threads with no pass (t * 16 >= K) wait here, before any store
