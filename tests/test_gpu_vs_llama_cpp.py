@@ -268,3 +268,50 @@ def test_sass_count_names_a_kernel_the_source_lacks(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=listing))
     with pytest.raises(SystemExit, match="no kernel 'swiglu_gemv9_q' in the machine code"):
         sass_count.main(["swiglu_gemv9_q", "-D", "VT_Q_FLAGS=0xc00"])
+
+
+def test_sass_count_writes_the_kernels_listing_where_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--listing FILE: the named kernel's section of the machine code, no other kernel's,
+    beside the counts on stdout."""
+    import subprocess
+    import types
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import sass_count  # noqa: PLC0415
+
+    listing = (
+        "//--------------------- .text.matmul_gemv2_q ----\n  /*0000*/  FADD R1, R2, R3 ;\n"
+        "//--------------------- .text.swiglu_gemv2_q ----\n  /*0000*/  EXIT ;\n"
+    )
+    monkeypatch.setattr(sass_count, "cubin", lambda source, options: b"")
+    monkeypatch.setattr(sass_count, "nvdisasm", lambda: "nvdisasm")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=listing))
+    out = tmp_path / "k.sass"
+    assert sass_count.main(["matmul_gemv2_q", "--listing", str(out)]) == 0
+    text = out.read_text()
+    assert "FADD R1, R2, R3" in text and "swiglu_gemv2_q" not in text
+
+
+def test_profile_decode_tables_kernels_by_launch_shape() -> None:
+    """profile_decode.py's table per (kernel, grid) from a Chrome trace: one kernel's launch
+    shapes apart (o and down against the output projection), calls and microseconds a step,
+    the last registers and occupancy seen; events that are not kernels are left out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    pytest.importorskip("vt.execution.runner")
+    import profile_decode  # noqa: PLC0415
+
+    def kernel(name: str, grid: list[int], dur: float) -> dict:
+        args = {"grid": grid, "registers per thread": 40, "est. achieved occupancy %": 75}
+        return {"cat": "kernel", "name": name, "dur": dur, "args": args}
+
+    trace = {"traceEvents": [
+        kernel("matmul_gemv2_q", [1024, 1, 1], 6.0), kernel("matmul_gemv2_q", [1024, 1, 1], 7.0),
+        kernel("matmul_gemv2_q", [64128, 1, 1], 110.0),
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "dur": 50.0, "args": {}},
+    ]}  # fmt: skip
+    head, first, second = profile_decode.by_grid(trace, steps=2)
+    assert head.split()[:2] == ["kernel", "grid"]
+    assert first.split() == ["matmul_gemv2_q", "64128x1x1", "0.5", "55.0", "110.00", "40", "75"]
+    assert second.split() == ["matmul_gemv2_q", "1024x1x1", "1.0", "6.5", "6.50", "40", "75"]
