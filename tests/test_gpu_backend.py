@@ -1613,6 +1613,30 @@ def test_one_row_matmuls_with_many_features_take_the_wide_gemv() -> None:
     backend.close()
 
 
+def test_swiglu_gemv_threads_are_their_own_setting() -> None:
+    """gemv_swiglu_threads: swiglu's one-row gemv takes that many threads where K > 1024
+    (128 by default, as every gemv); the matmul beside it keeps gemv_threads."""
+    backend, rt = make()
+    assert backend.gemv_swiglu_threads == 128
+    stream = backend.create_stream()
+    k, rows = 2048, 8
+    w = backend.upload_weight(weight_tensor("w", np.ones((rows, k), np.float32), "Q8_0"))
+    x = vt.Tensor.of(backend.alloc(k * 4), F32, 1, k)
+
+    def out() -> vt.Tensor:
+        return vt.Tensor.of(backend.alloc(rows * 4), F32, 1, rows)
+
+    for threads in (128, 64):
+        backend.gemv_swiglu_threads = threads
+        backend.launch("swiglu", stream, out=out(), x=x, gate=w, up=w, scratch_gate=out(),
+                       scratch_up=out())  # fmt: skip
+        backend.launch("matmul", stream, out=out(), x=x, weight=w)
+    got = [(launch.kernel, launch.block[0]) for launch in rt.launches]
+    assert got == [("swiglu_gemv2_q", 128), ("matmul_gemv2_q", 128),
+                   ("swiglu_gemv2_q", 64), ("matmul_gemv2_q", 128)]  # fmt: skip
+    backend.close()
+
+
 def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
     backend, rt = make()
     backend.int8_min_rows = 1 << 30  # the float32 kernels (these weights would take int8)

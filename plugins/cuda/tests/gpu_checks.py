@@ -340,7 +340,7 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
     same float32 numerics, summed in another order. Features 37, 37, 13: partial blocks.
     gv 4 also on the wide gemv (gemv_wide_min_rows 1: every op's weights count as an output
     projection's, 4 features a block of gemv_wide_threads = 64, so K = 4608 is several
-    passes)."""
+    passes), gv 2 also with gemv_swiglu_threads 64."""
     if wtype.endswith("_K") and k_in % 256:
         k_in = 512
     rows = (37, 37, 13)
@@ -350,10 +350,12 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
     b_tensor, b_ref = weight_tensor("b", rng.standard_normal(37).astype(np.float32), "F32")
     x = rng.standard_normal((1, k_in)).astype(np.float32)
     res = rng.standard_normal((1, 37)).astype(np.float32)
-    saved = cuda.gemv_features, cuda.gemv_wide_min_rows
-    configs = {"gemv": (gv, 0), "warp": (0, 0)}
+    saved = cuda.gemv_features, cuda.gemv_wide_min_rows, cuda.gemv_swiglu_threads
+    configs = {"gemv": (gv, 0, 128), "warp": (0, 0, 128)}
     if gv == 4:
-        configs["wide"] = (gv, 1)
+        configs["wide"] = (gv, 1, 128)
+    if gv == 2:
+        configs["swiglu64"] = (gv, 0, 64)
     io = IO(cuda)
     ws = [cuda.upload_weight(t) for t, _ in mats]
     bias = cuda.upload_weight(b_tensor)
@@ -362,8 +364,9 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
         stream = cuda.create_stream()
         xb = f32(io.put(x), 1, k_in)
         got: dict[str, list[np.ndarray]] = {}
-        for name, (features, wide) in configs.items():
+        for name, (features, wide, sw) in configs.items():
             cuda.gemv_features, cuda.gemv_wide_min_rows = features, wide
+            cuda.gemv_swiglu_threads = sw
             outs = [f32(io.empty(4 * r), 1, r) for r in (37, 37, 37, 37, 37, 13)]
             scratch = [f32(io.empty(4 * 37), 1, 37) for _ in range(2)]
             cuda.launch("matmul", stream, out=outs[0], x=xb, weight=ws[0], bias=bias)
@@ -386,7 +389,7 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
                 assert nmse(got[name][i], w) <= kernel_tolerance(op, wtype), (name, op, i)
                 assert nmse(got[name][i], got["warp"][i]) <= 1e-10, (name, op, i)
     finally:
-        cuda.gemv_features, cuda.gemv_wide_min_rows = saved
+        cuda.gemv_features, cuda.gemv_wide_min_rows, cuda.gemv_swiglu_threads = saved
         for w in ws:
             cuda.free_weight(w)
         cuda.free_weight(bias)

@@ -111,6 +111,7 @@ _NUMBERS = {
     "--gemv-unroll-k": "gemv_unroll_min_k",
     "--norm-fold-k": "norm_fold_max_k",
     "--gemv-threads": "gemv_threads",
+    "--gemv-swiglu-threads": "gemv_swiglu_threads",
     "--gemv-wide-rows": "gemv_wide_min_rows",
     "--gemv-wide-features": "gemv_wide_features",
     "--gemv-wide-threads": "gemv_wide_threads",
