@@ -315,3 +315,23 @@ def test_profile_decode_tables_kernels_by_launch_shape() -> None:
     assert head.split()[:2] == ["kernel", "grid"]
     assert first.split() == ["matmul_gemv2_q", "64128x1x1", "0.5", "55.0", "110.00", "40", "75"]
     assert second.split() == ["matmul_gemv2_q", "1024x1x1", "1.0", "6.5", "6.50", "40", "75"]
+
+
+def test_bench_variant_sets_the_gemv_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--gemv-threads, --gemv-swiglu-threads and --gemv-wide-*: the GpuBackend settings of
+    runs 74-77's variants, the rest of the command line passed on."""
+    from vt.gpu import GpuBackend
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import bench_variant  # noqa: PLC0415
+
+    names = ("gemv_threads", "gemv_swiglu_threads", "gemv_wide_min_rows",
+             "gemv_wide_features", "gemv_wide_threads")  # fmt: skip
+    for name in names:
+        monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))  # restored after
+    rest = bench_variant.apply(
+        ["--gemv-threads", "64", "--gemv-swiglu-threads", "32", "--gemv-wide-rows", "0",
+         "--gemv-wide-features", "2", "--gemv-wide-threads", "128", "bench"]
+    )  # fmt: skip
+    assert rest == ["bench"]
+    assert [getattr(GpuBackend, n) for n in names] == [64, 32, 0, 2, 128]

@@ -29,6 +29,11 @@ too (the split kernel's K and V rows prefetched into L2 before its wait;
 ``GpuBackend.overlap_attention``, off by default);
 ``--gemv-unroll-k K``: one-row matmuls with K or more inputs on ``matmul_gemvu*_q``
 (two passes' loads in flight a thread; ``GpuBackend.gemv_unroll_min_k``, 0: never);
+``--gemv-threads N`` / ``--gemv-swiglu-threads N``: threads a gemv block (swiglu's) where
+K > 1024 (``GpuBackend.gemv_threads``, ``gemv_swiglu_threads``: 128);
+``--gemv-wide-rows R``, ``--gemv-wide-features F``, ``--gemv-wide-threads N``: one-row
+matmuls of R or more output features (the output projection) on F features a block of N
+threads (``GpuBackend.gemv_wide_*``: 32768, 4, 64; R 0: as every gemv);
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-fold-k K``: at one row the norm ops fold the norm into their gemv kernels,
