@@ -1608,7 +1608,6 @@ def test_one_row_matmuls_with_many_features_take_the_wide_gemv() -> None:
     assert (wide41.kernel, wide41.grid) == ("matmul_gemv4_q", (11, 1, 1))
     assert wide.args[-2:] == [40, k] and len(wide.args) == len(narrow.args)
     for asked, got in ((64, 64), (100, 96), (8, 32), (1000, 128), (0, 32)):
-        backend.gemv_wide_threads = asked
         assert backend._gemv_threads(asked) == got
     backend.close()
 

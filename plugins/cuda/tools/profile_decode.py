@@ -12,7 +12,8 @@ reading the previous one's ids (async readback), and prints decode steps/s, toke
 milliseconds per step with graphs on and off; then (unless ``--no-cprofile``) a ``cProfile``
 of the eager steps (the functions with the most own time). ``--kernels``: the GPU time of
 each kernel over 16 steps with graphs on, from torch's CUPTI profiler (torch is not a vt
-dependency: only where it is installed), as a table per kernel and a sum per step.
+dependency: only where it is installed), as a table per kernel and a sum per step, then
+per launch shape (kernel and grid, with registers a thread and achieved occupancy).
 ``--prefill N`` instead: the wall time of an N-token prefill in one chunk, its kernels, and
 (unless ``--no-cprofile``) a ``cProfile`` of 10 such prefills.
 """
