@@ -334,3 +334,24 @@ def test_bench_variant_sets_the_gemv_shapes(monkeypatch: pytest.MonkeyPatch) -> 
     )  # fmt: skip
     assert rest == ["bench"]
     assert [getattr(GpuBackend, n) for n in names] == [64, 32, 0, 2, 128]
+
+
+def test_bench_variant_skips_the_kernels_a_prefix_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--skip-kernel PREFIX (a diagnostic): no launch of a kernel whose name starts with it;
+    every other kernel still launches."""
+    from vt.gpu import GpuBackend
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_variant  # noqa: PLC0415
+    from fake_gpu import make  # noqa: PLC0415
+
+    monkeypatch.setattr(GpuBackend, "_kernel", GpuBackend._kernel)  # restored after
+    assert bench_variant.apply(["--skip-kernel", "rms_norm", "bench"]) == ["bench"]
+    backend, rt = make()
+    stream = backend.create_stream()
+    x = backend.alloc(4 * 64)
+    backend._kernel("rms_norm", (1, 1, 1), 64, stream, x)
+    backend._kernel("add", (1, 1, 1), 64, stream, x)
+    assert [launch.kernel for launch in rt.launches] == ["add"]
+    backend.close()

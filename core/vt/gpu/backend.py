@@ -319,10 +319,10 @@ class GpuBackend(
     #: 64 made ``swiglu_gemv2_q`` faster (13.9 -> 12.8 us) but the o, down and qkv kernels
     #: slower, -4% in all on the 1B shape.
     gemv_threads: int = 128
-    #: The same for swiglu's gemv kernels (gate and up: twice the weight rows a block).
-    #: Run 77's ``--gemv-threads 64`` made ``swiglu_gemv2_q`` 13.88 -> 12.84 us a call on
-    #: the 1B shape while the two-row kernels got slower.
-    gemv_swiglu_threads: int = 128
+    #: The same for swiglu's gemv kernels (gate and up: twice the weight rows a block):
+    #: 64 on the 1B shape +1.1% to +3.2% at batch 1 against 128, in three calls (runs
+    #: 78-79, docs/gpu.md); the two-row kernels stay on ``gemv_threads``.
+    gemv_swiglu_threads: int = 64
     #: One-row matmuls whose K is at least this run ``matmul_gemvu*_q``: each thread's
     #: loads of two passes in flight together (a long row, as the 1B shape's down
     #: projection: four passes of 128 threads); 0: never. Run 57 (``bench_variant.py

@@ -30,7 +30,7 @@ too (the split kernel's K and V rows prefetched into L2 before its wait;
 ``--gemv-unroll-k K``: one-row matmuls with K or more inputs on ``matmul_gemvu*_q``
 (two passes' loads in flight a thread; ``GpuBackend.gemv_unroll_min_k``, 0: never);
 ``--gemv-threads N`` / ``--gemv-swiglu-threads N``: threads a gemv block (swiglu's) where
-K > 1024 (``GpuBackend.gemv_threads``, ``gemv_swiglu_threads``: 128);
+K > 1024 (``GpuBackend.gemv_threads``, ``gemv_swiglu_threads``: 128, 64);
 ``--gemv-wide-rows R``, ``--gemv-wide-features F``, ``--gemv-wide-threads N``: one-row
 matmuls of R or more output features (the output projection) on F features a block of N
 threads (``GpuBackend.gemv_wide_*``: 32768, 4, 64; R 0: as every gemv);
@@ -60,6 +60,9 @@ default; ``GpuBackend.layout_kernels``);
 ``--argmax-slice N``: ``sample`` finds a long row's argmax over blocks of N ids
 (``sample_argmax``; ``GpuBackend.sample_argmax_slice``, 2048 by default; 0: one block walks
 the row, as before run 52);
+``--skip-kernel PREFIX`` (a diagnostic, repeatable): the backend launches no kernel whose
+name starts with PREFIX, so what that kernel costs in a replayed step shows as the time it
+leaves (its outputs are then whatever the buffers held: the tokens are not the model's);
 ``--tiled-rows N``: attention
 of N rows or more on the tiled prefill kernel (``GpuBackend.attention_tiled_min_rows``; a
 huge N: every step on ``attention_split``, as before it). ``--no-fused``:
@@ -72,6 +75,7 @@ Everything after the options is ``vt``'s command line.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from vt.frontends import cli
 from vt.gpu import GpuBackend
@@ -86,6 +90,17 @@ def _define(name: str, value: str) -> None:
         return f"#define {name} {value}\n" + source(parts)
 
     backend_module.kernel_source = defined  # type: ignore[assignment]
+
+
+def _skip(prefix: str) -> None:
+    """No launch of a kernel whose name starts with ``prefix`` (``--skip-kernel``)."""
+    launch = GpuBackend._kernel
+
+    def kernel(self: GpuBackend, name: str, *args: Any, **kwargs: Any) -> None:
+        if not name.startswith(prefix):
+            launch(self, name, *args, **kwargs)
+
+    GpuBackend._kernel = kernel  # type: ignore[method-assign]
 
 
 def _backend_classes() -> list[type[GpuBackend]]:
@@ -141,6 +156,8 @@ def apply(args: list[str]) -> list[str]:
         elif flag == "--kdefine":
             name, _, value = args[1].partition("=")
             _define(name, value)
+        elif flag == "--skip-kernel":
+            _skip(args[1])
         elif flag == "--layout":
             name, _, flags = args[1].partition("=")
             GpuBackend.layout_overrides = (*GpuBackend.layout_overrides, (name, int(flags, 0)))

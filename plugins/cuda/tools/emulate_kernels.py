@@ -1,6 +1,6 @@
 """Run some of vt's GPU kernels on the CPU, to check them before spending device time.
 
-    python plugins/cuda/tools/emulate_kernels.py [-k SUBSTRING]
+    python plugins/cuda/tools/emulate_kernels.py [-k SUBSTRING] [-D NAME=VALUE]
 
 Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``attention_tiled_*``), the BLAS path's 16-byte copies (``dequantize16_q``,
@@ -96,6 +96,13 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {  // PTX prmt, default mode
+    unsigned long long b = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i)
+        r |= (unsigned)((b >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
 // blocks run one after another: a fence has nothing to order, an atomic only this block's threads
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
@@ -306,9 +313,12 @@ def main() -> None:
     ap.add_argument("--norm-late", action="store_true",
                     help="the norm ops' kernels late-scaled, as GpuBackend.norm_late and "
                          "norm_fold_max_k (on by default) compile them")  # fmt: skip
+    ap.add_argument("-D", "--define", action="append", default=[], metavar="NAME=VALUE",
+                    help="a define for the kernels, as bench_variant.py --kdefine "
+                         "(repeatable; VT_GV_MAGIC=1: the gemvs' permute conversion)")  # fmt: skip
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        defines = ("VT_NORM_LATE=1",) if a.norm_late else ()
+        defines = (*(("VT_NORM_LATE=1",) if a.norm_late else ()), *a.define)
         backend, _ = emulated_backend(build(Path(tmp), defines))
         # The backend must believe what the library holds: without --norm-late its norm
         # kernels are the bit-equal ones, which the norm checks then compare bit for bit.

@@ -434,24 +434,53 @@ __device__ __forceinline__ vt_codes<8> vt_gv_load8(const unsigned char* p) {
 #endif
 }
 
-// vt_qcodes<16> through these loads.
+// Code conversion in the gemv kernels. I2F (an int8 code to float) runs at a quarter of the
+// FP32 rate on sm_90 (16 a clock a multiprocessor), a limit of an issue-bound gemv loop
+// (docs/gpu.md, runs 72-73: swiglu_gemv2_q at SM 64%, DRAM 40%). VT_GV_MAGIC=1: a byte
+// permute puts a code's biased byte u (0-255) under the exponent of 2^23, whose float is
+// 2^23 + u exactly, and one subtraction of 2^23 + bias leaves the code: exact either way,
+// so the same bits, with a full-rate integer instruction for the conversion.
+#ifndef VT_GV_MAGIC
+#define VT_GV_MAGIC 0
+#endif
+
+// 16 codes of a WT_Q weight from value index at, through these loads: int8 codes, or with
+// VT_GV_MAGIC each code + vt_gv_magic's bias as an unsigned byte (int8 codes with their
+// sign bit flipped, 4-bit codes as stored).
 __device__ __forceinline__ vt_codes<16> vt_gv_codes(const void* data, int lg, long long at) {
-    if (!(VT_QF(lg) & VT_Q_NIB)) return vt_gv_load((const vt_i8*)data + at);
+    if (!(VT_QF(lg) & VT_Q_NIB)) {
+        vt_codes<16> c = vt_gv_load((const vt_i8*)data + at);
+#if VT_GV_MAGIC
+#pragma unroll
+        for (int j = 0; j < 4; ++j) c.w[j] ^= 0x80808080u;
+#endif
+        return c;
+    }
     vt_codes<8> r = vt_gv_load8((const unsigned char*)data + (at >> 4) * 8);
     vt_codes<16> c;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) c.w[j] = vt_unnib(r.w[j & 1], j >> 1, lg);
+    for (int j = 0; j < 4; ++j) {
+#if VT_GV_MAGIC
+        c.w[j] = ((j >> 1) ? r.w[j & 1] >> 4 : r.w[j & 1]) & 0x0f0f0f0fu;
+#else
+        c.w[j] = vt_unnib(r.w[j & 1], j >> 1, lg);
+#endif
+    }
     return c;
 }
 
-// Code j (0-3) of a word of int8 codes as a float (exact either way). VT_GV_MAGIC: without a
-// conversion instruction, the bits of 2^23 + (code + 128) less 2^23 + 128 (I2F runs at a
-// quarter of the FP32 rate on sm_90): the default in run 30, whose gemv GPU time was no lower
-// than run 29's with the plain conversion (docs/gpu.md), so a variant.
-__device__ __forceinline__ float vt_code_f(vt_u32 word, int j) {
-#ifdef VT_GV_MAGIC
-    return __uint_as_float(0x4B000000u | (((word ^ 0x80808080u) >> (8 * j)) & 0xffu)) -
-           8388736.0f;
+// 2^23 + the bias of vt_gv_codes's bytes in layout lg (VT_GV_MAGIC): 128 for int8 codes, 8
+// for 4-bit codes less 8 (VT_Q_NIB8), 0 for 4-bit codes as they are.
+__device__ __forceinline__ float vt_gv_magic(int lg) {
+    lg = VT_QF(lg);
+    if (!(lg & VT_Q_NIB)) return 8388736.0f;
+    return (lg & VT_Q_NIB8) ? 8388616.0f : 8388608.0f;
+}
+
+// Code j (0-3) of a word of vt_gv_codes as a float (exact either way).
+__device__ __forceinline__ float vt_code_f(vt_u32 word, int j, float magic) {
+#if VT_GV_MAGIC
+    return __fsub_rn(__uint_as_float(__byte_perm(word, 0x4b000000u, 0x7440u | (vt_u32)j)), magic);
 #else
     return (float)(int)(vt_i8)((word >> (8 * j)) & 0xffu);
 #endif
@@ -514,9 +543,9 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
     constexpr int U = NORM ? 1 : UR;
     int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
     int step = blockDim.x * 16;
-    float acc[NW];
+    float acc[NW], magic[NW];
 #pragma unroll
-    for (int i = 0; i < NW; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < NW; ++i) acc[i] = 0.0f, magic[i] = vt_gv_magic(w[i].lg);
     float scale = 1.0f, ss = 0.0f;  // ss: LATE's share of x's squares
     if (NORM && !LATE) {
         __shared__ float nred[RN_THREADS / VT_WARP];
@@ -588,7 +617,7 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
 #endif
 #pragma unroll
                     for (int j = 0; j < 16; ++j) {
-                        float q = vt_code_f(raw[u][i].w[j >> 2], j & 3);
+                        float q = vt_code_f(raw[u][i].w[j >> 2], j & 3, magic[i]);
 #ifdef VT_GV_FACTOR
                         d += q * xv[j];
 #else
