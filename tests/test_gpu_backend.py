@@ -2017,6 +2017,37 @@ def test_kernels_that_wait_for_their_predecessor_launch_overlapped(on: bool) -> 
     backend.close()
 
 
+@pytest.mark.parametrize(("combine", "both"), [(False, False), (True, False), (False, True)])
+def test_attention_combine_launches_overlapped_alone_where_asked(combine: bool, both: bool) -> None:
+    """overlap_combine: attention_combine (which waits for the split kernel's partials on
+    the device) through ``launch_overlapped``, the split kernel plain; overlap_attention:
+    both; neither: both plain."""
+    backend, rt = make()
+    backend.overlap_combine, backend.overlap_attention = combine, both
+    overlapped: list[str] = []
+    plain = rt.launch
+
+    def launch_overlapped(fn: Any, *args: Any) -> None:
+        overlapped.append(fn.split(":", 1)[1])
+        plain(fn, *args)
+
+    rt.launch_overlapped = launch_overlapped  # type: ignore[method-assign]
+    c = OpCase(backend)
+    layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=64, n_kv_heads=1, head_dim=8)
+    backend.launch(
+        "attention", backend.create_stream(), out=c.t("o", F32, 1, 16), q=c.t("q", F32, 1, 16),
+        cache=c.t("cache", F32, *layout.shape), slots=c.t("s", I32, 1),
+        positions=c.t("p", I32, 1), layout=layout, layer=0, n_heads=2, scale=0.5,
+    )  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == ["attention_split", "attention_combine"]
+    want = ["attention_split", "attention_combine"] if both else ["attention_combine"] * combine
+    assert overlapped == want
+    source = kernel_source()
+    body = source[source.index("void attention_combine(") :]
+    assert "vt_grid_wait();" in body[: body.index("\n}\n")]
+    backend.close()
+
+
 @pytest.mark.parametrize(
     ("n", "wtype", "kernels"),
     [

@@ -397,6 +397,9 @@ class GpuBackend(
     #: With ``overlap_launches``, attention's split and combine kernels too (the split
     #: kernel's K and V rows prefetched into L2 before its wait).
     overlap_attention: bool = False
+    #: With ``overlap_launches``, ``attention_combine`` alone (its few blocks wait for the
+    #: split kernel's partials on the device, so its launch is not on the chain).
+    overlap_combine: bool = False
     #: Quantized weights in their compact layouts (vt.gpu.weights.LAYOUTS: about the file's
     #: bytes a value) rather than the wide one (int8 codes, float32 pairs: 1.25-1.5 bytes a
     #: value; a tool's "before"). The same values either way; set before loading a model.
@@ -497,6 +500,7 @@ class GpuBackend(
             and (
                 name.startswith(_OVERLAP)
                 or (self.overlap_attention and name.startswith(_OVERLAP_ATTENTION))
+                or (self.overlap_combine and name == "attention_combine")
             )
         ):
             self._rt.launch_overlapped(fn, grid, (block, 1, 1), 0, stream.handle, args)

@@ -27,6 +27,8 @@ overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches
 ``--overlap-attention 0|1``: attention's split and combine kernels launched overlapped
 too (the split kernel's K and V rows prefetched into L2 before its wait;
 ``GpuBackend.overlap_attention``, off by default);
+``--overlap-combine 0|1``: ``attention_combine`` alone launched overlapped
+(``GpuBackend.overlap_combine``, off by default);
 ``--gemv-unroll-k K``: one-row matmuls with K or more inputs on ``matmul_gemvu*_q``
 (two passes' loads in flight a thread; ``GpuBackend.gemv_unroll_min_k``, 0: never);
 ``--gemv-threads N`` / ``--gemv-swiglu-threads N``: threads a gemv block (swiglu's) where
@@ -127,6 +129,7 @@ _NUMBERS = {
     "--layout-kernels": "layout_kernels",
     "--argmax-slice": "sample_argmax_slice",
     "--overlap-attention": "overlap_attention",
+    "--overlap-combine": "overlap_combine",
     "--norm-late": "norm_late",
     "--gemv-unroll-k": "gemv_unroll_min_k",
     "--norm-fold-k": "norm_fold_max_k",

@@ -117,25 +117,29 @@ def prefill_cprofile(runner: ModelRunner, tokens: int, top: int, reps: int = 10)
 
 def by_grid(trace: dict[str, Any], steps: int) -> list[str]:
     """Lines of a table of a Chrome trace's kernels per (name, grid): what each launch shape
-    costs (o, down and the output projection share a kernel), its registers a thread and
-    CUPTI's estimate of its achieved occupancy."""
-    rows: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+    costs (o, down and the output projection share a kernel), the mean of its faster and of
+    its slower half of calls (where two projections share a shape, as o and down do, about
+    each one's), its registers a thread and CUPTI's estimate of its achieved occupancy."""
+    durs: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+    meta: dict[tuple[str, tuple[int, ...]], tuple[float, float]] = {}
     for e in trace.get("traceEvents", []):
         args = e.get("args") or {}
         if e.get("cat") != "kernel" or "grid" not in args:
             continue
         key = (str(e.get("name", "?")), tuple(args["grid"]))
-        row = rows.setdefault(key, [0, 0.0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += float(e.get("dur", 0.0))
-        row[2] = float(args.get("registers per thread", 0))
-        row[3] = float(args.get("est. achieved occupancy %", 0.0))
+        durs.setdefault(key, []).append(float(e.get("dur", 0.0)))
+        meta[key] = (float(args.get("registers per thread", 0)),
+                     float(args.get("est. achieved occupancy %", 0.0)))  # fmt: skip
     lines = [f"{'kernel':<28} {'grid':>16} {'per step':>8} {'us/step':>9} {'us each':>8} "
-             f"{'regs':>5} {'occ%':>5}"]  # fmt: skip
-    for (name, grid), (n, us, regs, occ) in sorted(rows.items(), key=lambda r: -r[1][1])[:40]:
+             f"{'fast half':>9} {'slow half':>9} {'regs':>5} {'occ%':>5}"]  # fmt: skip
+    for (name, grid), ds in sorted(durs.items(), key=lambda r: -sum(r[1]))[:40]:
+        n, us, (regs, occ) = len(ds), sum(ds), meta[name, grid]
+        ds = sorted(ds)
+        fast, slow = ds[: max(n // 2, 1)], ds[n // 2 :]
         g = "x".join(str(v) for v in grid)
         lines.append(f"{name[:28]:<28} {g:>16} {n / steps:>8.1f} {us / steps:>9.1f} "
-                     f"{us / n:>8.2f} {regs:>5.0f} {occ:>5.0f}")  # fmt: skip
+                     f"{us / n:>8.2f} {sum(fast) / len(fast):>9.2f} {sum(slow) / len(slow):>9.2f} "
+                     f"{regs:>5.0f} {occ:>5.0f}")  # fmt: skip
     return lines
 
 
