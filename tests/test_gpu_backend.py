@@ -1975,13 +1975,9 @@ def test_int8_mma_falls_back_to_dp4a_where_a_block_would_straddle_weights() -> N
     assert [launch.kernel for launch in rt.launches] == ["quantize_rows", "swiglu_small2_q8a"]
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_kernels_that_wait_for_their_predecessor_launch_overlapped(on: bool) -> None:
-    """The gemv kernels and rms_norm of one row (which call vt_grid_wait before reading
-    activations) go through ``launch_overlapped``; every other launch, and all of them with
-    ``overlap_launches`` off, through ``launch``."""
-    backend, rt = make()
-    backend.overlap_launches = on
+def _overlapped_launches(rt: Any) -> list[str]:
+    """The kernels the fake runtime ``rt`` launches overlapped from now on, in order (each
+    still launched, and recorded, as a plain launch)."""
     overlapped: list[str] = []
     plain = rt.launch
 
@@ -1989,7 +1985,18 @@ def test_kernels_that_wait_for_their_predecessor_launch_overlapped(on: bool) -> 
         overlapped.append(fn.split(":", 1)[1])
         plain(fn, *args)
 
-    rt.launch_overlapped = launch_overlapped  # type: ignore[method-assign]
+    rt.launch_overlapped = launch_overlapped
+    return overlapped
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_kernels_that_wait_for_their_predecessor_launch_overlapped(on: bool) -> None:
+    """The gemv kernels and rms_norm of one row (which call vt_grid_wait before reading
+    activations) go through ``launch_overlapped``; every other launch, and all of them with
+    ``overlap_launches`` off, through ``launch``."""
+    backend, rt = make()
+    backend.overlap_launches = on
+    overlapped = _overlapped_launches(rt)
     c = OpCase(backend)
     s = backend.create_stream()
     w = {n: c.w(n, np.ones((64, 64), np.float32), "Q8_0") for n in ("q", "k", "v", "g", "u")}
@@ -2024,14 +2031,7 @@ def test_attention_combine_launches_overlapped_alone_where_asked(combine: bool, 
     both; neither: both plain."""
     backend, rt = make()
     backend.overlap_combine, backend.overlap_attention = combine, both
-    overlapped: list[str] = []
-    plain = rt.launch
-
-    def launch_overlapped(fn: Any, *args: Any) -> None:
-        overlapped.append(fn.split(":", 1)[1])
-        plain(fn, *args)
-
-    rt.launch_overlapped = launch_overlapped  # type: ignore[method-assign]
+    overlapped = _overlapped_launches(rt)
     c = OpCase(backend)
     layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=64, n_kv_heads=1, head_dim=8)
     backend.launch(

@@ -345,8 +345,8 @@ def test_bench_variant_skips_the_kernels_a_prefix_names(monkeypatch: pytest.Monk
     every other kernel still launches."""
     from vt.gpu import GpuBackend
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parent.parent / "plugins/cuda/tools")
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parent)  # fake_gpu
     import bench_variant  # noqa: PLC0415
     from fake_gpu import make  # noqa: PLC0415
 
@@ -359,3 +359,38 @@ def test_bench_variant_skips_the_kernels_a_prefix_names(monkeypatch: pytest.Monk
     backend._kernel("add", (1, 1, 1), 64, stream, x)
     assert [launch.kernel for launch in rt.launches] == ["add"]
     backend.close()
+
+
+def test_ncu_table_reads_the_raw_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ncu_table.py: a line per profiled launch from ``ncu --csv --page raw`` (header, units,
+    launches; the program's own output before it), time in microseconds whatever the unit,
+    the stall reasons largest first; a metric the report lacks prints as '-'; a file with no
+    report is a clear error."""
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parent.parent / "plugins/cuda/tools")
+    import ncu_table  # noqa: PLC0415
+
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    header = ["ID", "Kernel Name", "Block Size", "Grid Size", "gpu__time_duration.sum",
+              "launch__registers_per_thread", stall.format("barrier"),
+              stall.format("long_scoreboard"), stall.format("no_instruction")]  # fmt: skip
+    units = ["", "", "", "", "nsecond", "register/thread", "ratio", "ratio", "ratio"]
+    launch = ["0", "attention_split", "(128, 1, 1)", "(1, 8, 32)", "7,780", "96", "3.5",
+              "12.25", "0"]  # fmt: skip
+    report = tmp_path / "ncu.csv"
+    report.write_text("vt bench output\n==PROF== Connected\n" + "\n".join(
+        ",".join(f'"{c}"' for c in row) for row in (header, units, launch)) + "\n")  # fmt: skip
+    head, line = ncu_table.table(report.read_text().splitlines()[2:])
+    assert head.split()[:3] == ["kernel", "grid", "block"]
+    cells, stalls = line.split(" | ")
+    cells = cells.split()
+    assert cells[:6] == ["attention_split", "(1,8,32)", "128", "7.78", "-", "-"]
+    assert cells[6:] == ["96.00", "-", "-"]
+    assert stalls == "long_scoreboard 12.2, barrier 3.5"  # no_instruction 0: left out
+
+    monkeypatch.setattr(sys, "argv", ["ncu_table.py", str(report)])
+    ncu_table.main()  # finds the report past the program's output
+    report.write_text("==PROF== Disconnected\n")
+    with pytest.raises(SystemExit, match="no ncu CSV report"):
+        ncu_table.main()
+    with pytest.raises(ValueError, match="Kernel Name"):
+        ncu_table.table(['"ID","x"', '"",""'])

@@ -27,7 +27,8 @@
 # steps replayed as graphs and eager, alternating (bench_ab.py; $OUT/pgraph.json).
 # kitvar: the conformance kit with the bench_variant.py flags in KITVARS (kit_variant.py).
 # checksvar: the kit and gpu_checks.py (CHECKK: a -k expression, + for " or ") with the
-# flags in CHECKVARS, in one process.
+# flags in CHECKVARS, in one process. ncu:MODEL: Nsight Compute's time, throughputs and stall reasons of the
+# kernels NCUK names (default: attention's decode pair) at batch 1 (ncu_table.py).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -293,6 +294,17 @@ EOF"
         for v in "${VS[@]}"; do
             step "kprofile1-$m" 300 "echo 'variant: $v'; python3 plugins/cuda/tools/profile_decode.py $v /tmp/$m.gguf --steps 64 --batch 1 --kernels --no-cprofile"
         done
+        ;;
+    ncu:*)  # Nsight Compute on NCUK's kernels (a regex; default attention's decode pair) in a
+        # batch-1 vt bench with the bench_variant.py flags in NCUVARS: NCUCOUNT launches
+        # (8) after NCUSKIP (96: past the prefill); time, throughputs and the warps' stall
+        # reasons a launch (ncu_table.py); the raw CSV in $OUT/ncu-MODEL.csv
+        m=${s#ncu:}
+        step "ncu-$m" 500 "/usr/local/cuda/bin/ncu --csv --page raw --kernel-name 'regex:${NCUK:-^attention_(split|combine)\$}' \
+            --launch-skip ${NCUSKIP:-96} --launch-count ${NCUCOUNT:-8} --section SpeedOfLight --section WarpStateStats \
+            --section Occupancy --section LaunchStats python3 plugins/cuda/tools/bench_variant.py ${NCUVARS:-} bench \
+            --backend cuda --model /tmp/$m.gguf --batch 1 --prompt-tokens 128 --gen-tokens 32 --repeat 1 > $OUT/ncu-$m.csv; \
+            python3 plugins/cuda/tools/ncu_table.py $OUT/ncu-$m.csv"
         ;;
     kcache)  # the disk kernel cache (vt.gpu.kernel_cache): a backend's compiles and a 1B
         # model's load, from an empty cache and again from the files it left

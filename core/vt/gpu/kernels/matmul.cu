@@ -435,11 +435,11 @@ __device__ __forceinline__ vt_codes<8> vt_gv_load8(const unsigned char* p) {
 }
 
 // Code conversion in the gemv kernels. I2F (an int8 code to float) runs at a quarter of the
-// FP32 rate on sm_90 (16 a clock a multiprocessor), a limit of an issue-bound gemv loop
-// (docs/gpu.md, runs 72-73: swiglu_gemv2_q at SM 64%, DRAM 40%). VT_GV_MAGIC=1: a byte
-// permute puts a code's biased byte u (0-255) under the exponent of 2^23, whose float is
-// 2^23 + u exactly, and one subtraction of 2^23 + bias leaves the code: exact either way,
-// so the same bits, with a full-rate integer instruction for the conversion.
+// FP32 rate on sm_90 (16 a clock a multiprocessor). VT_GV_MAGIC=1 (off): a byte permute
+// puts a code's biased byte u (0-255) under the exponent of 2^23, whose float is 2^23 + u
+// exactly, and one subtraction of 2^23 + bias leaves the code: exact either way, so the
+// same bits, and no I2F. Run 79 (docs/gpu.md): swiglu_gemv2_q 2% faster, qkv_rope_gemv_q
+// 29% slower (registers 40 -> 48), the 1B shape -1.3%: the conversion is not the limit.
 #ifndef VT_GV_MAGIC
 #define VT_GV_MAGIC 0
 #endif
