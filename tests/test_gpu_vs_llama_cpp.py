@@ -182,6 +182,55 @@ def test_bench_stream_cuts_each_weight_into_chunks_that_fit_a_slot() -> None:
         bench_stream.rows_a_chunk(2048, 8192, 132, 8 * 1024, False)
 
 
+def test_sass_count_reads_a_kernels_registers_from_ptxas_verbose_log() -> None:
+    """sass_count.py's registers: the 'Used N registers' line after the named kernel's
+    'Compiling entry function' line of ptxas's log; None where the log has no such line."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
+    import sass_count  # noqa: PLC0415
+
+    log = (
+        "ptxas info    : Compiling entry function 'rms_norm' for 'sm_90'\n"
+        "ptxas info    : Function properties for rms_norm\n"
+        "ptxas info    : Used 43 registers, used 0 barriers, 1024 bytes smem\n"
+        "ptxas info    : Compiling entry function 'attention_split' for 'sm_90'\n"
+        "ptxas info    : Used 96 registers, used 1 barriers, 8192 bytes smem\n"
+    )
+    assert sass_count.registers(log, "attention_split") == 96
+    assert sass_count.registers(log, "rms_norm") == 43
+    assert sass_count.registers(log, "attention_combine") is None
+
+
+def test_emulator_same_bits_names_the_cases_that_differ(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """emulate_kernels.py --same-bits: the outputs of the library as it is and with the
+    define, compared bit for bit case by case (a -0.0 against +0.0 counts as different);
+    the count of cases that differ is its result."""
+    import numpy as np
+
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parent.parent / "plugins/cuda/tools")
+    import emulate_kernels  # noqa: PLC0415
+
+    built: list[tuple[str, ...]] = []
+    monkeypatch.setattr(
+        emulate_kernels, "build", lambda folder, defines=(): built.append(defines) or defines
+    )
+    monkeypatch.setattr(emulate_kernels, "emulated_backend",
+                        lambda lib: (type("B", (), {"defines": lib})(), None))  # fmt: skip
+
+    def outputs(backend: object) -> list[tuple[str, np.ndarray]]:
+        flip = "X=1" in backend.defines  # type: ignore[attr-defined]
+        return [("a", np.array([1.0, 2.0], np.float32)),
+                ("b", np.array([-0.0 if flip else 0.0], np.float32))]  # fmt: skip
+
+    monkeypatch.setattr(emulate_kernels, "_bits_outputs", outputs)
+    assert emulate_kernels.same_bits("X=1", ("Y=2",)) == 1
+    assert built == [("Y=2",), ("Y=2", "X=1")]
+    out = capsys.readouterr().out
+    assert "same  a" in out and "DIFFERENT  b" in out
+    assert "1 of 2 cases the same bits with X=1" in out
+
+
 def test_sass_count_counts_one_kernels_opcodes_predicated_or_not() -> None:
     """sass_count.py reads the named kernel's section of an nvdisasm listing only, and
     counts every instruction by opcode (a predicate and the modifiers left off); a kernel
@@ -263,7 +312,7 @@ def test_sass_count_names_a_kernel_the_source_lacks(monkeypatch: pytest.MonkeyPa
     import sass_count  # noqa: PLC0415
 
     listing = "//--------------------- .text.matmul_gemv2_q ----\n  /*0000*/  EXIT ;\n"
-    monkeypatch.setattr(sass_count, "cubin", lambda source, options: b"")
+    monkeypatch.setattr(sass_count, "cubin", lambda source, options: (b"", ""))
     monkeypatch.setattr(sass_count, "nvdisasm", lambda: "nvdisasm")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=listing))
     with pytest.raises(SystemExit, match="no kernel 'swiglu_gemv9_q' in the machine code"):
@@ -285,7 +334,7 @@ def test_sass_count_writes_the_kernels_listing_where_asked(
         "//--------------------- .text.matmul_gemv2_q ----\n  /*0000*/  FADD R1, R2, R3 ;\n"
         "//--------------------- .text.swiglu_gemv2_q ----\n  /*0000*/  EXIT ;\n"
     )
-    monkeypatch.setattr(sass_count, "cubin", lambda source, options: b"")
+    monkeypatch.setattr(sass_count, "cubin", lambda source, options: (b"", ""))
     monkeypatch.setattr(sass_count, "nvdisasm", lambda: "nvdisasm")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=listing))
     out = tmp_path / "k.sass"

@@ -307,6 +307,82 @@ def emulated_backend(lib: ctypes.CDLL) -> tuple[Any, Any]:
     return backend, rt
 
 
+#: Attention cases of same_bits: (positions, KV heads, head_dim, rows, query heads).
+BITS_ATTENTION = ((1, 3, 64, 2, 9), (17, 8, 64, 1, 32), (192, 8, 64, 1, 32),
+                  (129, 1, 128, 2, 9), (1025, 3, 64, 2, 9), (700, 2, 256, 1, 8),
+                  (40, 3, 96, 1, 9))  # fmt: skip
+
+
+def _bits_outputs(backend: Any) -> list[tuple[str, Any]]:
+    """(case, output) of attention (split and combine) and of one-row matmul, swiglu and
+    qkv per weight type on ``backend``: what same_bits compares."""
+    import numpy as np
+    import vt
+    from gpu_checks import IO, f32, i32
+    from vt.testing.kernels_suite import weight_tensor
+
+    outs: list[tuple[str, Any]] = []
+    stream = backend.create_stream()
+    for length, n_kv, hd, rows, nh in BITS_ATTENTION:
+        layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=3000, n_kv_heads=n_kv, head_dim=hd)
+        rng = np.random.default_rng(length)
+        cache = rng.standard_normal(layout.shape).astype(np.float32)
+        slots = (np.arange(rows, dtype=np.int32) + 1) % 4
+        pos = np.array([length - 1, length // 2][:rows], np.int32)
+        q = rng.standard_normal((rows, nh * hd)).astype(np.float32)
+        io = IO(backend)
+        out = io.empty(q.nbytes)
+        backend.launch("attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
+                       cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), rows),
+                       positions=i32(io.put(pos), rows), layout=layout, layer=1, n_heads=nh,
+                       scale=0.125)  # fmt: skip
+        backend.synchronize(stream)
+        outs.append((f"attention {length} {n_kv}-{hd}-{rows}", io.get(out, np.float32, q.shape)))
+        io.close()
+    for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"):
+        rng = np.random.default_rng(7)
+        k = 4608
+        ws = [backend.upload_weight(weight_tensor(f"w{i}", rng.standard_normal((37, k))
+                                                  .astype(np.float32), wtype)[0])
+              for i in range(3)]  # fmt: skip
+        io = IO(backend)
+        x = f32(io.put(rng.standard_normal((1, k)).astype(np.float32)), 1, k)
+        got = [io.empty(4 * 37) for _ in range(5)]
+        t = [f32(b, 1, 37) for b in got]
+        backend.launch("matmul", stream, out=t[0], x=x, weight=ws[0])
+        backend.launch("swiglu", stream, out=t[1], x=x, gate=ws[0], up=ws[1],
+                       scratch_gate=f32(io.empty(4 * 37), 1, 37),
+                       scratch_up=f32(io.empty(4 * 37), 1, 37))  # fmt: skip
+        backend.launch("qkv", stream, q=t[2], k=t[3], v=t[4], x=x, wq=ws[0], wk=ws[1], wv=ws[2])
+        backend.synchronize(stream)
+        for name, b in zip(("matmul", "swiglu", "q", "k", "v"), got, strict=True):
+            outs.append((f"{name} {wtype} K={k}", io.get(b, np.float32, (1, 37))))
+        io.close()
+    return outs
+
+
+def same_bits(define: str, base: tuple[str, ...]) -> int:
+    """Run _bits_outputs on the emulation as it is and with ``define`` added, and compare
+    them bit for bit (a define that claims the same bits, e.g. VT_FA_REG_ACC=1); the
+    number of cases that differ."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        runs = []
+        for folder, defines in ((a, base), (b, (*base, define))):
+            backend, _ = emulated_backend(build(Path(folder), defines))
+            backend.norm_fold_max_k = 0
+            runs.append(_bits_outputs(backend))
+    bad = 0
+    for (name, x), (_, y) in zip(*runs, strict=True):
+        same = np.array_equal(x.view(np.uint32), y.view(np.uint32))
+        bad += not same
+        diff = "" if same else f" (max |diff| {float(np.abs(x - y).max()):.3g})"
+        print(f"{'same' if same else 'DIFFERENT'}  {name}{diff}", flush=True)
+    print(f"{len(runs[0]) - bad} of {len(runs[0])} cases the same bits with {define}")
+    return bad
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-k", default="", help="only the cases whose name contains this")
@@ -316,7 +392,12 @@ def main() -> None:
     ap.add_argument("-D", "--define", action="append", default=[], metavar="NAME=VALUE",
                     help="a define for the kernels, as bench_variant.py --kdefine "
                          "(repeatable; VT_GV_MAGIC=1: the gemvs' permute conversion)")  # fmt: skip
+    ap.add_argument("--same-bits", metavar="NAME=VALUE",
+                    help="instead of the checks: attention and one-row matmul, swiglu and qkv "
+                         "with and without this define, compared bit for bit")  # fmt: skip
     a = ap.parse_args()
+    if a.same_bits:
+        sys.exit(1 if same_bits(a.same_bits, tuple(a.define)) else 0)
     with tempfile.TemporaryDirectory() as tmp:
         defines = (*(("VT_NORM_LATE=1",) if a.norm_late else ()), *a.define)
         backend, _ = emulated_backend(build(Path(tmp), defines))

@@ -3,10 +3,11 @@
     python plugins/cuda/tools/sass_count.py swiglu_gemv2_q -D VT_Q_FLAGS=0xc00 [-D NAME=V]
 
 No GPU needed: compiles vt's kernel source with nvrtc for ``--arch`` (sm_90), disassembles
-the cubin with nvdisasm and prints one JSON object: the kernel's instruction count and the
-count per opcode (``FADD``, ``I2F``, ...), so a change to a kernel's arithmetic can be
-weighed before device time is spent on it (docs/gpu.md, run 73: the gemv kernels are bound
-by their instructions more than by the memory). ``-D`` as ``bench_variant.py --kdefine``
+the cubin with nvdisasm and prints one JSON object: the kernel's registers a thread (ptxas's
+verbose log), its instruction count and the count per opcode (``FADD``, ``I2F``, ...), so a
+change to a kernel's arithmetic can be weighed before device time is spent on it
+(docs/gpu.md, run 73: the gemv kernels are bound by their instructions more than by the
+memory; run 82: more registers, a slower attention). ``-D`` as ``bench_variant.py --kdefine``
 (``VT_Q_FLAGS=0xc00``: the module of compact Q8_0's layout). Needs ``pip install
 cuda-bindings nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvdisasm`` (or nvdisasm on PATH).
 """
@@ -63,22 +64,31 @@ def nvdisasm() -> str:
     raise SystemExit("sass_count: no nvdisasm: pip install nvidia-cuda-nvdisasm")
 
 
-def cubin(source: str, options: list[str]) -> bytes:
-    """The cubin nvrtc makes of ``source``."""
+def cubin(source: str, options: list[str]) -> tuple[bytes, str]:
+    """The cubin nvrtc makes of ``source``, and its log (ptxas's, with ``--verbose``)."""
     from cuda.bindings import nvrtc  # noqa: PLC0415
 
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"vt_kernels.cu", 0, [], [])
     opts = [o.encode() for o in options]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    text = log.decode(errors="replace")
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        _, n = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * n
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise SystemExit(f"sass_count: nvrtc: {err}\n{log.decode(errors='replace')}")
+        raise SystemExit(f"sass_count: nvrtc: {err}\n{text}")
     _, n = nvrtc.nvrtcGetCUBINSize(prog)
     out = b" " * n
     nvrtc.nvrtcGetCUBIN(prog, out)
-    return out
+    return out, text
+
+
+def registers(log: str, kernel: str) -> int | None:
+    """Registers a thread of ``kernel`` by ptxas's verbose log (None if it does not say)."""
+    m = re.search(
+        rf"entry function '{re.escape(kernel)}'.*?\n[^\n]*?Used (\d+) registers", log, re.S
+    )
+    return int(m.group(1)) if m else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,11 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warp", type=int, default=32)
     p.add_argument("--listing", metavar="FILE", help="also write the kernel's machine code there")
     a = p.parse_args(argv)
-    options = [f"--gpu-architecture={a.arch}", f"-DVT_WARP={a.warp}", "-std=c++17"]
+    options = [f"--gpu-architecture={a.arch}", f"-DVT_WARP={a.warp}", "-std=c++17",
+               "--ptxas-options=--verbose"]  # fmt: skip
     options += [f"-D{d}" for d in a.defines]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "vt_kernels.cubin"
-        path.write_bytes(cubin(kernel_source(), options))
+        binary, log = cubin(kernel_source(), options)
+        path.write_bytes(binary)
         sass = subprocess.run([nvdisasm(), "-c", str(path)], capture_output=True, text=True,
                               check=True).stdout  # fmt: skip
     try:
@@ -106,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.listing).write_text(section(sass, a.kernel))
     total = sum(counts.values())
     print(json.dumps({"kernel": a.kernel, "arch": a.arch, "defines": a.defines,
-                      "instructions": total, "opcodes": dict(counts.most_common())}))  # fmt: skip
+                      "registers": registers(log, a.kernel), "instructions": total,
+                      "opcodes": dict(counts.most_common())}))  # fmt: skip
     return 0
 
 

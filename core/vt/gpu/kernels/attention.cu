@@ -22,6 +22,18 @@
 #ifndef VT_FA_COMBINE_EARLY
 #define VT_FA_COMBINE_EARLY 0
 #endif
+// VT_FA_REG_ACC=1: attention_split's loops over head_dim's two halves unrolled, so its
+// accumulators acc[half][g] are indexed by constants and kept in registers; with the
+// run-time bound of the loops as they are, they live in local memory (LDL/STL in the
+// machine code: sass_count.py attention_split). The same operations in the same order.
+#ifndef VT_FA_REG_ACC
+#define VT_FA_REG_ACC 0
+#endif
+#if VT_FA_REG_ACC
+#define FA_HALVES(cond) _Pragma("unroll") for (int half = 0; half < 2; ++half) if (cond)
+#else  // stops at the first half where cond fails: cond is monotone in half either way
+#define FA_HALVES(cond) for (int half = 0; half < 2 && (cond); ++half)
+#endif
 
 // min(v) over the block (every thread gets it); red holds a value per warp.
 __device__ __forceinline__ int vt_block_min_int(int v, int* red) {
@@ -371,7 +383,7 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
             }
         }
         __syncthreads();
-        for (int half = 0; half * FA_THREADS + d0 < head_dim && half < 2; ++half) {
+        FA_HALVES(half * FA_THREADS + d0 < head_dim) {
             int d = half * FA_THREADS + d0;
             float a[FA_MAXG];
 #pragma unroll
@@ -390,7 +402,7 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
         __syncthreads();  // sc[], cs[] are rewritten by the next chunk
     }
     // Add the R partial sums of each element through sc[] (gb * R * hd_lanes <= its size).
-    for (int half = 0; half < 2 && half * FA_THREADS < head_dim; ++half) {
+    FA_HALVES(half * FA_THREADS < head_dim) {  // the same for the whole block
         int d = half * FA_THREADS + d0;
         bool mine = d < head_dim;
 #pragma unroll
