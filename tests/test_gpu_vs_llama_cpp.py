@@ -401,6 +401,9 @@ def test_bench_variant_skips_the_kernels_a_prefix_names(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(GpuBackend, "_kernel", GpuBackend._kernel)  # restored after
     assert bench_variant.apply(["--skip-kernel", "rms_norm", "bench"]) == ["bench"]
+    for flag in ("--skip-kernel", "--overlap-combine", "--kdefine"):  # a flag with no value
+        with pytest.raises(SystemExit, match=f"{flag} needs a value"):
+            bench_variant.apply([flag])
     backend, rt = make()
     stream = backend.create_stream()
     x = backend.alloc(4 * 64)

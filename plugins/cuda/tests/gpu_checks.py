@@ -340,7 +340,8 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
     same float32 numerics, summed in another order. Features 37, 37, 13: partial blocks.
     gv 4 also on the wide gemv (gemv_wide_min_rows 1: every op's weights count as an output
     projection's, 4 features a block of gemv_wide_threads = 64, so K = 4608 is several
-    passes), gv 2 also with gemv_swiglu_threads 64."""
+    passes), gv 2 with swiglu on 128 threads and on 64 (gemv_swiglu_threads, 64 by
+    default)."""
     if wtype.endswith("_K") and k_in % 256:
         k_in = 512
     rows = (37, 37, 13)

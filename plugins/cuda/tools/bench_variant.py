@@ -143,8 +143,13 @@ _NUMBERS = {
 
 def apply(args: list[str]) -> list[str]:
     """Set the variant the leading options name; returns the rest (``vt``'s command line)."""
+    valued = (*_NUMBERS, "--blas-keep", "--blas-lt", "--int8-mma", "--kdefine", "--skip-kernel",
+             "--layout", "--drop-fused", "--add-fused", "--last-block-combine",
+             "--attention-cluster")  # fmt: skip
     while args:
         flag = args[0]
+        if flag in valued and len(args) < 2:
+            raise SystemExit(f"bench_variant: {flag} needs a value")
         if flag in _NUMBERS:
             setattr(GpuBackend, _NUMBERS[flag], int(args[1]))
         elif flag == "--blas-keep":  # CudaBackend says its own default (0.125)
