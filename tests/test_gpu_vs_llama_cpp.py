@@ -415,19 +415,21 @@ def test_bench_variant_skips_the_kernels_a_prefix_names(monkeypatch: pytest.Monk
 
 def test_ncu_table_reads_the_raw_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ncu_table.py: a line per profiled launch from ``ncu --csv --page raw`` (header, units,
-    launches; the program's own output before it), time in microseconds whatever the unit,
-    the stall reasons largest first; a metric the report lacks prints as '-'; a file with no
-    report is a clear error."""
+    launches; the program's own output before it), time in microseconds whatever the unit
+    (``ns`` as ncu 2025 writes it, ``nsecond`` as older ones), memory throughput from DRAM's
+    metric or else SpeedOfLight's, the stall reasons largest first; a metric the report lacks
+    prints as '-'; a file with no report or a time in an unknown unit is a clear error."""
     monkeypatch.syspath_prepend(Path(__file__).resolve().parent.parent / "plugins/cuda/tools")
     import ncu_table  # noqa: PLC0415
 
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
     header = ["ID", "Kernel Name", "Block Size", "Grid Size", "gpu__time_duration.sum",
               "launch__registers_per_thread", stall.format("barrier"),
-              stall.format("long_scoreboard"), stall.format("no_instruction")]  # fmt: skip
-    units = ["", "", "", "", "nsecond", "register/thread", "ratio", "ratio", "ratio"]
+              stall.format("long_scoreboard"), stall.format("no_instruction"),
+              "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"]  # fmt: skip
+    units = ["", "", "", "", "ns", "register/thread", "ratio", "ratio", "ratio", "%"]
     launch = ["0", "attention_split", "(128, 1, 1)", "(1, 8, 32)", "7,780", "96", "3.5",
-              "12.25", "0"]  # fmt: skip
+              "12.25", "0", "0.55"]  # fmt: skip
     report = tmp_path / "ncu.csv"
     report.write_text("vt bench output\n==PROF== Connected\n" + "\n".join(
         ",".join(f'"{c}"' for c in row) for row in (header, units, launch)) + "\n")  # fmt: skip
@@ -435,7 +437,7 @@ def test_ncu_table_reads_the_raw_report(tmp_path: Path, monkeypatch: pytest.Monk
     assert head.split()[:3] == ["kernel", "grid", "block"]
     cells, stalls = line.split(" | ")
     cells = cells.split()
-    assert cells[:6] == ["attention_split", "(1,8,32)", "128", "7.78", "-", "-"]
+    assert cells[:6] == ["attention_split", "(1,8,32)", "128", "7.78", "0.55", "-"]
     assert cells[6:] == ["96.00", "-", "-"]
     assert stalls == "long_scoreboard 12.2, barrier 3.5"  # no_instruction 0: left out
 
@@ -446,3 +448,54 @@ def test_ncu_table_reads_the_raw_report(tmp_path: Path, monkeypatch: pytest.Monk
         ncu_table.main()
     with pytest.raises(ValueError, match="Kernel Name"):
         ncu_table.table(['"ID","x"', '"",""'])
+    old_units = ",".join(f'"{c}"' for c in ["", "", "", "", "nsecond"] + units[5:])
+    rows = [",".join(f'"{c}"' for c in row) for row in (header, launch)]
+    assert ncu_table.table([rows[0], old_units, rows[1]])[1].split()[3] == "7.78"
+    with pytest.raises(ValueError, match="unknown unit 'fortnight'"):
+        ncu_table.table([rows[0], old_units.replace("nsecond", "fortnight"), rows[1]])
+
+
+def test_nsys_steps_adds_up_a_replayed_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nsys_steps.py: the trace cut into steps at the --first kernel, only the most common
+    sequence kept (a prefill step left out), and per kernel its increment, how much later
+    the step ends because of it: an overlapped kernel that ends inside its predecessor adds
+    nothing, and the increments add up to the step's span. A trace without the first kernel,
+    or a file that is no trace, is a clear error."""
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parent.parent / "plugins/cuda/tools")
+    import nsys_steps  # noqa: PLC0415
+
+    rows = ['"Start (ns)","Duration (ns)","CorrId","Name"']
+    # a prefill step (other kernels), then two decode steps of 4 activities each (ns)
+    trace = [(0, 50_000, "embedding_q"), (60_000, 40_000, "matmul_tiled_q")]
+    for t0 in (200_000, 300_000):
+        trace += [(t0, 4_000, "embedding_q"), (t0 + 5_000, 10_000, "swiglu_gemv2_q"),
+                  (t0 + 7_000, 6_000, "rms_norm"), (t0 + 16_000, 2_000, "sample")]  # fmt: skip
+    rows += [f'"{s:,}","{d:,}","7","{n}"' for s, d, n in trace]
+    report = nsys_steps.report(nsys_steps.steps(nsys_steps.activities(rows), "embedding"))
+    assert report["steps"] == 2 and report["activities_per_step"] == 4
+    assert report["span_us"] == 18.0  # 0 .. 16 + 2
+    inc = {b["name"]: b["inc"] for b in report["per_name"]}
+    # embedding 4; swiglu 15 - 4 = 11; rms_norm ends at 13 < 15: 0; sample 18 - 15 = 3
+    assert inc == {"embedding_q": 4.0, "swiglu_gemv2_q": 11.0, "rms_norm": 0.0, "sample": 3.0}
+    assert sum(inc.values()) == report["span_us"]
+    gaps = [p["gap"] for p in report["per_position"]]
+    assert gaps == [0.0, 1.0, -8.0, 1.0]  # rms_norm starts 8 us before swiglu ends
+    lines = nsys_steps.table(report)
+    assert lines[0].startswith("2 steps of 4 activities, 18.0 us a step")
+    assert lines[2].split()[:3] == ["swiglu_gemv2_q", "1", "11.00"]
+
+    path = tmp_path / "trace.csv"
+    path.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["nsys_steps.py", str(path), "--json", str(out)])
+    nsys_steps.main()
+    assert json.loads(out.read_text())["span_us"] == 18.0
+    monkeypatch.setattr(sys, "argv", ["nsys_steps.py", str(path), "--first", "attention"])
+    with pytest.raises(SystemExit, match="no activity named 'attention'"):
+        nsys_steps.main()
+    path.write_text('"Time","Name"\n"1","x"\n')
+    monkeypatch.setattr(sys, "argv", ["nsys_steps.py", str(path)])
+    with pytest.raises(SystemExit, match="no column starting with 'Start'"):
+        nsys_steps.main()

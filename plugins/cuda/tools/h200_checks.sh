@@ -28,7 +28,8 @@
 # kitvar: the conformance kit with the bench_variant.py flags in KITVARS (kit_variant.py).
 # checksvar: the kit and gpu_checks.py (CHECKK: a -k expression, + for " or ") with the
 # flags in CHECKVARS, in one process. ncu:MODEL: Nsight Compute's time, throughputs and stall reasons of the
-# kernels NCUK names (default: attention's decode pair) at batch 1 (ncu_table.py).
+# kernels NCUK names (default: attention's decode pair) at batch 1 (ncu_table.py). nsys:MODEL:
+# Nsight Systems' trace of a batch-1 bench, each kernel's share of a replayed step (nsys_steps.py).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -298,13 +299,29 @@ EOF"
     ncu:*)  # Nsight Compute on NCUK's kernels (a regex; default attention's decode pair) in a
         # batch-1 vt bench with the bench_variant.py flags in NCUVARS: NCUCOUNT launches
         # (8) after NCUSKIP (96: past the prefill); time, throughputs and the warps' stall
-        # reasons a launch (ncu_table.py); the raw CSV in $OUT/ncu-MODEL.csv
+        # reasons a launch (ncu_table.py); the raw CSV in $OUT/ncu-MODEL.csv. NCUCACHE: ncu's
+        # --cache-control (none: caches as the previous launch left them, as in a replayed
+        # step; all: flushed first, as ncu does by default: run 84's imc_miss stalls)
         m=${s#ncu:}
         step "ncu-$m" 500 "/usr/local/cuda/bin/ncu --csv --page raw --kernel-name 'regex:${NCUK:-^attention_(split|combine)\$}' \
+            --cache-control ${NCUCACHE:-none} --clock-control none \
             --launch-skip ${NCUSKIP:-96} --launch-count ${NCUCOUNT:-8} --section SpeedOfLight --section WarpStateStats \
             --section Occupancy --section LaunchStats python3 plugins/cuda/tools/bench_variant.py ${NCUVARS:-} bench \
             --backend cuda --model /tmp/$m.gguf --batch 1 --prompt-tokens 128 --gen-tokens 32 --repeat 1 > $OUT/ncu-$m.csv; \
             python3 plugins/cuda/tools/ncu_table.py $OUT/ncu-$m.csv"
+        ;;
+    nsys:*)  # Nsight Systems on a batch-1 vt bench (graphs replayed as in use, NSYSVARS:
+        # bench_variant.py flags): each kernel's increment in a replayed step, how much later
+        # the step ends because of it, overlapped launches included (nsys_steps.py)
+        m=${s#nsys:}
+        step "nsys-$m" 300 "NSYS=\$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1); \
+            test -n \"\$NSYS\" || { echo 'no nsys on this machine'; exit 1; }; \
+            \$NSYS profile -q -t cuda --cuda-graph-trace=node --force-overwrite true -o /tmp/nsys-$m \
+            python3 plugins/cuda/tools/bench_variant.py ${NSYSVARS:-} bench --backend cuda --model /tmp/$m.gguf \
+            --batch 1 --prompt-tokens 128 --gen-tokens 64 --repeat 1 > /dev/null \
+            && \$NSYS stats -q --force-export true --report cuda_gpu_trace --format csv \
+            --output /tmp/nsys-$m /tmp/nsys-$m.nsys-rep \
+            && python3 plugins/cuda/tools/nsys_steps.py /tmp/nsys-${m}_cuda_gpu_trace.csv --json $OUT/nsys-$m.json"
         ;;
     kcache)  # the disk kernel cache (vt.gpu.kernel_cache): a backend's compiles and a 1B
         # model's load, from an empty cache and again from the files it left

@@ -6,7 +6,8 @@ its warps stall.
 
 (``h200_checks.sh ncu:MODEL`` runs both.) ``--page raw`` writes a header of metric names,
 a line of their units, then a line per profiled launch. Each kernel's line here: grid and
-block, ``gpu__time_duration.sum`` in microseconds, DRAM and SM throughput (% of peak),
+block, ``gpu__time_duration.sum`` in microseconds, memory and SM throughput (% of peak;
+memory: DRAM's where the report has it, else the SpeedOfLight section's memory figure),
 registers a thread, achieved occupancy, warp cycles per issued instruction, and the
 ``--top`` stall reasons by cycles a warp spends in them per issued instruction
 (``smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio``): whether a
@@ -22,15 +23,17 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-#: (column title, metric name): the figures of a kernel's line, in order.
+#: (column title, metric names): the figures of a kernel's line, in order; the first of a
+#: figure's names the report has is read (which metrics a section writes varies by ncu).
 FIGURES = (
-    ("us", "gpu__time_duration.sum"),
-    ("DRAM%", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-    ("SM%", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
-    ("regs", "launch__registers_per_thread"),
-    ("occ%", "sm__warps_active.avg.pct_of_peak_sustained_active"),
-    ("cyc/inst", "smsp__average_warp_latency_per_inst_issued.ratio"),
-)
+    ("us", ("gpu__time_duration.sum",)),
+    ("Mem%", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+              "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed")),
+    ("SM%", ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)),
+    ("regs", ("launch__registers_per_thread",)),
+    ("occ%", ("sm__warps_active.avg.pct_of_peak_sustained_active",)),
+    ("cyc/inst", ("smsp__average_warp_latency_per_inst_issued.ratio",)),
+)  # fmt: skip
 STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 
 
@@ -41,8 +44,15 @@ def _number(text: str) -> float | None:
         return None
 
 
+#: microseconds in a time unit as ncu spells it (``ns`` in 2025's releases, ``nsecond`` before)
+_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+       "s": 1e6, "second": 1e6}  # fmt: skip
+
+
 def _microseconds(value: float, unit: str) -> float:
-    return value * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit, 1.0)
+    if unit not in _US:
+        raise ValueError(f"gpu__time_duration in an unknown unit {unit!r}")
+    return value * _US[unit]
 
 
 def table(lines: Iterable[str], top: int = 6) -> list[str]:
@@ -59,8 +69,8 @@ def table(lines: Iterable[str], top: int = 6) -> list[str]:
            + " | stalls (cycles a warp per issued instruction)"]  # fmt: skip
     for r in launches:
         cells = []
-        for title, metric in FIGURES:
-            i = col.get(metric)
+        for title, names in FIGURES:
+            i = next((col[n] for n in names if n in col), None)
             v = _number(r[i]) if i is not None and i < len(r) else None
             if v is not None and title == "us":
                 v = _microseconds(v, units[i])
