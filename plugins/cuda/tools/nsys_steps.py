@@ -105,8 +105,9 @@ def report(kept: list[list[tuple[str, float, float]]]) -> dict[str, Any]:
         "activities_per_step": length,
         "span_us": round(span, 2),
         "per_name": [{"name": k, **{f: round(v, 2) for f, v in b.items()}} for k, b in names],
-        "per_position": [{k: round(v, 2) if isinstance(v, float) else v for k, v in p.items()}
-                         for p in pos],  # fmt: skip
+        "per_position": [
+            {k: round(v, 2) if isinstance(v, float) else v for k, v in p.items()} for p in pos
+        ],
     }
 
 
