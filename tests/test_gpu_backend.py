@@ -1636,6 +1636,32 @@ def test_swiglu_gemv_threads_are_their_own_setting() -> None:
     backend.close()
 
 
+def test_swiglu_gemv_features_are_their_own_setting() -> None:
+    """gemv_swiglu_features: swiglu's one-row gemv takes 1, 2 or 4 output features a block
+    (its grid shrinks to match); 0 or anything else is gemv_features (2); the matmul beside
+    it keeps gemv_features."""
+    backend, rt = make()
+    assert (backend.gemv_swiglu_features, backend.gemv_features) == (0, 2)
+    stream = backend.create_stream()
+    k, rows = 2048, 8
+    w = backend.upload_weight(weight_tensor("w", np.ones((rows, k), np.float32), "Q8_0"))
+    x = vt.Tensor.of(backend.alloc(k * 4), F32, 1, k)
+
+    def out() -> vt.Tensor:
+        return vt.Tensor.of(backend.alloc(rows * 4), F32, 1, rows)
+
+    for features in (4, 1, 0, 3):
+        backend.gemv_swiglu_features = features
+        backend.launch("swiglu", stream, out=out(), x=x, gate=w, up=w, scratch_gate=out(),
+                       scratch_up=out())  # fmt: skip
+        backend.launch("matmul", stream, out=out(), x=x, weight=w)
+    got = [(launch.kernel, launch.grid[0]) for launch in rt.launches]
+    assert got == [("swiglu_gemv4_q", 2), ("matmul_gemv2_q", 4), ("swiglu_gemv1_q", 8),
+                   ("matmul_gemv2_q", 4), ("swiglu_gemv2_q", 4), ("matmul_gemv2_q", 4),
+                   ("swiglu_gemv2_q", 4), ("matmul_gemv2_q", 4)]  # fmt: skip
+    backend.close()
+
+
 def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
     backend, rt = make()
     backend.int8_min_rows = 1 << 30  # the float32 kernels (these weights would take int8)

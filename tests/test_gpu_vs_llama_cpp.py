@@ -370,23 +370,25 @@ def test_profile_decode_tables_kernels_by_launch_shape() -> None:
 
 
 def test_bench_variant_sets_the_gemv_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--gemv-threads, --gemv-swiglu-threads and --gemv-wide-*: the GpuBackend settings of
-    runs 74-77's variants, the rest of the command line passed on."""
+    """--gemv-threads, --gemv-swiglu-threads, --gemv-swiglu-features and --gemv-wide-*: the
+    GpuBackend settings of runs 74-77's and 88's variants, the rest of the command line passed
+    on."""
     from vt.gpu import GpuBackend
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
     import bench_variant  # noqa: PLC0415
 
     names = ("gemv_threads", "gemv_swiglu_threads", "gemv_wide_min_rows",
-             "gemv_wide_features", "gemv_wide_threads")  # fmt: skip
+             "gemv_wide_features", "gemv_wide_threads", "gemv_swiglu_features")  # fmt: skip
     for name in names:
         monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))  # restored after
     rest = bench_variant.apply(
         ["--gemv-threads", "64", "--gemv-swiglu-threads", "32", "--gemv-wide-rows", "0",
-         "--gemv-wide-features", "2", "--gemv-wide-threads", "128", "bench"]
+         "--gemv-wide-features", "2", "--gemv-wide-threads", "128",
+         "--gemv-swiglu-features", "4", "bench"]
     )  # fmt: skip
     assert rest == ["bench"]
-    assert [getattr(GpuBackend, n) for n in names] == [64, 32, 0, 2, 128]
+    assert [getattr(GpuBackend, n) for n in names] == [64, 32, 0, 2, 128, 4]
 
 
 def test_bench_variant_skips_the_kernels_a_prefix_names(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -323,6 +323,11 @@ class GpuBackend(
     #: 64 on the 1B shape +1.1% to +3.2% at batch 1 against 128, in three calls (runs
     #: 78-79, docs/gpu.md); the two-row kernels stay on ``gemv_threads``.
     gemv_swiglu_threads: int = 64
+    #: Output features a block of swiglu's gemv kernels (gate and up: twice the weight rows),
+    #: 1, 2 or 4; 0: ``gemv_features``. Its 4,096 two-feature blocks on the 1B shape are
+    #: about two waves, and it runs at 2.8 TB/s where the output projection's long launch of
+    #: the same blocks reaches 3.69 (docs/gpu.md run 85): the setting measures the waves.
+    gemv_swiglu_features: int = 0
     #: One-row matmuls whose K is at least this run ``matmul_gemvu*_q``: each thread's
     #: loads of two passes in flight together (a long row, as the 1B shape's down
     #: projection: four passes of 128 threads); 0: never. Run 57 (``bench_variant.py
@@ -791,11 +796,14 @@ class GpuBackend(
         rpb = self._rows_per_block(n, blocks_x)
         return (blocks_x, -(-n // rpb), 1), rpb, per_warp
 
-    def _gemv(self, x: Tensor, *ws: GpuWeight, threads: int = 0) -> tuple[int, int]:
+    def _gemv(
+        self, x: Tensor, *ws: GpuWeight, threads: int = 0, features: int = 0
+    ) -> tuple[int, int]:
         """(features per block, threads per block) of the gemv kernels for a one-row step
         against ``ws``, or (0, 0): the warp kernels. 64 threads where K <= 1024 (16 values
         a thread: K = 576 leaves most of 128 idle), else ``threads`` (the caller's; 0:
-        ``gemv_threads``); the output projection ``gemv_wide_*``."""
+        ``gemv_threads``); ``features`` the caller's (1, 2 or 4; else ``gemv_features``);
+        the output projection ``gemv_wide_*``."""
         n, k = x.shape
         ok = (
             n == 1 and self.gemv_features in (1, 2, 4) and k % 16 == 0
@@ -809,7 +817,13 @@ class GpuBackend(
         if wide and min(w.rows for w in ws) >= wide and self.gemv_wide_features in (1, 2, 4):
             return self.gemv_wide_features, self._gemv_threads(self.gemv_wide_threads)
         long_k = self._gemv_threads(threads or self.gemv_threads)
-        return self.gemv_features, 64 if k <= 1024 else long_k
+        per_block = features if features in (1, 2, 4) else self.gemv_features
+        return per_block, 64 if k <= 1024 else long_k
+
+    @property
+    def _swiglu_gemv(self) -> dict[str, int]:
+        """``_gemv``'s keywords for swiglu's kernels (its own threads and features)."""
+        return {"threads": self.gemv_swiglu_threads, "features": self.gemv_swiglu_features}
 
     def _gemv_threads(self, threads: int) -> int:
         """``threads`` as a gemv block can take them: whole warps, at most 128
@@ -1062,7 +1076,7 @@ class GpuBackend(
             self._matmul(stream, scratch_up, x, u)
             self.op_silu_mul(stream, out, scratch_gate, scratch_up)
             return
-        if (gv := self._gemv(x, g, u, threads=self.gemv_swiglu_threads))[0]:
+        if (gv := self._gemv(x, g, u, **self._swiglu_gemv))[0]:
             self._kernel(
                 f"swiglu_gemv{gv[0]}_q", (-(-g.rows // gv[0]), 1, 1), gv[1], stream,
                 self._ptr(out), self._ptr(x), P(g.data), P(g.scales), I32(g.qarg),
@@ -1201,7 +1215,7 @@ class GpuBackend(
         g, u = self._gpu_weight(gate, "rms_norm_swiglu"), self._gpu_weight(up, "rms_norm_swiglu")
         nw = self._gpu_weight(norm, "rms_norm_swiglu")
         fold = nw.kind == W.WT_F32 and self._fold_norm("rms_norm_swiglu", x.shape[1])
-        gv = self._gemv(x, g, u, threads=self.gemv_swiglu_threads) if fold else (0, 0)
+        gv = self._gemv(x, g, u, **self._swiglu_gemv) if fold else (0, 0)
         if not gv[0]:
             args = {"out": out, "x": x, "norm": norm, "eps": eps, "gate": gate, "up": up,
                     "scratch": scratch, "scratch_gate": scratch_gate,

@@ -33,6 +33,8 @@ too (the split kernel's K and V rows prefetched into L2 before its wait;
 (two passes' loads in flight a thread; ``GpuBackend.gemv_unroll_min_k``, 0: never);
 ``--gemv-threads N`` / ``--gemv-swiglu-threads N``: threads a gemv block (swiglu's) where
 K > 1024 (``GpuBackend.gemv_threads``, ``gemv_swiglu_threads``: 128, 64);
+``--gemv-swiglu-features F``: swiglu's gemv blocks take F (1, 2, 4) output features
+(``GpuBackend.gemv_swiglu_features``; 0, the default: ``gemv_features``);
 ``--gemv-wide-rows R``, ``--gemv-wide-features F``, ``--gemv-wide-threads N``: one-row
 matmuls of R or more output features (the output projection) on F features a block of N
 threads (``GpuBackend.gemv_wide_*``: 32768, 4, 64; R 0: as every gemv);
@@ -135,6 +137,7 @@ _NUMBERS = {
     "--norm-fold-k": "norm_fold_max_k",
     "--gemv-threads": "gemv_threads",
     "--gemv-swiglu-threads": "gemv_swiglu_threads",
+    "--gemv-swiglu-features": "gemv_swiglu_features",
     "--gemv-wide-rows": "gemv_wide_min_rows",
     "--gemv-wide-features": "gemv_wide_features",
     "--gemv-wide-threads": "gemv_wide_threads",

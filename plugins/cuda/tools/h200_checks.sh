@@ -60,7 +60,9 @@ for s in $STEPS; do
                 --upgrade --target /tmp/site .whl/*.whl
         fi
         step install 300 "python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/cuda \
-            && nvidia-smi -L && python3 -m pip list 2>/dev/null | grep -i -E '^(cuda|nvidia-cuda-nvrtc|numpy|pydantic |gguf)'"
+            && nvidia-smi -L && python3 -m pip list 2>/dev/null | grep -i -E '^(cuda|nvidia-cuda-nvrtc|numpy|pydantic |gguf|nvmath)' \
+            && { python3 -c 'import nvmath.bindings.cublas' 2>/dev/null \
+                 || echo 'WARNING: no nvmath-python here: prefill runs on vt'\''s own kernels, not cuBLAS (carry its wheel in .whl; run 86)'; }"
         ;;
     backends)
         step backends 120 "vt backends && vt backends --json > $OUT/backends.json"
