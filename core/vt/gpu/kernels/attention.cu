@@ -30,6 +30,16 @@
 #ifndef VT_FA_REG_ACC
 #define VT_FA_REG_ACC 1
 #endif
+// VT_FA_WARP=1 (off; built in the fifteenth session, not yet measured): attention_split's
+// decode path with a running softmax per warp instead of per block (vt_fa_warp_split): no
+// block barrier per chunk, and a pass's K and V rows loaded together (one memory round
+// trip where the block path takes two). Run 84's ncu: the block path's warps stall on its
+// shared-memory reductions and barriers, not on its loads. Not the block path's sums (each
+// warp's softmax and values meet at the end): within the kit's bounds, not the same bits.
+#ifndef VT_FA_WARP
+#define VT_FA_WARP 0
+#endif
+#define FA_WARP_ACC 1024  // gb * head_dim at most on the warp path (its merge's shared floats)
 #if VT_FA_REG_ACC
 #define FA_HALVES(cond) _Pragma("unroll") for (int half = 0; half < 2; ++half) if (cond)
 #else  // stops at the first half where cond fails: cond is monotone in half either way
@@ -191,6 +201,163 @@ __device__ __forceinline__ void vt_cluster_sync() {}
 __device__ __forceinline__ unsigned vt_cluster_rank() { return 0; }
 #endif
 
+// After a split block wrote its partials (splits > 1): the cluster's first block, or with
+// counts the group's last block to finish, combines the group's heads; else nothing (the
+// attention_combine launch follows). Every thread of the block calls it.
+template <bool CLUSTER>
+__device__ __forceinline__ void vt_attention_split_end(float* out, const float* part, int i,
+                                                       int n_heads, int h0, int gb,
+                                                       int head_dim, int splits, bool ok,
+                                                       int* counts, int* red) {
+    int t = threadIdx.x, warp = t / VT_WARP, warps = FA_THREADS / VT_WARP;
+    if (CLUSTER) {  // splits == the cluster's blocks (FA_CLUSTER), tile == 0: all arrive
+        __threadfence();  // this block's partials visible beyond its SM, then the barrier
+        vt_cluster_sync();
+        if (vt_cluster_rank() != 0) return;
+        for (int g = warp; g < gb; g += warps)  // a head a warp (reads through L2: vt_ld_l2)
+            vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim,
+                                      splits, ok);
+        return;
+    }
+    if (splits == 1 || !counts) return;  // the whole block: attention_combine follows
+    // Every thread's partials visible device-wide before the count says so; the block that
+    // brings the count to `splits` reads them all (from L2: vt_ld_l2).
+    __threadfence();
+    __syncthreads();
+    int* count = counts + (long long)i * gridDim.y + blockIdx.y;
+    if (t == 0) red[0] = atomicAdd(count, 1) == splits - 1;
+    __syncthreads();
+    if (!red[0]) return;  // the whole block
+    __threadfence();
+    for (int g = warp; g < gb; g += warps)  // a head a warp, the warps at once
+        vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
+                                  ok);
+    if (t == 0) *count = 0;
+}
+
+// VT_FA_WARP's body of attention_split for positions [p0, p1) of a block's group of gb
+// heads (q in qs, head_dim HD: 64 or 128, 16-byte K loads): each warp takes groups of PPW =
+// VT_WARP / LPN positions in turn (LPN lanes a position, 16 K values a lane, as the block
+// path scores), loads a group's K rows and its V rows (lane l the elements l, l + VT_WARP,
+// ...) together, scores them (the LPN lanes' sums meet by shuffles), keeps a running max
+// and sum per head over its own positions and sums its V rows, each position's weight
+// taken from its lanes by a shuffle. One barrier at the end: the warps' maxima, sums and
+// values meet in shared memory (weights exp(m_w - max)), then the block writes the output
+// (one split) or its partial, as the block path does. wacc: the caller's shared memory,
+// FA_THREADS / VT_WARP * FA_WARP_ACC floats (one array for both head sizes).
+#define FA_WARPS (FA_THREADS / VT_WARP)
+template <int HD>
+__device__ void vt_fa_warp_split(float* out, float* part, const float* cache, long long kbase,
+                                 long long vbase, long long pos_stride, int p0, int p1,
+                                 const float* qs, int i, int n_heads, int h0, int gb,
+                                 int splits, int s, float scale, bool ok,
+                                 float (*wacc)[FA_WARP_ACC]) {
+    constexpr int WARPS = FA_WARPS, LPN = HD / 16, PPW = VT_WARP / LPN;
+    constexpr int E = HD / VT_WARP;  // V elements a lane
+    __shared__ float wms[WARPS][FA_MAXG], wls[WARPS][FA_MAXG];
+    const float NEG = -__uint_as_float(0x7f800000u);
+    int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
+    int lp = lane % LPN, pj = lane / LPN;
+    float m[FA_MAXG], l[FA_MAXG], acc[FA_MAXG][E];
+#pragma unroll
+    for (int g = 0; g < FA_MAXG; ++g) {
+        m[g] = NEG, l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+    }
+    for (int jb = p0 + warp * PPW; jb < p1; jb += WARPS * PPW) {  // the same for the warp
+        int j = jb + pj;
+        bool valid = j < p1;
+        const float* kp = cache + kbase + (long long)min(j, p1 - 1) * pos_stride;
+        vt_f4 k4[4];
+        float vv[PPW][E];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) k4[c] = *(const vt_f4*)(kp + (lp + c * LPN) * 4);
+#pragma unroll
+        for (int q = 0; q < PPW; ++q) {
+            const float* vp = cache + vbase + (long long)min(jb + q, p1 - 1) * pos_stride;
+#pragma unroll
+            for (int e = 0; e < E; ++e) vv[q][e] = vp[e * VT_WARP + lane];
+        }
+#pragma unroll
+        for (int g = 0; g < FA_MAXG; ++g) {
+            if (g >= gb) continue;  // gb is the same for the whole block
+            float sg = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const float* qg = qs + g * 256 + (lp + c * LPN) * 4;
+                sg += qg[0] * k4[c].x;
+                sg += qg[1] * k4[c].y;
+                sg += qg[2] * k4[c].z;
+                sg += qg[3] * k4[c].w;
+            }
+#pragma unroll
+            for (int o = LPN / 2; o > 0; o >>= 1) sg += VT_SHFL_XOR(sg, o);
+            float sc = valid ? sg * scale : NEG;
+            float mx = sc;  // the group's maximum: the xor offsets walk its positions' lanes
+#pragma unroll
+            for (int o = LPN; o < VT_WARP; o <<= 1) mx = fmaxf(mx, VT_SHFL_XOR(mx, o));
+            float nm = fmaxf(m[g], mx);  // finite: position jb is valid
+            float p = valid ? expf(sc - nm) : 0.0f;
+            float sum = p;  // each position once
+#pragma unroll
+            for (int o = LPN; o < VT_WARP; o <<= 1) sum += VT_SHFL_XOR(sum, o);
+            float corr = expf(m[g] - nm);  // 0 on the warp's first group (m = -inf)
+            l[g] = l[g] * corr + sum;
+            m[g] = nm;
+            float a[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) a[e] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < PPW; ++q) {
+                float pq = VT_SHFL_IDX(p, q * LPN);  // position jb + q's weight (0 past p1)
+#pragma unroll
+                for (int e = 0; e < E; ++e) a[e] += pq * vv[q][e];
+            }
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * corr + a[e];
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < FA_MAXG; ++g)
+            if (g < gb) wms[warp][g] = m[g], wls[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int g = 0; g < FA_MAXG; ++g)
+        if (g < gb) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) wacc[warp][g * HD + e * VT_WARP + lane] = acc[g][e];
+        }
+    __syncthreads();
+    for (int idx = t; idx < gb * HD; idx += FA_THREADS) {
+        int g = idx / HD, d = idx % HD;
+        float mx = NEG;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w)
+            if (wls[w][g] > 0.0f) mx = fmaxf(mx, wms[w][g]);
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {  // a warp that saw no position weighs 0
+            float wt = wls[w][g] > 0.0f ? expf(wms[w][g] - mx) : 0.0f;
+            num += wt * wacc[w][idx];
+            den += wt * wls[w][g];
+        }
+        long long oh = (long long)i * n_heads + h0 + g;
+        if (splits == 1) {
+            out[oh * HD + d] = ok ? num / den : vt_nan();
+        } else {
+            float* pp = part + (oh * splits + s) * (HD + 2);
+            pp[d] = num;
+            if (d == 0) {
+                pp[HD] = mx;
+                pp[HD + 1] = den;
+            }
+        }
+    }
+    __syncthreads();
+}
+
 // CLUSTER (attention_split_cluster): the row's splits of a group are one thread-block
 // cluster, and its first block combines their partials after the cluster's barrier.
 template <bool CLUSTER>
@@ -262,6 +429,20 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
     while (lpn * 16 < head_dim && lpn < 16) lpn <<= 1;
     int lp = t % lpn, pj = t / lpn, hp = FA_THREADS / lpn;
     bool k16 = ((head_dim | row) & 3) == 0 && ((vt_u64)cache & 15) == 0;  // 16-byte loads
+#if VT_FA_WARP
+    if (k16 && (head_dim == 64 || head_dim == 128) && gb * head_dim <= FA_WARP_ACC) {
+        __shared__ float wacc[FA_WARPS][FA_WARP_ACC];
+        if (head_dim == 64)
+            vt_fa_warp_split<64>(out, part, cache, kbase, vbase, pos_stride, p0, p1, qs, i,
+                                 n_heads, h0, gb, splits, s, scale, ok, wacc);
+        else
+            vt_fa_warp_split<128>(out, part, cache, kbase, vbase, pos_stride, p0, p1, qs, i,
+                                  n_heads, h0, gb, splits, s, scale, ok, wacc);
+        vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok,
+                                        counts, red);
+        return;
+    }
+#endif
     for (int c0 = p0; c0 < p1; c0 += FA_CHUNK) {
         int cn = min(FA_CHUNK, p1 - c0);
 #ifdef VT_FA_ROW
@@ -430,29 +611,8 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
         }
         __syncthreads();
     }
-    if (CLUSTER) {  // splits == the cluster's blocks (FA_CLUSTER), tile == 0: all arrive
-        __threadfence();  // this block's partials visible beyond its SM, then the barrier
-        vt_cluster_sync();
-        if (vt_cluster_rank() != 0) return;
-        for (int g = warp; g < gb; g += warps)  // a head a warp (reads through L2: vt_ld_l2)
-            vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim,
-                                      splits, ok);
-        return;
-    }
-    if (splits == 1 || !counts) return;  // the whole block: attention_combine follows
-    // Every thread's partials visible device-wide before the count says so; the block that
-    // brings the count to `splits` reads them all (from L2: vt_ld_l2).
-    __threadfence();
-    __syncthreads();
-    int* count = counts + (long long)i * gridDim.y + blockIdx.y;
-    if (t == 0) red[0] = atomicAdd(count, 1) == splits - 1;
-    __syncthreads();
-    if (!red[0]) return;  // the whole block
-    __threadfence();
-    for (int g = warp; g < gb; g += warps)  // a head a warp, the warps at once
-        vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
-                                  ok);
-    if (t == 0) *count = 0;
+    vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok, counts,
+                                    red);
 }
 
 extern "C" __global__ void attention_split(float* out, float* part, const float* q,

@@ -1,0 +1,28 @@
+"""The GPU attention kernels run on the CPU (plugins/cuda/tools/emulate_kernels.py: g++, a
+thread per GPU thread) against gpu_checks.py's reference: split attention over positions,
+default and with VT_FA_WARP (its warp path, off by default), so CI checks kernel source it
+cannot run on a GPU. Slow: a compile and eight cases each."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EMULATE = ROOT / "plugins/cuda/tools/emulate_kernels.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("defines", [(), ("-D", "VT_FA_WARP=1")], ids=["block", "warp"])
+def test_split_attention_in_the_emulation(defines: tuple[str, ...]) -> None:
+    assert shutil.which("g++"), "the kernel emulation needs g++ (C++20)"
+    run = subprocess.run(
+        [sys.executable, str(EMULATE), "-k", "past one chunk", *defines],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "8 emulated checks passed" in run.stdout, run.stdout[-3000:]
