@@ -40,6 +40,9 @@
 #define VT_FA_WARP 0
 #endif
 #define FA_WARP_ACC 1024  // gb * head_dim at most on the warp path (its merge's shared floats)
+#ifndef VT_FA_WARP_GROUPS  // a warp's position groups whose loads the warp path issues together
+#define VT_FA_WARP_GROUPS 2
+#endif
 #if VT_FA_REG_ACC
 #define FA_HALVES(cond) _Pragma("unroll") for (int half = 0; half < 2; ++half) if (cond)
 #else  // stops at the first half where cond fails: cond is monotone in half either way
@@ -265,57 +268,71 @@ __device__ void vt_fa_warp_split(float* out, float* part, const float* cache, lo
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
     }
-    for (int jb = p0 + warp * PPW; jb < p1; jb += WARPS * PPW) {  // the same for the warp
-        int j = jb + pj;
-        bool valid = j < p1;
-        const float* kp = cache + kbase + (long long)min(j, p1 - 1) * pos_stride;
-        vt_f4 k4[4];
-        float vv[PPW][E];
+    // VT_FA_WARP_GROUPS of the warp's groups a round, all their loads issued first (a split of
+    // 64 positions at head_dim 64 is two groups a warp: one memory round trip), then each
+    // group in turn, in the order one group a round would take them (the same sums).
+    constexpr int G = VT_FA_WARP_GROUPS;
+    for (int jr = p0 + warp * PPW; jr < p1; jr += G * WARPS * PPW) {  // the same for the warp
+        vt_f4 k4[G][4];
+        float vv[G][PPW][E];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) k4[c] = *(const vt_f4*)(kp + (lp + c * LPN) * 4);
+        for (int u = 0; u < G; ++u) {
+            int jb = jr + u * WARPS * PPW;
+            if (jb < p1) {
+                const float* kp = cache + kbase + (long long)min(jb + pj, p1 - 1) * pos_stride;
 #pragma unroll
-        for (int q = 0; q < PPW; ++q) {
-            const float* vp = cache + vbase + (long long)min(jb + q, p1 - 1) * pos_stride;
+                for (int c = 0; c < 4; ++c) k4[u][c] = *(const vt_f4*)(kp + (lp + c * LPN) * 4);
 #pragma unroll
-            for (int e = 0; e < E; ++e) vv[q][e] = vp[e * VT_WARP + lane];
+                for (int q = 0; q < PPW; ++q) {
+                    const float* vp = cache + vbase + (long long)min(jb + q, p1 - 1) * pos_stride;
+#pragma unroll
+                    for (int e = 0; e < E; ++e) vv[u][q][e] = vp[e * VT_WARP + lane];
+                }
+            }
         }
 #pragma unroll
-        for (int g = 0; g < FA_MAXG; ++g) {
-            if (g >= gb) continue;  // gb is the same for the whole block
-            float sg = 0.0f;
+        for (int u = 0; u < G; ++u) {
+            int jb = jr + u * WARPS * PPW;
+            if (jb >= p1) continue;  // the same for the warp
+            bool valid = jb + pj < p1;
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const float* qg = qs + g * 256 + (lp + c * LPN) * 4;
-                sg += qg[0] * k4[c].x;
-                sg += qg[1] * k4[c].y;
-                sg += qg[2] * k4[c].z;
-                sg += qg[3] * k4[c].w;
+            for (int g = 0; g < FA_MAXG; ++g) {
+                if (g >= gb) continue;  // gb is the same for the whole block
+                float sg = 0.0f;
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const float* qg = qs + g * 256 + (lp + c * LPN) * 4;
+                    sg += qg[0] * k4[u][c].x;
+                    sg += qg[1] * k4[u][c].y;
+                    sg += qg[2] * k4[u][c].z;
+                    sg += qg[3] * k4[u][c].w;
+                }
+#pragma unroll
+                for (int o = LPN / 2; o > 0; o >>= 1) sg += VT_SHFL_XOR(sg, o);
+                float sc = valid ? sg * scale : NEG;
+                float mx = sc;  // the group's maximum: the xor offsets walk its positions' lanes
+#pragma unroll
+                for (int o = LPN; o < VT_WARP; o <<= 1) mx = fmaxf(mx, VT_SHFL_XOR(mx, o));
+                float nm = fmaxf(m[g], mx);  // finite: position jb is valid
+                float p = valid ? expf(sc - nm) : 0.0f;
+                float sum = p;  // each position once
+#pragma unroll
+                for (int o = LPN; o < VT_WARP; o <<= 1) sum += VT_SHFL_XOR(sum, o);
+                float corr = expf(m[g] - nm);  // 0 on the warp's first group (m = -inf)
+                l[g] = l[g] * corr + sum;
+                m[g] = nm;
+                float a[E];
+#pragma unroll
+                for (int e = 0; e < E; ++e) a[e] = 0.0f;
+#pragma unroll
+                for (int q = 0; q < PPW; ++q) {
+                    float pq = VT_SHFL_IDX(p, q * LPN);  // position jb + q's weight (0 past p1)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) a[e] += pq * vv[u][q][e];
+                }
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * corr + a[e];
             }
-#pragma unroll
-            for (int o = LPN / 2; o > 0; o >>= 1) sg += VT_SHFL_XOR(sg, o);
-            float sc = valid ? sg * scale : NEG;
-            float mx = sc;  // the group's maximum: the xor offsets walk its positions' lanes
-#pragma unroll
-            for (int o = LPN; o < VT_WARP; o <<= 1) mx = fmaxf(mx, VT_SHFL_XOR(mx, o));
-            float nm = fmaxf(m[g], mx);  // finite: position jb is valid
-            float p = valid ? expf(sc - nm) : 0.0f;
-            float sum = p;  // each position once
-#pragma unroll
-            for (int o = LPN; o < VT_WARP; o <<= 1) sum += VT_SHFL_XOR(sum, o);
-            float corr = expf(m[g] - nm);  // 0 on the warp's first group (m = -inf)
-            l[g] = l[g] * corr + sum;
-            m[g] = nm;
-            float a[E];
-#pragma unroll
-            for (int e = 0; e < E; ++e) a[e] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < PPW; ++q) {
-                float pq = VT_SHFL_IDX(p, q * LPN);  // position jb + q's weight (0 past p1)
-#pragma unroll
-                for (int e = 0; e < E; ++e) a[e] += pq * vv[q][e];
-            }
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * corr + a[e];
         }
     }
     if (lane == 0) {
