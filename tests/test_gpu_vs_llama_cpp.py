@@ -501,3 +501,29 @@ def test_nsys_steps_adds_up_a_replayed_step(
     monkeypatch.setattr(sys, "argv", ["nsys_steps.py", str(path)])
     with pytest.raises(SystemExit, match="no column starting with 'Start'"):
         nsys_steps.main()
+
+
+def test_torch_trace_writes_what_nsys_steps_reads(tmp_path: Path) -> None:
+    """torch_trace.py: the GPU activities of PyTorch's chrome trace (kernels, copies,
+    memsets; microseconds) as nsys_steps.py's columns in nanoseconds, by start; CPU events
+    and events without a duration are left out."""
+    tools = Path(__file__).resolve().parent.parent / "plugins/cuda/tools"
+    sys.path.insert(0, str(tools))
+    import nsys_steps  # noqa: PLC0415
+    import torch_trace  # noqa: PLC0415
+
+    events = [
+        {"cat": "kernel", "name": "swiglu_gemv2_q", "ts": 105.5, "dur": 10.25},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 3.0},
+        {"cat": "kernel", "name": "embedding_q", "ts": 100.0, "dur": 4.0},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 120.0, "dur": 1.0},
+        {"cat": "kernel", "name": "no_duration", "ts": 130.0},
+    ]
+    rows = torch_trace.gpu_rows(events)
+    assert rows == [(100_000, 4_000, "embedding_q"), (105_500, 10_250, "swiglu_gemv2_q"),
+                    (120_000, 1_000, "Memcpy DtoH (Device -> Pinned)")]  # fmt: skip
+    path = tmp_path / "trace.csv"
+    torch_trace.write_csv(path, rows)
+    acts = nsys_steps.activities(path.read_text().splitlines())
+    assert acts == [("embedding_q", 100.0, 4.0), ("swiglu_gemv2_q", 105.5, 10.25),
+                    ("Memcpy DtoH (Device -> Pinned)", 120.0, 1.0)]  # fmt: skip

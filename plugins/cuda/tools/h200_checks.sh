@@ -29,7 +29,8 @@
 # checksvar: the kit and gpu_checks.py (CHECKK: a -k expression, + for " or ") with the
 # flags in CHECKVARS, in one process. ncu:MODEL: Nsight Compute's time, throughputs and stall reasons of the
 # kernels NCUK names (default: attention's decode pair) at batch 1 (ncu_table.py). nsys:MODEL:
-# Nsight Systems' trace of a batch-1 bench, each kernel's share of a replayed step (nsys_steps.py).
+# Nsight Systems' trace of a batch-1 bench, each kernel's share of a replayed step (nsys_steps.py);
+# trace:MODEL: the same through PyTorch's profiler (torch_trace.py), where nsys is missing.
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -324,6 +325,15 @@ EOF"
             && \$NSYS stats -q --force-export true --report cuda_gpu_trace --format csv \
             --output /tmp/nsys-$m /tmp/nsys-$m.nsys-rep \
             && python3 plugins/cuda/tools/nsys_steps.py /tmp/nsys-${m}_cuda_gpu_trace.csv --json $OUT/nsys-$m.json"
+        ;;
+    trace:*)  # the same increments through PyTorch's profiler where nsys is missing (the
+        # H200 image): torch_trace.py runs the bench in its process under CUPTI, nsys_steps.py
+        # reads the kernels it wrote (TRACEVARS: bench_variant.py flags)
+        m=${s#trace:}
+        step "trace-$m" 300 "python3 plugins/cuda/tools/torch_trace.py /tmp/trace-$m.csv ${TRACEVARS:-} \
+            bench --backend cuda --model /tmp/$m.gguf --batch 1 --prompt-tokens 128 --gen-tokens 64 \
+            --repeat 1 > /dev/null && python3 plugins/cuda/tools/nsys_steps.py /tmp/trace-$m.csv \
+            --json $OUT/trace-$m.json"
         ;;
     kcache)  # the disk kernel cache (vt.gpu.kernel_cache): a backend's compiles and a 1B
         # model's load, from an empty cache and again from the files it left

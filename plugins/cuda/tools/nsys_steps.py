@@ -4,9 +4,11 @@
     nsys stats -q --report cuda_gpu_trace --format csv --output trace trace.nsys-rep
     python plugins/cuda/tools/nsys_steps.py trace_cuda_gpu_trace.csv [--first embedding]
 
-(``h200_checks.sh nsys:MODEL`` runs all three.) A CUDA-event profile times each kernel
-launched plainly, one after another; in a replayed graph with overlapped launches a kernel
-starts before the one it waits on ends, so its own duration says little. What a kernel
+(``h200_checks.sh nsys:MODEL`` runs all three; where nsys is missing, ``torch_trace.py``
+writes the same columns from PyTorch's profiler: ``h200_checks.sh trace:MODEL``.) A
+CUDA-event profile times each kernel launched plainly, one after another; in a replayed
+graph with overlapped launches a kernel starts before the one it waits on ends, so its own
+duration says little. What a kernel
 costs the step is how much later the step's work ends because of it: its *increment*, its
 end minus the latest end of any activity before it in the step. The trace is cut into steps
 at each kernel whose name starts with ``--first``; only the steps whose sequence of names is
