@@ -21,7 +21,7 @@ from fake_gpu import DISCRETE, GRANULARITY, UNIFIED, FakeGpu, make, weight_tenso
 from gguf import GGMLQuantizationType
 from vt.execution.memory import VmmArena
 from vt.execution.runner import ModelRunner, SeqChunk
-from vt.gpu import MAX_HEAD_DIM, GpuCallError, GpuWeight, kernel_source
+from vt.gpu import MAX_HEAD_DIM, GpuBackend, GpuCallError, GpuWeight, kernel_source
 from vt.gpu import weights as W
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
 from vt.gpu.backend import LAYOUT_PARTS, RopeTable, _out_of_memory
@@ -1612,11 +1612,10 @@ def test_one_row_matmuls_with_many_features_take_the_wide_gemv() -> None:
     backend.close()
 
 
-def test_swiglu_gemv_threads_are_their_own_setting() -> None:
-    """gemv_swiglu_threads: swiglu's one-row gemv takes that many threads where K > 1024
-    (64 by default); the matmul beside it keeps gemv_threads (128)."""
+def _swiglu_and_matmul_launches(setting: str, values: tuple[int, ...]) -> list[Any]:
+    """The launches of a one-row swiglu then a matmul (K 2,048, 8 rows of Q8_0) for each
+    value of the GpuBackend setting, on a fresh backend."""
     backend, rt = make()
-    assert (backend.gemv_swiglu_threads, backend.gemv_threads) == (64, 128)
     stream = backend.create_stream()
     k, rows = 2048, 8
     w = backend.upload_weight(weight_tensor("w", np.ones((rows, k), np.float32), "Q8_0"))
@@ -1625,41 +1624,35 @@ def test_swiglu_gemv_threads_are_their_own_setting() -> None:
     def out() -> vt.Tensor:
         return vt.Tensor.of(backend.alloc(rows * 4), F32, 1, rows)
 
-    for threads in (128, 64):
-        backend.gemv_swiglu_threads = threads
+    for value in values:
+        setattr(backend, setting, value)
         backend.launch("swiglu", stream, out=out(), x=x, gate=w, up=w, scratch_gate=out(),
                        scratch_up=out())  # fmt: skip
         backend.launch("matmul", stream, out=out(), x=x, weight=w)
-    got = [(launch.kernel, launch.block[0]) for launch in rt.launches]
+    backend.close()
+    return list(rt.launches)
+
+
+def test_swiglu_gemv_threads_are_their_own_setting() -> None:
+    """gemv_swiglu_threads: swiglu's one-row gemv takes that many threads where K > 1024
+    (64 by default); the matmul beside it keeps gemv_threads (128)."""
+    assert (GpuBackend.gemv_swiglu_threads, GpuBackend.gemv_threads) == (64, 128)
+    launches = _swiglu_and_matmul_launches("gemv_swiglu_threads", (128, 64))
+    got = [(launch.kernel, launch.block[0]) for launch in launches]
     assert got == [("swiglu_gemv2_q", 128), ("matmul_gemv2_q", 128),
                    ("swiglu_gemv2_q", 64), ("matmul_gemv2_q", 128)]  # fmt: skip
-    backend.close()
 
 
 def test_swiglu_gemv_features_are_their_own_setting() -> None:
     """gemv_swiglu_features: swiglu's one-row gemv takes 1, 2 or 4 output features a block
     (its grid shrinks to match); 0 or anything else is gemv_features (2); the matmul beside
     it keeps gemv_features."""
-    backend, rt = make()
-    assert (backend.gemv_swiglu_features, backend.gemv_features) == (0, 2)
-    stream = backend.create_stream()
-    k, rows = 2048, 8
-    w = backend.upload_weight(weight_tensor("w", np.ones((rows, k), np.float32), "Q8_0"))
-    x = vt.Tensor.of(backend.alloc(k * 4), F32, 1, k)
-
-    def out() -> vt.Tensor:
-        return vt.Tensor.of(backend.alloc(rows * 4), F32, 1, rows)
-
-    for features in (4, 1, 0, 3):
-        backend.gemv_swiglu_features = features
-        backend.launch("swiglu", stream, out=out(), x=x, gate=w, up=w, scratch_gate=out(),
-                       scratch_up=out())  # fmt: skip
-        backend.launch("matmul", stream, out=out(), x=x, weight=w)
-    got = [(launch.kernel, launch.grid[0]) for launch in rt.launches]
+    assert (GpuBackend.gemv_swiglu_features, GpuBackend.gemv_features) == (0, 2)
+    launches = _swiglu_and_matmul_launches("gemv_swiglu_features", (4, 1, 0, 3))
+    got = [(launch.kernel, launch.grid[0]) for launch in launches]
     assert got == [("swiglu_gemv4_q", 2), ("matmul_gemv2_q", 4), ("swiglu_gemv1_q", 8),
                    ("matmul_gemv2_q", 4), ("swiglu_gemv2_q", 4), ("matmul_gemv2_q", 4),
                    ("swiglu_gemv2_q", 4), ("matmul_gemv2_q", 4)]  # fmt: skip
-    backend.close()
 
 
 def test_decode_rows_split_over_blocks_only_when_the_grid_is_small() -> None:
