@@ -1,7 +1,8 @@
 """The GPU attention kernels run on the CPU (plugins/cuda/tools/emulate_kernels.py: g++, a
 thread per GPU thread) against gpu_checks.py's reference: split attention over positions,
-default and with VT_FA_WARP (its warp path, off by default), so CI checks kernel source it
-cannot run on a GPU. Slow: a compile and eight cases each."""
+default, with VT_FA_WARP (its warp path, off by default) and with VT_FA_DIRECT on one split
+(every row's positions in its first split, which writes the output), so CI checks kernel
+source it cannot run on a GPU. Slow: a compile and eight cases each."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ EMULATE = ROOT / "plugins/cuda/tools/emulate_kernels.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("defines", [(), ("-D", "VT_FA_WARP=1")], ids=["block", "warp"])
+@pytest.mark.parametrize(
+    "defines",
+    [
+        (),
+        ("-D", "VT_FA_WARP=1"),
+        ("-D", "VT_FA_WARP=1", "-D", "VT_FA_DIRECT=1", "--min-split", "4096"),
+    ],
+    ids=["block", "warp", "warp-direct-one-split"],
+)
 def test_split_attention_in_the_emulation(defines: tuple[str, ...]) -> None:
     assert shutil.which("g++"), "the kernel emulation needs g++ (C++20)"
     run = subprocess.run(

@@ -361,10 +361,10 @@ def _bits_outputs(backend: Any) -> list[tuple[str, Any]]:
     return outs
 
 
-def same_bits(define: str, base: tuple[str, ...]) -> int:
+def same_bits(define: str, base: tuple[str, ...], min_split: int | None = None) -> int:
     """Run _bits_outputs on the emulation as it is and with ``define`` added, and compare
     them bit for bit (a define that claims the same bits, e.g. VT_FA_REG_ACC=1); the
-    number of cases that differ."""
+    number of cases that differ. min_split: GpuBackend.attention_min_split for both."""
     import numpy as np
 
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
@@ -372,6 +372,8 @@ def same_bits(define: str, base: tuple[str, ...]) -> int:
         for folder, defines in ((a, base), (b, (*base, define))):
             backend, _ = emulated_backend(build(Path(folder), defines))
             backend.norm_fold_max_k = 0
+            if min_split is not None:
+                backend.attention_min_split = min_split
             runs.append(_bits_outputs(backend))
     bad = 0
     for (name, x), (_, y) in zip(*runs, strict=True):
@@ -395,9 +397,14 @@ def main() -> None:
     ap.add_argument("--same-bits", metavar="NAME=VALUE",
                     help="instead of the checks: attention and one-row matmul, swiglu and qkv "
                          "with and without this define, compared bit for bit")  # fmt: skip
+    ap.add_argument("--min-split", type=int, metavar="N",
+                    help="GpuBackend.attention_min_split for every case (as bench_variant.py "
+                         "--min-split: each split at least N positions)")  # fmt: skip
     a = ap.parse_args()
+    if a.min_split is not None and a.min_split < 1:
+        ap.error(f"--min-split must be at least 1 position, not {a.min_split}")
     if a.same_bits:
-        sys.exit(1 if same_bits(a.same_bits, tuple(a.define)) else 0)
+        sys.exit(1 if same_bits(a.same_bits, tuple(a.define), a.min_split) else 0)
     with tempfile.TemporaryDirectory() as tmp:
         defines = (*(("VT_NORM_LATE=1",) if a.norm_late else ()), *a.define)
         backend, _ = emulated_backend(build(Path(tmp), defines))
@@ -406,6 +413,8 @@ def main() -> None:
         backend.norm_late = a.norm_late
         if not a.norm_late:
             backend.norm_fold_max_k = 0
+        if a.min_split is not None:
+            backend.attention_min_split = a.min_split
         import gpu_checks as checks
 
         start, ran = time.perf_counter(), 0

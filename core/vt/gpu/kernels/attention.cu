@@ -40,6 +40,15 @@
 #define VT_FA_WARP 0
 #endif
 #define FA_WARP_ACC 1024  // gb * head_dim at most on the warp path (its merge's shared floats)
+// VT_FA_DIRECT=1 (off; built in the fifteenth session, not yet measured): where a row's
+// positions all fall in its first split (a short context, or GpuBackend.attention_min_split
+// at least the context), that split's blocks write the output as one split does, and
+// attention_combine only waits and leaves: the same bits (the combine of one partial is
+// acc * 1 / (1 * l)), one launch's work less a layer. Rows with no positions (an invalid
+// slot) still go to the combine, which writes their NaN.
+#ifndef VT_FA_DIRECT
+#define VT_FA_DIRECT 0
+#endif
 #ifndef VT_FA_WARP_GROUPS  // a warp's position groups whose loads the warp path issues together
 #define VT_FA_WARP_GROUPS 2
 #endif
@@ -254,7 +263,7 @@ __device__ void vt_fa_warp_split(float* out, float* part, const float* cache, lo
                                  long long vbase, long long pos_stride, int p0, int p1,
                                  const float* qs, int i, int n_heads, int h0, int gb,
                                  int splits, int s, float scale, bool ok,
-                                 float (*wacc)[FA_WARP_ACC]) {
+                                 float (*wacc)[FA_WARP_ACC], bool direct) {
     constexpr int WARPS = FA_WARPS, LPN = HD / 16, PPW = VT_WARP / LPN;
     constexpr int E = HD / VT_WARP;  // V elements a lane
     __shared__ float wms[WARPS][FA_MAXG], wls[WARPS][FA_MAXG];
@@ -361,7 +370,7 @@ __device__ void vt_fa_warp_split(float* out, float* part, const float* cache, lo
             den += wt * wls[w][g];
         }
         long long oh = (long long)i * n_heads + h0 + g;
-        if (splits == 1) {
+        if (splits == 1 || direct) {
             out[oh * HD + d] = ok ? num / den : vt_nan();
         } else {
             float* pp = part + (oh * splits + s) * (HD + 2);
@@ -403,6 +412,9 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
     int length = ok ? pos + 1 : 0;
     int per = max((length + splits - 1) / splits, min_per_split);
     int p0 = min(length, s * per), p1 = min(length, p0 + per);
+    // VT_FA_DIRECT: the row's positions all in split 0, whose blocks write the output
+    bool direct = VT_FA_DIRECT && splits > 1 && !counts && !CLUSTER && length > 0 &&
+                  per >= length;
     // A split past the row's positions (a short context) leaves at once: attention_combine
     // reads only the splits before it (the last-block combine counts every block, and every
     // block of a cluster meets at its barrier, so not then).
@@ -451,10 +463,10 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
         __shared__ float wacc[FA_WARPS][FA_WARP_ACC];
         if (head_dim == 64)
             vt_fa_warp_split<64>(out, part, cache, kbase, vbase, pos_stride, p0, p1, qs, i,
-                                 n_heads, h0, gb, splits, s, scale, ok, wacc);
+                                 n_heads, h0, gb, splits, s, scale, ok, wacc, direct);
         else
             vt_fa_warp_split<128>(out, part, cache, kbase, vbase, pos_stride, p0, p1, qs, i,
-                                  n_heads, h0, gb, splits, s, scale, ok, wacc);
+                                  n_heads, h0, gb, splits, s, scale, ok, wacc, direct);
         vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok,
                                         counts, red);
         return;
@@ -614,7 +626,7 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
                 float v = 0.0f;
                 for (int k = 0; k < R; ++k) v += sc[(g * R + k) * hd_lanes + d0];
                 long long oh = (long long)i * n_heads + h0 + g;
-                if (splits == 1) {
+                if (splits == 1 || direct) {
                     out[oh * head_dim + d] = ok ? v / ls[g] : vt_nan();
                 } else {
                     float* pp = part + (oh * splits + s) * (head_dim + 2);
@@ -680,5 +692,9 @@ extern "C" __global__ void attention_combine(float* out, const float* part, cons
     int per = max((length + splits - 1) / splits, min_per_split);
     int used = min(splits, (length + per - 1) / per);
     vt_grid_wait();  // the partials come from attention_split
+#if VT_FA_DIRECT
+    if (used == 1) return;  // attention_split wrote the row (waited for: overlapped, its
+                            // end must still follow the split kernel's for the next kernel)
+#endif
     vt_attention_combine_block(out, part, oh, head_dim, splits, used, ok, wt, red);
 }
