@@ -1,6 +1,7 @@
 """The GPU attention kernels run on the CPU (plugins/cuda/tools/emulate_kernels.py: g++, a
 thread per GPU thread) against gpu_checks.py's reference: split attention over positions,
-default, with VT_FA_WARP (its warp path, off by default) and with VT_FA_DIRECT on one split
+by default (VT_FA_WARP: the warp path), on the block path (VT_FA_WARP=0), with one query
+head a block (GpuBackend.attention_max_group = 1) and with VT_FA_DIRECT on one split
 (every row's positions in its first split, which writes the output), so CI checks kernel
 source it cannot run on a GPU. Slow: a compile and eight cases each."""
 
@@ -22,10 +23,11 @@ EMULATE = ROOT / "plugins/cuda/tools/emulate_kernels.py"
     "defines",
     [
         (),
-        ("-D", "VT_FA_WARP=1"),
-        ("-D", "VT_FA_WARP=1", "-D", "VT_FA_DIRECT=1", "--min-split", "4096"),
+        ("-D", "VT_FA_WARP=0"),
+        ("--attention-heads", "1"),
+        ("-D", "VT_FA_DIRECT=1", "--min-split", "4096"),
     ],
-    ids=["block", "warp", "warp-direct-one-split"],
+    ids=["warp", "block", "warp-one-head-a-block", "warp-direct-one-split"],
 )
 def test_split_attention_in_the_emulation(defines: tuple[str, ...]) -> None:
     assert shutil.which("g++"), "the kernel emulation needs g++ (C++20)"

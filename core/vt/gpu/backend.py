@@ -369,6 +369,11 @@ class GpuBackend(
     #: (at most FA_MAX_SPLITS = 128 splits, kernels/attention.cu).
     attention_max_splits: int = 32
     attention_min_split: int = 16
+    #: A split block takes at most this many of a KV head's query heads (the largest
+    #: divisor of the group up to it, and up to FA_MAXG = 8): fewer heads a block is more
+    #: blocks, each with a shorter chain of work a position (``bench_variant.py
+    #: --attention-heads N``; 8: every head of a group in one block, as always before).
+    attention_max_group: int = 8
     #: Where attention splits a row, the last split block of each (row, KV group) to
     #: finish combines the partials itself (``attention_split`` with its counters) instead
     #: of a second launch (``attention_combine``). Off: measured 2-11% slower at batch 1 on
@@ -1322,7 +1327,8 @@ class GpuBackend(
                 F32(scale),
             )  # fmt: skip
         group = n_heads // n_kv
-        gb = max(g for g in range(1, min(group, _FA_MAXG) + 1) if group % g == 0)
+        most = max(1, min(group, _FA_MAXG, self.attention_max_group))
+        gb = max(g for g in range(1, most + 1) if group % g == 0)
         blocks = n * n_kv * (group // gb)
         splits = max(1, min(self.attention_max_splits, -(-self.target_blocks // blocks)))
         cluster = self.attention_cluster and splits > 1 and not tile and self._sm() >= 90

@@ -7,7 +7,9 @@ the backend's own tiled kernel runs prefill); ``--blas-f16`` / ``--blas-tf32``: 
 in half precision / TF32 for every weight (``GpuBackend.blas_inputs``; the default "auto"
 picks by the weight's size); ``--splits N``: attention splits a row's positions over at
 most N blocks (``GpuBackend.attention_max_splits``); ``--min-split N``: each split at least
-N positions long (``GpuBackend.attention_min_split``); ``--int8-rows N``: decode batches of N
+N positions long (``GpuBackend.attention_min_split``); ``--attention-heads N``: a split
+block takes at most N query heads of a KV head (``GpuBackend.attention_max_group``);
+``--int8-rows N``: decode batches of N
 rows or more on int8 activations (``GpuBackend.int8_min_rows``; a huge N: float32
 activations everywhere); ``--int8-values N``: int8 activations only where the op's largest
 weight has N values or more (``GpuBackend.int8_min_values``; 0: every quantized weight);
@@ -122,6 +124,7 @@ _NUMBERS = {
     "--blas-min-rows": "blas_min_rows",
     "--splits": "attention_max_splits",
     "--min-split": "attention_min_split",
+    "--attention-heads": "attention_max_group",
     "--int8-rows": "int8_min_rows",
     "--int8-values": "int8_min_values",
     "--tiled-rows": "attention_tiled_min_rows",

@@ -361,10 +361,10 @@ def _bits_outputs(backend: Any) -> list[tuple[str, Any]]:
     return outs
 
 
-def same_bits(define: str, base: tuple[str, ...], min_split: int | None = None) -> int:
+def same_bits(define: str, base: tuple[str, ...], settings: dict[str, int] | None = None) -> int:
     """Run _bits_outputs on the emulation as it is and with ``define`` added, and compare
     them bit for bit (a define that claims the same bits, e.g. VT_FA_REG_ACC=1); the
-    number of cases that differ. min_split: GpuBackend.attention_min_split for both."""
+    number of cases that differ. settings: GpuBackend attributes for both."""
     import numpy as np
 
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
@@ -372,8 +372,8 @@ def same_bits(define: str, base: tuple[str, ...], min_split: int | None = None) 
         for folder, defines in ((a, base), (b, (*base, define))):
             backend, _ = emulated_backend(build(Path(folder), defines))
             backend.norm_fold_max_k = 0
-            if min_split is not None:
-                backend.attention_min_split = min_split
+            for name, value in (settings or {}).items():
+                setattr(backend, name, value)
             runs.append(_bits_outputs(backend))
     bad = 0
     for (name, x), (_, y) in zip(*runs, strict=True):
@@ -400,11 +400,21 @@ def main() -> None:
     ap.add_argument("--min-split", type=int, metavar="N",
                     help="GpuBackend.attention_min_split for every case (as bench_variant.py "
                          "--min-split: each split at least N positions)")  # fmt: skip
+    ap.add_argument("--attention-heads", type=int, metavar="N",
+                    help="GpuBackend.attention_max_group for every case (as bench_variant.py "
+                         "--attention-heads: at most N query heads a split block)")  # fmt: skip
     a = ap.parse_args()
-    if a.min_split is not None and a.min_split < 1:
-        ap.error(f"--min-split must be at least 1 position, not {a.min_split}")
+    settings: dict[str, int] = {}
+    for flag, value, attr in (
+        ("--min-split", a.min_split, "attention_min_split"),
+        ("--attention-heads", a.attention_heads, "attention_max_group"),
+    ):
+        if value is not None and value < 1:
+            ap.error(f"{flag} must be at least 1, not {value}")
+        if value is not None:
+            settings[attr] = value
     if a.same_bits:
-        sys.exit(1 if same_bits(a.same_bits, tuple(a.define), a.min_split) else 0)
+        sys.exit(1 if same_bits(a.same_bits, tuple(a.define), settings) else 0)
     with tempfile.TemporaryDirectory() as tmp:
         defines = (*(("VT_NORM_LATE=1",) if a.norm_late else ()), *a.define)
         backend, _ = emulated_backend(build(Path(tmp), defines))
@@ -413,8 +423,8 @@ def main() -> None:
         backend.norm_late = a.norm_late
         if not a.norm_late:
             backend.norm_fold_max_k = 0
-        if a.min_split is not None:
-            backend.attention_min_split = a.min_split
+        for name, value in settings.items():
+            setattr(backend, name, value)
         import gpu_checks as checks
 
         start, ran = time.perf_counter(), 0

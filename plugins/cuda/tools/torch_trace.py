@@ -49,7 +49,7 @@ def main() -> None:
     import bench_variant  # noqa: PLC0415  (beside this file)
     import torch  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-    from vt import cli  # noqa: PLC0415
+    from vt.frontends import cli  # noqa: PLC0415
 
     if not torch.cuda.is_available():
         sys.exit("torch_trace.py: PyTorch sees no CUDA device, so its profiler records none")

@@ -30,14 +30,16 @@
 #ifndef VT_FA_REG_ACC
 #define VT_FA_REG_ACC 1
 #endif
-// VT_FA_WARP=1 (off; built in the fifteenth session, not yet measured): attention_split's
-// decode path with a running softmax per warp instead of per block (vt_fa_warp_split): no
-// block barrier per chunk, and a pass's K and V rows loaded together (one memory round
-// trip where the block path takes two). Run 84's ncu: the block path's warps stall on its
-// shared-memory reductions and barriers, not on its loads. Not the block path's sums (each
-// warp's softmax and values meet at the end): within the kit's bounds, not the same bits.
+// VT_FA_WARP=1 (on since runs 88-89; 0: the block path alone): attention_split's decode path
+// for head_dim 64 and 128 with a running softmax per warp instead of per block
+// (vt_fa_warp_split): no block barrier per chunk, and a pass's K and V rows loaded together
+// (one memory round trip where the block path takes two). Run 84's ncu: the block path's
+// warps stall on its shared-memory reductions and barriers, not on its loads. Runs 88-89:
+// +2.7% to +3.4% tok/s at batch 1 on both shapes, at 128 and 2,048 positions. Not the
+// block path's sums (each warp's softmax and values meet at the end): within the kit's
+// bounds, not the same bits.
 #ifndef VT_FA_WARP
-#define VT_FA_WARP 0
+#define VT_FA_WARP 1
 #endif
 #define FA_WARP_ACC 1024  // gb * head_dim at most on the warp path (its merge's shared floats)
 // VT_FA_DIRECT=1 (off; built in the fifteenth session, not yet measured): where a row's
