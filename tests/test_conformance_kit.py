@@ -105,9 +105,9 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
         tmp_path / "run", "--vt-backend", "cpu", "--vt-backend", "tt_stub", f"--vt-matrix={matrix}"
     )
     assert rc == 0, out
-    assert len(OPS) == 18 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
-    assert summary("cpu", 18, 2, 11, 27, 0) in out
-    assert summary("tt_stub", 17, 2, 4, 27, 0) in out
+    assert len(OPS) == 19 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
+    assert summary("cpu", 19, 2, 11, 27, 0) in out
+    assert summary("tt_stub", 18, 2, 4, 27, 0) in out
     # tt_stub declares nothing: those contracts are "not declared", never passes; it lacks
     # the optional op logprobs (the runner computes them on the host), also "not declared"
     undeclared = ["op logprobs", *(f"contract {c}" for c in TT_UNDECLARED)]
@@ -117,13 +117,19 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
     for cid in TT_UNDECLARED:
         assert f"vt conformance [tt_stub] contract {cid}: not declared:" in out
     # tt_stub implements only the primitive ops: its fused cases pass through the
-    # decomposition, and say so; cpu runs them natively
+    # decomposition, and say so; cpu runs them natively, but for matmul_add_rms_norm (a
+    # GPU fusion), whose cases run decomposed there too: passes, never "not declared"
     text = matrix.read_text()
-    tt = text[text.index("\n## tt_stub") :]
+    cpu, tt = text[: text.index("\n## tt_stub")], text[text.index("\n## tt_stub") :]
     fused = ("matmul_add", "swiglu", "rope_kv_store", "qkv_rope_kv_store",
              "rms_norm_qkv_rope_kv_store", "rms_norm_swiglu")  # fmt: skip
     for op in fused:
-        assert f"| `{op}` | decomposed |" in tt and f"| `{op}` | native |" in text
+        assert f"| `{op}` | decomposed |" in tt and f"| `{op}` | native |" in cpu
+    # its 11 cases (one a weight type, Q8_0 at 5 rows, F32 out apart from residual) all pass
+    assert sum(c.unit == "matmul_add_rms_norm" for c in all_cases()) == len(WEIGHT_TYPES) + 2
+    per_type = " | pass (2) | pass | pass | pass (2) | pass | pass | pass | pass | pass |"
+    for section in (cpu, tt):
+        assert f"| `matmul_add_rms_norm` | decomposed{per_type}" in section
 
     # docs/support-matrix.md holds exactly what the kit finds today
     assert sections(text) == sections(DOC.read_text())
@@ -279,15 +285,22 @@ def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
 
     # an off-by-one rms_norm: every rms_norm case fails, naming the op; of the ops that
     # normalise first (decomposed), the F32 case within rms_norm_swiglu's bound (the
-    # projections' bounds hide a norm this close elsewhere); nothing else fails
+    # projections' bounds hide a norm this close elsewhere); of matmul_add_rms_norm (also
+    # decomposed on cpu), whose normed output is the norm's own, the float types' cases
+    # and Q4_K's (the quantized bound hides the others); nothing else fails
     norm = failure_lines(out, "offbyone-norm")
-    assert len(norm) == 5 and all(
+    assert len(norm) == 10 and all(
         re.match(r"op rms_norm\[.*\]: normalized MSE \S+ exceeds the F32 tolerance 1e-09", m)
         for m in norm[:4]
     ), norm
     assert norm[4].startswith("op rms_norm_swiglu[F32,n=1,37x67]: normalized MSE")
-    assert summary("offbyone-norm", ops - 2, core, contracts, 0, 2) in out
-    assert "  failed: op rms_norm, op rms_norm_swiglu\n" in out
+    assert [m.split(": normed: normalized MSE ")[0] for m in norm[5:]] == [
+        f"op matmul_add_rms_norm[{label}]"
+        for label in ("F32,n=1,37x67,in-place", "F16,n=1,37x67,in-place",
+                      "BF16,n=1,37x67,in-place", "Q4_K,n=1,37x256,in-place", "F32,n=1,37x67")
+    ], norm  # fmt: skip
+    assert summary("offbyone-norm", ops - 3, core, contracts, 0, 3) in out
+    assert "  failed: op rms_norm, op rms_norm_swiglu, op matmul_add_rms_norm\n" in out
 
     # attention that drops its last position: all but the position-0 case fail
     attn = failure_lines(out, "offbyone-attention")
@@ -396,7 +409,7 @@ def test_matrix_marks_failed_cells_and_lists_failures() -> None:
     matrix = matrix_from_results(["mine", "gone"], results, "test", {"mine": caps}, {"gone": "why"})
     assert not matrix.ok
     text = matrix.render(markdown=True)
-    assert summary("mine", 17, 2, 4, 27, 1) in text
+    assert summary("mine", 18, 2, 4, 27, 1) in text
     assert "| `rms_norm` | - | **FAIL** (1/4) |" in text  # how it runs: not recorded here
     assert "| `events` | no | `event-ordering` | not declared |" in text
     assert "| `device_memory_is_host_addressable` | no | `host-view` (must refuse) | pass |" in text

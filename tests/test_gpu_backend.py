@@ -581,7 +581,7 @@ def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
 
 MACRO_KERNELS = (
     "embedding", "dequantize", "dequantize_h", "matmul_small", "matmul_tiled", "swiglu_small",
-    "qkv_small", "swiglu_norm_gemv",
+    "qkv_small", "swiglu_norm_gemv", "matmul_norm_gemv",
 )  # fmt: skip
 
 
@@ -679,7 +679,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "scale": 0.5},
             "attention_split",
             {"n": 3, "n_heads": 6, "n_kv": 1, "head_dim": 8, "n_slots": 7, "n_layers": 4,
-             "max_len": 5, "layer": 2, "scale": 0.5, "gb": 6, "splits": 32,
+             "max_len": 5, "layer": 2, "scale": 0.5, "gb": 2, "splits": 29,
              "min_per_split": 16, "tile": 0},
         ),
         "qkv_rope_kv_store": lambda: (
@@ -756,6 +756,15 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "residual": c.t("residual", F32, 3, 6), "scratch": c.t("scratch", F32, 3, 6)},
             "matmul_small4_q",
             {"lg_block": lg("Q4_1"), "n": 3, "N": 6, "K": 32, "rpb": 8},
+        ),
+        "matmul_add_rms_norm": lambda: (
+            {"out": c.t("out", F32, 1, 6), "normed": c.t("normed", F32, 1, 6),
+             "x": c.t("x", F32, 1, 256),
+             "weight": c.w("proj", rng.standard_normal((6, 256)).astype(np.float32), "Q8_0"),
+             "residual": c.t("residual", F32, 1, 6), "norm": c.w("norm", np.ones(6, np.float32)),
+             "eps": 1e-5, "scratch": c.t("scratch", F32, 1, 6)},
+            "matmul_norm_gemv2_q",
+            {"lg_block": lg("Q8_0"), "N": 6, "K": 256, "eps": np.float32(1e-5)},
         ),
         "swiglu": lambda: (
             {"out": c.t("out", F32, 3, 6), "x": c.t("x", F32, 3, 256),
@@ -853,6 +862,8 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
             assert bool(value) == (op != "sample"), name  # 7 ids: one block, no parts
         elif "*" in ctype and name == "counts":  # last-block combine's counters, when on
             assert bool(value) == backend.attention_last_block_combine, name
+        elif "*" in ctype and name == "count":  # the norm epilogue's count: backend scratch
+            assert value, name
         elif "*" in ctype and name in WEIGHT_POINTERS:  # a weight's data, scales, a bias
             arg, attr = WEIGHT_POINTERS[name]
             want = getattr(weights[arg], attr) if arg in weights else 0
@@ -965,7 +976,7 @@ def test_attention_splits_positions_only_while_the_grid_is_small(last_block: boo
         split = rt.launches[0]
         if n < 256:
             assert kernels == ["attention_split"] + ["attention_combine"] * (not last_block)
-            assert split.grid == (n, 2, min(32, 128 // n))  # 4 heads per block
+            assert split.grid == (n, 4, min(32, 64 // n))  # 2 heads a block (max_group)
             assert bool(karg(split, "counts")) == last_block  # the counters
         else:
             assert kernels == ["attention_split"] and not split.args[1]
@@ -978,6 +989,24 @@ def test_attention_splits_positions_only_while_the_grid_is_small(last_block: boo
         assert len(zeroed) == 2 and all(c[1][1] == 0 and c[1][3] is not None for c in zeroed)
     backend.close()
     assert backend._scratch == []
+
+
+@pytest.mark.parametrize(
+    ("n_heads", "most", "gb"),
+    [(8, 8, 4), (8, 2, 2), (8, 1, 1), (8, 3, 2), (6, 2, 1), (6, 8, 3), (8, 0, 1)],
+)
+def test_attention_blocks_take_at_most_max_group_query_heads(
+    n_heads: int, most: int, gb: int
+) -> None:
+    """attention_max_group caps a split block's query heads at the largest divisor of the
+    group (n_heads / n_kv_heads) up to it (at least 1): more, shorter blocks."""
+    backend, rt = make()
+    backend.attention_max_group = most
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=700, n_kv_heads=2, head_dim=64)
+    _attention_launch(backend, 1, n_heads, layout)
+    split = rt.launches[0]
+    assert karg(split, "gb") == gb and split.grid[1] == 2 * (n_heads // 2 // gb)
+    backend.close()
 
 
 @pytest.mark.parametrize(
@@ -1006,6 +1035,7 @@ def test_attention_cluster_combines_in_the_split_launch_where_the_device_has_clu
     backend, rt = make()
     rt.arch = lambda: arch  # type: ignore[method-assign]
     backend.attention_cluster = True
+    backend.attention_max_group = 8  # the 4 heads of a group in one block: these grids
     backend.attention_tiled_min_rows = 64 if tiled else 1 << 30
     layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=700, n_kv_heads=2, head_dim=64)
     _attention_launch(backend, n, 8, layout)
@@ -1043,6 +1073,7 @@ def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_orde
     query head), then the split kernel told the tile size (it takes the rows of the tiles
     the tiled kernel leaves: many sequences); below it the split kernel alone, as before."""
     backend, rt = make()
+    backend.attention_max_group = 8  # the 4 heads of a group in one block: these grids
     layout = vt.KVLayout(n_layers=3, n_slots=5, max_len=700, n_kv_heads=2, head_dim=64)
     for n, kernel in ((63, "attention_split"), (64, "attention_tiled_h64r16")):
         rt.launches.clear()

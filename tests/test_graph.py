@@ -155,6 +155,47 @@ def test_fused_ops_run_as_decomposition_with_equal_logits(tiny_dir: Path, arch: 
     np.testing.assert_array_equal(got["cpu"], got["primitive-only"])
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_norm_in_the_projection_epilogue_where_the_backend_runs_it(
+    tiny_dir: Path, arch: str
+) -> None:
+    """A backend that runs matmul_add_rms_norm natively gets the o and down projections
+    with the next norm in their epilogue (every layer's but the last down projection), the
+    consumers on the normalised h (no rms_norm_swiglu, no second norm), and the logits of
+    the float64 forward at prefill and at a decode step."""
+    cpu = make_backend("cpu")
+
+    class Epilogue(type(cpu)):  # type: ignore[misc]
+        name = "epilogue"
+
+        def op_matmul_add_rms_norm(self, stream: Any, out: Any, normed: Any, x: Any,
+                                   weight: Any, residual: Any, norm: Any, eps: float,
+                                   scratch: Any) -> None:  # fmt: skip
+            self.launch("matmul_add", stream, out=out, x=x, weight=weight, residual=residual,
+                        scratch=scratch)  # fmt: skip
+            self.launch("rms_norm", stream, out=normed, x=out, weight=norm, eps=eps)
+
+    backend = Epilogue()
+    launched: list[str] = []
+    launch = backend.launch
+    backend.launch = lambda op, stream, **a: (launched.append(op), launch(op, stream, **a))[1]
+    model = load_gguf(tiny_path(tiny_dir, arch))
+    want = numpy_forward(model, [*PROMPT, 7])
+    layers = model.config.n_layers
+    with ModelRunner(backend, model, max_slots=2, max_model_len=32) as r:
+        for start, ids in ((0, PROMPT), (len(PROMPT), [7])):
+            launched.clear()
+            got = r.compute_logits([SeqChunk(slot=1, start_pos=start, token_ids=ids)])
+            pos = start + len(ids) - 1
+            assert_close(got[0], want[pos], f"{arch} at position {pos}")
+            assert launched.count("matmul_add_rms_norm") == 2 * layers - 1
+            assert "rms_norm_swiglu" not in launched
+            # rms_norm: the epilogues' (launched above), the output norm's and, for qwen3,
+            # layer 0's attn_norm and every layer's q and k norms
+            norms = 2 * layers - 1 + 1 + (1 + 2 * layers if arch == "qwen3" else 0)
+            assert launched.count("rms_norm") == norms
+
+
 class _Renamed:
     """A model whose config is altered: what a malformed or unknown file would claim."""
 

@@ -210,6 +210,7 @@ def _out_of_memory(error: GpuCallError) -> bool:
 #: their start (since run 52).
 _OVERLAP = (
     "matmul_gemv",  # and matmul_gemvu
+    "matmul_norm_gemv",
     "swiglu_gemv",
     "qkv_gemv",
     "qkv_rope_gemv",
@@ -361,6 +362,9 @@ class GpuBackend(
     #: ``rms_norm_qkv_rope_kv_store`` and ``rms_norm_swiglu`` (the norm inside the gemv
     #: kernels, bit-equal to the two launches; ``bench_variant.py --add-fused OP``: -13% at
     #: batch 1 on both shapes in run 52, every block waiting on its sum of squares).
+    #: ``matmul_add_rms_norm`` neither (its one-row kernel's last block normalises the row;
+    #: run 91: -23% and -26% at batch 1 in its first form, docs/gpu.md): natively, the graph
+    #: moves every layer's norms into the projections' epilogues.
     native_fused: frozenset[str] = frozenset(
         {"matmul_add", "swiglu", "rope_kv_store", "qkv", "qkv_rope_kv_store"}
     )
@@ -372,8 +376,9 @@ class GpuBackend(
     #: A split block takes at most this many of a KV head's query heads (the largest
     #: divisor of the group up to it, and up to FA_MAXG = 8): fewer heads a block is more
     #: blocks, each with a shorter chain of work a position (``bench_variant.py
-    #: --attention-heads N``; 8: every head of a group in one block, as always before).
-    attention_max_group: int = 8
+    #: --attention-heads N``). 2 since runs 90-91 (batch 1: +1.2% to +5.4% over 8, every
+    #: head of a group in one block as before; 1: -3.8% on the 1B shape at 2,048 positions).
+    attention_max_group: int = 2
     #: Where attention splits a row, the last split block of each (row, KV group) to
     #: finish combines the partials itself (``attention_split`` with its counters) instead
     #: of a second launch (``attention_combine``). Off: measured 2-11% slower at batch 1 on
@@ -1065,6 +1070,33 @@ class GpuBackend(
     ) -> None:  # fmt: skip
         """The residual add in the projection's epilogue: one launch (scratch unused)."""
         self._matmul(stream, out, x, self._gpu_weight(weight, "matmul_add"), residual=residual)
+
+    def op_matmul_add_rms_norm(
+        self, stream: Stream, out: Tensor, normed: Tensor, x: Tensor, weight: Weight,
+        residual: Tensor, norm: Weight, eps: float, scratch: Tensor,
+    ) -> None:  # fmt: skip
+        """One row on the gemv kernels (``matmul_norm_gemv*_q``): the residual add in the
+        epilogue, then the grid's last block (a device-wide count) normalises the row as
+        ``rms_norm`` does, bit for bit: one launch where matmul_add and rms_norm take two.
+        Otherwise those two launches (scratch unused)."""
+        w = self._gpu_weight(weight, "matmul_add_rms_norm")
+        nw = self._gpu_weight(norm, "matmul_add_rms_norm")
+        n, k = x.shape
+        gv = (0, 0)
+        if nw.kind == W.WT_F32 and not (0 < self.gemv_unroll_min_k <= k):
+            if n < self.blas_min_rows or not self._rt.blas():
+                gv = self._gemv(x, w)
+        if not gv[0]:
+            self._matmul(stream, out, x, w, residual=residual)
+            self.op_rms_norm(stream, normed, out, norm, eps)
+            return
+        count = self._scratch_at_least(4, slot="norm epilogue count", zero_on=stream)
+        self._kernel(
+            f"matmul_norm_gemv{gv[0]}_q", (-(-w.rows // gv[0]), 1, 1), gv[1], stream,
+            self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.qarg), P(0),
+            self._ptr(residual), I32(w.rows), I32(k), self._ptr(normed), P(nw.data),
+            F32(eps), P(count), weights=(w,),
+        )  # fmt: skip
 
     def op_swiglu(
         self, stream: Stream, out: Tensor, x: Tensor, gate: Weight, up: Weight,

@@ -20,6 +20,11 @@ Per layer, as ops of :data:`vt.protocol.ops.OPS`::
     g = rms_norm_swiglu(x, ffn_norm, Wg, Wu)      silu(h @ Wg) * (h @ Wu), h = rms_norm(x)
     x = matmul_add(g, Wd, residual=x)
 
+Where the backend runs ``matmul_add_rms_norm`` natively, the projections carry the next
+norm in their epilogue instead: ``x, h = matmul_add_rms_norm(a, Wo, x, ffn_norm)`` then
+``swiglu(h)``, and the down projection's with the next layer's attn_norm, whose
+``qkv_rope_kv_store`` (or qwen3's ``qkv``) takes ``h`` (one kernel fewer a norm on a GPU).
+
 then ``logits = matmul(rms_norm(gather_rows(x)), Wout)`` and ``sample``. The fused ops
 (``rms_norm_qkv_rope_kv_store``, ``qkv_rope_kv_store``, ``qkv``, ``rope_kv_store``,
 ``matmul_add``, ``rms_norm_swiglu``, ``swiglu``) run as their decompositions on a backend
@@ -177,6 +182,9 @@ class LlamaGraph:
             )
         self.backend = backend
         self.config = config
+        # Where the backend runs it natively, each projection's epilogue normalises x for the
+        # op after it (matmul_add_rms_norm), whose consumer then takes the normalised h.
+        self._norm_epilogue = backend.supports("matmul_add_rms_norm")
         self._uploaded: list[Weight] = []
         try:
             self.token_embd = self._upload(model, "token_embd.weight")
@@ -325,9 +333,17 @@ class LlamaGraph:
         kv = Tensor(cache, F32, layout.shape)
         eps, scale = c.rms_eps, 1.0 / math.sqrt(c.head_dim)
         op("embedding", out=x, ids=ids, table=self.token_embd)
+        # matmul_add_rms_norm's product scratch: gate, free between attention and swiglu
+        # and after swiglu (ffn >= dim in this family; h where it is not).
+        spare = Tensor(act.gate, F32, (n, c.dim)) if c.ffn_dim >= c.dim else h
+        epilogue = self._norm_epilogue
+        normed = False  # h holds rms_norm(x) with this layer's attn_norm (the last epilogue)
         for i, w in enumerate(self.layers):
+            rope_args = dict(positions=pos, slots=slots, cache=kv, layout=layout, layer=i,
+                             n_heads=c.n_heads, params=c.rope)  # fmt: skip
             if w.q_norm is not None and w.k_norm is not None:
-                op("rms_norm", out=h, x=x, weight=w.attn_norm, eps=eps)
+                if not normed:
+                    op("rms_norm", out=h, x=x, weight=w.attn_norm, eps=eps)
                 # qwen3: project q into ``attn`` and k into ``gate`` (both free until
                 # attention and the feed-forward write them), then normalise each head.
                 k_raw = Tensor(act.gate, F32, (n, kv_dim))
@@ -340,18 +356,33 @@ class LlamaGraph:
                    weight=w.k_norm, eps=eps)  # fmt: skip
                 op("rope_kv_store", q=q, k=k, v=v, positions=pos, slots=slots, cache=kv,
                    layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
+            elif normed:
+                op("qkv_rope_kv_store", q=q, k=k, v=v, x=h, wq=w.wq, wk=w.wk, wv=w.wv,
+                   bq=w.bq, bk=w.bk, bv=w.bv, **rope_args)  # fmt: skip
             else:  # h: the normalised x where the backend runs the op decomposed
                 op("rms_norm_qkv_rope_kv_store", q=q, k=k, v=v, x=x, norm=w.attn_norm,
                    eps=eps, wq=w.wq, wk=w.wk, wv=w.wv, bq=w.bq, bk=w.bk, bv=w.bv,
-                   positions=pos, slots=slots, cache=kv, layout=layout, layer=i,
-                   n_heads=c.n_heads, params=c.rope, scratch=h)  # fmt: skip
+                   scratch=h, **rope_args)  # fmt: skip
             op("attention", out=attn, q=q, cache=kv, slots=slots, positions=pos,
                layout=layout, layer=i, n_heads=c.n_heads, scale=scale)  # fmt: skip
             # h is free again: the projections above consumed it.
-            op("matmul_add", out=x, x=attn, weight=w.wo, residual=x, scratch=h)
-            op("rms_norm_swiglu", out=ffn_act, x=x, norm=w.ffn_norm, eps=eps, gate=w.w_gate,
-               up=w.w_up, scratch=h, scratch_gate=gate, scratch_up=up)  # fmt: skip
-            op("matmul_add", out=x, x=ffn_act, weight=w.w_down, residual=x, scratch=h)
+            if epilogue:
+                op("matmul_add_rms_norm", out=x, normed=h, x=attn, weight=w.wo, residual=x,
+                   norm=w.ffn_norm, eps=eps, scratch=spare)  # fmt: skip
+                op("swiglu", out=ffn_act, x=h, gate=w.w_gate, up=w.w_up, scratch_gate=gate,
+                   scratch_up=up)  # fmt: skip
+            else:
+                op("matmul_add", out=x, x=attn, weight=w.wo, residual=x, scratch=h)
+                op("rms_norm_swiglu", out=ffn_act, x=x, norm=w.ffn_norm, eps=eps,
+                   gate=w.w_gate, up=w.w_up, scratch=h, scratch_gate=gate,
+                   scratch_up=up)  # fmt: skip
+            normed = epilogue and i + 1 < len(self.layers)
+            if normed:
+                op("matmul_add_rms_norm", out=x, normed=h, x=ffn_act, weight=w.w_down,
+                   residual=x, norm=self.layers[i + 1].attn_norm, eps=eps,
+                   scratch=spare)  # fmt: skip
+            else:
+                op("matmul_add", out=x, x=ffn_act, weight=w.w_down, residual=x, scratch=h)
         if n_rows == 0:
             return
         # RMS norm is per row, so gathering first normalises only the rows that are sampled.

@@ -247,6 +247,11 @@ def _ref_rms_norm_swiglu(a: dict[str, Any]) -> None:
     _ref_swiglu(_normed(a))
 
 
+def _ref_matmul_add_rms_norm(a: dict[str, Any]) -> None:
+    _ref_matmul_add(a)
+    K.rms_norm(a["out"], a["norm"], a["eps"], out=a["normed"])
+
+
 # --------------------------------------------------------------------------- decompositions
 
 
@@ -300,6 +305,12 @@ def _dec_rms_norm_qkv_rope_kv_store(launch: Launch, stream: Stream, a: dict[str,
 
 def _dec_rms_norm_swiglu(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
     launch("swiglu", stream, **_norm_first(launch, stream, a))
+
+
+def _dec_matmul_add_rms_norm(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
+    launch("matmul_add", stream, out=a["out"], x=a["x"], weight=a["weight"],
+           residual=a["residual"], scratch=a["scratch"])  # fmt: skip
+    launch("rms_norm", stream, out=a["normed"], x=a["out"], weight=a["norm"], eps=a["eps"])
 
 
 # --------------------------------------------------------------------------- the table
@@ -522,6 +533,22 @@ OPS: dict[str, OpDef] = {
             _ref_rms_norm_swiglu,
             _dec_rms_norm_swiglu,
             ("rms_norm", "swiglu"),
+        ),
+        OpDef(
+            "matmul_add_rms_norm",
+            "matmul_add, then normed = rms_norm(out) (norm, eps): a projection's residual add "
+            "with the next layer's norm in its epilogue, so the consumer of normed needs no "
+            "norm of its own (at one row a backend can normalise in the projection's last "
+            "block; scratch: the decomposition's product, left undefined; out may alias "
+            "residual)",
+            (_t("out", "out", ("n", "out_f")), _t("normed", "out", ("n", "out_f")),
+             _t("x", "in", ("n", "in_f")), _w("weight", ("out_f", "in_f")),
+             _t("residual", "in", ("n", "out_f")), _w("norm", ("out_f",)),
+             _attr("eps", "float: added to the mean square"),
+             _t("scratch", "scratch", ("n", "out_f"))),
+            _ref_matmul_add_rms_norm,
+            _dec_matmul_add_rms_norm,
+            ("matmul_add", "rms_norm"),
         ),
     )
 }  # fmt: skip

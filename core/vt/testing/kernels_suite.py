@@ -251,33 +251,9 @@ def _matmul(ctx: KitContext, title: str, wtype: str, n: int, out_f: int, bias: b
         return compare(ctx, title, "matmul", wtype, got, want["out"])
 
 
-def _matmul_add(ctx: KitContext, title: str, wtype: str, n: int, out_f: int, in_place: bool) -> str:
-    in_f = in_features(wtype)
-    tensor, ref = weight_tensor("kit.wo", _normal((out_f, in_f), "mma", wtype, out_f), wtype)
-    x = _normal((n, in_f), "mma-x", wtype, n)
-    residual = _normal((n, out_f), "mma-r", wtype, n)
-    want = reference(
-        "matmul_add", out=np.zeros((n, out_f), F32), x=x, weight=ref, residual=residual,
-        scratch=np.zeros((n, out_f), F32),
-    )  # fmt: skip
-    with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
-        w = up(tensor)
-        scratch = io.scratch("scratch", F32, (n, out_f))
-        if in_place:  # the graph's residual update: out aliases residual
-            r = io.inout("residual", residual)
-            _launch(ctx, "matmul_add", out=r, x=io.input("x", x), weight=w, residual=r,
-                    scratch=scratch)  # fmt: skip
-            got = io.result("residual", F32, (n, out_f))
-        else:
-            out = io.output("out", F32, (n, out_f))
-            _launch(ctx, "matmul_add", out=out, x=io.input("x", x), weight=w,
-                    residual=io.input("residual", residual), scratch=scratch)  # fmt: skip
-            got = io.result("out", F32, (n, out_f))
-        return compare(ctx, title, "matmul_add", wtype, got, want["out"])
-
-
 class _Norm:
-    """The rms_norm_* ops' extra inputs: x rows of scales 1e-2..1e2, a norm weight, eps."""
+    """The norm ops' extra inputs: row scales 1e-2..1e2 (for the rows the norm sees), a norm
+    weight, eps."""
 
     def __init__(self, n: int, dim: int, *key: Any) -> None:
         self.scales = (10.0 ** _rng("norm-s", n, dim, *key).uniform(-2, 2, (n, 1))).astype(F32)
@@ -289,6 +265,48 @@ class _Norm:
     def args(self, up: _Uploaded, io: CaseBuffers, n: int, dim: int) -> dict[str, Any]:
         return {"norm": up(self.tensor), "eps": self.eps,
                 "scratch": io.scratch("scratch", F32, (n, dim))}  # fmt: skip
+
+
+def _matmul_add(
+    ctx: KitContext, title: str, wtype: str, n: int, out_f: int, in_place: bool,
+    norm: bool = False,
+) -> str:  # fmt: skip
+    """matmul_add, or (``norm``) matmul_add_rms_norm, whose ``normed`` is checked too."""
+    op, in_f = "matmul_add_rms_norm" if norm else "matmul_add", in_features(wtype)
+    tensor, ref = weight_tensor("kit.wo", _normal((out_f, in_f), "mma", wtype, out_f), wtype)
+    x = _normal((n, in_f), "mma-x", wtype, n)
+    residual = _normal((n, out_f), "mma-r", wtype, n)
+    nrm = _Norm(n, out_f, "mma") if norm else None
+    extra: dict[str, Any] = {}
+    if nrm is not None:  # rows of out at scales 1e-2..1e2: what the norm sees
+        x, residual = (x * nrm.scales).astype(F32), (residual * nrm.scales).astype(F32)
+        extra = {"normed": np.zeros((n, out_f), F32), "norm": nrm.ref, "eps": nrm.eps}
+    want = reference(
+        op, out=np.zeros((n, out_f), F32), x=x, weight=ref, residual=residual,
+        scratch=np.zeros((n, out_f), F32), **extra,
+    )  # fmt: skip
+    with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
+        w = up(tensor)
+        if nrm is None:
+            args: dict[str, Any] = {"scratch": io.scratch("scratch", F32, (n, out_f))}
+        else:  # norm, eps and the scratch (n, out_f)
+            args = {"normed": io.output("normed", F32, (n, out_f)), **nrm.args(up, io, n, out_f)}
+        if in_place:  # the graph's residual update: out aliases residual
+            r = io.inout("residual", residual)
+            _launch(ctx, op, out=r, x=io.input("x", x), weight=w, residual=r, **args)
+            got = io.result("residual", F32, (n, out_f))
+        else:
+            out = io.output("out", F32, (n, out_f))
+            _launch(ctx, op, out=out, x=io.input("x", x), weight=w,
+                    residual=io.input("residual", residual), **args)  # fmt: skip
+            got = io.result("out", F32, (n, out_f))
+        if nrm is None:
+            return compare(ctx, title, op, wtype, got, want["out"])
+        normed = io.result("normed", F32, (n, out_f))
+        return "; ".join(
+            f"{k} " + compare(ctx, title, op, wtype, g, want[k], k)
+            for k, g in (("out", got), ("normed", normed))
+        )
 
 
 def _swiglu(ctx: KitContext, title: str, wtype: str, n: int, ffn: int, norm: bool = False) -> str:
@@ -865,6 +883,21 @@ def op_cases() -> list[KitCase]:
     cases.append(
         _case("rms_norm_swiglu", "Q8_0,n=5,37x96", "Q8_0", _swiglu, wtype="Q8_0", n=5, ffn=37,
               norm=True)
+    )  # fmt: skip
+    # the next layer's norm in the projection's epilogue: one row (a GPU's gemv kernel) per
+    # weight type, in place as the model runs it; several rows; out apart from residual
+    cases += [
+        _case("matmul_add_rms_norm", f"{wt},n=1,37x{in_features(wt)},in-place", wt,
+              _matmul_add, wtype=wt, n=1, out_f=37, in_place=True, norm=True)
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(
+        _case("matmul_add_rms_norm", "Q8_0,n=5,37x96,in-place", "Q8_0", _matmul_add,
+              wtype="Q8_0", n=5, out_f=37, in_place=True, norm=True)
+    )  # fmt: skip
+    cases.append(
+        _case("matmul_add_rms_norm", "F32,n=1,37x67", "F32", _matmul_add, wtype="F32", n=1,
+              out_f=37, in_place=False, norm=True)
     )  # fmt: skip
     cases.sort(key=lambda c: list(OPS).index(c.unit))  # table order (stable)
     # core methods

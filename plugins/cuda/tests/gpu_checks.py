@@ -655,6 +655,63 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
         io.close()
 
 
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize(("out_f", "k_in"), [(96, 576), (2048, 256), (1000, 4608)])
+def test_matmul_add_rms_norm_at_one_row(cuda: Any, wtype: str, out_f: int, k_in: int) -> None:
+    """matmul_add_rms_norm of one row native (matmul_norm_gemv2_q: the grid's last block
+    normalises the row) gives the bits of matmul_add's launch followed by rms_norm's, out
+    in place of the residual as the graph runs it, within the kit's bound of the reference;
+    rows of 96 to 2,048 values (a partial last block at 1,000), blocks of 64 and 128
+    threads. Run twice: the device-wide count starts from zero again."""
+    if wtype.endswith("_K") and k_in % 256:
+        k_in = 512
+    rng = np.random.default_rng(out_f + k_in)
+    mat = weight_tensor("w", rng.standard_normal((out_f, k_in)).astype(np.float32), wtype)
+    norm_t, norm_ref = weight_tensor(
+        "n", (1 + 0.1 * rng.standard_normal(out_f)).astype(np.float32), "F32"
+    )
+    x = rng.standard_normal((1, k_in)).astype(np.float32)
+    res = (rng.standard_normal((1, out_f)) * 3).astype(np.float32)
+    io = IO(cuda)
+    w, nw = cuda.upload_weight(mat[0]), cuda.upload_weight(norm_t)
+    saved, op = cuda.native_fused, "matmul_add_rms_norm"
+    launched: dict[bool, list[str]] = {True: [], False: []}
+    try:
+        stream = cuda.create_stream()
+        got = {}
+        for fused in (True, True, False):
+            # (saved may hold it already: kit_variant.py --add-fused matmul_add_rms_norm)
+            cuda.native_fused = (saved | {op}) if fused else (saved - {op})
+            x_t, r_t = f32(io.put(x), 1, k_in), f32(io.put(res), 1, out_f)
+            normed = f32(io.empty(4 * out_f), 1, out_f)
+            launched[fused].clear()
+            with recording(cuda, launched[fused]):
+                cuda.launch(
+                    "matmul_add_rms_norm", stream, out=r_t, normed=normed, x=x_t, weight=w,
+                    residual=r_t, norm=nw, eps=1e-5, scratch=f32(io.empty(4 * out_f), 1, out_f),
+                )  # fmt: skip
+            cuda.synchronize(stream)
+            now = (io.get(r_t.buffer, np.float32, (1, out_f)),
+                   io.get(normed.buffer, np.float32, (1, out_f)))  # fmt: skip
+            if fused in got:  # the second run: the count started from zero again
+                np.testing.assert_array_equal(now[1], got[fused][1])
+            got[fused] = now
+        assert launched == {True: ["matmul_norm_gemv2_q"], False: ["matmul_gemv2_q", "rms_norm"]}
+        np.testing.assert_array_equal(got[True][0], got[False][0])
+        np.testing.assert_array_equal(got[True][1], got[False][1])
+        want = {"out": np.zeros((1, out_f), np.float32), "normed": np.zeros((1, out_f), np.float32)}
+        vt.OPS["matmul_add_rms_norm"].reference(
+            {**want, "x": x, "weight": mat[1], "residual": res, "norm": norm_ref, "eps": 1e-5}
+        )
+        for name, value in zip(("out", "normed"), got[True], strict=True):
+            assert nmse(value, want[name]) <= kernel_tolerance("matmul_add_rms_norm", wtype)
+    finally:
+        cuda.native_fused = saved
+        for weight in (w, nw):
+            cuda.free_weight(weight)
+        io.close()
+
+
 @pytest.mark.parametrize("length", [1, 17, 127, 129, 1024, 1025, 3000])
 @pytest.mark.parametrize(
     ("n_kv", "hd", "rows"), [(3, 64, 2), (1, 128, 1), (2, 256, 3), (8, 64, 70)]

@@ -48,7 +48,9 @@ late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``,
 ``--drop-fused OP``: that one fused op runs as its decomposition (``qkv_rope_kv_store``:
 ``qkv`` and ``rope_kv_store``, two launches at batch 1 where the fused op is one);
 ``--add-fused OP``: that one fused op runs natively (``rms_norm_swiglu``,
-``rms_norm_qkv_rope_kv_store``: the norm inside the gemv kernels at batch 1);
+``rms_norm_qkv_rope_kv_store``: the norm inside the gemv kernels at batch 1;
+``matmul_add_rms_norm``: the next norm in the o and down projections' last block, the
+graph's consumers then on the normalised rows);
 ``--attention-cluster 0|1``: at decode on sm_90, attention's split kernel combines its 8
 splits in the same launch, a thread-block cluster a (row, group)
 (``GpuBackend.attention_cluster``, off by default);

@@ -6,7 +6,8 @@ Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``attention_tiled_*``), the BLAS path's 16-byte copies (``dequantize16_q``,
 ``dequantize16_h_q``, ``to_half8``) and the int8 tensor-core kernels (``quantize_rows``,
 ``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch), the batch-1
-gemv kernels (``matmul_gemv*``, ``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``) and
+gemv kernels (``matmul_gemv*``, ``matmul_norm_gemv*_q``: with the norm epilogue,
+``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``) and
 ``rope_kv_store``, ``sample_argmax`` and ``sample`` from
 ``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
 ``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
@@ -186,6 +187,11 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
         matmul_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),              \
             P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
             P(int, 8)); }); return 1; }                                                         \
+    if (!std::strcmp(name, "matmul_norm_gemv" #GV "_q")) { vt_grid(g, block, [=] {           \
+        matmul_norm_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),         \
+            P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
+            P(int, 8), P(float*, 9), P(const float*, 10), P(float, 11), P(int*, 12)); });      \
+        return 1; }                                                                             \
     if (!std::strcmp(name, "matmul_gemvu" #GV "_q")) { vt_grid(g, block, [=] {               \
         matmul_gemvu##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),             \
             P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
@@ -447,6 +453,13 @@ def main() -> None:
                 label = f"rms_norm_swiglu {wtype} K={k_in}"
                 if a.k in label:
                     checks.test_rms_norm_swiglu_at_one_row(backend, wtype, k_in)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+            for out_f, k_in in ((96, 576), (2048, 256), (1000, 4608)):
+                label = f"matmul_add_rms_norm {wtype} {out_f}x{k_in}"
+                if a.k in label:
+                    checks.test_matmul_add_rms_norm_at_one_row(backend, wtype, out_f, k_in)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for length in (1, 17, 129, 1025):

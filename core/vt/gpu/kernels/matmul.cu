@@ -491,20 +491,21 @@ __device__ __forceinline__ void vt_gv_prefetch(const VtRow& w, long long at) {
     vt_prefetch_l2((const char*)w.data + ((VT_QF(w.lg) & VT_Q_NIB) ? (at >> 4) * 8 : at));
 }
 
-// The scale rms_norm computes for a row x of dim values, 1 / sqrt(mean(x**2) + eps), in its
-// summation order (a block of RN_THREADS: thread v sums x[v], x[v + RN_THREADS], ...; then
-// each warp's shuffle tree; then the first warp's over the warps' sums), by this block of
-// fewer threads (each takes RN_THREADS / blockDim.x of rms_norm's), so the two agree bit
-// for bit. Every thread of the block must call it; every thread gets the scale.
+// The scale rms_norm computes for a row of dim values, 1 / sqrt(mean(x**2) + eps), in its
+// summation order, by this block of fewer threads (each takes RN_THREADS / blockDim.x of
+// rms_norm's), so the two agree bit for bit: sq(j) is the sum of squares of rms_norm's
+// thread t + j * blockDim.x (thread v of RN_THREADS sums x[v], x[v + RN_THREADS], ...); then
+// each warp's shuffle tree and the first warp's over the warps' sums. Every thread of the
+// block must call it; every thread gets the scale.
 #define RN_THREADS 256
-__device__ float vt_norm_scale(const float* x, int dim, float eps, float* red) {
+template <typename F>
+__device__ __forceinline__ float vt_norm_reduce(F sq, int dim, float eps, float* red) {
     int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
     int warps = blockDim.x / VT_WARP, per = RN_THREADS / blockDim.x;
-    for (int j = 0; j < per; ++j) {
-        float ss = 0.0f;
-        for (int d = t + j * blockDim.x; d < dim; d += RN_THREADS)
-            ss = __fadd_rn(ss, __fmul_rn(x[d], x[d]));
-        ss = vt_warp_sum(ss);
+#pragma unroll
+    for (int j = 0; j < RN_THREADS / VT_WARP; ++j) {
+        if (j >= per) break;
+        float ss = vt_warp_sum(sq(j));
         if (lane == 0) red[warp + j * warps] = ss;  // rms_norm's warp (t + j * blockDim.x) / VT_WARP
     }
     __syncthreads();
@@ -512,6 +513,18 @@ __device__ float vt_norm_scale(const float* x, int dim, float eps, float* red) {
     r = vt_warp_sum(r);
     __syncthreads();
     return 1.0f / sqrtf(r / (float)dim + eps);
+}
+
+// vt_norm_reduce of a row x in memory.
+__device__ float vt_norm_scale(const float* x, int dim, float eps, float* red) {
+    int t = threadIdx.x;
+    auto sq = [&](int j) {
+        float ss = 0.0f;
+        for (int d = t + j * blockDim.x; d < dim; d += RN_THREADS)
+            ss = __fadd_rn(ss, __fmul_rn(x[d], x[d]));
+        return ss;
+    };
+    return vt_norm_reduce(sq, dim, eps, red);
 }
 
 struct VtNoop {
@@ -670,6 +683,50 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
     }
 }
 
+// matmul_norm_gemv*_q's end (every thread of every block calls it): the blocks count
+// themselves done (device-wide; the last leaves count 0 for the next launch), and the last
+// normalises the row of N values in out into normed as rms_norm does, bit for bit
+// (vt_norm_reduce's order; out read through L2, where the other blocks' stores landed). Its
+// values t, t + blockDim.x, ... (NE_KEEP of them: rows of up to 2,048 values at 128
+// threads) come in one batch of loads into registers, as rms_norm keeps its own: run 91's
+// first form, a dependent L2 load at a time, cost its serial tail more than the launch it
+// saves (-23% at batch 1 on the 1B shape).
+#define NE_KEEP 16
+__device__ void vt_norm_epilogue(const float* out, float* normed, const float* nw, int N,
+                                 float eps, int* count) {
+    __shared__ float red[RN_THREADS / VT_WARP];
+    __shared__ int last;
+    __threadfence();  // this block's outputs visible device-wide before its count says so
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(count, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;  // the whole block
+    __threadfence();
+    int t = threadIdx.x, bd = blockDim.x, per = RN_THREADS / bd;  // per: a power of two
+    float keep[NE_KEEP];
+#pragma unroll
+    for (int m = 0; m < NE_KEEP; ++m) keep[m] = t + m * bd < N ? vt_ld_l2(out + t + m * bd) : 0.0f;
+    // rms_norm's thread t + j * bd sums values t + (j + i * per) * bd for i = 0, 1, ...: the
+    // kept ones (m = j + i * per < NE_KEEP) in order, then the rest of its stride.
+    auto sq = [&](int j) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int m = 0; m < NE_KEEP; ++m)
+            if ((m & (per - 1)) == j && t + m * bd < N) ss = __fadd_rn(ss, __fmul_rn(keep[m], keep[m]));
+        for (int d = t + j * bd + NE_KEEP / per * RN_THREADS; d < N; d += RN_THREADS) {
+            float v = vt_ld_l2(out + d);
+            ss = __fadd_rn(ss, __fmul_rn(v, v));
+        }
+        return ss;
+    };
+    float scale = vt_norm_reduce(sq, N, eps, red);
+#pragma unroll
+    for (int m = 0; m < NE_KEEP; ++m)
+        if (t + m * bd < N) normed[t + m * bd] = (keep[m] * scale) * nw[t + m * bd];
+    for (int d = t + NE_KEEP * bd; d < N; d += bd) normed[d] = (vt_ld_l2(out + d) * scale) * nw[d];
+    if (t == 0) *count = 0;
+}
+
 // out = x @ W.T (+ bias) (+ residual: out may alias it) for one row: features GV * blockIdx.x..
 // (UR passes' loads a thread in flight together: matmul_gemvu*, for long rows).
 template <int GV, int UR = VT_GV_UNROLL>
@@ -775,6 +832,14 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
                                                    int N, int K) {                             \
         vt_launch_dependents();                                                                \
         vt_gemv<GV>(out, x, data, sm, lg_block, bias, residual, N, K);                         \
+    }                                                                                          \
+    extern "C" __global__ void matmul_norm_gemv##GV##_q(                                       \
+        float* out, const float* x, const void* data, const float* sm, int lg_block,          \
+        const float* bias, const float* residual, int N, int K, float* normed,                \
+        const float* nw, float eps, int* count) {                                             \
+        vt_launch_dependents();                                                                \
+        vt_gemv<GV>(out, x, data, sm, lg_block, bias, residual, N, K);                         \
+        vt_norm_epilogue(out, normed, nw, N, eps, count);                                      \
     }                                                                                          \
     extern "C" __global__ void matmul_gemvu##GV##_q(                                           \
         float* out, const float* x, const void* data, const float* sm, int lg_block,          \
