@@ -215,8 +215,10 @@ EOF"
             python3 plugins/cuda/tools/batch_table.py $OUT/kvar-$m.json"
         ;;
     kvars:*)  # decode batches KBATCH (default 1,8,32) per variant of bench_variant.py flags in
-        # KVARS ('|' between variants; the JSON stays in /tmp, the table goes to the log);
-        # prompts of KPROMPT tokens (default 128: a long context is e.g. KPROMPT=2048)
+        # KVARS ('|' between variants; the table goes to the log, each JSON into
+        # $OUT/kvars.tar as kvars-MODEL-pPROMPT-N.json: one file, where the device returns
+        # about 8 a call); prompts of KPROMPT tokens (default 128: a long context is e.g.
+        # KPROMPT=2048)
         m=${s#kvars:}
         B="bench --backend cuda --model /tmp/$m.gguf --batch ${KBATCH:-1,8,32} --prompt-tokens ${KPROMPT:-128} --gen-tokens 128 --repeat 2 --json"
         IFS='|' read -ra VS <<< "${KVARS:-}"
@@ -226,6 +228,8 @@ EOF"
             i=$((i + 1))
             step "kvars-$m-$i" 300 "echo 'variant $i: $v'; python3 plugins/cuda/tools/bench_variant.py $v $B > /tmp/kvars-$m-$i.json; \
                 python3 plugins/cuda/tools/batch_table.py /tmp/kvars-$m-$i.json"
+            j=kvars-$m-p${KPROMPT:-128}-$i.json
+            cp /tmp/kvars-$m-$i.json /tmp/$j 2>/dev/null && tar -rf "$OUT/kvars.tar" -C /tmp "$j"
         done
         ;;
     splits:*)  # decode at batch 1 and 8 with attention split over at most 1, 4, 8, 16, 32 blocks
