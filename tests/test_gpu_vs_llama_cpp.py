@@ -527,3 +527,26 @@ def test_torch_trace_writes_what_nsys_steps_reads(tmp_path: Path) -> None:
     acts = nsys_steps.activities(path.read_text().splitlines())
     assert acts == [("embedding_q", 100.0, 4.0), ("swiglu_gemv2_q", 105.5, 10.25),
                     ("Memcpy DtoH (Device -> Pinned)", 120.0, 1.0)]  # fmt: skip
+
+
+def test_torch_trace_without_a_cuda_device_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch_trace.py's imports (vt's CLI among them: run 88's trace died on a wrong one)
+    resolve, and with no CUDA device it says so instead of recording nothing."""
+    import types  # noqa: PLC0415
+
+    tools = Path(__file__).resolve().parent.parent / "plugins/cuda/tools"
+    monkeypatch.syspath_prepend(str(tools))
+    import torch_trace  # noqa: PLC0415
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(is_available=lambda: False)  # type: ignore[attr-defined]
+    profiler = types.ModuleType("torch.profiler")
+    profiler.ProfilerActivity = object  # type: ignore[attr-defined]
+    profiler.profile = object  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.profiler", profiler)
+    monkeypatch.setattr(sys, "argv", ["torch_trace.py", str(tmp_path / "t.csv"), "bench"])
+    with pytest.raises(SystemExit, match="PyTorch sees no CUDA device"):
+        torch_trace.main()
