@@ -231,6 +231,37 @@ def test_emulator_same_bits_names_the_cases_that_differ(
     assert "1 of 2 cases the same bits with X=1" in out
 
 
+def test_emulator_settings_reach_both_sides_and_refuse_below_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """emulate_kernels.py --min-split / --attention-heads: the GpuBackend attributes of both
+    libraries --same-bits compares; a value below 1 is refused by name before any compile."""
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parent.parent / "plugins/cuda/tools")
+    import emulate_kernels  # noqa: PLC0415
+
+    monkeypatch.setattr(emulate_kernels, "build", lambda folder, defines=(): defines)
+    seen: list[tuple[int, int]] = []
+
+    class Backend:
+        attention_min_split, attention_max_group = 16, 2
+
+    monkeypatch.setattr(emulate_kernels, "emulated_backend", lambda lib: (Backend(), None))
+    monkeypatch.setattr(
+        emulate_kernels, "_bits_outputs",
+        lambda b: seen.append((b.attention_min_split, b.attention_max_group)) or [],
+    )  # fmt: skip
+    argv = ["emulate_kernels.py", "--same-bits", "X=1", "--min-split", "64"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--attention-heads", "1"])
+    with pytest.raises(SystemExit) as done:
+        emulate_kernels.main()
+    assert done.value.code == 0 and seen == [(64, 1), (64, 1)]
+    for flag in ("--min-split", "--attention-heads"):
+        monkeypatch.setattr(sys, "argv", ["emulate_kernels.py", flag, "0"])
+        with pytest.raises(SystemExit):
+            emulate_kernels.main()
+        assert f"{flag} must be at least 1, not 0" in capsys.readouterr().err
+
+
 def test_sass_count_counts_one_kernels_opcodes_predicated_or_not() -> None:
     """sass_count.py reads the named kernel's section of an nvdisasm listing only, and
     counts every instruction by opcode (a predicate and the modifiers left off); a kernel
