@@ -904,6 +904,33 @@ def test_the_norm_ops_fold_the_norm_into_the_gemv_only_natively_at_one_row(nativ
     assert [launch.kernel for launch in rt.launches] == [*one, "rms_norm", "swiglu_small2_q"]
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["default", "native"])
+def test_the_norm_epilogue_is_one_launch_only_natively_at_one_row(native: bool) -> None:
+    """matmul_add_rms_norm: not native by default (the graph then never asks for it; asked,
+    its decomposition: the projection with the residual, then rms_norm); native, one launch
+    at one row (matmul_norm_gemv2_q, its count a zeroed backend scratch) and the two
+    launches for several rows."""
+    backend, rt = make()
+    assert not backend.supports("matmul_add_rms_norm")
+    if native:
+        backend.native_fused |= {"matmul_add_rms_norm"}
+    c = OpCase(backend)
+    rng = np.random.default_rng(6)
+    norm = c.w("norm", np.ones(6, np.float32))
+    w = c.w("w", rng.standard_normal((6, 256)).astype(np.float32), "Q8_0")
+    stream = backend.create_stream()
+    for n in (1, 3):
+        r = c.t("r", F32, n, 6)
+        backend.launch("matmul_add_rms_norm", stream, out=r, normed=c.t("h", F32, n, 6),
+                       x=c.t("x", F32, n, 256), weight=w, residual=r, norm=norm, eps=1e-5,
+                       scratch=c.t("s", F32, n, 6))  # fmt: skip
+    one = ["matmul_norm_gemv2_q"] if native else ["matmul_gemv2_q", "rms_norm"]
+    assert [launch.kernel for launch in rt.launches] == [*one, "matmul_small4_q", "rms_norm"]
+    if native:
+        names = [name for _, name in kernel_signatures()[macro_prefix("matmul_norm_gemv2_q")]]
+        assert rt.launches[0].args[names.index("count")]
+
+
 def test_norm_fold_max_k_folds_the_norm_only_into_short_rows_at_one_row() -> None:
     """norm_fold_max_k: the norm ops become native, late-scaled (-DVT_NORM_LATE=1), and fold
     the norm into the gemv only at one row whose K is at most the setting; a longer row (the

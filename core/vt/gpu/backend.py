@@ -1078,17 +1078,21 @@ class GpuBackend(
         """One row on the gemv kernels (``matmul_norm_gemv*_q``): the residual add in the
         epilogue, then the grid's last block (a device-wide count) normalises the row as
         ``rms_norm`` does, bit for bit: one launch where matmul_add and rms_norm take two.
-        Otherwise those two launches (scratch unused)."""
+        Otherwise the op's decomposition (matmul_add, then rms_norm)."""
         w = self._gpu_weight(weight, "matmul_add_rms_norm")
         nw = self._gpu_weight(norm, "matmul_add_rms_norm")
         n, k = x.shape
-        gv = (0, 0)
-        if nw.kind == W.WT_F32 and not (0 < self.gemv_unroll_min_k <= k):
-            if n < self.blas_min_rows or not self._rt.blas():
-                gv = self._gemv(x, w)
+        # the one-row gemv where _matmul would take it (not BLAS, not the unrolled kernel)
+        one_row = nw.kind == W.WT_F32 and not (0 < self.gemv_unroll_min_k <= k)
+        if one_row and n >= self.blas_min_rows and self._rt.blas():
+            one_row = False
+        gv = self._gemv(x, w) if one_row else (0, 0)
         if not gv[0]:
-            self._matmul(stream, out, x, w, residual=residual)
-            self.op_rms_norm(stream, normed, out, norm, eps)
+            args = {"out": out, "normed": normed, "x": x, "weight": weight,
+                    "residual": residual, "norm": norm, "eps": eps, "scratch": scratch}  # fmt: skip
+            decompose = get_op("matmul_add_rms_norm").decompose
+            assert decompose is not None  # a fused op
+            decompose(self._dispatch_part, stream, args)
             return
         count = self._scratch_at_least(4, slot="norm epilogue count", zero_on=stream)
         self._kernel(

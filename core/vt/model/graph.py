@@ -354,8 +354,7 @@ class LlamaGraph:
                    weight=w.q_norm, eps=eps)  # fmt: skip
                 op("rms_norm", out=k.reshape(hk, c.head_dim), x=k_raw.reshape(hk, c.head_dim),
                    weight=w.k_norm, eps=eps)  # fmt: skip
-                op("rope_kv_store", q=q, k=k, v=v, positions=pos, slots=slots, cache=kv,
-                   layout=layout, layer=i, n_heads=c.n_heads, params=c.rope)  # fmt: skip
+                op("rope_kv_store", q=q, k=k, v=v, **rope_args)
             elif normed:
                 op("qkv_rope_kv_store", q=q, k=k, v=v, x=h, wq=w.wq, wk=w.wk, wv=w.wv,
                    bq=w.bq, bk=w.bk, bv=w.bv, **rope_args)  # fmt: skip

@@ -42,8 +42,9 @@
 #define VT_FA_WARP 1
 #endif
 #define FA_WARP_ACC 1024  // gb * head_dim at most on the warp path (its merge's shared floats)
-// VT_FA_DIRECT=1 (off; built in the fifteenth session, not yet measured): where a row's
-// positions all fall in its first split (a short context, or GpuBackend.attention_min_split
+// VT_FA_DIRECT=1 (off: run 88, with --min-split 256 so the bench's rows are one split, -11%
+// tok/s at batch 1 on the 1B shape: one split's chain is longer than 8-16 splits and a
+// combine): where a row's positions all fall in its first split (a short context, or GpuBackend.attention_min_split
 // at least the context), that split's blocks write the output as one split does, and
 // attention_combine only waits and leaves: the same bits (the combine of one partial is
 // acc * 1 / (1 * l)), one launch's work less a layer. Rows with no positions (an invalid
