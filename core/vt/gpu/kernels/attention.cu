@@ -226,7 +226,7 @@ template <bool CLUSTER>
 __device__ __forceinline__ void vt_attention_split_end(float* out, const float* part, int i,
                                                        int n_heads, int h0, int gb,
                                                        int head_dim, int splits, bool ok,
-                                                       int* counts, int* red) {
+                                                       int* counts) {
     int t = threadIdx.x, warp = t / VT_WARP, warps = FA_THREADS / VT_WARP;
     if (CLUSTER) {  // splits == the cluster's blocks (FA_CLUSTER), tile == 0: all arrive
         __threadfence();  // this block's partials visible beyond its SM, then the barrier
@@ -238,19 +238,12 @@ __device__ __forceinline__ void vt_attention_split_end(float* out, const float* 
         return;
     }
     if (splits == 1 || !counts) return;  // the whole block: attention_combine follows
-    // Every thread's partials visible device-wide before the count says so; the block that
-    // brings the count to `splits` reads them all (from L2: vt_ld_l2).
-    __threadfence();
-    __syncthreads();
-    int* count = counts + (long long)i * gridDim.y + blockIdx.y;
-    if (t == 0) red[0] = atomicAdd(count, 1) == splits - 1;
-    __syncthreads();
-    if (!red[0]) return;  // the whole block
-    __threadfence();
+    // The block that brings the group's count to `splits` reads every split's partials
+    // (from L2: vt_ld_l2).
+    if (!vt_last_block(counts + (long long)i * gridDim.y + blockIdx.y, splits)) return;
     for (int g = warp; g < gb; g += warps)  // a head a warp, the warps at once
         vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
                                   ok);
-    if (t == 0) *count = 0;
 }
 
 // VT_FA_WARP's body of attention_split for positions [p0, p1) of a block's group of gb
@@ -474,7 +467,7 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
             vt_fa_warp_split<128>(out, part, cache, kbase, vbase, pos_stride, p0, p1, qs, i,
                                   n_heads, h0, gb, splits, s, scale, ok, wacc, direct);
         vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok,
-                                        counts, red);
+                                        counts);
         return;
     }
 #endif
@@ -646,8 +639,7 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
         }
         __syncthreads();
     }
-    vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok, counts,
-                                    red);
+    vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok, counts);
 }
 
 extern "C" __global__ void attention_split(float* out, float* part, const float* q,

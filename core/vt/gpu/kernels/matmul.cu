@@ -695,13 +695,7 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
 __device__ void vt_norm_epilogue(const float* out, float* normed, const float* nw, int N,
                                  float eps, int* count) {
     __shared__ float red[RN_THREADS / VT_WARP];
-    __shared__ int last;
-    __threadfence();  // this block's outputs visible device-wide before its count says so
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(count, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;  // the whole block
-    __threadfence();
+    if (!vt_last_block(count, (int)gridDim.x)) return;  // the whole block
     int t = threadIdx.x, bd = blockDim.x, per = RN_THREADS / bd;  // per: a power of two
     float keep[NE_KEEP];
 #pragma unroll
@@ -724,7 +718,6 @@ __device__ void vt_norm_epilogue(const float* out, float* normed, const float* n
     for (int m = 0; m < NE_KEEP; ++m)
         if (t + m * bd < N) normed[t + m * bd] = (keep[m] * scale) * nw[t + m * bd];
     for (int d = t + NE_KEEP * bd; d < N; d += bd) normed[d] = (vt_ld_l2(out + d) * scale) * nw[d];
-    if (t == 0) *count = 0;
 }
 
 // out = x @ W.T (+ bias) (+ residual: out may alias it) for one row: features GV * blockIdx.x..
