@@ -816,12 +816,15 @@ def test_cluster_attention_equals_eight_splits_and_the_combine_launch(
     slots = np.array([1, 9, 2][:rows], np.int32)  # row 1: an invalid slot
     q = rng.standard_normal((rows, n_heads * 64)).astype(np.float32)
     io = IO(cuda)
-    saved = cuda.attention_cluster, cuda.attention_max_splits
+    saved = cuda.attention_cluster, cuda.attention_max_splits, cuda.attention_last_block_combine
     launched: dict[bool, list[str]] = {True: [], False: []}
     try:
         outs: dict[bool, list[np.ndarray]] = {}
         stream = cuda.create_stream()
         cuda.attention_max_splits = 8  # the cluster's: the same partials either way
+        # the other leg is the combine launch, also where a variant set the last-block
+        # combine (kit_variant.py --last-block-combine 1: run 95)
+        cuda.attention_last_block_combine = False
         for cluster in (True, False):
             cuda.attention_cluster = cluster
             outs[cluster] = []
@@ -835,7 +838,7 @@ def test_cluster_attention_equals_eight_splits_and_the_combine_launch(
         for a, b in zip(outs[True], outs[False], strict=True):
             np.testing.assert_array_equal(a, b)
     finally:
-        cuda.attention_cluster, cuda.attention_max_splits = saved
+        cuda.attention_cluster, cuda.attention_max_splits, cuda.attention_last_block_combine = saved
         io.close()
 
 
