@@ -2126,6 +2126,47 @@ def test_attention_combine_launches_overlapped_alone_where_asked(combine: bool, 
 
 
 @pytest.mark.parametrize(
+    ("rows", "n_heads", "min_q", "overlap", "want"),
+    [
+        (1, 32, None, True, True),  # the default, 32 heads of 64 (the 1B shape's 2,048 values)
+        (1, 9, None, True, False),  # 9 heads of 64 (the 135M shape's 576): plain
+        (1, 2, 128, True, True),  # the threshold itself
+        (1, 2, 129, True, False),
+        (2, 32, None, True, False),  # a batch: plain (measured at one row only)
+        (1, 32, 0, True, False),  # 0: never
+        (1, 32, None, False, False),  # overlap_launches off: every launch plain
+    ],
+)
+def test_attention_overlaps_at_one_row_where_the_query_row_is_wide(
+    rows: int, n_heads: int, min_q: int | None, overlap: bool, want: bool
+) -> None:
+    """overlap_attention_min_q: at one row, where n_heads * head_dim reaches it, the split
+    and combine kernels go through ``launch_overlapped`` (both wait for their predecessor on
+    the device); narrower rows, batches, 0 and overlap_launches off launch them plain."""
+    backend, rt = make()
+    backend.overlap_launches = overlap
+    if min_q is not None:
+        backend.overlap_attention_min_q = min_q
+    assert backend.overlap_attention is False  # the rule, not the every-shape switch
+    overlapped = _overlapped_launches(rt)
+    c = OpCase(backend)
+    n_kv = 1 if n_heads < 4 else n_heads // 4 if n_heads % 4 == 0 else 3
+    layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=64, n_kv_heads=n_kv, head_dim=64)
+    backend.launch(
+        "attention", backend.create_stream(), out=c.t("o", F32, rows, n_heads * 64),
+        q=c.t("q", F32, rows, n_heads * 64), cache=c.t("cache", F32, *layout.shape),
+        slots=c.t("s", I32, rows), positions=c.t("p", I32, rows), layout=layout, layer=0,
+        n_heads=n_heads, scale=0.125,
+    )  # fmt: skip
+    assert [launch.kernel for launch in rt.launches] == ["attention_split", "attention_combine"]
+    assert overlapped == (["attention_split", "attention_combine"] if want else [])
+    source = kernel_source()
+    body = source[source.index("void vt_attention_split(") :]  # attention_split's body
+    assert "vt_grid_wait();" in body[: body.index("\n}\n")]
+    backend.close()
+
+
+@pytest.mark.parametrize(
     ("n", "wtype", "kernels"),
     [
         (1, "Q8_0", ["qkv_rope_gemv_q"]),  # one row on the gemv kernels: one launch

@@ -410,8 +410,13 @@ class GpuBackend(
     #: previous kernel finishes; False: every launch plain (a tool's "before").
     overlap_launches: bool = True
     #: With ``overlap_launches``, attention's split and combine kernels too (the split
-    #: kernel's K and V rows prefetched into L2 before its wait).
+    #: kernel's K and V rows prefetched into L2 before its wait), at every shape.
     overlap_attention: bool = False
+    #: With ``overlap_launches``, attention's kernels overlapped at one row where a query
+    #: row has at least this many values (``n_heads * head_dim``); 0: only where
+    #: ``overlap_attention`` says. Measured at batch 1 (docs/gpu.md runs 40, 52-53, 80, 98):
+    #: the 1B shape (2,048 values) +1.5% to +5%, the 135M shape (576) -6% to -13%.
+    overlap_attention_min_q: int = 2048
     #: With ``overlap_launches``, ``attention_combine`` alone (its few blocks wait for the
     #: split kernel's partials on the device, so its launch is not on the chain).
     overlap_combine: bool = False
@@ -506,15 +511,21 @@ class GpuBackend(
     def _kernel(
         self, name: str, grid: tuple[int, int, int], block: int, stream: Stream, *args: Any,
         overlap: bool = True, weights: tuple[GpuWeight, ...] = (),
+        overlap_attention: bool = False,
     ) -> None:  # fmt: skip
-        """Launch ``name``; ``weights``: the GpuWeights it reads (which module it comes from)."""
+        """Launch ``name``; ``weights``: the GpuWeights it reads (which module it comes from);
+        ``overlap_attention``: attention's kernels overlapped for this launch (op_attention's
+        rule) as ``self.overlap_attention`` has them for every launch."""
         fn = self._fn(name, self._layout(weights))
         if (
             overlap
             and self.overlap_launches
             and (
                 name.startswith(_OVERLAP)
-                or (self.overlap_attention and name.startswith(_OVERLAP_ATTENTION))
+                or (
+                    (self.overlap_attention or overlap_attention)
+                    and name.startswith(_OVERLAP_ATTENTION)
+                )
                 or (self.overlap_combine and name == "attention_combine")
             )
         ):
@@ -1370,6 +1381,7 @@ class GpuBackend(
         cluster = self.attention_cluster and splits > 1 and not tile and self._sm() >= 90
         if cluster:
             splits = _FA_CLUSTER
+        wide = n == 1 and 0 < self.overlap_attention_min_q <= n_heads * hd
         part = counts = 0
         if splits > 1:
             part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot="attention")
@@ -1383,13 +1395,14 @@ class GpuBackend(
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
             F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile), P(counts),
+            overlap_attention=wide,
         )  # fmt: skip
         if splits > 1 and not counts and not cluster:
             self._kernel(
                 "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
-                I32(tile), I32(self.attention_min_split),
+                I32(tile), I32(self.attention_min_split), overlap_attention=wide,
             )  # fmt: skip
 
     def _tiled_attention_kernel(self, n: int, n_heads: int, head_dim: int) -> tuple[str, int]:

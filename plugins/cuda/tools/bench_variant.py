@@ -28,7 +28,9 @@ cuBLASLt plans cached per shape (1, the default; ``vt_cuda.blas.Cublas.use_lt``)
 overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches``);
 ``--overlap-attention 0|1``: attention's split and combine kernels launched overlapped
 too (the split kernel's K and V rows prefetched into L2 before its wait;
-``GpuBackend.overlap_attention``, off by default);
+``GpuBackend.overlap_attention``, off by default: every shape);
+``--overlap-attention-min-q N``: the same at one row where a query row has at least N
+values (``GpuBackend.overlap_attention_min_q``, 2048 by default; 0: never);
 ``--overlap-combine 0|1``: ``attention_combine`` alone launched overlapped
 (``GpuBackend.overlap_combine``, off by default);
 ``--gemv-unroll-k K``: one-row matmuls with K or more inputs on ``matmul_gemvu*_q``
@@ -136,6 +138,7 @@ _NUMBERS = {
     "--layout-kernels": "layout_kernels",
     "--argmax-slice": "sample_argmax_slice",
     "--overlap-attention": "overlap_attention",
+    "--overlap-attention-min-q": "overlap_attention_min_q",
     "--overlap-combine": "overlap_combine",
     "--norm-late": "norm_late",
     "--gemv-unroll-k": "gemv_unroll_min_k",

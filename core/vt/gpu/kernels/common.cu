@@ -116,10 +116,11 @@ __device__ __forceinline__ float vt_ld_l2(const float* p) {
 // in the last of `total` blocks to arrive on *count (which that block sets back to 0 for the
 // next launch). One thread's add, acquire-release at device scope after the block's barrier,
 // publishes the block's stores (the barrier orders them before the release) and, in the last
-// block, makes every other block's visible to its loads, which must skip L1 (vt_ld_l2). Run
-// 92's form, a sequentially consistent fence in every thread (__threadfence: MEMBAR.SC.GPU
-// and an L1 invalidate in each), cost the gemv with the norm epilogue about 6 us a launch.
-// HIP: clang's __hip_atomic_fetch_add with __ATOMIC_ACQ_REL and __HIP_MEMORY_SCOPE_AGENT.
+// block, makes every other block's visible to its loads, which must skip L1 (vt_ld_l2).
+// Until run 95 every thread ran a sequentially consistent fence instead (__threadfence:
+// MEMBAR.SC.GPU and an L1 invalidate in each); the tails it ends still cost 4-7 us a launch
+// under ncu either way (run 96: docs/gpu.md). HIP: clang's __hip_atomic_fetch_add with
+// __ATOMIC_ACQ_REL and __HIP_MEMORY_SCOPE_AGENT.
 __device__ __forceinline__ int vt_add_acq_rel(int* p, int v) {
 #if defined(VT_EMULATE)
     return atomicAdd(p, v);  // the emulator's: sequentially consistent
