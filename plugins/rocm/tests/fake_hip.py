@@ -178,6 +178,7 @@ class FakeHip:
                     name=p.name.encode() + b"\0junk",
                     gcnArchName=p.gcn_arch_name,
                     totalGlobalMem=p.total_memory,
+                    warpSize=p.warp_size,
                 ),
             ),
             "hipDeviceGetAttribute": lambda attr, device: (
