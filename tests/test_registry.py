@@ -106,6 +106,39 @@ def test_probe_that_raises_is_broken_and_unavailable_keeps_its_reason(dists) -> 
     assert reg.select("auto")[0].name == "threads"  # priority 1000 but unavailable
 
 
+def test_a_backend_asked_for_by_name_probes_no_other(dists, monkeypatch) -> None:
+    """select(name) before any listing probes only the backends registered under that name
+    (a probe may import vendor bindings or open a device: `vt bench --backend cpu` on a ROCm
+    machine imported hip-python before); the listing and auto still probe every one, once."""
+    import vt_test_misc
+
+    probed: list[str] = []
+    for cls in (vt_test_misc.FlakyBackend, vt_test_misc.AbsentBackend):
+        real = cls.probe.__func__
+
+        def counted(c, real=real):
+            probed.append(c.name)
+            return real(c)
+
+        monkeypatch.setattr(cls, "probe", classmethod(counted))
+    reg = registry("threads_plugin,misc")
+    assert reg.select("threads")[0].name == "threads"
+    assert probed == []
+    with pytest.raises(BackendUnavailableError, match=r"'absent' is unavailable: no absent"):
+        reg.select("absent")
+    with pytest.raises(BackendUnavailableError, match=r"'flaky' is broken: probe raised OSError"):
+        registry("threads_plugin,misc").select("flaky")
+    assert probed == ["absent", "flaky"]
+    assert {"absent", "flaky", "threads"} <= {e.name for e in reg.entries()}
+    assert probed == ["absent", "flaky", "flaky"]  # reg's listing: flaky, not absent again
+    dup = registry("threads_plugin,duplicate")
+    with pytest.raises(BackendUnavailableError, match=r"registered by two distributions .*"
+                       r"\[duplicate-backend-name\]"):  # fmt: skip
+        dup.select("threads")
+    with pytest.raises(BackendUnavailableError, match=r"unknown backend 'nope'; installed"):
+        dup.select("nope")
+
+
 def test_duplicate_names_are_both_listed_and_rejected_naming_both_distributions(dists) -> None:
     reg = registry("threads_plugin,duplicate")
     dupes = [e for e in reg.entries() if e.name == "threads"]

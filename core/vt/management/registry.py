@@ -228,6 +228,17 @@ def _dist_text(entry: Entry) -> str:
     return f"{entry.distribution or '?'} {entry.version}".strip()
 
 
+def _class_name(cls: type[Backend]) -> str:
+    return cls.name if isinstance(cls.name, str) else repr(cls.name)
+
+
+class _Found:
+    """A backend class a plugin registered, not yet probed."""
+
+    def __init__(self, ep: metadata.EntryPoint, cls: type[Backend]) -> None:
+        self.ep, self.cls, self.name = ep, cls, _class_name(cls)
+
+
 def _duplicate_groups(entries: list[Entry]) -> dict[str, list[Entry]]:
     by_name: dict[str, list[Entry]] = {}
     for entry in entries:
@@ -268,6 +279,12 @@ class Registry:
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._env = env
         self._entries: list[Entry] | None = None
+        # Discovery in two steps: the plugins' registered classes (and the plugins that
+        # broke first), then each class's probe on first need, so a backend asked for by
+        # name probes no other (a probe may import vendor bindings or open a device).
+        self._found: list[Entry | _Found] | None = None
+        self._probed: dict[int, Entry] = {}
+        self._overrides: list[CapsOverride] = []
         self.plugin_manager = pluggy.PluginManager(PROJECT)
         self.plugin_manager.add_hookspecs(hookspecs)
 
@@ -275,9 +292,27 @@ class Registry:
     def entries(self) -> list[Entry]:
         """Every backend (and every plugin that broke before registering one)."""
         if self._entries is None:
-            overrides = parse_caps_overrides(envs.get("VT_CAPS", self._env))
-            self._entries = self._discover(overrides)
+            entries = [self._entry(i) for i in range(len(self._discovered()))]
+            entries.sort(key=lambda e: (e.name, e.plugin))
+            self._mark_duplicates(entries)  # after sorting: messages list them in table order
+            self._entries = entries
         return list(self._entries)
+
+    def _discovered(self) -> list[Entry | _Found]:
+        if self._found is None:
+            self._overrides = parse_caps_overrides(envs.get("VT_CAPS", self._env))
+            self._found = self._discover()
+        return self._found
+
+    def _entry(self, i: int) -> Entry:
+        """The entry of the i-th discovered item, its backend probed once."""
+        item = self._discovered()[i]
+        if isinstance(item, Entry):
+            return item
+        entry = self._probed.get(i)
+        if entry is None:
+            entry = self._probed[i] = self._load_backend(item.ep, item.cls, self._overrides)
+        return entry
 
     def get(self, name: str) -> Entry | None:
         for entry in self.entries():
@@ -285,10 +320,10 @@ class Registry:
                 return entry
         return None
 
-    def _discover(self, overrides: list[CapsOverride]) -> list[Entry]:
+    def _discover(self) -> list[Entry | _Found]:
         eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
         wanted = _wanted_plugins(self._env)
-        entries: list[Entry] = []
+        entries: list[Entry | _Found] = []
         if wanted is not None:
             present = {ep.name for ep in eps}
             for missing in [n for n in wanted if n not in present]:
@@ -324,9 +359,7 @@ class Registry:
             loaded.append((ep, module))
         loaded = self._check_pending(loaded, entries)
         for ep, module in loaded:
-            entries.extend(self._load_plugin(ep, module, overrides))
-        entries.sort(key=lambda e: (e.name, e.plugin))
-        self._mark_duplicates(entries)  # after sorting: messages list them in table order
+            entries.extend(self._load_plugin(ep, module))
         return entries
 
     def _broken(
@@ -344,7 +377,7 @@ class Registry:
         )
 
     def _check_pending(
-        self, loaded: list[tuple[metadata.EntryPoint, object]], entries: list[Entry]
+        self, loaded: list[tuple[metadata.EntryPoint, object]], entries: list[Entry | _Found]
     ) -> list[tuple[metadata.EntryPoint, object]]:
         """Run pluggy's check_pending, unregistering (and marking broken) each offender."""
         pm = self.plugin_manager
@@ -360,9 +393,7 @@ class Registry:
                         entries.append(self._broken(ep, f"invalid plugin: {exc}"))
                 loaded = [(ep, m) for ep, m in loaded if m is not bad]
 
-    def _load_plugin(
-        self, ep: metadata.EntryPoint, module: object, overrides: list[CapsOverride]
-    ) -> list[Entry]:
+    def _load_plugin(self, ep: metadata.EntryPoint, module: object) -> list[Entry | _Found]:
         pm = self.plugin_manager
         hook = pm.hook.vt_register_backends
         if not any(impl.plugin is module for impl in hook.get_hookimpls()):
@@ -385,13 +416,13 @@ class Registry:
             return [self._broken(ep, "; ".join(errors))]
         if not classes:
             return [self._broken(ep, "vt_register_backends registered no backend")]
-        return [self._load_backend(ep, cls, overrides) for cls in classes]
+        return [_Found(ep, cls) for cls in classes]
 
     def _load_backend(
         self, ep: metadata.EntryPoint, cls: type[Backend], overrides: list[CapsOverride]
     ) -> Entry:
         dist, version = _dist_of(ep)
-        name = cls.name if isinstance(cls.name, str) else repr(cls.name)
+        name = _class_name(cls)
         entry = Entry(
             name=name,
             plugin=ep.name,
@@ -470,6 +501,12 @@ class Registry:
             how = "VT_BACKEND"
         if name == "auto":
             return self._auto()
+        if self._entries is None:  # before a listing: probe only what carries this name
+            found = self._discovered()
+            named = [i for i, f in enumerate(found) if isinstance(f, _Found) and f.name == name]
+            if named and not any(isinstance(f, Entry) and f.name == name for f in found):
+                group = sorted((self._entry(i) for i in named), key=lambda e: e.plugin)
+                return self._named(name, group, how)
         entry = self.get(name)
         if entry is None:
             known = ", ".join(sorted({e.name for e in self.entries()})) or "none"
@@ -480,17 +517,20 @@ class Registry:
             raise BackendUnavailableError(
                 f"unknown backend {name!r}; installed backends: {known}{hint}"
             )
-        group = self.duplicates().get(name)
-        if group is not None:
+        return self._named(name, [e for e in self.entries() if e.name == name], how)
+
+    @staticmethod
+    def _named(name: str, group: list[Entry], how: str) -> tuple[Entry, str]:
+        """select's answer for the entries registered under ``name`` (at least one)."""
+        if _duplicate_groups(group):
             raise BackendUnavailableError(
                 f"backend {name!r} is {_registered_by(group)}, and vt does not pick one: "
                 f"{_duplicate_fix(group)} [duplicate-backend-name]"
             )
-        dupes = [e for e in self.entries() if e.name == name]
-        bad = next((e for e in dupes if e.status is not Status.available), None)
+        bad = next((e for e in group if e.status is not Status.available), None)
         if bad is not None:
             raise BackendUnavailableError(f"backend {name!r} is {bad.status.value}: {bad.reason}")
-        return entry, f"{name!r} was asked for by {how}"
+        return group[0], f"{name!r} was asked for by {how}"
 
     def _auto(self) -> tuple[Entry, str]:
         entries = self.entries()
