@@ -20,8 +20,9 @@ Llama-3.2-1B Q8_0) unless they exist, then measures, alternating engines per mod
   ``llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32 -ngl 99`` (S_TG, the aggregate decode
   rate, per batch).
 
-Prints one JSON object (and writes it to ``--out``) with both sides' figures and
-``ratios`` (vt / llama.cpp, above 1: vt faster) for every (model, metric).
+Prints one JSON object (and writes it to ``--out``) with the GPUs it ran on (``device``),
+both sides' figures and ``ratios`` (vt / llama.cpp, above 1: vt faster) for every (model,
+metric).
 """
 
 from __future__ import annotations
@@ -77,6 +78,21 @@ def build_llama(src: Path, build: Path) -> tuple[Path, Path]:
     run(["ninja", "-C", str(build), "-j", jobs, "llama-bench", "llama-batched-bench"])
     log(f"llama.cpp built in {time.monotonic() - t0:.0f} s")
     return bench, batched
+
+
+def gpu_names() -> list[str]:
+    """The GPUs this run measured on (``nvidia-smi``'s name and memory), so a result file
+    says which card gave it: sessions get an H200 or an H100."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"unknown (nvidia-smi: {exc})"]
+    if done.returncode != 0:
+        return [f"unknown (nvidia-smi exited {done.returncode})"]
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
 def model_path(name: str, folder: Path) -> Path:
@@ -179,7 +195,7 @@ def main() -> None:
         bench, batched = build_llama(args.llama_src, args.build_dir)
     if args.build_only:
         return
-    result: dict[str, Any] = {"vt": {}, "llama.cpp": {}, "ratios": {}}
+    result: dict[str, Any] = {"device": gpu_names(), "vt": {}, "llama.cpp": {}, "ratios": {}}
     for i, name in enumerate(args.models.split(",")):
         model = model_path(name, args.model_dir)
         first_vt = i % 2 == 0  # alternate which engine runs first

@@ -34,6 +34,22 @@ def test_batched_bench_gives_the_aggregate_decode_rate_per_batch() -> None:
     assert bench.parse_batched_bench("no table here\n| PP | TG |\n") == {}
 
 
+def test_the_result_names_the_gpu_it_ran_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions get an H200 or an H100: the result file says which (nvidia-smi's name and
+    memory), and says why it cannot where nvidia-smi fails or is missing."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 81559 MiB'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert bench.gpu_names() == ["NVIDIA H100 80GB HBM3, 81559 MiB"]
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert bench.gpu_names() == ["unknown (nvidia-smi exited 9)"]
+    smi.unlink()
+    assert bench.gpu_names()[0].startswith("unknown (nvidia-smi: ")
+
+
 def test_llama_bench_gives_pp512_and_tg128() -> None:
     rows = [
         {"n_prompt": 512, "n_gen": 0, "avg_ts": 52251.29},
