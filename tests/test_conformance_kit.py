@@ -105,9 +105,9 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
         tmp_path / "run", "--vt-backend", "cpu", "--vt-backend", "tt_stub", f"--vt-matrix={matrix}"
     )
     assert rc == 0, out
-    assert len(OPS) == 19 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
-    assert summary("cpu", 19, 2, 11, 27, 0) in out
-    assert summary("tt_stub", 18, 2, 4, 27, 0) in out
+    assert len(OPS) == 21 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
+    assert summary("cpu", 21, 2, 11, 27, 0) in out
+    assert summary("tt_stub", 20, 2, 4, 27, 0) in out
     # tt_stub declares nothing: those contracts are "not declared", never passes; it lacks
     # the optional op logprobs (the runner computes them on the host), also "not declared"
     undeclared = ["op logprobs", *(f"contract {c}" for c in TT_UNDECLARED)]
@@ -287,20 +287,29 @@ def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
     # normalise first (decomposed), the F32 case within rms_norm_swiglu's bound (the
     # projections' bounds hide a norm this close elsewhere); of matmul_add_rms_norm (also
     # decomposed on cpu), whose normed output is the norm's own, the float types' cases
-    # and Q4_K's (the quantized bound hides the others); nothing else fails
+    # and Q4_K's (the quantized bound hides the others); of the projection-and-consumer
+    # ops (decomposed), the half types' cases; nothing else fails
     norm = failure_lines(out, "offbyone-norm")
-    assert len(norm) == 10 and all(
+    assert len(norm) == 14 and all(
         re.match(r"op rms_norm\[.*\]: normalized MSE \S+ exceeds the F32 tolerance 1e-09", m)
         for m in norm[:4]
     ), norm
     assert norm[4].startswith("op rms_norm_swiglu[F32,n=1,37x67]: normalized MSE")
-    assert [m.split(": normed: normalized MSE ")[0] for m in norm[5:]] == [
+    assert [m.split(": normed: normalized MSE ")[0] for m in norm[5:10]] == [
         f"op matmul_add_rms_norm[{label}]"
         for label in ("F32,n=1,37x67,in-place", "F16,n=1,37x67,in-place",
                       "BF16,n=1,37x67,in-place", "Q4_K,n=1,37x256,in-place", "F32,n=1,37x67")
-    ], norm  # fmt: skip
-    assert summary("offbyone-norm", ops - 3, core, contracts, 0, 3) in out
-    assert "  failed: op rms_norm, op rms_norm_swiglu, op matmul_add_rms_norm\n" in out
+    ], norm[:10]  # fmt: skip
+    assert [m.split(": normalized MSE ")[0] for m in norm[10:]] == [
+        f"op matmul_add_rms_norm_{op}[{wt},n=1,{label}]: {what}"
+        for op, label, what in (("swiglu", "37x67", "act"), ("qkv_rope_kv_store", "neox", "q"))
+        for wt in ("F16", "BF16")
+    ], norm[10:]
+    assert summary("offbyone-norm", ops - 5, core, contracts, 0, 5) in out
+    assert (
+        "  failed: op rms_norm, op rms_norm_swiglu, op matmul_add_rms_norm, "
+        "op matmul_add_rms_norm_swiglu, op matmul_add_rms_norm_qkv_rope_kv_store\n"
+    ) in out
 
     # attention that drops its last position: all but the position-0 case fail
     attn = failure_lines(out, "offbyone-attention")
@@ -409,7 +418,7 @@ def test_matrix_marks_failed_cells_and_lists_failures() -> None:
     matrix = matrix_from_results(["mine", "gone"], results, "test", {"mine": caps}, {"gone": "why"})
     assert not matrix.ok
     text = matrix.render(markdown=True)
-    assert summary("mine", 18, 2, 4, 27, 1) in text
+    assert summary("mine", 20, 2, 4, 27, 1) in text
     assert "| `rms_norm` | - | **FAIL** (1/4) |" in text  # how it runs: not recorded here
     assert "| `events` | no | `event-ordering` | not declared |" in text
     assert "| `device_memory_is_host_addressable` | no | `host-view` (must refuse) | pass |" in text

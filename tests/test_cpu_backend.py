@@ -89,8 +89,10 @@ def test_plugin_registers_the_cpu_backend_with_its_declaration() -> None:
         assert caps.source_of(field).source is vt.Source.derived
     assert caps.vmm == declared.vmm
     # every op of the table runs natively (the reference), fused ones included, but
-    # matmul_add_rms_norm (a GPU fusion), which runs as its decomposition
-    decomposed = ("matmul_add_rms_norm",)
+    # the GPU's fusions of a projection with the norm after it, which run as their
+    # decompositions
+    decomposed = ("matmul_add_rms_norm", "matmul_add_rms_norm_swiglu",
+                  "matmul_add_rms_norm_qkv_rope_kv_store")  # fmt: skip
     assert CpuBackend.op_names() == tuple(op for op in vt.OPS if op not in decomposed)
     assert all(backend.supports(op) is (op not in decomposed) for op in vt.OPS)
     backend.close()

@@ -595,7 +595,7 @@ def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
     ``[(type, parameter name)]``."""
     source = kernel_source().replace("\\\n", " ")
     found = re.findall(
-        r'extern "C" __global__ void (?:__cluster_dims__\([^)]*\) )?'
+        r'extern "C" __global__ void (?:__cluster_dims__\([^)]*\) )?(?:VT_\w+_BOUNDS )?'
         r"(\w+?)(?:##NO##|##GV##_q)?(?:_##SUFFIX)?\(([^)]*)\)",
         source,
     )
@@ -796,6 +796,81 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
     return cases[op]()
 
 
+#: The deferred norm's ops: (the producer's kernel, the consumer's) at one row.
+DEFERRED = {
+    "matmul_add_rms_norm_swiglu": ("matmul_psq_gemv2_q", "swiglu_psq_gemv2_q"),
+    "matmul_add_rms_norm_qkv_rope_kv_store": ("matmul_psq_gemv2_q", "qkv_rope_psq_gemv_q"),
+}
+
+
+@pytest.mark.parametrize("op", tuple(DEFERRED))
+def test_deferred_norm_launches_the_projection_then_the_consumer(op: str) -> None:
+    """At one row, natively (``native_fused``; not by default), the projection
+    (matmul_psq_gemv2_q: out, the unscaled normed row into scratch_norm, a partial sum of
+    squares a block into backend scratch) and then the consumer, which reads that row and
+    those partials (their count, the norm's eps): each kernel's arguments in its
+    signature's order. Not native, or at three rows: the decomposition's kernels."""
+    backend, rt = make()
+    c = OpCase(backend)
+    rng = np.random.default_rng(1)
+    dim, K = 256, 512
+
+    def w(name: str, rows: int, cols: int = dim) -> vt.Weight:
+        return c.w(name, rng.standard_normal((rows, cols)).astype(np.float32), "Q8_0")
+
+    def args(n: int) -> dict[str, Any]:
+        a: dict[str, Any] = {
+            "out": c.t("out", F32, n, dim), "x": c.t("x", F32, n, K), "weight": w("wo", dim, K),
+            "residual": c.t("residual", F32, n, dim), "norm": c.w("norm", np.ones(dim, F32)),
+            "eps": 1e-5, "scratch": c.t("scratch", F32, n, dim),
+            "scratch_norm": c.t("normed", F32, n, dim),
+        }  # fmt: skip
+        if op.endswith("swiglu"):
+            return a | {"act": c.t("act", F32, n, 6), "gate": w("g", 6), "up": w("u", 6),
+                        "scratch_gate": c.t("sg", F32, n, 6),
+                        "scratch_up": c.t("su", F32, n, 6)}  # fmt: skip
+        layout = vt.KVLayout(n_layers=4, n_slots=7, max_len=5, n_kv_heads=1, head_dim=8)
+        return a | {"q": c.t("q", F32, n, 24), "k": c.t("k", F32, n, 8), "v": c.t("v", F32, n, 8),
+                    "wq": w("wq", 24), "wk": w("wk", 8), "wv": w("wv", 8),
+                    "cache": c.t("cache", F32, *layout.shape), "slots": c.t("slots", I32, n),
+                    "positions": c.t("positions", I32, n), "layout": layout, "layer": 2,
+                    "n_heads": 3, "params": vt.RopeParams(8)}  # fmt: skip
+
+    stream = backend.create_stream()
+    backend.norm_fold_max_k = 0  # decomposed: rms_norm, then the plain consumer
+    assert not backend.supports(op)  # not native by default: the graph never asks for it
+    backend.launch(op, stream, **args(1))
+    consumer = DEFERRED[op][1].replace("_psq", "")
+    assert [launch.kernel for launch in rt.launches] == [
+        "matmul_gemv2_q", "rms_norm", consumer
+    ]  # fmt: skip
+    backend.native_fused |= {op}
+    for n, kernels in ((3, None), (1, DEFERRED[op])):
+        rt.launches.clear()
+        a = args(n)
+        backend.launch(op, stream, **a)
+        if kernels is None:  # three rows: the decomposition (rms_norm among its kernels)
+            assert "rms_norm" in [launch.kernel for launch in rt.launches]
+            continue
+        producer, launch = rt.launches
+        assert (producer.kernel, launch.kernel) == kernels
+        sig = kernel_signatures()
+        assert len(producer.args) == len(sig["matmul_psq_gemv"])
+        pk = {name: v for (_, name), v in zip(sig["matmul_psq_gemv"], producer.args, strict=True)}
+        assert pk["out"] == c.addresses["out"] and pk["x"] == c.addresses["x"]
+        assert pk["residual"] == c.addresses["residual"] and pk["normed"] == c.addresses["normed"]
+        assert pk["data"] == a["weight"].handle.data and pk["nw"] == a["norm"].handle.data
+        assert (pk["N"], pk["K"], pk["psq"] != 0) == (dim, K, True)
+        assert producer.grid == (dim // 2, 1, 1)
+        macro = launch.kernel.startswith("swiglu_psq_gemv")  # one kernel per features
+        names = [name for _, name in sig[macro_prefix(launch.kernel) if macro else launch.kernel]]
+        ck = dict(zip(names, launch.args, strict=True))
+        # the consumer reads the producer's row and partial sums: dim / 2 of them
+        assert ck["x"] == c.addresses["normed"] and ck["psq"] == pk["psq"]
+        assert ck["np"] == dim // 2 and ck["eps"] == pytest.approx(1e-5)
+        assert ck["K"] == dim
+
+
 def test_sample_finds_a_long_rows_argmax_over_blocks_first() -> None:
     """A row of 5,000 ids: sample_argmax over blocks of 2,048 ids (3 a row), then sample
     reading their results from the same scratch; sample_argmax_slice = 0: sample alone."""
@@ -829,8 +904,9 @@ WEIGHT_POINTERS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("op", tuple(vt.OPS))
+@pytest.mark.parametrize("op", tuple(o for o in vt.OPS if o not in DEFERRED))
 def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: str) -> None:
+    """Every op of the table but the deferred norm's two-kernel ops (their own test)."""
     backend, rt = make()
     backend.native_fused |= {op}  # the norm ops: not native by default (not yet measured)
     case = OpCase(backend)

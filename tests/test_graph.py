@@ -196,6 +196,52 @@ def test_norm_in_the_projection_epilogue_where_the_backend_runs_it(
             assert launched.count("rms_norm") == norms
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_projection_and_consumer_as_one_op_where_the_backend_runs_them(
+    tiny_dir: Path, arch: str
+) -> None:
+    """A backend that runs matmul_add_rms_norm_swiglu and
+    matmul_add_rms_norm_qkv_rope_kv_store natively gets every layer's output projection
+    with its feed-forward as one op and every down projection but the last with the next
+    layer's attention inputs (layer i + 1's weights, RoPE and cache layer), so only layer
+    0's attention inputs and the output norm are separate (qwen3, whose q and k norms sit
+    between, keeps its own); the logits of the float64 forward at prefill and at a decode
+    step."""
+    cpu = make_backend("cpu")
+    ops = ("matmul_add_rms_norm_swiglu", "matmul_add_rms_norm_qkv_rope_kv_store")
+
+    class OneOp(type(cpu)):  # type: ignore[misc]
+        name = "one-op"
+
+        def supports(self, op: str, dtype: str | None = None) -> bool:
+            return op in ops or super().supports(op, dtype)
+
+        def _dispatch(self, op: str, stream: Any, args: dict[str, Any]) -> None:
+            if op in ops:  # "native": the decomposition, each part through launch()
+                vt.OPS[op].decompose(self._dispatch_part, stream, args)  # type: ignore[misc]
+                return
+            super()._dispatch(op, stream, args)
+
+    backend = OneOp()
+    launched: list[str] = []
+    launch = backend.launch
+    backend.launch = lambda op, stream, **a: (launched.append(op), launch(op, stream, **a))[1]
+    model = load_gguf(tiny_path(tiny_dir, arch))
+    want = numpy_forward(model, [*PROMPT, 7])
+    layers = model.config.n_layers
+    with ModelRunner(backend, model, max_slots=2, max_model_len=32) as r:
+        for start, ids in ((0, PROMPT), (len(PROMPT), [7])):
+            launched.clear()
+            got = r.compute_logits([SeqChunk(slot=1, start_pos=start, token_ids=ids)])
+            pos = start + len(ids) - 1
+            assert_close(got[0], want[pos], f"{arch} at position {pos}")
+            qwen3 = arch == "qwen3"
+            assert launched.count(ops[0]) == layers
+            assert launched.count(ops[1]) == (0 if qwen3 else layers - 1)
+            assert launched.count("rms_norm_qkv_rope_kv_store") == (0 if qwen3 else 1)
+            assert "rms_norm_swiglu" not in launched and "matmul_add_rms_norm" not in launched
+
+
 class _Renamed:
     """A model whose config is altered: what a malformed or unknown file would claim."""
 

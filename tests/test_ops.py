@@ -74,8 +74,10 @@ def test_vt_backends_and_audit_show_each_backends_ops() -> None:
     assert "decomposed: matmul_add, swiglu, rope_kv_store" in table.output  # tt_stub
     assert "fallback: logprobs" in table.output  # tt_stub: the host computes logprobs
     listed = {e["name"]: e for e in json.loads(runner.invoke(main, ["backends", "--json"]).output)}
-    # cpu runs every op natively but matmul_add_rms_norm (a GPU fusion: decomposed there)
-    cpu_native = [op for op in OPS if op != "matmul_add_rms_norm"]
+    # cpu runs every op natively but the GPU's projection-and-norm fusions (decomposed)
+    gpu_fusions = ("matmul_add_rms_norm", "matmul_add_rms_norm_swiglu",
+                   "matmul_add_rms_norm_qkv_rope_kv_store")  # fmt: skip
+    cpu_native = [op for op in OPS if op not in gpu_fusions]
     assert listed["cpu"]["ops"] == cpu_native and listed["tt_stub"]["ops"] == list(vt.PRIMITIVE_OPS)
     audit = runner.invoke(main, ["audit", "--backend", "tt_stub", "--json"])
     assert audit.exit_code == 0, audit.output
@@ -83,7 +85,7 @@ def test_vt_backends_and_audit_show_each_backends_ops() -> None:
     assert report["ops"]["swiglu"] == "decomposed" and report["ops"]["matmul"] == "native"
     text = runner.invoke(main, ["audit", "--backend", "cpu"]).output
     assert "  ops    native: embedding" in text
-    assert text.split("\n")[1].endswith("; decomposed: matmul_add_rms_norm")
+    assert text.split("\n")[1].endswith("; decomposed: " + ", ".join(gpu_fusions))
 
 
 def test_launch_asks_supports_with_the_weight_type() -> None:

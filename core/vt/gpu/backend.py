@@ -217,6 +217,9 @@ _OVERLAP = (
     "rms_norm",
     "swiglu_norm_gemv",
     "qkv_rope_norm_gemv",
+    "matmul_psq_gemv",
+    "swiglu_psq_gemv",
+    "qkv_rope_psq_gemv",
     "sample",
 )
 #: Attention's kernels, overlapped where ``GpuBackend.overlap_attention`` says: the split
@@ -1235,26 +1238,113 @@ class GpuBackend(
         if norm is not None and not self._fold_norm(op, a["x"].shape[1]):
             gv = (0, 0)
         if not gv[0] or params.head_dim % 2 or (norm is not None and norm.kind != W.WT_F32):
-            decompose = get_op(op).decompose
-            assert decompose is not None  # a fused op
-            decompose(self._dispatch_part, stream, a)
+            self._decompose(stream, op, a)
             return
+        extra = [] if norm is None else [P(norm.data), F32(a["eps"])]
+        kernel = "qkv_rope_gemv_q" if norm is None else "qkv_rope_norm_gemv_q"
+        self._qkv_rope_launch(stream, op, kernel, a, ws, gv[1], extra)
+
+    def _qkv_rope_launch(
+        self, stream: Stream, op: str, kernel: str, a: dict[str, Any], ws: list[GpuWeight],
+        threads: int, extra: list[Any],
+    ) -> None:  # fmt: skip
+        """``kernel`` (qkv_rope_gemv_q or a norm form of it: ``extra`` its last arguments)
+        of ``op``'s arguments ``a`` (x: the row the projections take)."""
+        params: RopeParams = a["params"]
         layout: KVLayout = a["layout"]
         table = rope_table(params)
         self._head_dim(layout, op)
-        bs = [0 if a[b] is None else self._gpu_weight(a[b], op).data for b in ("bq", "bk", "bv")]
+        bs = [self._gpu_weight(a[b], op).data if a.get(b) is not None else 0
+              for b in ("bq", "bk", "bv")]  # fmt: skip
         per_weight = _qkv_weight_args(ws, bs)
         neox = 1 if params.style == RopeStyle.neox else 0
-        extra = [] if norm is None else [P(norm.data), F32(a["eps"])]
         self._kernel(
-            "qkv_rope_gemv_q" if norm is None else "qkv_rope_norm_gemv_q",
-            (sum(w.rows for w in ws) // 2, 1, 1), gv[1], stream,
+            kernel, (sum(w.rows for w in ws) // 2, 1, 1), threads, stream,
             self._ptr(a["q"]), self._ptr(a["k"]), self._ptr(a["v"]), self._ptr(a["x"]),
             *per_weight, I32(a["n_heads"]), I32(layout.n_kv_heads), I32(params.head_dim),
             I32(a["x"].shape[1]), I32(neox), self._ptr(a["positions"]), self._ptr(a["slots"]),
             self._ptr(a["cache"]), I32(layout.n_slots), I32(layout.n_layers),
             I32(layout.max_len), I32(a["layer"]), table, *extra, weights=tuple(ws),
         )  # fmt: skip
+
+    def _decompose(self, stream: Stream, op: str, a: dict[str, Any]) -> None:
+        """Run the fused ``op`` as its decomposition (each part native or decomposed)."""
+        decompose = get_op(op).decompose
+        assert decompose is not None  # a fused op
+        decompose(self._dispatch_part, stream, a)
+
+    # ---- the deferred norm: a projection and the op after its norm as one op
+    def _proj_gemv(self, x: Tensor, w: GpuWeight, nw: GpuWeight) -> tuple[int, int]:
+        """``_gemv``'s answer for a matmul_add_rms_norm* projection of ``x`` by ``w`` (norm
+        weight ``nw``): (0, 0) where ``_matmul`` would not take the one-row gemv kernel."""
+        k = x.shape[1]
+        if nw.kind != W.WT_F32 or 0 < self.gemv_unroll_min_k <= k:
+            return 0, 0
+        if x.shape[0] >= self.blas_min_rows and self._rt.blas():
+            return 0, 0
+        return self._gemv(x, w)
+
+    def _psq_producer(
+        self, stream: Stream, a: dict[str, Any], w: GpuWeight, nw: GpuWeight,
+        gv: tuple[int, int],
+    ) -> tuple[int, int]:  # fmt: skip
+        """matmul_psq_gemv*_q: out = residual + x @ w.T, scratch_norm = out * nw (not yet
+        scaled) and a partial sum of out's squares a block; (their address, their count)."""
+        count = -(-w.rows // gv[0])
+        psq = self._scratch_at_least(4 * count, slot="deferred norm partial sums")
+        self._kernel(
+            f"matmul_psq_gemv{gv[0]}_q", (count, 1, 1), gv[1], stream,
+            self._ptr(a["out"]), self._ptr(a["x"]), P(w.data), P(w.scales), I32(w.qarg), P(0),
+            self._ptr(a["residual"]), I32(w.rows), I32(a["x"].shape[1]),
+            self._ptr(a["scratch_norm"]), P(nw.data), P(psq), weights=(w,),
+        )  # fmt: skip
+        return psq, count
+
+    def op_matmul_add_rms_norm_swiglu(self, stream: Stream, **a: Any) -> None:
+        """One row on the gemv kernels, the norm deferred: ``matmul_psq_gemv*_q`` (the
+        residual add, out * norm into scratch_norm and a partial sum of out's squares a
+        block), then ``swiglu_psq_gemv*_q``, which sums the partials beside its products and
+        scales its sums by the norm's 1 / sqrt(mean + eps) at the end (as the late-scaled
+        fold: not bit-equal to the decomposition, within the kit's tolerances): no
+        ``rms_norm`` launch and no pass over the norm weight in the gate and up kernel.
+        Otherwise the op's decomposition."""
+        op = "matmul_add_rms_norm_swiglu"
+        w, nw = self._gpu_weight(a["weight"], op), self._gpu_weight(a["norm"], op)
+        g, u = self._gpu_weight(a["gate"], op), self._gpu_weight(a["up"], op)
+        pv = self._proj_gemv(a["x"], w, nw)
+        sv = (0, 0)
+        if pv[0] and g.kind == u.kind:
+            sv = self._gemv(a["scratch_norm"], g, u, **self._swiglu_gemv)
+        if not sv[0]:
+            self._decompose(stream, op, a)
+            return
+        psq, count = self._psq_producer(stream, a, w, nw, pv)
+        self._kernel(
+            f"swiglu_psq_gemv{sv[0]}_q", (-(-g.rows // sv[0]), 1, 1), sv[1], stream,
+            self._ptr(a["act"]), self._ptr(a["scratch_norm"]), P(g.data), P(g.scales),
+            I32(g.qarg), P(u.data), P(u.scales), I32(u.qarg), I32(g.rows), I32(w.rows),
+            P(psq), I32(count), F32(a["eps"]), weights=(g, u),
+        )  # fmt: skip
+
+    def op_matmul_add_rms_norm_qkv_rope_kv_store(self, stream: Stream, **a: Any) -> None:
+        """One row on the gemv kernels, the norm deferred as in
+        ``op_matmul_add_rms_norm_swiglu``: ``matmul_psq_gemv*_q``, then
+        ``qkv_rope_psq_gemv_q`` (``qkv_rope_gemv_q`` of out * norm, its sums scaled at the
+        end). Otherwise the op's decomposition."""
+        op = "matmul_add_rms_norm_qkv_rope_kv_store"
+        w, nw = self._gpu_weight(a["weight"], op), self._gpu_weight(a["norm"], op)
+        ws = [self._gpu_weight(a[n], op) for n in ("wq", "wk", "wv")]
+        pv = self._proj_gemv(a["x"], w, nw)
+        qv = (0, 0)
+        if pv[0] and a["params"].head_dim % 2 == 0:
+            qv = self._gemv(a["scratch_norm"], *ws)
+        if not qv[0]:
+            self._decompose(stream, op, a)
+            return
+        psq, count = self._psq_producer(stream, a, w, nw, pv)
+        extra = [P(psq), I32(count), F32(a["eps"])]
+        rest = {**a, "x": a["scratch_norm"]}
+        self._qkv_rope_launch(stream, op, "qkv_rope_psq_gemv_q", rest, ws, qv[1], extra)
 
     def op_rms_norm_swiglu(
         self, stream: Stream, out: Tensor, x: Tensor, norm: Weight, eps: float, gate: Weight,

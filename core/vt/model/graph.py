@@ -185,6 +185,12 @@ class LlamaGraph:
         # Where the backend runs it natively, each projection's epilogue normalises x for the
         # op after it (matmul_add_rms_norm), whose consumer then takes the normalised h.
         self._norm_epilogue = backend.supports("matmul_add_rms_norm")
+        # Where it runs them natively, the projection and the op after the norm go as one
+        # op (matmul_add_rms_norm_swiglu, matmul_add_rms_norm_qkv_rope_kv_store): the
+        # backend may hand the norm from one kernel to the next in its own form.
+        wide = config.ffn_dim >= config.dim  # the product's scratch apart from h (forward)
+        self._proj_swiglu = wide and backend.supports("matmul_add_rms_norm_swiglu")
+        self._proj_qkv = wide and backend.supports("matmul_add_rms_norm_qkv_rope_kv_store")
         self._uploaded: list[Weight] = []
         try:
             self.token_embd = self._upload(model, "token_embd.weight")
@@ -338,10 +344,13 @@ class LlamaGraph:
         spare = Tensor(act.gate, F32, (n, c.dim)) if c.ffn_dim >= c.dim else h
         epilogue = self._norm_epilogue
         normed = False  # h holds rms_norm(x) with this layer's attn_norm (the last epilogue)
+        projected = False  # this layer's q, k, v and cache rows came with the last down
         for i, w in enumerate(self.layers):
             rope_args = dict(positions=pos, slots=slots, cache=kv, layout=layout, layer=i,
                              n_heads=c.n_heads, params=c.rope)  # fmt: skip
-            if w.q_norm is not None and w.k_norm is not None:
+            if projected:
+                pass
+            elif w.q_norm is not None and w.k_norm is not None:
                 if not normed:
                     op("rms_norm", out=h, x=x, weight=w.attn_norm, eps=eps)
                 # qwen3: project q into ``attn`` and k into ``gate`` (both free until
@@ -365,7 +374,12 @@ class LlamaGraph:
             op("attention", out=attn, q=q, cache=kv, slots=slots, positions=pos,
                layout=layout, layer=i, n_heads=c.n_heads, scale=scale)  # fmt: skip
             # h is free again: the projections above consumed it.
-            if epilogue:
+            if self._proj_swiglu:
+                op("matmul_add_rms_norm_swiglu", out=x, x=attn, weight=w.wo, residual=x,
+                   norm=w.ffn_norm, eps=eps, act=ffn_act, gate=w.w_gate, up=w.w_up,
+                   scratch=spare, scratch_norm=h, scratch_gate=gate,
+                   scratch_up=up)  # fmt: skip
+            elif epilogue:
                 op("matmul_add_rms_norm", out=x, normed=h, x=attn, weight=w.wo, residual=x,
                    norm=w.ffn_norm, eps=eps, scratch=spare)  # fmt: skip
                 op("swiglu", out=ffn_act, x=h, gate=w.w_gate, up=w.w_up, scratch_gate=gate,
@@ -375,8 +389,16 @@ class LlamaGraph:
                 op("rms_norm_swiglu", out=ffn_act, x=x, norm=w.ffn_norm, eps=eps,
                    gate=w.w_gate, up=w.w_up, scratch=h, scratch_gate=gate,
                    scratch_up=up)  # fmt: skip
-            normed = epilogue and i + 1 < len(self.layers)
-            if normed:
+            nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
+            projected = self._proj_qkv and nxt is not None and nxt.q_norm is None
+            normed = epilogue and nxt is not None and not projected
+            if projected and nxt is not None:
+                nxt_rope = {**rope_args, "layer": i + 1}
+                op("matmul_add_rms_norm_qkv_rope_kv_store", out=x, x=ffn_act, weight=w.w_down,
+                   residual=x, norm=nxt.attn_norm, eps=eps, q=q, k=k, v=v, wq=nxt.wq,
+                   wk=nxt.wk, wv=nxt.wv, bq=nxt.bq, bk=nxt.bk, bv=nxt.bv, scratch=spare,
+                   scratch_norm=h, **nxt_rope)  # fmt: skip
+            elif normed:
                 op("matmul_add_rms_norm", out=x, normed=h, x=ffn_act, weight=w.w_down,
                    residual=x, norm=self.layers[i + 1].attn_norm, eps=eps,
                    scratch=spare)  # fmt: skip

@@ -252,6 +252,16 @@ def _ref_matmul_add_rms_norm(a: dict[str, Any]) -> None:
     K.rms_norm(a["out"], a["norm"], a["eps"], out=a["normed"])
 
 
+def _ref_matmul_add_rms_norm_swiglu(a: dict[str, Any]) -> None:
+    _ref_matmul_add(a)
+    _ref_rms_norm_swiglu({**a, "out": a["act"], "x": a["out"]})
+
+
+def _ref_matmul_add_rms_norm_qkv_rope_kv_store(a: dict[str, Any]) -> None:
+    _ref_matmul_add(a)
+    _ref_rms_norm_qkv_rope_kv_store({**a, "x": a["out"]})
+
+
 # --------------------------------------------------------------------------- decompositions
 
 
@@ -313,6 +323,29 @@ def _dec_matmul_add_rms_norm(launch: Launch, stream: Stream, a: dict[str, Any]) 
     launch("rms_norm", stream, out=a["normed"], x=a["out"], weight=a["norm"], eps=a["eps"])
 
 
+def _matmul_add_first(launch: Launch, stream: Stream, a: dict[str, Any]) -> dict[str, Any]:
+    """matmul_add into ``out``; the arguments of the norm op that follows it (its x is
+    ``out``, its scratch ``scratch_norm``)."""
+    launch("matmul_add", stream, out=a["out"], x=a["x"], weight=a["weight"],
+           residual=a["residual"], scratch=a["scratch"])  # fmt: skip
+    rest = {n: v for n, v in a.items() if n not in ("x", "weight", "residual", "scratch_norm")}
+    return {**rest, "x": a["out"], "scratch": a["scratch_norm"]}
+
+
+def _dec_matmul_add_rms_norm_swiglu(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
+    rest = _matmul_add_first(launch, stream, a)
+    rest["out"] = rest.pop("act")
+    launch("rms_norm_swiglu", stream, **rest)
+
+
+def _dec_matmul_add_rms_norm_qkv_rope_kv_store(
+    launch: Launch, stream: Stream, a: dict[str, Any]
+) -> None:
+    rest = _matmul_add_first(launch, stream, a)
+    del rest["out"]
+    launch("rms_norm_qkv_rope_kv_store", stream, **rest)
+
+
 # --------------------------------------------------------------------------- the table
 
 _CACHE = ("max_len", "n_slots", "n_layers", "kv", "n_kv_heads", "head_dim")
@@ -346,6 +379,17 @@ _QKV_ROPE_KV_ARGS: tuple[Arg, ...] = (
 _NORM_ARGS: tuple[Arg, ...] = (
     _w("norm", ("dim",)),
     _attr("eps", "float: added to the mean square"),
+)
+
+#: The matmul_add_rms_norm_* ops' projection: out = residual + x @ weight.T, whose
+#: rms_norm (norm, eps) the op after it takes.
+_PROJ_NORM_ARGS: tuple[Arg, ...] = (
+    _t("out", "out", ("n", "dim")), _t("x", "in", ("n", "in_f")),
+    _w("weight", ("dim", "in_f")), _t("residual", "in", ("n", "dim")), *_NORM_ARGS,
+)  # fmt: skip
+_PROJ_NORM_SCRATCH: tuple[Arg, ...] = (
+    _t("scratch", "scratch", ("n", "dim"), doc="the decomposition's product"),
+    _t("scratch_norm", "scratch", ("n", "dim"), doc="the decomposition's rms_norm(out)"),
 )
 
 OPS: dict[str, OpDef] = {
@@ -549,6 +593,34 @@ OPS: dict[str, OpDef] = {
             _ref_matmul_add_rms_norm,
             _dec_matmul_add_rms_norm,
             ("matmul_add", "rms_norm"),
+        ),
+        OpDef(
+            "matmul_add_rms_norm_swiglu",
+            "matmul_add into out, then act = rms_norm_swiglu of out (norm, eps): a layer's "
+            "output projection with the feed-forward after it, so a backend can pass the "
+            "norm's sum of squares from the projection's blocks to the gate and up "
+            "projections' in any form (scratches: the decomposition's, left undefined; out "
+            "may alias residual)",
+            (*_PROJ_NORM_ARGS, _t("act", "out", ("n", "ffn")), _w("gate", ("ffn", "dim")),
+             _w("up", ("ffn", "dim")), *_PROJ_NORM_SCRATCH,
+             _t("scratch_gate", "scratch", ("n", "ffn")),
+             _t("scratch_up", "scratch", ("n", "ffn"))),
+            _ref_matmul_add_rms_norm_swiglu,
+            _dec_matmul_add_rms_norm_swiglu,
+            ("matmul_add", "rms_norm_swiglu"),
+        ),
+        OpDef(
+            "matmul_add_rms_norm_qkv_rope_kv_store",
+            "matmul_add into out, then rms_norm_qkv_rope_kv_store of out (norm, eps): a "
+            "layer's down projection with the next layer's attention inputs, as "
+            "matmul_add_rms_norm_swiglu pairs the output projection with the feed-forward "
+            "(scratches: the decomposition's, left undefined; out may alias residual)",
+            (*_PROJ_NORM_ARGS, *_QKV_ROPE_KV_ARGS[:3], *_QKV_ROPE_KV_ARGS[4:],
+             *_PROJ_NORM_SCRATCH),
+            _ref_matmul_add_rms_norm_qkv_rope_kv_store,
+            _dec_matmul_add_rms_norm_qkv_rope_kv_store,
+            ("matmul_add", "rms_norm_qkv_rope_kv_store"),
+            check=_rope_kv_check,
         ),
     )
 }  # fmt: skip

@@ -504,6 +504,69 @@ def _qkv_rope_kv_store(
         )
 
 
+def _proj_norm(ctx: KitContext, title: str, wtype: str, n: int, then: str, **kw: Any) -> str:
+    """matmul_add_rms_norm_swiglu (``then`` "swiglu": ``ffn``) or
+    matmul_add_rms_norm_qkv_rope_kv_store (``then`` "qkv": ``layout``, ``n_heads``,
+    ``params``, ``slots``, ``pos``), in place as the model runs them: out (the residual's
+    update) and every output of the op after the norm are checked."""
+    op = "matmul_add_rms_norm_" + ("swiglu" if then == "swiglu" else "qkv_rope_kv_store")
+    dim = in_features(wtype)
+    wo, wo_ref = weight_tensor("kit.wo", _normal((dim, dim), "pn-o", wtype, dim), wtype)
+    nrm = _Norm(n, dim, "pn", then)
+    x = (_normal((n, dim), "pn-x", wtype, n) * nrm.scales).astype(F32)
+    residual = (_normal((n, dim), "pn-r", wtype, n) * nrm.scales).astype(F32)
+    tensors: dict[str, WeightTensor] = {}
+    refs: dict[str, Any] = {"norm": nrm.ref, "eps": nrm.eps}
+    outs: dict[str, tuple[int, ...]] = {}
+    extra: dict[str, Any] = {}  # the op after the norm's inputs and attributes
+    if then == "swiglu":
+        for name in ("gate", "up"):
+            tensors[name], refs[name] = weight_tensor(
+                f"kit.{name}", _normal((kw["ffn"], dim), "pn", name, wtype), wtype
+            )
+        outs["act"] = (n, kw["ffn"])
+        scratches = {k: (n, kw["ffn"]) for k in ("scratch_gate", "scratch_up")}
+    else:
+        layout: KVLayout = kw["layout"]
+        hd, heads = layout.head_dim, {"q": kw["n_heads"], "k": layout.n_kv_heads}
+        for name in ("q", "k", "v"):
+            r = heads.get(name, layout.n_kv_heads) * hd
+            tensors[f"w{name}"], refs[f"w{name}"] = weight_tensor(
+                f"kit.w{name}", _normal((r, dim), "pn", name, wtype), wtype
+            )
+            outs[name] = (n, r)
+        scratches = {}
+        extra = {"layout": layout, "layer": 1, "n_heads": kw["n_heads"],
+                 "params": kw["params"], "positions": np.asarray(kw["pos"], I32),
+                 "slots": np.asarray(kw["slots"], I32)}  # fmt: skip
+        cache = _normal(layout.shape, "pn-cache", layout)
+    scratches |= {"scratch": (n, dim), "scratch_norm": (n, dim)}
+    want = reference(
+        op, out=residual.copy(), x=x, weight=wo_ref, residual=residual, **refs, **extra,
+        **{k: np.zeros(shape, F32) for k, shape in (outs | scratches).items()},
+        **({} if then == "swiglu" else {"cache": cache}),
+    )  # fmt: skip
+    with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
+        args: dict[str, Any] = {k: up(t) for k, t in tensors.items()}
+        args |= {k: io.output(k, F32, shape) for k, shape in outs.items()}
+        args |= {k: io.scratch(k, F32, shape) for k, shape in scratches.items()}
+        args |= {k: io.input(k, v) if isinstance(v, np.ndarray) else v for k, v in extra.items()}
+        if then != "swiglu":
+            args["cache"] = io.inout("cache", cache)
+        r = io.inout("residual", residual)
+        _launch(ctx, op, out=r, x=io.input("x", x), weight=up(wo), residual=r,
+                norm=up(nrm.tensor), eps=nrm.eps, **args)  # fmt: skip
+        got = {"out": io.result("residual", F32, (n, dim))}
+        got |= {k: io.result(k, F32, shape) for k, shape in outs.items()}
+        if then != "swiglu":
+            c = io.result("cache", F32, cache.shape)
+            got |= {"cache K": c[:, :, :, 0], "cache V": c[:, :, :, 1]}
+            want |= {"cache K": want["cache"][:, :, :, 0], "cache V": want["cache"][:, :, :, 1]}
+        return "; ".join(
+            f"{k} " + compare(ctx, title, op, wtype, g, want[k], k) for k, g in got.items()
+        )
+
+
 def _rope_kv_store(
     ctx: KitContext,
     title: str,
@@ -898,6 +961,28 @@ def op_cases() -> list[KitCase]:
     cases.append(
         _case("matmul_add_rms_norm", "F32,n=1,37x67", "F32", _matmul_add, wtype="F32", n=1,
               out_f=37, in_place=False, norm=True)
+    )  # fmt: skip
+    # the projection and the op after its norm as one op: one row (a GPU's gemv kernels)
+    # per weight type; several rows
+    cases += [
+        _case("matmul_add_rms_norm_swiglu", f"{wt},n=1,37x{in_features(wt)}", wt, _proj_norm,
+              wtype=wt, n=1, then="swiglu", ffn=37)
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(
+        _case("matmul_add_rms_norm_swiglu", "Q8_0,n=5,37x96", "Q8_0", _proj_norm,
+              wtype="Q8_0", n=5, then="swiglu", ffn=37)
+    )  # fmt: skip
+    cases += [
+        _case("matmul_add_rms_norm_qkv_rope_kv_store", f"{wt},n=1,neox", wt, _proj_norm,
+              wtype=wt, n=1, then="qkv", layout=qkv_kv, n_heads=4, params=neox, slots=[2],
+              pos=[9])
+        for wt in WEIGHT_TYPES
+    ]  # fmt: skip
+    cases.append(
+        _case("matmul_add_rms_norm_qkv_rope_kv_store", "Q4_K,n=3,normal", "Q4_K", _proj_norm,
+              wtype="Q4_K", n=3, then="qkv", layout=qkv_kv, n_heads=4, params=RopeParams(16),
+              slots=[0, 1, 1], pos=[15, 2, 3])
     )  # fmt: skip
     cases.sort(key=lambda c: list(OPS).index(c.unit))  # table order (stable)
     # core methods

@@ -712,6 +712,97 @@ def test_matmul_add_rms_norm_at_one_row(cuda: Any, wtype: str, out_f: int, k_in:
         io.close()
 
 
+DEFERRED = {"swiglu": "matmul_add_rms_norm_swiglu", "qkv": "matmul_add_rms_norm_qkv_rope_kv_store"}
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("then", ["swiglu", "qkv"])
+@pytest.mark.parametrize("dim", [256, 768, 2048])
+def test_deferred_norm_at_one_row(cuda: Any, wtype: str, then: str, dim: int) -> None:
+    """matmul_add_rms_norm_swiglu and matmul_add_rms_norm_qkv_rope_kv_store of one row
+    native (the deferred norm: matmul_psq_gemv2_q, then swiglu_psq_gemv2_q or
+    qkv_rope_psq_gemv_q) against their decompositions (matmul_gemv2_q, rms_norm, then the
+    plain consumer): out (the residual's update, in place) bit for bit, what follows the
+    norm within the kit's bound of the reference; 128 to 1,024 partial sums, blocks of 64
+    and 128 threads."""
+    op = DEFERRED[then]
+    rng = np.random.default_rng(dim + len(then))
+    mk = lambda name, rows, cols: weight_tensor(  # noqa: E731
+        name, rng.standard_normal((rows, cols)).astype(np.float32), wtype
+    )
+    wo = mk("wo", dim, dim)
+    norm_t, norm_ref = weight_tensor(
+        "n", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32), "F32"
+    )
+    x = (rng.standard_normal((1, dim)) * 0.3).astype(np.float32)
+    res = (rng.standard_normal((1, dim)) * 3).astype(np.float32)
+    if then == "swiglu":
+        mats = {"gate": mk("g", 96, dim), "up": mk("u", 96, dim)}
+        outs = {"act": (1, 96)}
+        layout = None
+    else:
+        layout = vt.KVLayout(n_layers=2, n_slots=2, max_len=32, n_kv_heads=2, head_dim=64)
+        mats = {"wq": mk("q", 256, dim), "wk": mk("k", 128, dim), "wv": mk("v", 128, dim)}
+        outs = {"q": (1, 256), "k": (1, 128), "v": (1, 128)}
+    io = IO(cuda)
+    ws = {k: cuda.upload_weight(t) for k, (t, _) in mats.items()}
+    w, nw = cuda.upload_weight(wo[0]), cuda.upload_weight(norm_t)
+    saved, saved_fold = cuda.native_fused, cuda.norm_fold_max_k
+    cuda.norm_fold_max_k = 0  # decomposed: rms_norm, then the plain consumer
+    cache0 = rng.standard_normal(layout.shape).astype(np.float32) if layout else None
+    launched: dict[bool, list[str]] = {True: [], False: []}
+    got: dict[bool, dict[str, np.ndarray]] = {}
+    try:
+        stream = cuda.create_stream()
+        for fused in (True, False):
+            cuda.native_fused = (saved | {op}) if fused else (saved - {op})
+            r_t = f32(io.put(res), 1, dim)
+            args: dict[str, Any] = {k: f32(io.empty(4 * s[1]), *s) for k, s in outs.items()}
+            if layout is not None:
+                args |= {"cache": vt.Tensor(io.put(cache0), np.float32, layout.shape),
+                         "positions": vt.Tensor(io.put(np.array([5], np.int32)), np.int32, (1,)),
+                         "slots": vt.Tensor(io.put(np.array([1], np.int32)), np.int32, (1,)),
+                         "layout": layout, "layer": 1, "n_heads": 4,
+                         "params": vt.RopeParams(64)}  # fmt: skip
+            else:
+                args |= {k: f32(io.empty(4 * 96), 1, 96) for k in ("scratch_gate", "scratch_up")}
+            with recording(cuda, launched[fused]):
+                cuda.launch(
+                    op, stream, out=r_t, x=f32(io.put(x), 1, dim), weight=w, residual=r_t,
+                    norm=nw, eps=1e-5, scratch=f32(io.empty(4 * dim), 1, dim),
+                    scratch_norm=f32(io.empty(4 * dim), 1, dim), **ws, **args,
+                )  # fmt: skip
+            cuda.synchronize(stream)
+            got[fused] = {"out": io.get(r_t.buffer, np.float32, (1, dim))}
+            got[fused] |= {k: io.get(args[k].buffer, np.float32, s) for k, s in outs.items()}
+            if layout is not None:
+                got[fused]["cache"] = io.get(args["cache"].buffer, np.float32, layout.shape)
+        consumer = "swiglu_psq_gemv2_q" if then == "swiglu" else "qkv_rope_psq_gemv_q"
+        plain = "swiglu_gemv2_q" if then == "swiglu" else "qkv_rope_gemv_q"
+        assert launched == {True: ["matmul_psq_gemv2_q", consumer],
+                            False: ["matmul_gemv2_q", "rms_norm", plain]}  # fmt: skip
+        np.testing.assert_array_equal(got[True]["out"], got[False]["out"])
+        want = {"out": np.zeros((1, dim), np.float32)}
+        want |= {k: np.zeros(s, np.float32) for k, s in outs.items()}
+        refs = {k: ref for k, (_, ref) in mats.items()}
+        if layout is not None:
+            want["cache"] = cache0.copy()
+            refs |= {"positions": np.array([5], np.int32), "slots": np.array([1], np.int32),
+                     "layout": layout, "layer": 1, "n_heads": 4,
+                     "params": vt.RopeParams(64)}  # fmt: skip
+        vt.OPS[op].reference({**want, "x": x, "weight": wo[1], "residual": res,
+                              "norm": norm_ref, "eps": 1e-5, **refs})  # fmt: skip
+        bound = kernel_tolerance(op, wtype)
+        for name, value in got[True].items():
+            assert nmse(value, want[name]) <= bound, name
+            assert nmse(got[False][name], want[name]) <= bound, name
+    finally:
+        cuda.native_fused, cuda.norm_fold_max_k = saved, saved_fold
+        for weight in (*ws.values(), w, nw):
+            cuda.free_weight(weight)
+        io.close()
+
+
 @pytest.mark.parametrize("length", [1, 17, 127, 129, 1024, 1025, 3000])
 @pytest.mark.parametrize(
     ("n_kv", "hd", "rows"), [(3, 64, 2), (1, 128, 1), (2, 256, 3), (8, 64, 70)]

@@ -7,7 +7,8 @@ Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``dequantize16_h_q``, ``to_half8``) and the int8 tensor-core kernels (``quantize_rows``,
 ``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch), the batch-1
 gemv kernels (``matmul_gemv*``, ``matmul_norm_gemv*_q``: with the norm epilogue,
-``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``) and
+``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``; the deferred norm's
+``matmul_psq_gemv*_q``, ``swiglu_psq_gemv*_q`` and ``qkv_rope_psq_gemv_q``) and
 ``rope_kv_store``, ``sample_argmax`` and ``sample`` from
 ``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
 ``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
@@ -204,6 +205,15 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
         swiglu_norm_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),         \
             P(const float*, 3), P(int, 4), P(const void*, 5), P(const float*, 6), P(int, 7),   \
             P(int, 8), P(int, 9), P(const float*, 10), P(float, 11)); }); return 1; }          \
+    if (!std::strcmp(name, "matmul_psq_gemv" #GV "_q")) { vt_grid(g, block, [=] {            \
+        matmul_psq_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),          \
+            P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
+            P(int, 8), P(float*, 9), P(const float*, 10), P(float*, 11)); }); return 1; }      \
+    if (!std::strcmp(name, "swiglu_psq_gemv" #GV "_q")) { vt_grid(g, block, [=] {            \
+        swiglu_psq_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),          \
+            P(const float*, 3), P(int, 4), P(const void*, 5), P(const float*, 6), P(int, 7),   \
+            P(int, 8), P(int, 9), P(const float*, 10), P(int, 11), P(float, 12)); });          \
+        return 1; }                                                                             \
     if (!std::strcmp(name, "qkv_gemv" #GV "_q")) { vt_grid(g, block, [=] {                   \
         qkv_gemv##GV##_q(P(float*, 0), P(float*, 1), P(float*, 2), P(const float*, 3),        \
             P(const void*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),             \
@@ -227,6 +237,14 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
             P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(const int*, 21),
             P(const int*, 22), P(float*, 23), P(int, 24), P(int, 25), P(int, 26), P(int, 27),
             P(RopeTable, 28), P(const float*, 29), P(float, 30)); }); return 1; }
+    if (!std::strcmp(name, "qkv_rope_psq_gemv_q")) { vt_grid(g, block, [=] {
+        qkv_rope_psq_gemv_q(P(float*, 0), P(float*, 1), P(float*, 2), P(const float*, 3),
+            P(const void*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),
+            P(const void*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),
+            P(const void*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),
+            P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(const int*, 21),
+            P(const int*, 22), P(float*, 23), P(int, 24), P(int, 25), P(int, 26), P(int, 27),
+            P(RopeTable, 28), P(const float*, 29), P(int, 30), P(float, 31)); }); return 1; }
     if (!std::strcmp(name, "rope_kv_store")) { vt_grid(g, block, [=] {
         rope_kv_store(P(float*, 0), P(float*, 1), P(const float*, 2), P(const int*, 3),
             P(const int*, 4), P(float*, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9),
@@ -462,6 +480,14 @@ def main() -> None:
                     checks.test_matmul_add_rms_norm_at_one_row(backend, wtype, out_f, k_in)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for then in ("swiglu", "qkv"):
+            for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+                for dim in (256, 768):
+                    label = f"deferred norm {then} {wtype} {dim}"
+                    if a.k in label:
+                        checks.test_deferred_norm_at_one_row(backend, wtype, then, dim)
+                        ran += 1
+                        print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for length in (1, 17, 129, 1025):
             for n_kv, hd, rows in ((3, 64, 2), (1, 128, 1)):
                 label = f"attention past one chunk {length} {n_kv}-{hd}-{rows}"

@@ -99,6 +99,27 @@ __device__ __forceinline__ void vt_prefetch_l2(const void* p) {
 #endif
 }
 
+// 16 bytes from global to shared memory with no register in between (cp.async, sm_80+:
+// the copy lands while the thread goes on; vt_copy_wait() waits for this thread's copies).
+// Elsewhere (HIP, the emulator, older parts) a plain load and store.
+#if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define VT_CP_ASYNC 1
+#endif
+__device__ __forceinline__ void vt_copy16_async(void* smem, const void* g) {
+#ifdef VT_CP_ASYNC
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+#else
+    vt_u64 a = ((const vt_u64*)g)[0], b = ((const vt_u64*)g)[1];
+    ((vt_u64*)smem)[0] = a, ((vt_u64*)smem)[1] = b;
+#endif
+}
+__device__ __forceinline__ void vt_copy_wait() {
+#ifdef VT_CP_ASYNC
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // A global load that skips L1 (ld.global.cg): what other blocks of the running kernel wrote
 // before a __threadfence is read from L2, never from a line this SM kept. asm volatile:
 // kept in program order (callers issue a batch of them before using any).

@@ -527,6 +527,30 @@ __device__ float vt_norm_scale(const float* x, int dim, float eps, float* red) {
     return vt_norm_reduce(sq, dim, eps, red);
 }
 
+// The deferred norm's partial sums of squares (PSQ below): np of them at psq, one a block of
+// the producer. vt_psq_fetch, right after the wait, copies this thread's float4s of the
+// first PSQ_MAX into shared memory (cp.async: no registers held during the products);
+// vt_psq_share, at the end, sums them (float4 t, t + blockDim.x, ...; then the tail past
+// them one at a time). Every block sums the same values in the same order.
+#ifndef PSQ_MAX  // a tool may lower it (emulate_kernels.py -D PSQ_MAX=64: the tail's loop)
+#define PSQ_MAX 2048
+#endif
+__device__ __forceinline__ void vt_psq_fetch(vt_f4* pqs, const float* psq, int np) {
+    int n4 = min(np, PSQ_MAX) / 4;
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) vt_copy16_async(pqs + j, psq + 4 * j);
+}
+__device__ __forceinline__ float vt_psq_share(const vt_f4* pqs, const float* psq, int np) {
+    vt_copy_wait();
+    int n4 = min(np, PSQ_MAX) / 4;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+        vt_f4 a = pqs[j];
+        ss += (a.x + a.y) + (a.z + a.w);
+    }
+    for (int r = 4 * n4 + threadIdx.x; r < np; r += blockDim.x) ss += psq[r];
+    return ss;
+}
+
 struct VtNoop {
     __device__ void operator()() const {}
 };
@@ -547,12 +571,19 @@ struct VtNoop {
 // after_wait(): called by every thread once the previous kernel's writes are visible, before
 // the products (a caller's loads of what that kernel wrote, in flight during them).
 // UR: passes whose loads a thread issues together (VT_GV_UNROLL, or the caller's).
-template <int NW, bool NORM = false, typename F = VtNoop, int UR = VT_GV_UNROLL>
+// PSQ (the deferred norm's consumers, *_psq_gemv*): x is already x * nw, as its producer
+// (matmul_psq_gemv*_q) left it, and nw holds that producer's np partial sums of x's
+// squares (one a block); the block sums them (vt_psq_share) beside its products and
+// scales its sums at the end, as VT_NORM_LATE does: the norm with no pass over nw here.
+template <int NW, bool NORM = false, typename F = VtNoop, int UR = VT_GV_UNROLL,
+          bool PSQ = false>
 __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K, float* sums,
                                            const float* nw = nullptr, float eps = 0.0f,
-                                           F after_wait = F()) {
-    constexpr bool LATE = NORM && VT_NORM_LATE;
+                                           F after_wait = F(), int np = 0) {
+    static_assert(!(NORM && PSQ), "x is normalised one way");
+    constexpr bool LATE = (NORM && VT_NORM_LATE) || PSQ;
     __shared__ float red[GV_MAX_THREADS / VT_WARP][NW + LATE];  // LATE: x's squares too
+    __shared__ vt_f4 pqs[PSQ ? PSQ_MAX / 4 : 1];
     constexpr int U = NORM ? 1 : UR;
     int t = threadIdx.x, lane = t % VT_WARP, warp = t / VT_WARP;
     int step = blockDim.x * 16;
@@ -589,6 +620,7 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
         if (!waited) {
             vt_grid_wait();
             after_wait();
+            if (PSQ) vt_psq_fetch(pqs, nw, np);
             waited = true;
         }
 #pragma unroll
@@ -659,7 +691,9 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
     if (!waited) {  // threads with no pass (t * 16 >= K) wait here, before any store
         vt_grid_wait();
         after_wait();
+        if (PSQ) vt_psq_fetch(pqs, nw, np);
     }
+    if (PSQ) ss = vt_psq_share(pqs, nw, np);
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = vt_warp_sum(acc[i]);
     if (LATE) ss = vt_warp_sum(ss);
@@ -722,9 +756,14 @@ __device__ void vt_norm_epilogue(const float* out, float* normed, const float* n
 
 // out = x @ W.T (+ bias) (+ residual: out may alias it) for one row: features GV * blockIdx.x..
 // (UR passes' loads a thread in flight together: matmul_gemvu*, for long rows).
+// psq (the deferred norm's producer, matmul_psq_gemv*_q): also normed[o] = out[o] * nw[o],
+// not yet scaled, and psq[blockIdx.x] = the sum of the block's out[o]**2 (features in
+// order, pairwise), for a *_psq_gemv* consumer to sum and scale by.
 template <int GV, int UR = VT_GV_UNROLL>
 __device__ void vt_gemv(float* out, const float* x, const void* data, const float* sm, int lg,
-                        const float* bias, const float* residual, int N, int K) {
+                        const float* bias, const float* residual, int N, int K,
+                        float* normed = nullptr, const float* nw = nullptr,
+                        float* psq = nullptr) {
     int o0 = blockIdx.x * GV;
     VtRow w[GV];
 #pragma unroll
@@ -734,26 +773,37 @@ __device__ void vt_gemv(float* out, const float* x, const void* data, const floa
     int me = threadIdx.x, o = o0 + me;
     bool mine = me < GV && o < N;
     float b = mine && bias ? bias[o] : 0.0f, r = 0.0f;
+    float g = mine && psq ? nw[o] : 0.0f;  // a weight too
     float s[GV];
     auto late = [&]() {
         if (mine && residual) r = residual[o];
     };
     vt_gv_rows<GV, false, decltype(late), UR>(w, x, K, s, nullptr, 0.0f, late);
+    float v = 0.0f;
 #pragma unroll
     for (int i = 0; i < GV; ++i) {
         if (me == i && mine) {
-            float v = bias ? s[i] + b : s[i];
-            out[o] = residual ? __fadd_rn(r, v) : v;
+            v = bias ? s[i] + b : s[i];
+            v = residual ? __fadd_rn(r, v) : v;
+            out[o] = v;
         }
+    }
+    if (psq && me < VT_WARP) {  // the features are warp 0's first GV lanes
+        float q = mine ? __fmul_rn(v, v) : 0.0f;
+#pragma unroll
+        for (int m = 1; m < GV; m <<= 1) q = __fadd_rn(q, VT_SHFL_XOR(q, m));
+        if (mine) normed[o] = __fmul_rn(v, g);
+        if (me == 0) psq[blockIdx.x] = q;
     }
 }
 
 // out = silu(x @ G.T) * (x @ U.T) for one row: gate and up rows of GV features in one pass
 // (NORM: of rms_norm(x), weight nw, eps; vt_gv_rows).
-template <int GV, bool NORM = false>
+// (PSQ: x is x * nw, nw the partial sums of squares, np of them: vt_gv_rows.)
+template <int GV, bool NORM = false, bool PSQ = false>
 __device__ void vt_swiglu_gemv(float* out, const float* x, const void* gdata, const float* gsm,
                                int glg, const void* udata, const float* usm, int ulg, int N,
-                               int K, const float* nw = nullptr, float eps = 0.0f) {
+                               int K, const float* nw = nullptr, float eps = 0.0f, int np = 0) {
     int o0 = blockIdx.x * GV;
     VtRow w[2 * GV];
 #pragma unroll
@@ -763,7 +813,7 @@ __device__ void vt_swiglu_gemv(float* out, const float* x, const void* gdata, co
         w[GV + i] = {udata, usm, ulg, at};
     }
     float s[2 * GV];
-    vt_gv_rows<2 * GV, NORM>(w, x, K, s, nw, eps);
+    vt_gv_rows<2 * GV, NORM, VtNoop, VT_GV_UNROLL, PSQ>(w, x, K, s, nw, eps, VtNoop(), np);
 #pragma unroll
     for (int i = 0; i < GV; ++i) {
         int o = o0 + i;
@@ -817,7 +867,10 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
 
 // matmul_gemv1_q, swiglu_gemv2_q, qkv_gemv4_q, ...: the arguments of the matching *_small
 // kernels less n and rpb; swiglu_norm_gemv2_q, ...: swiglu's, then the norm's weight and eps
-// (the rms_norm_swiglu op). Launched overlapped (common.cu; vt_gv_rows waits).
+// (the rms_norm_swiglu op); matmul_psq_gemv2_q, ...: matmul's, then normed, the norm's
+// weight and the partial sums (the deferred norm's producer); swiglu_psq_gemv2_q, ...:
+// swiglu's of x * nw, then the partial sums, their count and eps (its consumer). Launched
+// overlapped (common.cu; vt_gv_rows waits).
 #define VT_GEMV(GV)                                                                            \
     extern "C" __global__ void matmul_gemv##GV##_q(float* out, const float* x, const void* data, \
                                                    const float* sm, int lg_block,              \
@@ -861,6 +914,21 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
         float eps) {                                                                           \
         vt_launch_dependents();                                                                \
         vt_swiglu_gemv<GV, true>(out, x, gdata, gsm, glg, udata, usm, ulg, N, K, nw, eps);     \
+    }                                                                                          \
+    extern "C" __global__ void matmul_psq_gemv##GV##_q(                                        \
+        float* out, const float* x, const void* data, const float* sm, int lg_block,          \
+        const float* bias, const float* residual, int N, int K, float* normed,                \
+        const float* nw, float* psq) {                                                        \
+        vt_launch_dependents();                                                                \
+        vt_gemv<GV>(out, x, data, sm, lg_block, bias, residual, N, K, normed, nw, psq);        \
+    }                                                                                          \
+    extern "C" __global__ void swiglu_psq_gemv##GV##_q(                                        \
+        float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
+        const void* udata, const float* usm, int ulg, int N, int K, const float* psq, int np, \
+        float eps) {                                                                           \
+        vt_launch_dependents();                                                                \
+        vt_swiglu_gemv<GV, false, true>(out, x, gdata, gsm, glg, udata, usm, ulg, N, K, psq,   \
+                                        eps, np);                                              \
     }
 VT_GEMV(1)
 VT_GEMV(2)

@@ -108,14 +108,14 @@ extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
 // into the cache (skipped for an out-of-range slot or position, as kv_store). So q, k, v
 // and the cache hold what qkv_gemv2_q and rope_kv_store would leave, in one launch, and
 // the pair's rotation needs no second pass over q and k. Launched overlapped (common.cu).
-template <bool NORM>
+template <bool NORM, bool PSQ = false>
 __device__ void vt_qkv_rope_gemv(
     float* q, float* k, float* v, const float* x, const void* wq, const float* sq, int lgq,
     const float* bq, const void* wk, const float* sk, int lgk, const float* bk,
     const void* wv, const float* sv, int lgv, const float* bv, int n_heads, int n_kv,
     int head_dim, int K, int neox, const int* positions, const int* slots, float* cache,
     int n_slots, int n_layers, int max_len, int layer, const RopeTable& table,
-    const float* nw, float eps) {
+    const float* nw, float eps, int np = 0) {
     int half = head_dim / 2, pq = n_heads * half, pk = n_kv * half;
     int b = blockIdx.x;
     int kind = b < pq ? 0 : b < pq + pk ? 1 : 2;  // q, k, v: the same for the whole block
@@ -141,7 +141,8 @@ __device__ void vt_qkv_rope_gemv(
         }
     }
     float s[2];
-    vt_gv_rows<2, NORM>(w, x, K, s, nw, eps);  // waits for the previous kernel (x) first
+    // waits for the previous kernel (x) first
+    vt_gv_rows<2, NORM, VtNoop, VT_GV_UNROLL, PSQ>(w, x, K, s, nw, eps, VtNoop(), np);
     if (threadIdx.x != 0) return;
     float a = bias ? s[0] + ba : s[0], c = bias ? s[1] + bb : s[1];
     if (kind < 2) {
@@ -181,4 +182,34 @@ extern "C" __global__ void qkv_rope_norm_gemv_q(
     vt_qkv_rope_gemv<true>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv,
                            n_heads, n_kv, head_dim, K, neox, positions, slots, cache, n_slots,
                            n_layers, max_len, layer, table, nw, eps);
+}
+
+// In a weight layout's module (VT_Q_FLAGS), at most 40 registers a thread, as
+// qkv_rope_gemv_q takes by itself there (sass_count.py -D VT_Q_FLAGS=0xc00: 48 without the
+// bound; with it the same 3 LDL / 2 STL as qkv_rope_gemv_q): the 1B shape's 1,536 blocks
+// of 128 threads stay one wave on 132 multiprocessors (12 a multiprocessor); run 79 saw
+// qkv_rope_gemv_q 29% slower at 48. Not in the module of every layout (64 registers
+// either way; bounded, it spills). NVIDIA only: HIP's second argument means waves per
+// execution unit.
+#ifndef VT_QKV_PSQ_BOUNDS
+#if defined(VT_Q_FLAGS) && !defined(VT_HIP)
+#define VT_QKV_PSQ_BOUNDS __launch_bounds__(128, 12)
+#else
+#define VT_QKV_PSQ_BOUNDS
+#endif
+#endif
+// The same of the deferred norm (vt_gv_rows' PSQ): x is x * nw as matmul_psq_gemv*_q left
+// it, psq its np partial sums of squares: the matmul_add_rms_norm_qkv_rope_kv_store op.
+extern "C" __global__ void VT_QKV_PSQ_BOUNDS qkv_rope_psq_gemv_q(
+    float* q, float* k, float* v, const float* x, const void* wq, const float* sq, int lgq,
+    const float* bq, const void* wk, const float* sk, int lgk, const float* bk,
+    const void* wv, const float* sv, int lgv, const float* bv, int n_heads, int n_kv,
+    int head_dim, int K, int neox, const int* positions, const int* slots, float* cache,
+    int n_slots, int n_layers, int max_len, int layer, RopeTable table, const float* psq,
+    int np, float eps) {
+    vt_launch_dependents();
+    vt_qkv_rope_gemv<false, true>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv,
+                                  bv, n_heads, n_kv, head_dim, K, neox, positions, slots,
+                                  cache, n_slots, n_layers, max_len, layer, table, psq, eps,
+                                  np);
 }
