@@ -52,7 +52,10 @@ late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``,
 ``--add-fused OP``: that one fused op runs natively (``rms_norm_swiglu``,
 ``rms_norm_qkv_rope_kv_store``: the norm inside the gemv kernels at batch 1;
 ``matmul_add_rms_norm``: the next norm in the o and down projections' last block, the
-graph's consumers then on the normalised rows);
+graph's consumers then on the normalised rows; ``matmul_add_rms_norm_swiglu`` and
+``matmul_add_rms_norm_qkv_rope_kv_store``, both for the whole effect: the deferred norm,
+each projection and the op after its norm as one op, no ``rms_norm`` launch but the first
+layer's and the output norm's);
 ``--attention-cluster 0|1``: at decode on sm_90, attention's split kernel combines its 8
 splits in the same launch, a thread-block cluster a (row, group)
 (``GpuBackend.attention_cluster``, off by default);
