@@ -8,6 +8,7 @@ KV cache, no batching. Only the elementwise pieces (RMS norm, RoPE, dequantizati
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,26 @@ def test_fused_ops_run_as_decomposition_with_equal_logits(tiny_dir: Path, arch: 
     np.testing.assert_array_equal(got["cpu"], got["primitive-only"])
 
 
+def _steps_against_the_forward(
+    backend: Any, tiny_dir: Path, arch: str
+) -> Iterator[tuple[list[str], int]]:
+    """A prefill of PROMPT and a decode step of one more token on ``backend``, each step's
+    logits checked against the float64 forward: yields the ops launched in each step
+    (``backend.launch``'s calls) and the model's layer count."""
+    launched: list[str] = []
+    launch = backend.launch
+    backend.launch = lambda op, stream, **a: (launched.append(op), launch(op, stream, **a))[1]
+    model = load_gguf(tiny_path(tiny_dir, arch))
+    want = numpy_forward(model, [*PROMPT, 7])
+    with ModelRunner(backend, model, max_slots=2, max_model_len=32) as r:
+        for start, ids in ((0, PROMPT), (len(PROMPT), [7])):
+            launched.clear()
+            got = r.compute_logits([SeqChunk(slot=1, start_pos=start, token_ids=ids)])
+            pos = start + len(ids) - 1
+            assert_close(got[0], want[pos], f"{arch} at position {pos}")
+            yield launched, model.config.n_layers
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_norm_in_the_projection_epilogue_where_the_backend_runs_it(
     tiny_dir: Path, arch: str
@@ -175,25 +196,13 @@ def test_norm_in_the_projection_epilogue_where_the_backend_runs_it(
                         scratch=scratch)  # fmt: skip
             self.launch("rms_norm", stream, out=normed, x=out, weight=norm, eps=eps)
 
-    backend = Epilogue()
-    launched: list[str] = []
-    launch = backend.launch
-    backend.launch = lambda op, stream, **a: (launched.append(op), launch(op, stream, **a))[1]
-    model = load_gguf(tiny_path(tiny_dir, arch))
-    want = numpy_forward(model, [*PROMPT, 7])
-    layers = model.config.n_layers
-    with ModelRunner(backend, model, max_slots=2, max_model_len=32) as r:
-        for start, ids in ((0, PROMPT), (len(PROMPT), [7])):
-            launched.clear()
-            got = r.compute_logits([SeqChunk(slot=1, start_pos=start, token_ids=ids)])
-            pos = start + len(ids) - 1
-            assert_close(got[0], want[pos], f"{arch} at position {pos}")
-            assert launched.count("matmul_add_rms_norm") == 2 * layers - 1
-            assert "rms_norm_swiglu" not in launched
-            # rms_norm: the epilogues' (launched above), the output norm's and, for qwen3,
-            # layer 0's attn_norm and every layer's q and k norms
-            norms = 2 * layers - 1 + 1 + (1 + 2 * layers if arch == "qwen3" else 0)
-            assert launched.count("rms_norm") == norms
+    for launched, layers in _steps_against_the_forward(Epilogue(), tiny_dir, arch):
+        assert launched.count("matmul_add_rms_norm") == 2 * layers - 1
+        assert "rms_norm_swiglu" not in launched
+        # rms_norm: the epilogues' (launched above), the output norm's and, for qwen3,
+        # layer 0's attn_norm and every layer's q and k norms
+        norms = 2 * layers - 1 + 1 + (1 + 2 * layers if arch == "qwen3" else 0)
+        assert launched.count("rms_norm") == norms
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -222,24 +231,12 @@ def test_projection_and_consumer_as_one_op_where_the_backend_runs_them(
                 return
             super()._dispatch(op, stream, args)
 
-    backend = OneOp()
-    launched: list[str] = []
-    launch = backend.launch
-    backend.launch = lambda op, stream, **a: (launched.append(op), launch(op, stream, **a))[1]
-    model = load_gguf(tiny_path(tiny_dir, arch))
-    want = numpy_forward(model, [*PROMPT, 7])
-    layers = model.config.n_layers
-    with ModelRunner(backend, model, max_slots=2, max_model_len=32) as r:
-        for start, ids in ((0, PROMPT), (len(PROMPT), [7])):
-            launched.clear()
-            got = r.compute_logits([SeqChunk(slot=1, start_pos=start, token_ids=ids)])
-            pos = start + len(ids) - 1
-            assert_close(got[0], want[pos], f"{arch} at position {pos}")
-            qwen3 = arch == "qwen3"
-            assert launched.count(ops[0]) == layers
-            assert launched.count(ops[1]) == (0 if qwen3 else layers - 1)
-            assert launched.count("rms_norm_qkv_rope_kv_store") == (0 if qwen3 else 1)
-            assert "rms_norm_swiglu" not in launched and "matmul_add_rms_norm" not in launched
+    qwen3 = arch == "qwen3"
+    for launched, layers in _steps_against_the_forward(OneOp(), tiny_dir, arch):
+        assert launched.count(ops[0]) == layers
+        assert launched.count(ops[1]) == (0 if qwen3 else layers - 1)
+        assert launched.count("rms_norm_qkv_rope_kv_store") == (0 if qwen3 else 1)
+        assert "rms_norm_swiglu" not in launched and "matmul_add_rms_norm" not in launched
 
 
 class _Renamed:
