@@ -2196,7 +2196,7 @@ def test_attention_combine_launches_overlapped_alone_where_asked(combine: bool, 
     want = ["attention_split", "attention_combine"] if both else ["attention_combine"] * combine
     assert overlapped == want
     source = kernel_source()
-    body = source[source.index("void attention_combine(") :]
+    body = source[source.index("void VT_FA_BOUNDS attention_combine(") :]
     assert "vt_grid_wait();" in body[: body.index("\n}\n")]
     backend.close()
 
@@ -2266,3 +2266,27 @@ def test_qkv_rope_kv_store_is_one_launch_only_where_the_gemv_kernels_run(
         params=vt.RopeParams(8),
     )  # fmt: skip
     assert [launch.kernel for launch in rt.launches] == kernels
+
+
+@pytest.mark.parametrize(("threads", "splits"), [(128, 32), (512, 1), (256, 32)])
+def test_attention_threads_reach_the_kernels_and_their_launches(threads: int, splits: int) -> None:
+    """GpuBackend.attention_threads: compiled in as -DFA_THREADS (none at the default 128),
+    and the block of the split kernel and, where a row splits, the combine; one split
+    (attention_max_splits 1) launches no combine."""
+    backend, rt = make()
+    backend.attention_threads, backend.attention_max_splits = threads, splits
+    c = OpCase(backend)
+    layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=64, n_kv_heads=2, head_dim=64)
+    backend.launch(
+        "attention", backend.create_stream(), out=c.t("o", F32, 1, 8 * 64),
+        q=c.t("q", F32, 1, 8 * 64), cache=c.t("cache", F32, *layout.shape),
+        slots=c.t("s", I32, 1), positions=c.t("p", I32, 1), layout=layout, layer=0,
+        n_heads=8, scale=0.125,
+    )  # fmt: skip
+    options = rt.compiles[0][1]
+    assert ("-DFA_THREADS=512" in options) is (threads == 512)
+    assert not any(o.startswith("-DFA_THREADS") for o in options) or threads != 128
+    kernels = ["attention_split", "attention_combine"] if splits > 1 else ["attention_split"]
+    assert [launch.kernel for launch in rt.launches] == kernels
+    assert {launch.block for launch in rt.launches} == {(threads, 1, 1)}
+    backend.close()

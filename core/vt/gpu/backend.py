@@ -376,6 +376,12 @@ class GpuBackend(
     #: (at most FA_MAX_SPLITS = 128 splits, kernels/attention.cu).
     attention_max_splits: int = 32
     attention_min_split: int = 16
+    #: Threads a block of attention's split and combine kernels (FA_THREADS, compiled in;
+    #: set before the first launch): 128, or 256 / 512 to try more warps a split block, so
+    #: that with ``attention_max_splits`` = 1 a short context is one round of the warp path
+    #: and one launch a layer (``bench_variant.py --attention-threads 512 --splits 1``;
+    #: built in the eighteenth session, not yet measured on a device).
+    attention_threads: int = _FA_THREADS
     #: A split block takes at most this many of a KV head's query heads (the largest
     #: divisor of the group up to it, and up to FA_MAXG = 8): fewer heads a block is more
     #: blocks, each with a shorter chain of work a position (``bench_variant.py
@@ -472,7 +478,10 @@ class GpuBackend(
     # ---- kernels: compiled once per process (the adapter caches the binary)
     def compile_options(self) -> list[str]:
         late = ["-DVT_NORM_LATE=1"] if self.norm_late or self.norm_fold_max_k else []
-        return [f"-DVT_WARP={self._rt.warp_size()}", *late]
+        fa = [] if self.attention_threads == _FA_THREADS else [
+            f"-DFA_THREADS={self.attention_threads}"
+        ]  # fmt: skip
+        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa]
 
     def _module(self, layout: int | None = None) -> Any:
         """The module of every kernel, or (``layout``) of the quantized-weight kernels
@@ -1481,7 +1490,7 @@ class GpuBackend(
                 )
         self._kernel(
             "attention_split_cluster" if cluster else "attention_split",
-            (n, n_kv * (group // gb), splits), _FA_THREADS, stream,
+            (n, n_kv * (group // gb), splits), self.attention_threads, stream,
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
             F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile), P(counts),
@@ -1489,7 +1498,7 @@ class GpuBackend(
         )  # fmt: skip
         if splits > 1 and not counts and not cluster:
             self._kernel(
-                "attention_combine", (n * n_heads, 1, 1), _FA_THREADS, stream,
+                "attention_combine", (n * n_heads, 1, 1), self.attention_threads, stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
                 I32(tile), I32(self.attention_min_split), overlap_attention=wide,

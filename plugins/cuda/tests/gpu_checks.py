@@ -1013,9 +1013,9 @@ def _attend(
     launched: list[str] = []
     kernel, saved = cuda._kernel, cuda.attention_tiled_min_rows
 
-    def record(name: str, *args: Any) -> None:
+    def record(name: str, *args: Any, **kw: Any) -> None:
         launched.append(name)
-        kernel(name, *args)
+        kernel(name, *args, **kw)
 
     cuda._kernel = record
     if tiled_min_rows is not None:

@@ -9,6 +9,9 @@ picks by the weight's size); ``--splits N``: attention splits a row's positions 
 most N blocks (``GpuBackend.attention_max_splits``); ``--min-split N``: each split at least
 N positions long (``GpuBackend.attention_min_split``); ``--attention-heads N``: a split
 block takes at most N query heads of a KV head (``GpuBackend.attention_max_group``);
+``--attention-threads N``: attention's split and combine blocks of N threads (128, 256 or
+512; ``GpuBackend.attention_threads``; with ``--splits 1`` a short context is one launch a
+layer on 16 warps at 512);
 ``--int8-rows N``: decode batches of N
 rows or more on int8 activations (``GpuBackend.int8_min_rows``; a huge N: float32
 activations everywhere); ``--int8-values N``: int8 activations only where the op's largest
@@ -132,6 +135,7 @@ _NUMBERS = {
     "--splits": "attention_max_splits",
     "--min-split": "attention_min_split",
     "--attention-heads": "attention_max_group",
+    "--attention-threads": "attention_threads",
     "--int8-rows": "int8_min_rows",
     "--int8-values": "int8_min_values",
     "--tiled-rows": "attention_tiled_min_rows",
@@ -164,6 +168,10 @@ def apply(args: list[str]) -> list[str]:
         flag = args[0]
         if flag in valued and len(args) < 2:
             raise SystemExit(f"bench_variant: {flag} needs a value")
+        if flag == "--attention-threads" and args[1] not in ("128", "256", "512"):
+            raise SystemExit(
+                f"bench_variant: --attention-threads is 128, 256 or 512, not {args[1]}"
+            )
         if flag in _NUMBERS:
             setattr(GpuBackend, _NUMBERS[flag], int(args[1]))
         elif flag == "--blas-keep":  # CudaBackend says its own default (0.125)

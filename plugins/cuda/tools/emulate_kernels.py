@@ -61,6 +61,7 @@ static int vt_lane_i[1024];
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __launch_bounds__(...)
 inline void __syncthreads() { vt_block_barrier->arrive_and_wait(); }
 inline void vt_warp_sync() { vt_warp_barriers[threadIdx.x / VT_WARP]->arrive_and_wait(); }
 template <typename T> T vt_shfl(T v, int m, T* lanes) {
@@ -427,11 +428,22 @@ def main() -> None:
     ap.add_argument("--attention-heads", type=int, metavar="N",
                     help="GpuBackend.attention_max_group for every case (as bench_variant.py "
                          "--attention-heads: at most N query heads a split block)")  # fmt: skip
+    ap.add_argument("--splits", type=int, metavar="N",
+                    help="GpuBackend.attention_max_splits for every case (as bench_variant.py "
+                         "--splits)")  # fmt: skip
+    ap.add_argument("--attention-threads", type=int, choices=(128, 256, 512),
+                    help="attention's blocks of this many threads: -D FA_THREADS=N and "
+                         "GpuBackend.attention_threads (as bench_variant.py "
+                         "--attention-threads)")  # fmt: skip
     a = ap.parse_args()
     settings: dict[str, int] = {}
+    if a.attention_threads:
+        settings["attention_threads"] = a.attention_threads
+        a.define.append(f"FA_THREADS={a.attention_threads}")
     for flag, value, attr in (
         ("--min-split", a.min_split, "attention_min_split"),
         ("--attention-heads", a.attention_heads, "attention_max_group"),
+        ("--splits", a.splits, "attention_max_splits"),
     ):
         if value is not None and value < 1:
             ap.error(f"{flag} must be at least 1, not {value}")

@@ -12,8 +12,18 @@
 // group's partials itself (vt_attention_combine_warp: attention_combine's sums), so no
 // second launch waits behind this one; counts[] (one int per (row, group), zero before
 // the launch) is left zero again for the next.
+// FA_THREADS: a block's threads (GpuBackend.attention_threads compiles another: 512 is 16
+// warps a split block, every position of a short context in one round of the warp path,
+// so one split and no combine launch: bench_variant.py --attention-threads 512 --splits 1).
+#ifndef FA_THREADS
 #define FA_THREADS 128
-#define FA_CHUNK 128  // == FA_THREADS: one position per thread per pass
+#endif
+#define FA_CHUNK FA_THREADS  // one position per thread per pass
+#if FA_THREADS > 128  // at most 128 registers a thread, or a block could not launch
+#define VT_FA_BOUNDS __launch_bounds__(FA_THREADS)
+#else
+#define VT_FA_BOUNDS
+#endif
 #define FA_MAXG 8     // query heads per block (the host picks a divisor of the group size)
 // VT_FA_COMBINE_EARLY (default 1): attention_combine loads the partials' values with their
 // maxima and sums, before the two reductions that weigh them, not after: one dependent
@@ -41,7 +51,8 @@
 #ifndef VT_FA_WARP
 #define VT_FA_WARP 1
 #endif
-#define FA_WARP_ACC 1024  // gb * head_dim at most on the warp path (its merge's shared floats)
+// gb * head_dim at most on the warp path (its merge's shared floats a warp: 16 KiB in all)
+#define FA_WARP_ACC (128 * 1024 / FA_THREADS)
 // VT_FA_DIRECT=1 (off: run 88, with --min-split 256 so the bench's rows are one split, -11%
 // tok/s at batch 1 on the 1B shape: one split's chain is longer than 8-16 splits and a
 // combine): where a row's positions all fall in its first split (a short context, or GpuBackend.attention_min_split
@@ -106,7 +117,7 @@ __device__ bool vt_tile_is_tiled(const int* slots, const int* positions, int n, 
 // element sums the weighted partials. A split that saw no position (sum 0) weighs 0; only
 // the first `used` splits (those attention_split gave positions) are read. splits <=
 // FA_MAX_SPLITS.
-#define FA_MAX_SPLITS 128  // == FA_THREADS
+#define FA_MAX_SPLITS FA_THREADS
 __device__ void vt_attention_combine_block(float* out, const float* part, long long oh,
                                            int head_dim, int splits, int used, bool ok,
                                            float* wt, float* red) {
@@ -642,13 +653,11 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
     vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok, counts);
 }
 
-extern "C" __global__ void attention_split(float* out, float* part, const float* q,
-                                           const float* cache, const int* slots,
-                                           const int* positions, int n, int n_heads, int n_kv,
-                                           int head_dim, int n_slots, int n_layers,
-                                           int max_len, int layer, float scale, int gb,
-                                           int splits, int min_per_split, int tile,
-                                           int* counts) {
+extern "C" __global__ void VT_FA_BOUNDS attention_split(
+    float* out, float* part, const float* q, const float* cache, const int* slots,
+    const int* positions, int n, int n_heads, int n_kv, int head_dim, int n_slots, int n_layers,
+    int max_len, int layer, float scale, int gb, int splits, int min_per_split, int tile,
+    int* counts) {
     vt_attention_split<false>(out, part, q, cache, slots, positions, n, n_heads, n_kv, head_dim,
                               n_slots, n_layers, max_len, layer, scale, gb, splits,
                               min_per_split, tile, counts);
@@ -673,10 +682,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, FA_CLUSTER) attention_split_cl
 #endif
 
 // attention_split's partials combined by a second launch: one block per (row, query head).
-extern "C" __global__ void attention_combine(float* out, const float* part, const int* slots,
-                                             const int* positions, int n, int n_heads,
-                                             int head_dim, int n_slots, int max_len,
-                                             int splits, int tile, int min_per_split) {
+extern "C" __global__ void VT_FA_BOUNDS attention_combine(
+    float* out, const float* part, const int* slots, const int* positions, int n, int n_heads,
+    int head_dim, int n_slots, int max_len, int splits, int tile, int min_per_split) {
     __shared__ float wt[FA_THREADS];
     __shared__ float red[FA_THREADS];
     __shared__ int ired[FA_THREADS / VT_WARP];
