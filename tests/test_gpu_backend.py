@@ -805,7 +805,7 @@ DEFERRED = {
 
 @pytest.mark.parametrize("op", tuple(DEFERRED))
 def test_deferred_norm_launches_the_projection_then_the_consumer(op: str) -> None:
-    """At one row, natively (``native_fused``; not by default), the projection
+    """At one row, natively (``native_fused``) and wider than ``norm_fold_max_k``, the projection
     (matmul_psq_gemv2_q: out, the unscaled normed row into scratch_norm, a partial sum of
     squares a block into backend scratch) and then the consumer, which reads that row and
     those partials (their count, the norm's eps): each kernel's arguments in its
@@ -837,8 +837,15 @@ def test_deferred_norm_launches_the_projection_then_the_consumer(op: str) -> Non
                     "n_heads": 3, "params": vt.RopeParams(8)}  # fmt: skip
 
     stream = backend.create_stream()
-    backend.norm_fold_max_k = 0  # decomposed: rms_norm, then the plain consumer
-    assert not backend.supports(op)  # not native by default: the graph never asks for it
+    assert backend.supports(op)  # native by default (run 103)
+    # rows of up to norm_fold_max_k values (1,024 by default): the decomposition, whose
+    # norm op folds the norm into its consumer
+    backend.launch(op, stream, **args(1))
+    folded = "swiglu_norm_gemv2_q" if op.endswith("swiglu") else "qkv_rope_norm_gemv_q"
+    assert [launch.kernel for launch in rt.launches] == ["matmul_gemv2_q", folded]
+    backend.norm_fold_max_k = 0  # wider rows (every row here): deferred
+    backend.native_fused -= {op}  # not native: rms_norm, then the plain consumer
+    rt.launches.clear()
     backend.launch(op, stream, **args(1))
     consumer = DEFERRED[op][1].replace("_psq", "")
     assert [launch.kernel for launch in rt.launches] == [

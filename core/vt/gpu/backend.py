@@ -368,9 +368,14 @@ class GpuBackend(
     #: ``matmul_add_rms_norm`` neither (its one-row kernel's last block normalises the row;
     #: run 91: -23% and -26% at batch 1 in its first form, docs/gpu.md): natively, the graph
     #: moves every layer's norms into the projections' epilogues.
+    #: ``matmul_add_rms_norm_swiglu`` and ``matmul_add_rms_norm_qkv_rope_kv_store`` (the
+    #: deferred norm) by default since run 103: at one row where the norm's row is wider
+    #: than ``norm_fold_max_k`` (the 1B shape +1.8% to +2.0% at batch 1 on an H100; the
+    #: 135M shape's 576 fold instead: -15% deferred), their decomposition elsewhere.
     native_fused: frozenset[str] = frozenset(
-        {"matmul_add", "swiglu", "rope_kv_store", "qkv", "qkv_rope_kv_store"}
-    )
+        {"matmul_add", "swiglu", "rope_kv_store", "qkv", "qkv_rope_kv_store",
+         "matmul_add_rms_norm_swiglu", "matmul_add_rms_norm_qkv_rope_kv_store"}
+    )  # fmt: skip
     #: Attention splits a row's positions over at most this many blocks (flash-decoding)
     #: while the grid has fewer than ``target_blocks``, each split at least this long
     #: (at most FA_MAX_SPLITS = 128 splits, kernels/attention.cu).
@@ -1285,9 +1290,13 @@ class GpuBackend(
     # ---- the deferred norm: a projection and the op after its norm as one op
     def _proj_gemv(self, x: Tensor, w: GpuWeight, nw: GpuWeight) -> tuple[int, int]:
         """``_gemv``'s answer for a matmul_add_rms_norm* projection of ``x`` by ``w`` (norm
-        weight ``nw``): (0, 0) where ``_matmul`` would not take the one-row gemv kernel."""
+        weight ``nw``): (0, 0) where ``_matmul`` would not take the one-row gemv kernel, or
+        where the norm's row (w's rows) is short enough to fold (``norm_fold_max_k``: the
+        op after it folds the norm, which run 103 measured faster there)."""
         k = x.shape[1]
         if nw.kind != W.WT_F32 or 0 < self.gemv_unroll_min_k <= k:
+            return 0, 0
+        if w.rows <= self.norm_fold_max_k:
             return 0, 0
         if x.shape[0] >= self.blas_min_rows and self._rt.blas():
             return 0, 0

@@ -108,7 +108,10 @@ __device__ __forceinline__ void vt_prefetch_l2(const void* p) {
 __device__ __forceinline__ void vt_copy16_async(void* smem, const void* g) {
 #ifdef VT_CP_ASYNC
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+    // .ca (through L1): every block of a launch copies the same few lines, so an SM's blocks
+    // share them; .cg (L2 only) made each block's copies an L2 round trip on those hot lines
+    // (run 101: swiglu_psq_gemv2_q 34.8 us a call against swiglu_gemv2_q's ~13).
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
 #else
     vt_u64 a = ((const vt_u64*)g)[0], b = ((const vt_u64*)g)[1];
     ((vt_u64*)smem)[0] = a, ((vt_u64*)smem)[1] = b;
