@@ -389,6 +389,10 @@ class GpuBackend(
     #: at 2,048 positions -43% and -25% (-19% and -7% with ``--min-split 128``), and a graph
     #: is replayed at every length: 128 stays.
     attention_threads: int = _FA_THREADS
+    #: Output features a block of the deferred norm's projection (``matmul_psq_gemv*_q``:
+    #: 1, 2 or 4; 0: ``gemv_features``): each block leaves one partial sum of squares, which
+    #: every block of the consumer reads (``bench_variant.py --deferred-norm-features N``).
+    deferred_norm_features: int = 0
     #: A split block takes at most this many of a KV head's query heads (the largest
     #: divisor of the group up to it, and up to FA_MAXG = 8): fewer heads a block is more
     #: blocks, each with a shorter chain of work a position (``bench_variant.py
@@ -1302,7 +1306,7 @@ class GpuBackend(
             return 0, 0
         if x.shape[0] >= self.blas_min_rows and self._rt.blas():
             return 0, 0
-        return self._gemv(x, w)
+        return self._gemv(x, w, features=self.deferred_norm_features)
 
     def _psq_producer(
         self, stream: Stream, a: dict[str, Any], w: GpuWeight, nw: GpuWeight,

@@ -9,6 +9,9 @@ picks by the weight's size); ``--splits N``: attention splits a row's positions 
 most N blocks (``GpuBackend.attention_max_splits``); ``--min-split N``: each split at least
 N positions long (``GpuBackend.attention_min_split``); ``--attention-heads N``: a split
 block takes at most N query heads of a KV head (``GpuBackend.attention_max_group``);
+``--deferred-norm-features N``: the deferred norm's projection blocks take N output
+features (1, 2, 4; ``GpuBackend.deferred_norm_features``), so N times fewer partial sums
+for its consumer's every block to read;
 ``--attention-threads N``: attention's split and combine blocks of N threads (128, 256 or
 512; ``GpuBackend.attention_threads``; with ``--splits 1`` a short context is one launch a
 layer on 16 warps at 512);
@@ -136,6 +139,7 @@ _NUMBERS = {
     "--min-split": "attention_min_split",
     "--attention-heads": "attention_max_group",
     "--attention-threads": "attention_threads",
+    "--deferred-norm-features": "deferred_norm_features",
     "--int8-rows": "int8_min_rows",
     "--int8-values": "int8_min_values",
     "--tiled-rows": "attention_tiled_min_rows",
