@@ -534,6 +534,10 @@ def _proj_norm(ctx: KitContext, title: str, wtype: str, n: int, then: str, **kw:
             tensors[f"w{name}"], refs[f"w{name}"] = weight_tensor(
                 f"kit.w{name}", _normal((r, dim), "pn", name, wtype), wtype
             )
+            if kw.get("bias"):  # qwen2's
+                tensors[f"b{name}"], refs[f"b{name}"] = weight_tensor(
+                    f"kit.b{name}", _normal((r,), "pn-b", name), "F32"
+                )
             outs[name] = (n, r)
         scratches = {}
         extra = {"layout": layout, "layer": 1, "n_heads": kw["n_heads"],
@@ -979,6 +983,11 @@ def op_cases() -> list[KitCase]:
               pos=[9])
         for wt in WEIGHT_TYPES
     ]  # fmt: skip
+    cases.append(
+        _case("matmul_add_rms_norm_qkv_rope_kv_store", "Q8_0,n=1,neox,bias", "Q8_0", _proj_norm,
+              wtype="Q8_0", n=1, then="qkv", layout=qkv_kv, n_heads=4, params=neox, slots=[1],
+              pos=[4], bias=True)
+    )  # fmt: skip
     cases.append(
         _case("matmul_add_rms_norm_qkv_rope_kv_store", "Q4_K,n=3,normal", "Q4_K", _proj_norm,
               wtype="Q4_K", n=3, then="qkv", layout=qkv_kv, n_heads=4, params=RopeParams(16),
