@@ -779,7 +779,8 @@ def test_deferred_norm_at_one_row(cuda: Any, wtype: str, then: str, dim: int) ->
                 got[fused]["cache"] = io.get(args["cache"].buffer, np.float32, layout.shape)
         consumer = "swiglu_psq_gemv2_q" if then == "swiglu" else "qkv_rope_psq_gemv_q"
         plain = "swiglu_gemv2_q" if then == "swiglu" else "qkv_rope_gemv_q"
-        assert launched == {True: ["matmul_psq_gemv2_q", consumer],
+        producer = f"matmul_psq_gemv{cuda.deferred_norm_features or cuda.gemv_features}_q"
+        assert launched == {True: [producer, consumer],
                             False: ["matmul_gemv2_q", "rms_norm", plain]}  # fmt: skip
         np.testing.assert_array_equal(got[True]["out"], got[False]["out"])
         want = {"out": np.zeros((1, dim), np.float32)}
