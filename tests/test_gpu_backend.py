@@ -876,6 +876,15 @@ def test_deferred_norm_launches_the_projection_then_the_consumer(op: str) -> Non
         assert ck["x"] == c.addresses["normed"] and ck["psq"] == pk["psq"]
         assert ck["np"] == dim // 2 and ck["eps"] == pytest.approx(1e-5)
         assert ck["K"] == dim
+    # deferred_norm_features: projection blocks of 4 features, half the partial sums
+    backend.deferred_norm_features = 4
+    rt.launches.clear()
+    backend.launch(op, stream, **args(1))
+    producer, launch = rt.launches
+    assert producer.kernel == "matmul_psq_gemv4_q" and producer.grid == (dim // 4, 1, 1)
+    sig = kernel_signatures()
+    names = [n for _, n in sig.get(launch.kernel) or sig[macro_prefix(launch.kernel)]]
+    assert launch.args[names.index("np")] == dim // 4
 
 
 def test_sample_finds_a_long_rows_argmax_over_blocks_first() -> None:
@@ -2296,4 +2305,13 @@ def test_attention_threads_reach_the_kernels_and_their_launches(threads: int, sp
     kernels = ["attention_split", "attention_combine"] if splits > 1 else ["attention_split"]
     assert [launch.kernel for launch in rt.launches] == kernels
     assert {launch.block for launch in rt.launches} == {(threads, 1, 1)}
+    backend.close()
+
+
+def test_attention_threads_the_kernels_do_not_compile_for_are_refused_by_name() -> None:
+    backend, rt = make()
+    backend.attention_threads = 100
+    with pytest.raises(ValueError, match=r"attention_threads is 100.*128, 256, 512 threads"):
+        backend.prepare()
+    assert rt.compiles == []  # nothing compiled
     backend.close()

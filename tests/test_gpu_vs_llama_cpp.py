@@ -120,6 +120,15 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     assert rest == ["bench"] and GpuBackend.attention_last_block_combine is False
     assert GpuBackend.attention_cluster is True
     assert GpuBackend.native_fused == frozenset({"swiglu", "rms_norm_swiglu"})
+    for name in ("attention_threads", "deferred_norm_features"):
+        monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))
+    rest = bench_variant.apply(["--attention-threads", "512", "--deferred-norm-features", "4",
+                                "bench"])  # fmt: skip
+    assert rest == ["bench"] and GpuBackend.attention_threads == 512
+    assert GpuBackend.deferred_norm_features == 4
+    with pytest.raises(SystemExit, match="--attention-threads takes one of .*, not 100"):
+        bench_variant.apply(["--attention-threads", "100", "bench"])
+    assert GpuBackend.attention_threads == 512  # the refused value changed nothing
 
 
 def test_kit_variant_runs_the_kit_on_cuda_with_the_variant_set(

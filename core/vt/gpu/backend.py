@@ -66,6 +66,9 @@ _MAX_BLOCKS = 65535
 MM_R = 8
 #: Threads and query heads per block of attention_split (FA_THREADS, FA_MAXG in attention.cu).
 _FA_THREADS = 128
+#: The block sizes attention's kernels compile for (GpuBackend.attention_threads): whole
+#: warps, at most 128 registers a thread at 512.
+ATTENTION_THREADS = (128, 256, 512)
 _FA_MAXG = 8
 #: Splits a (row, KV group) of attention_split_cluster: its cluster's blocks (FA_CLUSTER).
 _FA_CLUSTER = 8
@@ -489,6 +492,11 @@ class GpuBackend(
     # ---- kernels: compiled once per process (the adapter caches the binary)
     def compile_options(self) -> list[str]:
         late = ["-DVT_NORM_LATE=1"] if self.norm_late or self.norm_fold_max_k else []
+        if self.attention_threads not in ATTENTION_THREADS:
+            raise ValueError(
+                f"GpuBackend.attention_threads is {self.attention_threads!r}; attention's "
+                f"kernels compile for {', '.join(map(str, ATTENTION_THREADS))} threads"
+            )
         fa = [] if self.attention_threads == _FA_THREADS else [
             f"-DFA_THREADS={self.attention_threads}"
         ]  # fmt: skip
@@ -1115,18 +1123,12 @@ class GpuBackend(
         Otherwise the op's decomposition (matmul_add, then rms_norm)."""
         w = self._gpu_weight(weight, "matmul_add_rms_norm")
         nw = self._gpu_weight(norm, "matmul_add_rms_norm")
-        n, k = x.shape
-        # the one-row gemv where _matmul would take it (not BLAS, not the unrolled kernel)
-        one_row = nw.kind == W.WT_F32 and not (0 < self.gemv_unroll_min_k <= k)
-        if one_row and n >= self.blas_min_rows and self._rt.blas():
-            one_row = False
-        gv = self._gemv(x, w) if one_row else (0, 0)
+        k = x.shape[1]
+        gv = self._proj_gemv(x, w, nw)
         if not gv[0]:
             args = {"out": out, "normed": normed, "x": x, "weight": weight,
                     "residual": residual, "norm": norm, "eps": eps, "scratch": scratch}  # fmt: skip
-            decompose = get_op("matmul_add_rms_norm").decompose
-            assert decompose is not None  # a fused op
-            decompose(self._dispatch_part, stream, args)
+            self._decompose(stream, "matmul_add_rms_norm", args)
             return
         count = self._scratch_at_least(4, slot="norm epilogue count", zero_on=stream)
         self._kernel(
@@ -1294,19 +1296,26 @@ class GpuBackend(
         decompose(self._dispatch_part, stream, a)
 
     # ---- the deferred norm: a projection and the op after its norm as one op
-    def _proj_gemv(self, x: Tensor, w: GpuWeight, nw: GpuWeight) -> tuple[int, int]:
+    def _proj_gemv(
+        self, x: Tensor, w: GpuWeight, nw: GpuWeight, features: int = 0
+    ) -> tuple[int, int]:
         """``_gemv``'s answer for a matmul_add_rms_norm* projection of ``x`` by ``w`` (norm
-        weight ``nw``): (0, 0) where ``_matmul`` would not take the one-row gemv kernel, or
-        where the norm's row (w's rows) is short enough to fold (``norm_fold_max_k``: the
-        op after it folds the norm, which run 103 measured faster there)."""
-        k = x.shape[1]
-        if nw.kind != W.WT_F32 or 0 < self.gemv_unroll_min_k <= k:
-            return 0, 0
-        if w.rows <= self.norm_fold_max_k:
+        weight ``nw``; ``features`` a block as ``_gemv`` takes them): (0, 0) where
+        ``_matmul`` would not take the one-row gemv kernel (BLAS, the unrolled kernel)."""
+        if nw.kind != W.WT_F32 or 0 < self.gemv_unroll_min_k <= x.shape[1]:
             return 0, 0
         if x.shape[0] >= self.blas_min_rows and self._rt.blas():
             return 0, 0
-        return self._gemv(x, w, features=self.deferred_norm_features)
+        return self._gemv(x, w, features=features)
+
+    def _deferred_gemv(self, x: Tensor, w: GpuWeight, nw: GpuWeight) -> tuple[int, int]:
+        """``_proj_gemv`` for the deferred norm's projection (``deferred_norm_features`` a
+        block), or (0, 0) where the norm's row (w's rows) is short enough to fold
+        (``norm_fold_max_k``: the op after it folds the norm, which run 103 measured faster
+        there)."""
+        if w.rows <= self.norm_fold_max_k:
+            return 0, 0
+        return self._proj_gemv(x, w, nw, self.deferred_norm_features)
 
     def _psq_producer(
         self, stream: Stream, a: dict[str, Any], w: GpuWeight, nw: GpuWeight,
@@ -1335,7 +1344,7 @@ class GpuBackend(
         op = "matmul_add_rms_norm_swiglu"
         w, nw = self._gpu_weight(a["weight"], op), self._gpu_weight(a["norm"], op)
         g, u = self._gpu_weight(a["gate"], op), self._gpu_weight(a["up"], op)
-        pv = self._proj_gemv(a["x"], w, nw)
+        pv = self._deferred_gemv(a["x"], w, nw)
         sv = (0, 0)
         if pv[0] and g.kind == u.kind:
             sv = self._gemv(a["scratch_norm"], g, u, **self._swiglu_gemv)
@@ -1358,7 +1367,7 @@ class GpuBackend(
         op = "matmul_add_rms_norm_qkv_rope_kv_store"
         w, nw = self._gpu_weight(a["weight"], op), self._gpu_weight(a["norm"], op)
         ws = [self._gpu_weight(a[n], op) for n in ("wq", "wk", "wv")]
-        pv = self._proj_gemv(a["x"], w, nw)
+        pv = self._deferred_gemv(a["x"], w, nw)
         qv = (0, 0)
         if pv[0] and a["params"].head_dim % 2 == 0:
             qv = self._gemv(a["scratch_norm"], *ws)
@@ -1386,9 +1395,7 @@ class GpuBackend(
             args = {"out": out, "x": x, "norm": norm, "eps": eps, "gate": gate, "up": up,
                     "scratch": scratch, "scratch_gate": scratch_gate,
                     "scratch_up": scratch_up}  # fmt: skip
-            decompose = get_op("rms_norm_swiglu").decompose
-            assert decompose is not None  # a fused op
-            decompose(self._dispatch_part, stream, args)
+            self._decompose(stream, "rms_norm_swiglu", args)
             return
         self._kernel(
             f"swiglu_norm_gemv{gv[0]}_q", (-(-g.rows // gv[0]), 1, 1), gv[1], stream,

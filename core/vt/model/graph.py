@@ -349,7 +349,7 @@ class LlamaGraph:
             rope_args = dict(positions=pos, slots=slots, cache=kv, layout=layout, layer=i,
                              n_heads=c.n_heads, params=c.rope)  # fmt: skip
             if projected:
-                pass
+                pass  # the last layer's down projection wrote q, k, v and the cache rows
             elif w.q_norm is not None and w.k_norm is not None:
                 if not normed:
                     op("rms_norm", out=h, x=x, weight=w.attn_norm, eps=eps)

@@ -727,9 +727,10 @@ def test_deferred_norm_at_one_row(cuda: Any, wtype: str, then: str, dim: int) ->
     and 128 threads."""
     op = DEFERRED[then]
     rng = np.random.default_rng(dim + len(then))
-    mk = lambda name, rows, cols: weight_tensor(  # noqa: E731
-        name, rng.standard_normal((rows, cols)).astype(np.float32), wtype
-    )
+
+    def mk(name: str, rows: int, cols: int) -> tuple[vt.WeightTensor, np.ndarray]:
+        return weight_tensor(name, rng.standard_normal((rows, cols)).astype(np.float32), wtype)
+
     wo = mk("wo", dim, dim)
     norm_t, norm_ref = weight_tensor(
         "n", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32), "F32"

@@ -99,6 +99,7 @@ from typing import Any
 from vt.frontends import cli
 from vt.gpu import GpuBackend
 from vt.gpu import backend as backend_module
+from vt.gpu.backend import ATTENTION_THREADS
 
 
 def _define(name: str, value: str) -> None:
@@ -172,9 +173,10 @@ def apply(args: list[str]) -> list[str]:
         flag = args[0]
         if flag in valued and len(args) < 2:
             raise SystemExit(f"bench_variant: {flag} needs a value")
-        if flag == "--attention-threads" and args[1] not in ("128", "256", "512"):
+        if flag == "--attention-threads" and args[1] not in map(str, ATTENTION_THREADS):
             raise SystemExit(
-                f"bench_variant: --attention-threads is 128, 256 or 512, not {args[1]}"
+                f"bench_variant: --attention-threads takes one of {ATTENTION_THREADS}, "
+                f"not {args[1]}"
             )
         if flag in _NUMBERS:
             setattr(GpuBackend, _NUMBERS[flag], int(args[1]))
