@@ -885,6 +885,22 @@ def test_deferred_norm_launches_the_projection_then_the_consumer(op: str) -> Non
     sig = kernel_signatures()
     names = [n for _, n in sig.get(launch.kernel) or sig[macro_prefix(launch.kernel)]]
     assert launch.args[names.index("np")] == dim // 4
+    # gemv_long_*: a projection with K >= gemv_long_min_k on its own blocks (4 features of
+    # 256 threads), unrolled where gemv_unroll_min_k says (matmul_psq_gemvu*_q)
+    backend.deferred_norm_features = 0
+    backend.gemv_long_min_k = K
+    for unroll, threads, kernel in ((0, 256, "matmul_psq_gemv4_q"),
+                                    (K, 128, "matmul_psq_gemvu4_q")):  # fmt: skip
+        backend.gemv_unroll_min_k, backend.gemv_long_threads = unroll, threads
+        rt.launches.clear()
+        backend.launch(op, stream, **args(1))
+        producer, launch = rt.launches
+        assert (producer.kernel, producer.grid, producer.block) == (
+            kernel, (dim // 4, 1, 1), (threads, 1, 1)
+        )
+        assert len(producer.args) == len(sig["matmul_psq_gemv"])
+        assert launch.args[names.index("np")] == dim // 4
+    backend.gemv_long_min_k = backend.gemv_unroll_min_k = 0
 
 
 def test_sample_finds_a_long_rows_argmax_over_blocks_first() -> None:
@@ -1735,11 +1751,32 @@ def test_long_one_row_matmuls_take_the_unrolled_gemv_where_asked() -> None:
     assert long.args[-2:] == [8, 128] and len(long.args) == len(short.args)
 
 
+def test_long_one_row_matmuls_take_the_long_gemv_where_asked() -> None:
+    """gemv_long_min_k: one-row matmuls with at least that many inputs launch
+    gemv_long_features (4) a block of gemv_long_threads (256) threads; shorter ones keep
+    gemv_features (2) and gemv_threads (128, K > 1024)."""
+    backend, rt = make()
+    assert (backend.gemv_long_min_k, backend.gemv_long_features,
+            backend.gemv_long_threads) == (0, 4, 256)  # fmt: skip
+    backend.gemv_long_min_k = 4096
+    stream = backend.create_stream()
+    for k in (2048, 4096):
+        w = backend.upload_weight(weight_tensor("w", np.ones((8, k), np.float32), "Q8_0"))
+        x = vt.Tensor.of(backend.alloc(k * 4), F32, 1, k)
+        out = vt.Tensor.of(backend.alloc(8 * 4), F32, 1, 8)
+        backend.launch("matmul", stream, out=out, x=x, weight=w)
+    short, long = rt.launches
+    assert (short.kernel, short.grid, short.block) == ("matmul_gemv2_q", (4, 1, 1), (128, 1, 1))
+    assert (long.kernel, long.grid, long.block) == ("matmul_gemv4_q", (2, 1, 1), (256, 1, 1))
+    assert long.args[-2:] == [8, 4096] and len(long.args) == len(short.args)
+    backend.close()
+
+
 def test_one_row_matmuls_with_many_features_take_the_wide_gemv() -> None:
     """gemv_wide_min_rows (32,768 by default: the output projection): a one-row matmul with at
     least that many features launches gemv_wide_features (4) a block of gemv_wide_threads
     (64) threads; fewer features, swiglu and qkv keep gemv_features (2) and 128 threads
-    (K > 1024). Threads go to whole warps, one warp to 128 (the kernel's shared sums)."""
+    (K > 1024). Threads go to whole warps, one warp to 256 (the kernel's shared sums)."""
     backend, rt = make()
     assert (backend.gemv_wide_min_rows, backend.gemv_wide_features,
             backend.gemv_wide_threads) == (32768, 4, 64)  # fmt: skip
@@ -1757,7 +1794,7 @@ def test_one_row_matmuls_with_many_features_take_the_wide_gemv() -> None:
     assert (wide.kernel, wide.grid, wide.block) == ("matmul_gemv4_q", (10, 1, 1), (64, 1, 1))
     assert (wide41.kernel, wide41.grid) == ("matmul_gemv4_q", (11, 1, 1))
     assert wide.args[-2:] == [40, k] and len(wide.args) == len(narrow.args)
-    for asked, got in ((64, 64), (100, 96), (8, 32), (1000, 128), (0, 32)):
+    for asked, got in ((64, 64), (100, 96), (8, 32), (256, 256), (1000, 256), (0, 32)):
         assert backend._gemv_threads(asked) == got
     backend.close()
 

@@ -349,6 +349,15 @@ class GpuBackend(
     gemv_wide_min_rows: int = 32768
     gemv_wide_features: int = 4
     gemv_wide_threads: int = 64
+    #: One-row matmuls with at least this many inputs (the 1B shape's down projection,
+    #: K = 8,192: four passes of 128 threads, 1,024 single-wave blocks at 2.3 TB/s, run 85)
+    #: take ``gemv_long_features`` features and ``gemv_long_threads`` threads a block
+    #: instead (up to 256), the deferred norm's producer too: fewer passes a thread and more
+    #: weight rows in flight a pass in the same one wave; 0: never (``bench_variant.py
+    #: --gemv-long-k``).
+    gemv_long_min_k: int = 0
+    gemv_long_features: int = 4
+    gemv_long_threads: int = 256
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the
@@ -855,7 +864,7 @@ class GpuBackend(
         against ``ws``, or (0, 0): the warp kernels. 64 threads where K <= 1024 (16 values
         a thread: K = 576 leaves most of 128 idle), else ``threads`` (the caller's; 0:
         ``gemv_threads``); ``features`` the caller's (1, 2 or 4; else ``gemv_features``);
-        the output projection ``gemv_wide_*``."""
+        the output projection ``gemv_wide_*``, long rows ``gemv_long_*``."""
         n, k = x.shape
         ok = (
             n == 1 and self.gemv_features in (1, 2, 4) and k % 16 == 0
@@ -868,6 +877,8 @@ class GpuBackend(
         wide = self.gemv_wide_min_rows
         if wide and min(w.rows for w in ws) >= wide and self.gemv_wide_features in (1, 2, 4):
             return self.gemv_wide_features, self._gemv_threads(self.gemv_wide_threads)
+        if 0 < self.gemv_long_min_k <= k and self.gemv_long_features in (1, 2, 4):
+            return self.gemv_long_features, self._gemv_threads(self.gemv_long_threads)
         long_k = self._gemv_threads(threads or self.gemv_threads)
         per_block = features if features in (1, 2, 4) else self.gemv_features
         return per_block, 64 if k <= 1024 else long_k
@@ -877,11 +888,16 @@ class GpuBackend(
         """``_gemv``'s keywords for swiglu's kernels (its own threads and features)."""
         return {"threads": self.gemv_swiglu_threads, "features": self.gemv_swiglu_features}
 
+    def _unrolled(self, k: int) -> bool:
+        """Whether a one-row matmul of ``k`` inputs takes the unrolled gemv kernels
+        (``gemv_unroll_min_k``)."""
+        return 0 < self.gemv_unroll_min_k <= k
+
     def _gemv_threads(self, threads: int) -> int:
-        """``threads`` as a gemv block can take them: whole warps, at most 128
+        """``threads`` as a gemv block can take them: whole warps, at most 256
         (``GV_MAX_THREADS``), at least one warp."""
         warp = self._rt.warp_size()
-        return max(warp, min(128, threads) // warp * warp)
+        return max(warp, min(256, threads) // warp * warp)
 
     def _matmul(
         self,
@@ -907,7 +923,7 @@ class GpuBackend(
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args, weights=(w,))
         elif (gv := self._gemv(x, w))[0]:
             del args[7]  # n: one row
-            u = "u" if 0 < self.gemv_unroll_min_k <= in_f else ""
+            u = "u" if self._unrolled(in_f) else ""
             self._kernel(f"matmul_gemv{u}{gv[0]}_q", (-(-out_f // gv[0]), 1, 1), gv[1], stream,
                          *args, weights=(w,))  # fmt: skip
         else:
@@ -1297,12 +1313,13 @@ class GpuBackend(
 
     # ---- the deferred norm: a projection and the op after its norm as one op
     def _proj_gemv(
-        self, x: Tensor, w: GpuWeight, nw: GpuWeight, features: int = 0
+        self, x: Tensor, w: GpuWeight, nw: GpuWeight, features: int = 0, unrolled: bool = False
     ) -> tuple[int, int]:
         """``_gemv``'s answer for a matmul_add_rms_norm* projection of ``x`` by ``w`` (norm
         weight ``nw``; ``features`` a block as ``_gemv`` takes them): (0, 0) where
-        ``_matmul`` would not take the one-row gemv kernel (BLAS, the unrolled kernel)."""
-        if nw.kind != W.WT_F32 or 0 < self.gemv_unroll_min_k <= x.shape[1]:
+        ``_matmul`` would not take the one-row gemv kernel (BLAS, or the unrolled kernel
+        where the caller has no ``unrolled`` form)."""
+        if nw.kind != W.WT_F32 or (not unrolled and self._unrolled(x.shape[1])):
             return 0, 0
         if x.shape[0] >= self.blas_min_rows and self._rt.blas():
             return 0, 0
@@ -1315,7 +1332,7 @@ class GpuBackend(
         there)."""
         if w.rows <= self.norm_fold_max_k:
             return 0, 0
-        return self._proj_gemv(x, w, nw, self.deferred_norm_features)
+        return self._proj_gemv(x, w, nw, self.deferred_norm_features, unrolled=True)
 
     def _psq_producer(
         self, stream: Stream, a: dict[str, Any], w: GpuWeight, nw: GpuWeight,
@@ -1325,8 +1342,9 @@ class GpuBackend(
         scaled) and a partial sum of out's squares a block; (their address, their count)."""
         count = -(-w.rows // gv[0])
         psq = self._scratch_at_least(4 * count, slot="deferred norm partial sums")
+        u = "u" if self._unrolled(a["x"].shape[1]) else ""
         self._kernel(
-            f"matmul_psq_gemv{gv[0]}_q", (count, 1, 1), gv[1], stream,
+            f"matmul_psq_gemv{u}{gv[0]}_q", (count, 1, 1), gv[1], stream,
             self._ptr(a["out"]), self._ptr(a["x"]), P(w.data), P(w.scales), I32(w.qarg), P(0),
             self._ptr(a["residual"]), I32(w.rows), I32(a["x"].shape[1]),
             self._ptr(a["scratch_norm"]), P(nw.data), P(psq), weights=(w,),

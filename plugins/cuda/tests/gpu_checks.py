@@ -805,6 +805,75 @@ def test_deferred_norm_at_one_row(cuda: Any, wtype: str, then: str, dim: int) ->
         io.close()
 
 
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize(("threads", "unroll"), [(256, False), (128, True)])
+def test_long_rows_on_the_long_gemv(cuda: Any, wtype: str, threads: int, unroll: bool) -> None:
+    """gemv_long_*: a one-row matmul_add with K = 8,192 (the 1B shape's down projection) on
+    4 features a block of 256 threads (two passes a thread), or of 128 with the unrolled
+    kernels (four passes, two in flight), within the kit's bound of the reference; the
+    deferred norm's producer over the same weight (matmul_psq_gemv*4_q) leaves the same out
+    bit for bit, and its consumer's act within the bound of matmul_add_rms_norm_swiglu's
+    reference."""
+    k_in, dim, ffn = 8192, 256, 64
+    rng = np.random.default_rng(threads + unroll)
+
+    def mk(name: str, rows: int, cols: int) -> tuple[vt.WeightTensor, np.ndarray]:
+        return weight_tensor(name, rng.standard_normal((rows, cols)).astype(np.float32), wtype)
+
+    wd, wg, wu = mk("d", dim, k_in), mk("g", ffn, dim), mk("u", ffn, dim)
+    norm_t, norm_ref = weight_tensor(
+        "n", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32), "F32"
+    )
+    x = (rng.standard_normal((1, k_in)) * 0.3).astype(np.float32)
+    res = (rng.standard_normal((1, dim)) * 3).astype(np.float32)
+    io = IO(cuda)
+    w, g, u, nw = (cuda.upload_weight(t) for t in (wd[0], wg[0], wu[0], norm_t))
+    names = ("gemv_long_min_k", "gemv_long_features", "gemv_long_threads",
+             "gemv_unroll_min_k", "norm_fold_max_k", "native_fused")  # fmt: skip
+    saved = {n: getattr(cuda, n) for n in names}
+    cuda.gemv_long_min_k, cuda.gemv_long_features, cuda.gemv_long_threads = 4096, 4, threads
+    cuda.gemv_unroll_min_k = 4096 if unroll else 0
+    cuda.norm_fold_max_k = 0  # a 256-value norm row deferred, not folded
+    cuda.native_fused = saved["native_fused"] | {"matmul_add_rms_norm_swiglu"}
+    launched: list[str] = []
+    try:
+        stream = cuda.create_stream()
+        plain = f32(io.empty(4 * dim), 1, dim)
+        xt = f32(io.put(x), 1, k_in)
+        r_t = f32(io.put(res), 1, dim)
+        act = f32(io.empty(4 * ffn), 1, ffn)
+        with recording(cuda, launched):
+            cuda.launch("matmul_add", stream, out=plain, x=xt, weight=w, residual=r_t,
+                        scratch=f32(io.empty(4 * dim), 1, dim))  # fmt: skip
+            cuda.launch(
+                "matmul_add_rms_norm_swiglu", stream, out=r_t, x=xt, weight=w, residual=r_t,
+                norm=nw, eps=1e-5, scratch=f32(io.empty(4 * dim), 1, dim),
+                scratch_norm=f32(io.empty(4 * dim), 1, dim), gate=g, up=u, act=act,
+                scratch_gate=f32(io.empty(4 * ffn), 1, ffn),
+                scratch_up=f32(io.empty(4 * ffn), 1, ffn),
+            )  # fmt: skip
+        cuda.synchronize(stream)
+        v = "u" if unroll else ""
+        assert launched == [f"matmul_gemv{v}4_q", f"matmul_psq_gemv{v}4_q", "swiglu_psq_gemv2_q"]
+        got_plain = io.get(plain.buffer, np.float32, (1, dim))
+        np.testing.assert_array_equal(io.get(r_t.buffer, np.float32, (1, dim)), got_plain)
+        want_plain = R.matmul(x, wd[1]) + res
+        assert nmse(got_plain, want_plain) <= kernel_tolerance("matmul_add", wtype)
+        want = {"out": np.zeros((1, dim), np.float32), "act": np.zeros((1, ffn), np.float32)}
+        vt.OPS["matmul_add_rms_norm_swiglu"].reference(
+            {**want, "x": x, "weight": wd[1], "residual": res, "norm": norm_ref, "eps": 1e-5,
+             "gate": wg[1], "up": wu[1]}
+        )  # fmt: skip
+        got_act = io.get(act.buffer, np.float32, (1, ffn))
+        assert nmse(got_act, want["act"]) <= kernel_tolerance("matmul_add_rms_norm_swiglu", wtype)
+    finally:
+        for n, value in saved.items():
+            setattr(cuda, n, value)
+        for weight in (w, g, u, nw):
+            cuda.free_weight(weight)
+        io.close()
+
+
 @pytest.mark.parametrize("length", [1, 17, 127, 129, 1024, 1025, 3000])
 @pytest.mark.parametrize(
     ("n_kv", "hd", "rows"), [(3, 64, 2), (1, 128, 1), (2, 256, 3), (8, 64, 70)]

@@ -8,7 +8,8 @@ Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch), the batch-1
 gemv kernels (``matmul_gemv*``, ``matmul_norm_gemv*_q``: with the norm epilogue,
 ``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``; the deferred norm's
-``matmul_psq_gemv*_q``, ``swiglu_psq_gemv*_q`` and ``qkv_rope_psq_gemv_q``) and
+``matmul_psq_gemv*_q``, ``swiglu_psq_gemv*_q`` and ``qkv_rope_psq_gemv_q``; the long
+rows' ``gemv_long_*`` blocks of 256 threads and ``matmul_psq_gemvu*_q``) and
 ``rope_kv_store``, ``sample_argmax`` and ``sample`` from
 ``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
 ``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
@@ -208,6 +209,10 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
             P(int, 8), P(int, 9), P(const float*, 10), P(float, 11)); }); return 1; }          \
     if (!std::strcmp(name, "matmul_psq_gemv" #GV "_q")) { vt_grid(g, block, [=] {            \
         matmul_psq_gemv##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),          \
+            P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
+            P(int, 8), P(float*, 9), P(const float*, 10), P(float*, 11)); }); return 1; }      \
+    if (!std::strcmp(name, "matmul_psq_gemvu" #GV "_q")) { vt_grid(g, block, [=] {           \
+        matmul_psq_gemvu##GV##_q(P(float*, 0), P(const float*, 1), P(const void*, 2),         \
             P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7),  \
             P(int, 8), P(float*, 9), P(const float*, 10), P(float*, 11)); }); return 1; }      \
     if (!std::strcmp(name, "swiglu_psq_gemv" #GV "_q")) { vt_grid(g, block, [=] {            \
@@ -500,6 +505,13 @@ def main() -> None:
                         checks.test_deferred_norm_at_one_row(backend, wtype, then, dim)
                         ran += 1
                         print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+            for threads, unroll in ((256, False), (128, True)):
+                label = f"long gemv {wtype} {threads} threads{' unrolled' if unroll else ''}"
+                if a.k in label:
+                    checks.test_long_rows_on_the_long_gemv(backend, wtype, threads, unroll)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for length in (1, 17, 129, 1025):
             for n_kv, hd, rows in ((3, 64, 2), (1, 128, 1)):
                 label = f"attention past one chunk {length} {n_kv}-{hd}-{rows}"

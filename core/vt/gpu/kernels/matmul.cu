@@ -386,7 +386,7 @@ VT_DECODE_SW(q8a, WT_Q8A, 2)
 // ------------------------------------------------------------------------ batch 1 (gemv)
 //
 // One row of x against quantized weights (WT_Q with K a multiple of 16, x, the codes and the
-// pairs aligned: the host checks): a block of 64 or 128 threads (the host's choice by K;
+// pairs aligned: the host checks): a block of 64-256 threads (the host's choice by K;
 // blockDim.x, at most GV_MAX_THREADS) per GV output features (1, 2 or 4), every thread of
 // the block on every feature. Each thread reads 16 codes of each of the block's weight rows
 // in one 128-bit load, with their (scale, offset) pair, per pass of blockDim.x * 16 values
@@ -397,7 +397,7 @@ VT_DECODE_SW(q8a, WT_Q8A, 2)
 // shuffles, then the block's warps in a fixed order through shared memory. Dequantization is
 // vt_wload's two roundings, products and sums float32 (matmul_small1's numerics; the order of
 // the sums differs).
-#define GV_MAX_THREADS 128
+#define GV_MAX_THREADS 256  // 256: gemv_long_threads (long rows: down)
 #ifndef VT_GV_UNROLL
 #define VT_GV_UNROLL 1
 #endif
@@ -868,7 +868,8 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
 // matmul_gemv1_q, swiglu_gemv2_q, qkv_gemv4_q, ...: the arguments of the matching *_small
 // kernels less n and rpb; swiglu_norm_gemv2_q, ...: swiglu's, then the norm's weight and eps
 // (the rms_norm_swiglu op); matmul_psq_gemv2_q, ...: matmul's, then normed, the norm's
-// weight and the partial sums (the deferred norm's producer); swiglu_psq_gemv2_q, ...:
+// weight and the partial sums (the deferred norm's producer; matmul_psq_gemvu2_q, ...: two
+// passes' loads in flight, as matmul_gemvu*); swiglu_psq_gemv2_q, ...:
 // swiglu's of x * nw, then the partial sums, their count and eps (its consumer). Launched
 // overlapped (common.cu; vt_gv_rows waits).
 #define VT_GEMV(GV)                                                                            \
@@ -921,6 +922,13 @@ __device__ void vt_qkv_gemv(float* q, float* k, float* v, const float* x, const 
         const float* nw, float* psq) {                                                        \
         vt_launch_dependents();                                                                \
         vt_gemv<GV>(out, x, data, sm, lg_block, bias, residual, N, K, normed, nw, psq);        \
+    }                                                                                          \
+    extern "C" __global__ void matmul_psq_gemvu##GV##_q(                                       \
+        float* out, const float* x, const void* data, const float* sm, int lg_block,          \
+        const float* bias, const float* residual, int N, int K, float* normed,                \
+        const float* nw, float* psq) {                                                        \
+        vt_launch_dependents();                                                                \
+        vt_gemv<GV, 2>(out, x, data, sm, lg_block, bias, residual, N, K, normed, nw, psq);     \
     }                                                                                          \
     extern "C" __global__ void swiglu_psq_gemv##GV##_q(                                        \
         float* out, const float* x, const void* gdata, const float* gsm, int glg,             \
