@@ -895,9 +895,8 @@ def test_deferred_norm_launches_the_projection_then_the_consumer(op: str) -> Non
         rt.launches.clear()
         backend.launch(op, stream, **args(1))
         producer, launch = rt.launches
-        assert (producer.kernel, producer.grid, producer.block) == (
-            kernel, (dim // 4, 1, 1), (threads, 1, 1)
-        )
+        got = (producer.kernel, producer.grid, producer.block)
+        assert got == (kernel, (dim // 4, 1, 1), (threads, 1, 1))
         assert len(producer.args) == len(sig["matmul_psq_gemv"])
         assert launch.args[names.index("np")] == dim // 4
     backend.gemv_long_min_k = backend.gemv_unroll_min_k = 0
