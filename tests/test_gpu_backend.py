@@ -1734,18 +1734,25 @@ def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
     assert tiled.args[-4:] == [None, 5, 37, 96]  # no residual, then n, N, K
 
 
-def test_long_one_row_matmuls_take_the_unrolled_gemv_where_asked() -> None:
-    """gemv_unroll_min_k: one-row matmuls with at least that many inputs launch
-    matmul_gemvu2_q (the same arguments), shorter ones and every other op the plain gemv."""
+def _one_row_matmul_launches(setting: str, value: int, ks: tuple[int, ...]) -> list[Any]:
+    """The launches of one-row matmuls (8 rows of Q8_0) with each of ``ks`` inputs, on a
+    fresh backend with the GpuBackend setting at value."""
     backend, rt = make()
-    backend.gemv_unroll_min_k = 128
+    setattr(backend, setting, value)
     stream = backend.create_stream()
-    for k in (96, 128):
+    for k in ks:
         w = backend.upload_weight(weight_tensor("w", np.ones((8, k), np.float32), "Q8_0"))
         x = vt.Tensor.of(backend.alloc(k * 4), F32, 1, k)
         out = vt.Tensor.of(backend.alloc(8 * 4), F32, 1, 8)
         backend.launch("matmul", stream, out=out, x=x, weight=w)
-    short, long = rt.launches
+    backend.close()
+    return list(rt.launches)
+
+
+def test_long_one_row_matmuls_take_the_unrolled_gemv_where_asked() -> None:
+    """gemv_unroll_min_k: one-row matmuls with at least that many inputs launch
+    matmul_gemvu2_q (the same arguments), shorter ones and every other op the plain gemv."""
+    short, long = _one_row_matmul_launches("gemv_unroll_min_k", 128, (96, 128))
     assert (short.kernel, long.kernel) == ("matmul_gemv2_q", "matmul_gemvu2_q")
     assert long.args[-2:] == [8, 128] and len(long.args) == len(short.args)
 
@@ -1754,21 +1761,12 @@ def test_long_one_row_matmuls_take_the_long_gemv_where_asked() -> None:
     """gemv_long_min_k: one-row matmuls with at least that many inputs launch
     gemv_long_features (4) a block of gemv_long_threads (256) threads; shorter ones keep
     gemv_features (2) and gemv_threads (128, K > 1024)."""
-    backend, rt = make()
-    assert (backend.gemv_long_min_k, backend.gemv_long_features,
-            backend.gemv_long_threads) == (0, 4, 256)  # fmt: skip
-    backend.gemv_long_min_k = 4096
-    stream = backend.create_stream()
-    for k in (2048, 4096):
-        w = backend.upload_weight(weight_tensor("w", np.ones((8, k), np.float32), "Q8_0"))
-        x = vt.Tensor.of(backend.alloc(k * 4), F32, 1, k)
-        out = vt.Tensor.of(backend.alloc(8 * 4), F32, 1, 8)
-        backend.launch("matmul", stream, out=out, x=x, weight=w)
-    short, long = rt.launches
+    assert (GpuBackend.gemv_long_min_k, GpuBackend.gemv_long_features,
+            GpuBackend.gemv_long_threads) == (0, 4, 256)  # fmt: skip
+    short, long = _one_row_matmul_launches("gemv_long_min_k", 4096, (2048, 4096))
     assert (short.kernel, short.grid, short.block) == ("matmul_gemv2_q", (4, 1, 1), (128, 1, 1))
     assert (long.kernel, long.grid, long.block) == ("matmul_gemv4_q", (2, 1, 1), (256, 1, 1))
     assert long.args[-2:] == [8, 4096] and len(long.args) == len(short.args)
-    backend.close()
 
 
 def test_one_row_matmuls_with_many_features_take_the_wide_gemv() -> None:
