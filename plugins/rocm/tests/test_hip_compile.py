@@ -9,6 +9,7 @@ rocm-device-libs``)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -83,7 +84,10 @@ def _hipcc(tmp: Path, warp: int, program: tuple[str, str, list[str]]) -> set[str
         f"--offload-arch={TARGETS[warp]}", *opts, "-O2", "--cuda-device-only",
         "--no-gpu-bundle-output", "-c", "-o", str(out), str(path),
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    # hipcc picks NVIDIA's platform where it finds nvcc (some machines have both); AMD's
+    # is the one this checks.
+    env = {**os.environ, "HIP_PLATFORM": "amd"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr[-6000:]}"
     assert "error" not in done.stderr, done.stderr[-6000:]
     table = subprocess.run(
