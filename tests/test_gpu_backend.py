@@ -899,7 +899,13 @@ def test_deferred_norm_launches_the_projection_then_the_consumer(op: str) -> Non
         assert got == (kernel, (dim // 4, 1, 1), (threads, 1, 1))
         assert len(producer.args) == len(sig["matmul_psq_gemv"])
         assert launch.args[names.index("np")] == dim // 4
-    backend.gemv_long_min_k = backend.gemv_unroll_min_k = 0
+    # a consumer that takes the long rule too keeps qkv_rope's bound of 128 threads
+    backend.gemv_long_min_k, backend.gemv_unroll_min_k, backend.gemv_long_threads = dim, 0, 256
+    rt.launches.clear()
+    backend.launch(op, stream, **args(1))
+    consumer = rt.launches[-1]
+    assert consumer.block == ((128 if "qkv" in consumer.kernel else 256), 1, 1)
+    backend.gemv_long_min_k = 0
 
 
 def test_sample_finds_a_long_rows_argmax_over_blocks_first() -> None:

@@ -1065,8 +1065,10 @@ class GpuBackend(
               for b in ("bq", "bk", "bv")]  # fmt: skip
         per_weight = _qkv_weight_args(ws, bs)
         neox = 1 if params.style == RopeStyle.neox else 0
+        # At most 128 threads: qkv_rope_psq_gemv_q's __launch_bounds__(128, 12) in layout
+        # modules (rope_kv.cu), whatever gemv_threads or gemv_long_* ask of the gemvs.
         self._kernel(
-            kernel, (sum(w.rows for w in ws) // 2, 1, 1), threads, stream,
+            kernel, (sum(w.rows for w in ws) // 2, 1, 1), min(threads, 128), stream,
             self._ptr(a["q"]), self._ptr(a["k"]), self._ptr(a["v"]), self._ptr(a["x"]),
             *per_weight, I32(a["n_heads"]), I32(layout.n_kv_heads), I32(params.head_dim),
             I32(a["x"].shape[1]), I32(neox), self._ptr(a["positions"]), self._ptr(a["slots"]),
