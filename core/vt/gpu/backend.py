@@ -64,6 +64,9 @@ _FA_THREADS = 128
 #: warps, at most 128 registers a thread at 512.
 ATTENTION_THREADS = (128, 256, 512)
 _FA_MAXG = 8
+#: Most threads a block of the qkv_rope gemv kernels: qkv_rope_psq_gemv_q's
+#: __launch_bounds__(128, 12) in layout modules (rope_kv.cu).
+_QKV_ROPE_MAX_THREADS = 128
 #: Splits a (row, KV group) of attention_split_cluster: its cluster's blocks (FA_CLUSTER).
 _FA_CLUSTER = 8
 #: attention_tiled's kernels (kernels/attention_tiled.cu): per largest head_dim (DMAX), the
@@ -318,12 +321,13 @@ class GpuBackend(
     gemv_wide_min_rows: int = 32768
     gemv_wide_features: int = 4
     gemv_wide_threads: int = 64
-    #: One-row matmuls with at least this many inputs (the 1B shape's down projection,
-    #: K = 8,192: four passes of 128 threads, 1,024 single-wave blocks at 2.3 TB/s, run 85)
-    #: take ``gemv_long_features`` features and ``gemv_long_threads`` threads a block
-    #: instead (up to 256), the deferred norm's producer too: fewer passes a thread and more
-    #: weight rows in flight a pass in the same one wave; 0: never (``bench_variant.py
-    #: --gemv-long-k``).
+    #: One-row gemvs (matmul, swiglu, qkv and their fused forms) with at least this many
+    #: inputs (the 1B shape's down projection, K = 8,192: four passes of 128 threads, 1,024
+    #: single-wave blocks at 2.3 TB/s, run 85; nothing else of the default shapes) take
+    #: ``gemv_long_features`` features and ``gemv_long_threads`` threads a block instead
+    #: (up to 256; qkv_rope's kernels at most ``_QKV_ROPE_MAX_THREADS``), the deferred
+    #: norm's producer too: fewer passes a thread and more weight rows in flight a pass in
+    #: the same one wave; 0: never (``bench_variant.py --gemv-long-k``).
     gemv_long_min_k: int = 0
     gemv_long_features: int = 4
     gemv_long_threads: int = 256
@@ -1065,10 +1069,9 @@ class GpuBackend(
               for b in ("bq", "bk", "bv")]  # fmt: skip
         per_weight = _qkv_weight_args(ws, bs)
         neox = 1 if params.style == RopeStyle.neox else 0
-        # At most 128 threads: qkv_rope_psq_gemv_q's __launch_bounds__(128, 12) in layout
-        # modules (rope_kv.cu), whatever gemv_threads or gemv_long_* ask of the gemvs.
+        threads = min(threads, _QKV_ROPE_MAX_THREADS)  # whatever gemv_*_threads ask
         self._kernel(
-            kernel, (sum(w.rows for w in ws) // 2, 1, 1), min(threads, 128), stream,
+            kernel, (sum(w.rows for w in ws) // 2, 1, 1), threads, stream,
             self._ptr(a["q"]), self._ptr(a["k"]), self._ptr(a["v"]), self._ptr(a["x"]),
             *per_weight, I32(a["n_heads"]), I32(layout.n_kv_heads), I32(params.head_dim),
             I32(a["x"].shape[1]), I32(neox), self._ptr(a["positions"]), self._ptr(a["slots"]),

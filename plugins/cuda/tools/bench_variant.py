@@ -49,9 +49,10 @@ K > 1024 (``GpuBackend.gemv_threads``, ``gemv_swiglu_threads``: 128, 64);
 matmuls of R or more output features (the output projection) on F features a block of N
 threads (``GpuBackend.gemv_wide_*``: 32768, 4, 64; R 0: as every gemv);
 ``--gemv-long-k K``, ``--gemv-long-features F``, ``--gemv-long-threads N``: one-row
-matmuls with K or more inputs (the 1B shape's down projection, the deferred norm's producer
-too) on F features a block of N threads, up to 256 (``GpuBackend.gemv_long_*``: 0 (never),
-4, 256); with ``--gemv-unroll-k`` two passes' loads in flight a thread as well;
+gemvs (matmul, swiglu, qkv; the deferred norm's producer too) with K or more inputs (of the
+default shapes only the 1B shape's down projection at 4096) on F features a block of N
+threads, up to 256 (``GpuBackend.gemv_long_*``: 0 (never), 4, 256); with
+``--gemv-unroll-k`` two passes' loads in flight a thread as well;
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-fold-k K``: at one row the norm ops fold the norm into their gemv kernels,
