@@ -1763,16 +1763,18 @@ def test_long_one_row_matmuls_take_the_unrolled_gemv_where_asked() -> None:
     assert long.args[-2:] == [8, 128] and len(long.args) == len(short.args)
 
 
-def test_long_one_row_matmuls_take_the_long_gemv_where_asked() -> None:
-    """gemv_long_min_k: one-row matmuls with at least that many inputs launch
+def test_long_one_row_matmuls_take_the_long_gemv() -> None:
+    """gemv_long_min_k (4,096 by default): one-row matmuls with at least that many inputs launch
     gemv_long_features (4) a block of gemv_long_threads (256) threads; shorter ones keep
     gemv_features (2) and gemv_threads (128, K > 1024)."""
     assert (GpuBackend.gemv_long_min_k, GpuBackend.gemv_long_features,
-            GpuBackend.gemv_long_threads) == (0, 4, 256)  # fmt: skip
+            GpuBackend.gemv_long_threads) == (4096, 4, 256)  # fmt: skip
     short, long = _one_row_matmul_launches("gemv_long_min_k", 4096, (2048, 4096))
     assert (short.kernel, short.grid, short.block) == ("matmul_gemv2_q", (4, 1, 1), (128, 1, 1))
     assert (long.kernel, long.grid, long.block) == ("matmul_gemv4_q", (2, 1, 1), (256, 1, 1))
     assert long.args[-2:] == [8, 4096] and len(long.args) == len(short.args)
+    (off,) = _one_row_matmul_launches("gemv_long_min_k", 0, (4096,))
+    assert (off.kernel, off.grid, off.block) == ("matmul_gemv2_q", (4, 1, 1), (128, 1, 1))
 
 
 def test_one_row_matmuls_with_many_features_take_the_wide_gemv() -> None:

@@ -327,8 +327,9 @@ class GpuBackend(
     #: ``gemv_long_features`` features and ``gemv_long_threads`` threads a block instead
     #: (up to 256; qkv_rope's kernels at most ``_QKV_ROPE_MAX_THREADS``), the deferred
     #: norm's producer too: fewer passes a thread and more weight rows in flight a pass in
-    #: the same one wave; 0: never (``bench_variant.py --gemv-long-k``).
-    gemv_long_min_k: int = 0
+    #: the same one wave; 0: never (``bench_variant.py --gemv-long-k``). Run 106 (H100):
+    #: the 1B shape +1.9% at batch 1 (1,348.5 and 1,345.8 against 1,322.6 tok/s twice).
+    gemv_long_min_k: int = 4096
     gemv_long_features: int = 4
     gemv_long_threads: int = 256
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
