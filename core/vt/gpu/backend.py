@@ -47,6 +47,7 @@ from ..protocol.ops import FUSED_OPS, get_op
 from . import weights as W
 from .resources import GpuResources, _Reservation
 from .runtime import GpuCallError, GpuRuntime
+from .tuning import _FA_THREADS, GpuTuning
 
 P, I32, I64, F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 
@@ -58,11 +59,10 @@ _ARGMAX_THREADS = 256  # ARGMAX_THREADS in kernels/sample.cu
 _MAX_BLOCKS = 65535
 #: Rows of x per pass of the decode-path matmul kernels (MM_R in kernels/matmul.cu).
 MM_R = 8
-#: Threads and query heads per block of attention_split (FA_THREADS, FA_MAXG in attention.cu).
-_FA_THREADS = 128
 #: The block sizes attention's kernels compile for (GpuBackend.attention_threads): whole
 #: warps, at most 128 registers a thread at 512.
 ATTENTION_THREADS = (128, 256, 512)
+#: Query heads per block of attention_split (FA_MAXG in attention.cu).
 _FA_MAXG = 8
 #: Most threads a block of the qkv_rope gemv kernels: qkv_rope_psq_gemv_q's
 #: __launch_bounds__(128, 12) in layout modules (rope_kv.cu).
@@ -210,6 +210,7 @@ def _blocks(n: int, per: int = _THREADS) -> int:
 
 
 class GpuBackend(
+    GpuTuning,
     GpuResources,
     HostAddressable,
     Events,
@@ -234,213 +235,9 @@ class GpuBackend(
     #: Prefill steps replay as graphs too: a 135M-shape chunk of 512 is 457 launches and 210
     #: GEMM calls (12 ms of host time) for 4.3 ms of kernels (docs/gpu.md run 34).
     prefill_graphs: ClassVar[bool] = True
-    #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one
-    #: (every decode batch up to 32 rows reads each weight once through the warp kernels).
-    tiled_min_rows: int = 64
-    #: Batches of at least this many rows go to the vendor BLAS when the runtime has one
-    #: (``GpuRuntime.blas``): the tensor cores, over a float32 copy of the weight.
-    blas_min_rows: int = 64
-    #: What the BLAS path feeds the tensor cores for a non-F32 weight: "tf32" (float32
-    #: copies, TF32 products), "f16" (IEEE half copies of the weight and of x: twice the
-    #: tensor-core rate, half the bytes; |x| above 65504 becomes inf, as in llama.cpp's
-    #: cuBLAS path), or "auto": f16 for weights of at least ``blas_f16_min_values`` values,
-    #: TF32 below (there the half copy of x, a launch per matmul, costs the host more than
-    #: the half GEMM saves: docs/gpu.md, runs 17-18).
-    blas_inputs: str = "auto"
-    blas_f16_min_values: int = 1 << 20
     #: Cleared the first time the runtime's ``gemm`` refuses half inputs (vt_rocm's
     #: hipBLAS path takes float32 only): "auto" then stays on float32 inputs.
     _blas_half_ok: bool = True
-    #: The BLAS path keeps its float32 or half copy of a weight for later matmuls instead of
-    #: making it again each time (a launch and a pass over the weight per matmul per
-    #: prefill chunk: 210 launches of a 512-token chunk of the 135M shape, whose prefill is
-    #: bound by the host's launches), while all kept copies fit this fraction of
-    #: ``device_memory()`` (the 1B shape's half copies: 1.9 GB; an H200's eighth: 17.6 GB);
-    #: 0, or a plugin that does not say its memory: none kept. 0 here; vt_cuda's backend
-    #: sets 0.125 (the kit and gpu_checks.py passed with it on the H200, run 33); HIP has
-    #: never run on hardware here, so vt_rocm keeps 0.
-    blas_keep_fraction: float = 0.0
-    #: A copy is kept only while the device's free memory (``GpuRuntime.memory_info``)
-    #: after it still holds a margin for later steps: the larger of these bytes and this
-    #: fraction of the device, plus the bytes VMM reservations (the KV cache) have yet to
-    #: map, plus room for one more copy of the same size in scratch (where a weight's copy
-    #: goes once keeping stops). A runtime that cannot say its free memory keeps none; a
-    #: kept copy's allocation that runs out of memory anyway (another process took it)
-    #: goes to scratch instead. Either way that matmul, and every later one, runs the path
-    #: of ``blas_keep_fraction = 0`` (a copy in scratch each time: the same numerics).
-    blas_keep_min_free_bytes: int = 1 << 30
-    blas_keep_min_free_fraction: float = 1 / 16
-    #: The BLAS path's quantized-weight and x copies 16 (8) values a thread with 128-bit
-    #: loads and stores (blas_copies.cu); False: a value a thread (a tool's "before").
-    blas_wide_copies: bool = True
-    #: Steps of at least ``int8_min_rows`` rows against quantized weights of which the op's
-    #: largest has at least ``int8_min_values`` values use int8 activations (x quantized once
-    #: per op to blocks of 32, integer products on the tensor cores or dp4a/sdot4), as
-    #: llama.cpp does at every batch size; smaller weights keep float32 activations, as the
-    #: BLAS path keeps TF32 below ``blas_f16_min_values``. 256K values: every projection of
-    #: the 135M shape (the smallest op's largest weight, q, has 331K; +39-49% at batches
-    #: 8/32) and the 1B shape (+35-48%) gains (docs/gpu.md run 23), while the tiny test
-    #: models (at most 77K values a weight) keep cpu's numerics and greedy ids (run 21).
-    int8_min_rows: int = 8
-    int8_min_values: int = 1 << 18
-    #: Int8 steps of up to 64 rows on the tensor cores (``*_mma{1,2,4,8}_q8a``: mma.sync
-    #: with s8 inputs, every weight byte read once for all rows) instead of dp4a
-    #: (``*_small*_q8a``). None: where the device has them (NVIDIA sm_80 and later).
-    int8_mma: bool | None = None
-    #: The decode kernels split rows over more blocks while the grid has fewer than this.
-    target_blocks: int = 256
-    #: Steps of one row against quantized weights (K a multiple of 16, 16-byte aligned)
-    #: run on the gemv kernels (``*_gemv{1,2,4}_q``: a block of 64-128 threads per this
-    #: many output features, K split over the whole block) instead of a warp per feature
-    #: (``*_small1_q``); 0: the warp kernels (a tool's "before").
-    gemv_features: int = 2
-    #: Threads a block of those gemv kernels where K > 1024 (64 where K <= 1024). Run 77:
-    #: 64 made ``swiglu_gemv2_q`` faster (13.9 -> 12.8 us) but the o, down and qkv kernels
-    #: slower, -4% in all on the 1B shape.
-    gemv_threads: int = 128
-    #: The same for swiglu's gemv kernels (gate and up: twice the weight rows a block):
-    #: 64 on the 1B shape +1.1% to +3.2% at batch 1 against 128, in three calls (runs
-    #: 78-79, docs/gpu.md); the two-row kernels stay on ``gemv_threads``.
-    gemv_swiglu_threads: int = 64
-    #: Output features a block of swiglu's gemv kernels (gate and up: twice the weight rows),
-    #: 1, 2 or 4; 0: ``gemv_features``. Its 4,096 two-feature blocks on the 1B shape are
-    #: about two waves, and it runs at 2.8 TB/s where the output projection's long launch of
-    #: the same blocks reaches 3.69 (docs/gpu.md run 85): the setting measures the waves.
-    gemv_swiglu_features: int = 0
-    #: One-row matmuls whose K is at least this run ``matmul_gemvu*_q``: each thread's
-    #: loads of two passes in flight together (a long row, as the 1B shape's down
-    #: projection: four passes of 128 threads); 0: never. Run 57 (``bench_variant.py
-    #: --gemv-unroll-k 4096``): 1,192.8 against 1,186.4 tok/s on the 1B shape, within noise.
-    gemv_unroll_min_k: int = 0
-    #: One-row matmuls with at least this many output features (the output projection:
-    #: 49,152 or 128,256 rows, tens of thousands of blocks) take ``gemv_wide_features``
-    #: features and ``gemv_wide_threads`` threads a block instead: fewer, longer blocks where
-    #: the block's own fixed work (its addresses, the sums' shuffles and barrier) is a large
-    #: share of a one-pass block (ncu, run 75: SM 76%, DRAM 40%). Runs 76-77: the 1B shape's
-    #: output projection 117.9 -> 75.8 us, +6% tok/s at batch 1; 0: as every gemv.
-    gemv_wide_min_rows: int = 32768
-    gemv_wide_features: int = 4
-    gemv_wide_threads: int = 64
-    #: One-row gemvs (matmul, swiglu, qkv and their fused forms) with at least this many
-    #: inputs (the 1B shape's down projection, K = 8,192: four passes of 128 threads, 1,024
-    #: single-wave blocks at 2.3 TB/s, run 85; nothing else of the default shapes) take
-    #: ``gemv_long_features`` features and ``gemv_long_threads`` threads a block instead
-    #: (up to 256; qkv_rope's kernels at most ``_QKV_ROPE_MAX_THREADS``), the deferred
-    #: norm's producer too: fewer passes a thread and more weight rows in flight a pass in
-    #: the same one wave; 0: never (``bench_variant.py --gemv-long-k``). Run 106 (H100):
-    #: the 1B shape +1.9% at batch 1 (1,348.5 and 1,345.8 against 1,322.6 tok/s twice).
-    gemv_long_min_k: int = 4096
-    gemv_long_features: int = 4
-    gemv_long_threads: int = 256
-    #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
-    #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
-    #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the
-    #: block, not bit-equal to the two launches (within the kit's tolerances). Set before
-    #: the first launch. Run 57 (with both norm ops native, ``bench_variant.py --norm-late
-    #: 1``): -8.8% on the 1B shape, +4.5% on the 135M shape at batch 1; so off.
-    norm_late: bool = False
-    #: At one row, the norm ops (``rms_norm_swiglu``, ``rms_norm_qkv_rope_kv_store``) fold
-    #: the norm into their gemv kernels, late-scaled (``norm_late``'s kernels), where the
-    #: row has at most this many values, and run as ``rms_norm`` then the gemv elsewhere;
-    #: 0: only as ``native_fused`` says. The 135M shape (K 576) gains +4.5-8.8% at batch 1
-    #: with it, the 1B shape (K 2,048) would lose 8.8% (docs/gpu.md runs 57, 61, 62), and
-    #: the kit passed with it on an H200 (run 62), so 1,024 splits the two.
-    norm_fold_max_k: int = 1024
-    #: Fused ops run natively (the others of vt.FUSED_OPS run as their decomposition);
-    #: a tool clears it to measure what the fusion buys. Not yet by default:
-    #: ``rms_norm_qkv_rope_kv_store`` and ``rms_norm_swiglu`` (the norm inside the gemv
-    #: kernels, bit-equal to the two launches; ``bench_variant.py --add-fused OP``: -13% at
-    #: batch 1 on both shapes in run 52, every block waiting on its sum of squares).
-    #: ``matmul_add_rms_norm`` neither (its one-row kernel's last block normalises the row;
-    #: run 91: -23% and -26% at batch 1 in its first form, docs/gpu.md): natively, the graph
-    #: moves every layer's norms into the projections' epilogues.
-    #: ``matmul_add_rms_norm_swiglu`` and ``matmul_add_rms_norm_qkv_rope_kv_store`` (the
-    #: deferred norm) by default since run 103: at one row where the norm's row is wider
-    #: than ``norm_fold_max_k`` (the 1B shape +1.8% to +2.0% at batch 1 on an H100; the
-    #: 135M shape's 576 fold instead: -15% deferred), their decomposition elsewhere.
-    native_fused: frozenset[str] = frozenset(
-        {"matmul_add", "swiglu", "rope_kv_store", "qkv", "qkv_rope_kv_store",
-         "matmul_add_rms_norm_swiglu", "matmul_add_rms_norm_qkv_rope_kv_store"}
-    )  # fmt: skip
-    #: Attention splits a row's positions over at most this many blocks (flash-decoding)
-    #: while the grid has fewer than ``target_blocks``, each split at least this long
-    #: (at most FA_MAX_SPLITS = 128 splits, kernels/attention.cu).
-    attention_max_splits: int = 32
-    attention_min_split: int = 16
-    #: Threads a block of attention's split and combine kernels (FA_THREADS, compiled in;
-    #: set before the first launch): 128, or 256 / 512 to try more warps a split block, so
-    #: that with ``attention_max_splits`` = 1 a short context is one round of the warp path
-    #: and one launch a layer (``bench_variant.py --attention-threads 512 --splits 1``).
-    #: Runs 100-101 (H100): +6.9% on the 135M shape at 128 positions, -1.5% on the 1B shape;
-    #: at 2,048 positions -43% and -25% (-19% and -7% with ``--min-split 128``), and a graph
-    #: is replayed at every length: 128 stays.
-    attention_threads: int = _FA_THREADS
-    #: Output features a block of the deferred norm's projection (``matmul_psq_gemv*_q``:
-    #: 1, 2 or 4; 0: ``gemv_features``): each block leaves one partial sum of squares, which
-    #: every block of the consumer reads (``bench_variant.py --deferred-norm-features N``).
-    deferred_norm_features: int = 0
-    #: A split block takes at most this many of a KV head's query heads (the largest
-    #: divisor of the group up to it, and up to FA_MAXG = 8): fewer heads a block is more
-    #: blocks, each with a shorter chain of work a position (``bench_variant.py
-    #: --attention-heads N``). 2 since runs 90-91 (batch 1: +1.2% to +5.4% over 8, every
-    #: head of a group in one block as before; 1: -3.8% on the 1B shape at 2,048 positions).
-    attention_max_group: int = 2
-    #: Where attention splits a row, the last split block of each (row, KV group) to
-    #: finish combines the partials itself (``attention_split`` with its counters) instead
-    #: of a second launch (``attention_combine``). Off: measured 2-11% slower at batch 1 on
-    #: the H200 (runs 43-46, docs/gpu.md: a serial tail after the slowest split).
-    attention_last_block_combine: bool = False
-    #: At decode (no tiled rows) on NVIDIA sm_90 and later: attention's split kernel with its
-    #: combine in the same launch (``attention_split_cluster``): each (row, KV group)'s
-    #: splits, ``FA_CLUSTER`` = 8 of them, are one thread-block cluster whose first block
-    #: combines the partials after the cluster's barrier; no ``attention_combine``, no
-    #: device-wide counter. The same outputs as 8 splits and the second launch
-    #: (``gpu_checks.py``, run 62). Off: within noise on the 1B shape and +5% on the 135M
-    #: shape at 128 positions, but -20% and -32% at 2,048, where the default's up to 32
-    #: splits spread a row over more blocks (docs/gpu.md run 62).
-    attention_cluster: bool = False
-    #: Attention of at least this many rows runs on the tiled prefill kernel
-    #: (``attention_tiled_*``: a block per tile of consecutive rows and query head, K/V
-    #: staged in shared memory) for tiles of rows of at most two sequences, and on
-    #: ``attention_split`` for the other tiles' rows (decided on the device); fewer rows
-    #: (decode batches) on ``attention_split`` alone. Measured in docs/gpu.md (runs 16-17).
-    attention_tiled_min_rows: int = 64
-    #: ``sample`` finds a row's argmax over blocks of at least this many ids
-    #: (``sample_argmax``, then the sample kernel reduces their results) where the row has
-    #: more; 0: one block walks the whole row (a tool's "before").
-    sample_argmax_slice: int = 2048
-    #: Launch the kernels that wait for their predecessor themselves (``_OVERLAP``: the
-    #: gemv kernels and rms_norm, kernels/common.cu) overlapped
-    #: (``GpuRuntime.launch_overlapped``: on CUDA sm_90+, programmatic dependent launch), so
-    #: their blocks start, and the gemv kernels' first weight loads go out, while the
-    #: previous kernel finishes; False: every launch plain (a tool's "before").
-    overlap_launches: bool = True
-    #: With ``overlap_launches``, attention's split and combine kernels too (the split
-    #: kernel's K and V rows prefetched into L2 before its wait), at every shape.
-    overlap_attention: bool = False
-    #: With ``overlap_launches``, attention's kernels overlapped at one row where a query
-    #: row has at least this many values (``n_heads * head_dim``); 0: only where
-    #: ``overlap_attention`` says. Measured at batch 1 (docs/gpu.md runs 40, 52-53, 80, 98):
-    #: the 1B shape (2,048 values) +1.5% to +5%, the 135M shape (576) -6% to -13%.
-    overlap_attention_min_q: int = 2048
-    #: With ``overlap_launches``, ``attention_combine`` alone (its few blocks wait for the
-    #: split kernel's partials on the device, so its launch is not on the chain).
-    overlap_combine: bool = False
-    #: Quantized weights in their compact layouts (vt.gpu.weights.LAYOUTS: about the file's
-    #: bytes a value) rather than the wide one (int8 codes, float32 pairs: 1.25-1.5 bytes a
-    #: value; a tool's "before"). The same values either way; set before loading a model.
-    compact_weights: bool = True
-    #: A benchmark's variant: (type name, Q_* flags) pairs that replace those types'
-    #: ``LAYOUTS`` entries (``bench_variant.py --layout Q8_0=0x800``: Q8_0 with float32
-    #: scales); the same values, another layout.
-    layout_overrides: tuple[tuple[str, int], ...] = ()
-    #: Launches whose quantized weights share one layout run kernels compiled for it
-    #: (``LAYOUT_PARTS`` with ``-DVT_Q_FLAGS``: the layout's branches resolved by the
-    #: compiler), a module per layout, compiled when its first weight is uploaded; others
-    #: (weights of two layouts, e.g. Q4_K_M's q and v) read the flags at run time. False:
-    #: every launch on the run-time kernels (a tool's "before"; docs/gpu.md run 49: they
-    #: cost 3-10%).
-    layout_kernels: bool = True
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
