@@ -724,10 +724,10 @@ DEFERRED = {"swiglu": "matmul_add_rms_norm_swiglu", "qkv": "matmul_add_rms_norm_
 def test_deferred_norm_at_one_row(cuda: Any, wtype: str, then: str, dim: int) -> None:
     """matmul_add_rms_norm_swiglu and matmul_add_rms_norm_qkv_rope_kv_store of one row
     native (the deferred norm: matmul_psq_gemv2_q, then swiglu_psq_gemv2_q or
-    qkv_rope_psq_gemv_q) against their decompositions (matmul_gemv2_q, rms_norm, then the
-    plain consumer): out (the residual's update, in place) bit for bit, what follows the
-    norm within the kit's bound of the reference; 128 to 1,024 partial sums, blocks of 64
-    and 128 threads."""
+    qkv_rope_psq_gemv_q by default; the kernels of the backend's settings) against their
+    decompositions (matmul_gemv2_q, rms_norm, then the plain consumer): out (the
+    residual's update, in place) bit for bit, what follows the norm within the kit's bound
+    of the reference; 128 to 1,024 partial sums, blocks of 64 and 128 threads."""
     op = DEFERRED[then]
     rng = np.random.default_rng(dim + len(then))
 
@@ -781,11 +781,16 @@ def test_deferred_norm_at_one_row(cuda: Any, wtype: str, then: str, dim: int) ->
             got[fused] |= {k: io.get(args[k].buffer, np.float32, s) for k, s in outs.items()}
             if layout is not None:
                 got[fused]["cache"] = io.get(args["cache"].buffer, np.float32, layout.shape)
-        consumer = "swiglu_psq_gemv2_q" if then == "swiglu" else "qkv_rope_psq_gemv_q"
-        plain = "swiglu_gemv2_q" if then == "swiglu" else "qkv_rope_gemv_q"
-        producer = f"matmul_psq_gemv{cuda.deferred_norm_features or cuda.gemv_features}_q"
+        # the kernels of the backend's gemv choice (a variant's settings: kit_variant.py)
+        x_t = f32(io.empty(4 * dim), 1, dim)
+        gw = [cuda._gpu_weight(ws[k], op) for k in mats]
+        fv = cuda._gemv(x_t, cuda._gpu_weight(w, op))[0]
+        sv = cuda._gemv(x_t, *gw, **cuda._swiglu_gemv)[0] if then == "swiglu" else 0
+        consumer = f"swiglu_psq_gemv{sv}_q" if then == "swiglu" else "qkv_rope_psq_gemv_q"
+        plain = f"swiglu_gemv{sv}_q" if then == "swiglu" else "qkv_rope_gemv_q"
+        producer = f"matmul_psq_gemv{cuda.deferred_norm_features or fv}_q"
         assert launched == {True: [producer, consumer],
-                            False: ["matmul_gemv2_q", "rms_norm", plain]}  # fmt: skip
+                            False: [f"matmul_gemv{fv}_q", "rms_norm", plain]}  # fmt: skip
         np.testing.assert_array_equal(got[True]["out"], got[False]["out"])
         want = {"out": np.zeros((1, dim), np.float32)}
         want |= {k: np.zeros(s, np.float32) for k, s in outs.items()}
