@@ -641,7 +641,10 @@ def test_rms_norm_swiglu_at_one_row(cuda: Any, wtype: str, k_in: int) -> None:
                 )  # fmt: skip
             cuda.synchronize(stream)
             got[fused] = io.get(out.buffer, np.float32, (1, 37))
-        assert launched == {True: ["swiglu_norm_gemv2_q"], False: ["rms_norm", "swiglu_gemv2_q"]}
+        gws = [cuda._gpu_weight(w, "swiglu") for w in ws]
+        sv = cuda._gemv(f32(io.empty(4 * k_in), 1, k_in), *gws, **cuda._swiglu_gemv)[0]
+        assert launched == {True: [f"swiglu_norm_gemv{sv}_q"],
+                            False: ["rms_norm", f"swiglu_gemv{sv}_q"]}  # fmt: skip
         if not late:  # the scale applied after the sums rounds otherwise
             np.testing.assert_array_equal(got[True], got[False])
         want = {"out": np.zeros((1, 37), np.float32)}
@@ -862,7 +865,10 @@ def test_long_rows_on_the_long_gemv(cuda: Any, wtype: str, threads: int, unroll:
             )  # fmt: skip
         cuda.synchronize(stream)
         v = "u" if unroll else ""
-        assert launched == [f"matmul_gemv{v}4_q", f"matmul_psq_gemv{v}4_q", "swiglu_psq_gemv2_q"]
+        gws = [cuda._gpu_weight(t, "swiglu") for t in (g, u)]
+        sv = cuda._gemv(f32(io.empty(4 * dim), 1, dim), *gws, **cuda._swiglu_gemv)[0]
+        assert launched == [f"matmul_gemv{v}4_q", f"matmul_psq_gemv{v}4_q",
+                            f"swiglu_psq_gemv{sv}_q"]  # fmt: skip
         got_plain = io.get(plain.buffer, np.float32, (1, dim))
         np.testing.assert_array_equal(io.get(r_t.buffer, np.float32, (1, dim)), got_plain)
         want_plain = R.matmul(x, wd[1]) + res
