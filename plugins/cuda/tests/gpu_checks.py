@@ -817,14 +817,14 @@ def test_deferred_norm_at_one_row(cuda: Any, wtype: str, then: str, dim: int) ->
 
 
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
-@pytest.mark.parametrize(("threads", "unroll"), [(256, False), (128, True)])
+@pytest.mark.parametrize(("threads", "unroll"), [(256, False), (128, False), (128, True)])
 def test_long_rows_on_the_long_gemv(cuda: Any, wtype: str, threads: int, unroll: bool) -> None:
     """gemv_long_*: a one-row matmul_add with K = 8,192 (the 1B shape's down projection) on
-    4 features a block of 256 threads (two passes a thread), or of 128 with the unrolled
-    kernels (four passes, two in flight), within the kit's bound of the reference; the
-    deferred norm's producer over the same weight (matmul_psq_gemv*4_q) leaves the same out
-    bit for bit, and its consumer's act within the bound of matmul_add_rms_norm_swiglu's
-    reference."""
+    4 features a block of 256 threads (two passes a thread), of 128 (four passes), or of 128
+    with the unrolled kernels (four passes, two in flight), within the kit's bound of the
+    reference; the deferred norm's producer over the same weight (matmul_psq_gemv*4_q)
+    leaves the same out bit for bit, and its consumer's act within the bound of
+    matmul_add_rms_norm_swiglu's reference."""
     k_in, dim, ffn = 8192, 256, 64
     rng = np.random.default_rng(threads + unroll)
 

@@ -506,7 +506,7 @@ def main() -> None:
                         ran += 1
                         print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
-            for threads, unroll in ((256, False), (128, True)):
+            for threads, unroll in ((256, False), (128, False), (128, True)):
                 label = f"long gemv {wtype} {threads} threads{' unrolled' if unroll else ''}"
                 if a.k in label:
                     checks.test_long_rows_on_the_long_gemv(backend, wtype, threads, unroll)
