@@ -2162,6 +2162,56 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
     assert scalars == {}
 
 
+@pytest.mark.parametrize("on", [False, True], ids=["default", "norm_quantize"])
+def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
+    """norm_quantize: the norm ops at int8 mma rows launch quantize_norm_rows (a block of
+    256 threads a row: x, the norm's weight, n, K, eps) and their mma kernel on its packed
+    rows, instead of rms_norm, quantize_rows and the mma kernel; qkv's RoPE and KV store
+    follow as rope_kv_store. Off (the default), or fewer rows than int8_min_rows: as
+    before."""
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values, backend.norm_quantize = True, 0, on
+    assert not GpuBackend.norm_quantize  # off by default
+    c = OpCase(backend)
+    rng = np.random.default_rng(7)
+
+    def w(name: str, rows: int) -> vt.Weight:
+        return c.w(name, rng.standard_normal((rows, 64)).astype(np.float32), "Q8_0")
+
+    norm = c.w("norm", np.ones(64, np.float32))
+    layout = vt.KVLayout(n_layers=2, n_slots=8, max_len=4, n_kv_heads=1, head_dim=16)
+    stream = backend.create_stream()
+    xs = []
+    for n in (8, 4):
+        x = c.t("x", F32, n, 64)
+        xs.append(c.addresses["x"])
+        backend.launch("rms_norm_swiglu", stream, out=c.t("out", F32, n, 16), x=x, norm=norm,
+                       eps=1e-5, gate=w("g", 16), up=w("u", 16), scratch=c.t("s", F32, n, 64),
+                       scratch_gate=c.t("sg", F32, n, 16),
+                       scratch_up=c.t("su", F32, n, 16))  # fmt: skip
+        backend.launch("rms_norm_qkv_rope_kv_store", stream, q=c.t("q", F32, n, 32),
+                       k=c.t("k", F32, n, 16), v=c.t("v", F32, n, 16), x=x, norm=norm,
+                       eps=1e-5, wq=w("wq", 32), wk=w("wk", 16), wv=w("wv", 16),
+                       positions=c.t("positions", I32, n), slots=c.t("slots", I32, n),
+                       cache=c.t("cache", F32, *layout.shape), layout=layout, layer=1,
+                       n_heads=2, params=vt.RopeParams(16),
+                       scratch=c.t("s", F32, n, 64))  # fmt: skip
+    kernels = [launch.kernel for launch in rt.launches]
+    few = ["rms_norm", "swiglu_small2_q", "rms_norm", "qkv_small4_q", "rope_kv_store"]
+    if on:
+        assert kernels == ["quantize_norm_rows", "swiglu_mma1_q8a", "quantize_norm_rows",
+                           "qkv_mma1_q8a", "rope_kv_store", *few]  # fmt: skip
+        packed = rt.launches[0]
+        names = [name for _, name in kernel_signatures()["quantize_norm_rows"]]
+        assert names == ["out", "x", "w", "n", "K", "eps"]
+        assert packed.grid == (8, 1, 1) and packed.block == (256, 1, 1)
+        assert packed.args[1:5] == [xs[0], norm.handle.data, 8, 64]
+        assert rt.launches[1].args[1] == packed.args[0]  # swiglu_mma reads the packed rows
+    else:
+        assert kernels == ["rms_norm", "quantize_rows", "swiglu_mma1_q8a", "rms_norm",
+                           "quantize_rows", "qkv_mma1_q8a", "rope_kv_store", *few]  # fmt: skip
+
+
 def test_int8_mma_falls_back_to_dp4a_where_a_block_would_straddle_weights() -> None:
     """qkv needs q's and k's features in whole 16s (a block's 16 features are one weight's),
     swiglu one block size for gate and up; else the dp4a kernels run the step."""

@@ -529,25 +529,52 @@ class GpuBackend(
             return 0
         return 1 << (-(-n // 8) - 1).bit_length()
 
-    def _int8_x(self, stream: Stream, x: Tensor, *ws: GpuWeight) -> tuple[str, int]:
-        """For a step of ``int8_min_rows`` rows or more against quantized weights with
-        blocks of 16 or 32 (K a multiple of 32), the largest of ``int8_min_values`` values or
-        more: x packed as int8 rows in scratch (``quantize_rows``) and the kernel suffix
-        ``q8a``; else ``(suffix, 0)``, x as it is (float32)."""
+    def _int8_applies(self, x: Tensor, *ws: GpuWeight) -> bool:
+        """Whether a step of ``x``'s rows against ``ws`` takes int8 activations: at least
+        ``int8_min_rows`` rows, quantized weights with blocks of 16 or 32 (K a multiple of
+        32), the largest of ``int8_min_values`` values or more."""
         n, k = x.shape
-        if (
+        return not (
             n < max(2, self.int8_min_rows)
             or k % 32
             or any(w.kind != W.WT_Q or w.lg_block not in (4, 5) for w in ws)
             or max(w.rows * w.cols for w in ws) < self.int8_min_values
-        ):
+        )
+
+    def _int8_x(
+        self, stream: Stream, x: Tensor, *ws: GpuWeight, norm: GpuWeight | None = None,
+        eps: float = 0.0,
+    ) -> tuple[str, int]:  # fmt: skip
+        """Where ``_int8_applies``: x packed as int8 rows in scratch (``quantize_rows``;
+        ``norm``: rms_norm(x) packed, ``quantize_norm_rows``) and the kernel suffix ``q8a``;
+        else ``(suffix, 0)``, x as it is (float32)."""
+        if not self._int8_applies(x, *ws):
             return ws[0].suffix, 0
+        n, k = x.shape
         stride = (k + k // 8 + k // 4 + 15) // 16 * 16  # vt_q8a_stride in matmul.cu
         pairs = (k // 16) * max(64, -(-n // 8) * 8) * 8  # vt_q8a_pairs: (dx, sum) pairs
         xq = self._scratch_at_least(n * stride + pairs, slot="int8_x")
-        self._kernel("quantize_rows", (-(-k // _THREADS), n, 1), _THREADS, stream, P(xq),
-                     self._ptr(x), I32(n), I32(k))  # fmt: skip
+        if norm is None:
+            self._kernel("quantize_rows", (-(-k // _THREADS), n, 1), _THREADS, stream, P(xq),
+                         self._ptr(x), I32(n), I32(k))  # fmt: skip
+        else:
+            self._kernel("quantize_norm_rows", (n, 1, 1), _THREADS, stream, P(xq),
+                         self._ptr(x), P(norm.data), I32(n), I32(k), F32(eps))  # fmt: skip
         return "q8a", xq
+
+    def _norm_mma(self, x: Tensor, nw: GpuWeight, *ws: GpuWeight) -> int:
+        """The int8 mma kernels' row tiles where a norm op of ``x`` before ``ws`` normalises
+        and quantizes in one launch (``norm_quantize``); 0: it does not."""
+        n = x.shape[0]
+        if (
+            not self.norm_quantize
+            or nw.kind != W.WT_F32
+            or n >= self.tiled_min_rows
+            or len({w.kind for w in ws}) > 1
+            or not self._int8_applies(x, *ws)
+        ):
+            return 0
+        return self._mma_tiles(n)
 
     def device_memory(self) -> int:
         """Bytes of device memory where the plugin knows them; 0: unknown (nothing kept)."""
@@ -749,11 +776,7 @@ class GpuBackend(
             return
         suffix, xq = self._int8_x(stream, x, g, u)
         if xq and g.lg_block == u.lg_block and (nt := self._mma_tiles(n)):
-            self._kernel(
-                f"swiglu_mma{nt}_q8a", (-(-g.rows // 16), 1, 1), _mma_threads(2, nt), stream,
-                self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.qarg), P(u.data),
-                P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), weights=(g, u),
-            )  # fmt: skip
+            self._swiglu_mma(stream, out, xq, g, u, n, dim, nt)
             return
         grid, rpb, no = self._small_grid(n, g.rows, most=2)
         self._kernel(
@@ -761,6 +784,17 @@ class GpuBackend(
             self._ptr(out), P(xq) if xq else self._ptr(x), P(g.data), P(g.scales),
             I32(g.qarg), P(u.data),
             P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), I32(rpb), weights=(g, u),
+        )  # fmt: skip
+
+    def _swiglu_mma(
+        self, stream: Stream, out: Tensor, xq: int, g: GpuWeight, u: GpuWeight, n: int,
+        dim: int, nt: int,
+    ) -> None:  # fmt: skip
+        """``swiglu_mma{nt}_q8a`` of x packed at ``xq`` (n rows of dim values)."""
+        self._kernel(
+            f"swiglu_mma{nt}_q8a", (-(-g.rows // 16), 1, 1), _mma_threads(2, nt), stream,
+            self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.qarg), P(u.data),
+            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), weights=(g, u),
         )  # fmt: skip
 
     def op_qkv(
@@ -789,13 +823,8 @@ class GpuBackend(
             )  # fmt: skip
             return
         suffix, xq = self._int8_x(stream, x, *ws)
-        # A block of the mma kernel takes 16 features of one weight: q and k in whole 16s.
-        if xq and ws[0].rows % 16 == 0 and ws[1].rows % 16 == 0 and (nt := self._mma_tiles(n)):
-            self._kernel(
-                f"qkv_mma{nt}_q8a", (-(-total // 16), 1, 1), _mma_threads(1, nt), stream,
-                self._ptr(q), self._ptr(k), self._ptr(v), P(xq), *per_weight, I32(n),
-                *(I32(w.rows) for w in ws), I32(dim), weights=tuple(ws),
-            )  # fmt: skip
+        if xq and (nt := self._qkv_mma_tiles(n, ws)):
+            self._qkv_mma(stream, (q, k, v), xq, ws, per_weight, n, dim, nt)
             return
         grid, rpb, no = self._small_grid(n, total)
         self._kernel(
@@ -803,6 +832,22 @@ class GpuBackend(
             self._ptr(q), self._ptr(k), self._ptr(v), P(xq) if xq else self._ptr(x),
             *per_weight, I32(n),
             *(I32(w.rows) for w in ws), I32(dim), I32(rpb), weights=tuple(ws),
+        )  # fmt: skip
+
+    def _qkv_mma_tiles(self, n: int, ws: list[GpuWeight]) -> int:
+        """``_mma_tiles`` for qkv: a block of its mma kernel takes 16 features of one
+        weight, so q and k in whole 16s; else 0."""
+        return self._mma_tiles(n) if ws[0].rows % 16 == 0 and ws[1].rows % 16 == 0 else 0
+
+    def _qkv_mma(
+        self, stream: Stream, qkv: tuple[Tensor, Tensor, Tensor], xq: int,
+        ws: list[GpuWeight], per_weight: list[Any], n: int, dim: int, nt: int,
+    ) -> None:  # fmt: skip
+        """``qkv_mma{nt}_q8a`` of x packed at ``xq`` (``per_weight``: _qkv_weight_args)."""
+        self._kernel(
+            f"qkv_mma{nt}_q8a", (-(-sum(w.rows for w in ws) // 16), 1, 1),
+            _mma_threads(1, nt), stream, *(self._ptr(t) for t in qkv), P(xq), *per_weight,
+            I32(n), *(I32(w.rows) for w in ws), I32(dim), weights=tuple(ws),
         )  # fmt: skip
 
     def op_qkv_rope_kv_store(
@@ -846,12 +891,38 @@ class GpuBackend(
         norm = self._gpu_weight(a["norm"], op) if "norm" in a else None
         if norm is not None and not self._fold_norm(op, a["x"].shape[1]):
             gv = (0, 0)
+        if (
+            norm is not None
+            and not gv[0]
+            and self._norm_mma(a["x"], norm, *ws)
+            and (nt := self._qkv_mma_tiles(a["x"].shape[0], ws))
+        ):  # norm_quantize: x normalised and packed in one launch, then the mma kernel
+            self._norm_qkv_mma(stream, a, norm, ws, nt)
+            return
         if not gv[0] or params.head_dim % 2 or (norm is not None and norm.kind != W.WT_F32):
             self._decompose(stream, op, a)
             return
         extra = [] if norm is None else [P(norm.data), F32(a["eps"])]
         kernel = "qkv_rope_gemv_q" if norm is None else "qkv_rope_norm_gemv_q"
         self._qkv_rope_launch(stream, op, kernel, a, ws, gv[1], extra)
+
+    def _norm_qkv_mma(
+        self, stream: Stream, a: dict[str, Any], norm: GpuWeight, ws: list[GpuWeight], nt: int
+    ) -> None:
+        """rms_norm_qkv_rope_kv_store at int8 rows (``norm_quantize``): x normalised and
+        quantized in one launch, the projections on ``qkv_mma{nt}_q8a``, then
+        ``rope_kv_store`` (the op's decomposition without rms_norm's and quantize_rows'
+        launches: the same bits)."""
+        x: Tensor = a["x"]
+        n, dim = x.shape
+        _, xq = self._int8_x(stream, x, *ws, norm=norm, eps=a["eps"])
+        bs = [self._gpu_weight(a[b], "rms_norm_qkv_rope_kv_store").data
+              if a.get(b) is not None else 0 for b in ("bq", "bk", "bv")]  # fmt: skip
+        qkv = (a["q"], a["k"], a["v"])
+        self._qkv_mma(stream, qkv, xq, ws, _qkv_weight_args(ws, bs), n, dim, nt)
+        rope = ("q", "k", "v", "positions", "slots", "cache", "layout", "layer", "n_heads",
+                "params")  # fmt: skip
+        self._dispatch_part("rope_kv_store", stream, **{name: a[name] for name in rope})
 
     def _qkv_rope_launch(
         self, stream: Stream, op: str, kernel: str, a: dict[str, Any], ws: list[GpuWeight],
@@ -981,6 +1052,11 @@ class GpuBackend(
         nw = self._gpu_weight(norm, "rms_norm_swiglu")
         fold = nw.kind == W.WT_F32 and self._fold_norm("rms_norm_swiglu", x.shape[1])
         gv = self._gemv(x, g, u, **self._swiglu_gemv) if fold else (0, 0)
+        nt = 0 if gv[0] or g.lg_block != u.lg_block else self._norm_mma(x, nw, g, u)
+        if nt:  # norm_quantize: x normalised and packed in one launch, then the mma kernel
+            _, xq = self._int8_x(stream, x, g, u, norm=nw, eps=eps)
+            self._swiglu_mma(stream, out, xq, g, u, x.shape[0], x.shape[1], nt)
+            return
         if not gv[0]:
             args = {"out": out, "x": x, "norm": norm, "eps": eps, "gate": gate, "up": up,
                     "scratch": scratch, "scratch_gate": scratch_gate,

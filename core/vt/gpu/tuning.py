@@ -66,6 +66,13 @@ class GpuTuning:
     #: with s8 inputs, every weight byte read once for all rows) instead of dp4a
     #: (``*_small*_q8a``). None: where the device has them (NVIDIA sm_80 and later).
     int8_mma: bool | None = None
+    #: The norm ops (``rms_norm_swiglu``, ``rms_norm_qkv_rope_kv_store``) at steps that take
+    #: the int8 mma kernels normalise and quantize x in one launch (``quantize_norm_rows``:
+    #: the bytes ``rms_norm`` then ``quantize_rows`` leave) instead of two: a launch less a
+    #: norm (two a layer, 32 of the 1B shape's step at batch 8 and 32, 60 of the 135M
+    #: shape's); the normed float32 row is not written (only the int8 kernels read it).
+    #: ``bench_variant.py --norm-quantize 1``; off until measured.
+    norm_quantize: bool = False
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Steps of one row against quantized weights (K a multiple of 16, 16-byte aligned)

@@ -55,6 +55,8 @@ threads, up to 256 (``GpuBackend.gemv_long_*``: 0 (never), 4, 256); with
 ``--gemv-unroll-k`` two passes' loads in flight a thread as well;
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
+``--norm-quantize 0|1``: at steps on the int8 mma kernels the norm ops normalise and
+quantize x in one launch, ``quantize_norm_rows`` (``GpuBackend.norm_quantize``, off);
 ``--norm-fold-k K``: at one row the norm ops fold the norm into their gemv kernels,
 late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``, 0: never;
 1024 by default);
@@ -158,6 +160,7 @@ _NUMBERS = {
     "--overlap-attention-min-q": "overlap_attention_min_q",
     "--overlap-combine": "overlap_combine",
     "--norm-late": "norm_late",
+    "--norm-quantize": "norm_quantize",
     "--gemv-unroll-k": "gemv_unroll_min_k",
     "--norm-fold-k": "norm_fold_max_k",
     "--gemv-threads": "gemv_threads",

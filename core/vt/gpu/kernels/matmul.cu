@@ -942,24 +942,18 @@ VT_GEMV(1)
 VT_GEMV(2)
 VT_GEMV(4)
 
-// x[n, K] float32 -> packed int8 rows for the WT_Q8A decode kernels (see vt_q8a_stride),
-// then, after the n rows, the int8 mma kernels' pairs (vt_q8a_pairs): a group of 32 lanes
-// per block of 32 values, a lane per value (the max and the sums by shuffles); grid
-// (ceil(K / 256), n), 256 threads.
-extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int n, int K) {
-    long long rs = vt_q8a_stride(K);
-    int lane = threadIdx.x % 32, nb = K / 32;
-    int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int bc = min(b, nb - 1);  // a group past the row computes on the last block, stores nothing
-    int r = blockIdx.y;
-    float v = x[(long long)r * K + bc * 32 + lane];
+// A warp's block of 32 values (lane j: value 32 * bc + j of row r) into out, as the int8
+// kernels read it: the codes, dx = max |v| / 127, the sums of each 16 (shuffles over each
+// 16 lanes, every lane the same bits), and the mma kernels' (dx, sum) pairs.
+__device__ __forceinline__ void vt_q8a_block(unsigned char* out, int n, int K, int r, int bc,
+                                             float v) {
+    int lane = threadIdx.x % 32;
     float amax = fabsf(v), s = v;
     for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, VT_SHFL_XOR(amax, m));
     for (int m = 8; m > 0; m >>= 1) s += VT_SHFL_XOR(s, m);  // over each 16 lanes
-    if (b >= nb) return;  // after the last shuffle
     float dx = amax / 127.0f;
     float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    unsigned char* row = out + (long long)r * rs;
+    unsigned char* row = out + (long long)r * vt_q8a_stride(K);
     row[bc * 32 + lane] = (unsigned char)(vt_i8)(int)rintf(v * inv);
     if ((lane & 15) == 0) {
         int h = 2 * bc + lane / 16;  // the block of 16
@@ -968,6 +962,53 @@ extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int
         vt_f2* pairs = vt_q8a_pairs(out, n, K);
         pairs[(long long)h * vt_q8a_n8(n) + r] = {dx, s};
     }
+}
+
+// x[n, K] float32 -> packed int8 rows for the WT_Q8A decode kernels (see vt_q8a_stride),
+// then, after the n rows, the int8 mma kernels' pairs (vt_q8a_pairs): a group of 32 lanes
+// per block of 32 values, a lane per value (the max and the sums by shuffles); grid
+// (ceil(K / 256), n), 256 threads.
+extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int n, int K) {
+    int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= K / 32) return;  // the whole warp: every shuffle keeps its warp
+    int r = blockIdx.y;
+    vt_q8a_block(out, n, K, r, b, x[(long long)r * K + b * 32 + threadIdx.x % 32]);
+}
+
+// rms_norm then quantize_rows in one launch (GpuBackend.norm_quantize: the norm ops at
+// 8-64 rows, before their int8 mma kernels): a block of blockDim threads (a multiple of
+// 32) per row computes the scale and each value as rms_norm does, with the same sums in
+// the same order (rms_norm's RN_KEEP values a thread, vt_block_sum_warps), so the values
+// are its bits; a warp's 32 consecutive values (t, t + blockDim, ...) are then one block
+// of 32, quantized as quantize_rows quantizes it (the same shuffles): out holds the bytes
+// those two launches leave. K % 32 == 0. Not launched overlapped (no vt_grid_wait).
+extern "C" __global__ void quantize_norm_rows(unsigned char* out, const float* x,
+                                              const float* w, int n, int K, float eps) {
+    __shared__ float red[256];
+    int t = threadIdx.x, bd = blockDim.x, r = blockIdx.x;
+    const float* xr = x + (long long)r * K;
+    float keep[RN_KEEP], wk[RN_KEEP];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i) {
+        int d = t + i * bd;
+        wk[i] = d < K ? w[d] : 0.0f;
+        keep[i] = d < K ? xr[d] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i)
+        if (t + i * bd < K) ss = __fadd_rn(ss, __fmul_rn(keep[i], keep[i]));
+    for (int d = t + RN_KEEP * bd; d < K; d += bd) ss = __fadd_rn(ss, __fmul_rn(xr[d], xr[d]));
+    ss = vt_block_sum_warps(ss, red);
+    float scale = 1.0f / sqrtf(ss / (float)K + eps);
+    // Whole warps past K skip together (K % 32 == 0), so every shuffle has its warp.
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i) {
+        int d = t + i * bd;
+        if (d - t % 32 < K) vt_q8a_block(out, n, K, r, d / 32, (keep[i] * scale) * wk[i]);
+    }
+    for (int d = t + RN_KEEP * bd; d - t % 32 < K; d += bd)
+        vt_q8a_block(out, n, K, r, d / 32, (xr[d] * scale) * w[d]);
 }
 
 // ------------------------------------------------------------------------ int8 mma
