@@ -712,7 +712,7 @@ class GpuBackend(
     # ---- fused ops (native; GpuBackend.native_fused lists those that run so)
     def supports(self, op: str, dtype: str | None = None) -> bool:
         if op in FUSED_OPS and op not in self.native_fused:
-            if not (self.norm_fold_max_k and op in _NORM_OPS):
+            if not ((self.norm_fold_max_k or self.norm_quantize) and op in _NORM_OPS):
                 return False  # run as its decomposition (to measure what the fusion buys)
         return super().supports(op, dtype)
 

@@ -71,6 +71,7 @@ class GpuTuning:
     #: the bytes ``rms_norm`` then ``quantize_rows`` leave) instead of two: a launch less a
     #: norm (two a layer, 32 of the 1B shape's step at batch 8 and 32, 60 of the 135M
     #: shape's); the normed float32 row is not written (only the int8 kernels read it).
+    #: On, the norm ops are native (as ``norm_fold_max_k`` makes them) to take that path.
     #: ``bench_variant.py --norm-quantize 1``; off until measured.
     norm_quantize: bool = False
     #: The decode kernels split rows over more blocks while the grid has fewer than this.

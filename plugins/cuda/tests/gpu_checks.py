@@ -330,6 +330,86 @@ def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int, mma: bool
         io.close()
 
 
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("then", ["swiglu", "qkv"])
+@pytest.mark.parametrize("n", [8, 33])
+def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) -> None:
+    """norm_quantize: rms_norm_swiglu and rms_norm_qkv_rope_kv_store at int8 mma rows with
+    x normalised and packed in one launch (quantize_norm_rows) leave the bits of rms_norm,
+    quantize_rows and the mma kernel (act; q, k, v and the cache), within the kit's bound
+    of the reference. K = 512 (two of rms_norm's values a thread), rows of x scaled apart."""
+    k_in = 512
+    rng = np.random.default_rng(n + len(then))
+
+    def mk(name: str, rows: int) -> tuple[vt.WeightTensor, np.ndarray]:
+        return weight_tensor(name, rng.standard_normal((rows, k_in)).astype(np.float32), wtype)
+
+    op = f"rms_norm_{'swiglu' if then == 'swiglu' else 'qkv_rope_kv_store'}"
+    norm_t, norm_ref = weight_tensor(
+        "n", (1 + 0.1 * rng.standard_normal(k_in)).astype(np.float32), "F32"
+    )
+    x = (rng.standard_normal((n, k_in)) * rng.uniform(0.1, 30, (n, 1))).astype(np.float32)
+    layout = vt.KVLayout(n_layers=2, n_slots=n, max_len=8, n_kv_heads=2, head_dim=64)
+    if then == "swiglu":
+        mats = {"gate": mk("g", 96), "up": mk("u", 96)}
+        outs = {"out": (n, 96)}
+    else:
+        mats = {"wq": mk("q", 256), "wk": mk("k", 128), "wv": mk("v", 128)}
+        outs = {"q": (n, 256), "k": (n, 128), "v": (n, 128)}
+    cache0 = rng.standard_normal(layout.shape).astype(np.float32)
+    positions = rng.integers(0, 8, n).astype(np.int32)
+    saved = (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.norm_quantize)
+    cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = 8, 0, True
+    io = IO(cuda)
+    ws = {k: cuda.upload_weight(t) for k, (t, _) in mats.items()}
+    nw = cuda.upload_weight(norm_t)
+    launched: dict[bool, list[str]] = {True: [], False: []}
+    got: dict[bool, dict[str, np.ndarray]] = {}
+    try:
+        stream = cuda.create_stream()
+        for on in (False, True):
+            cuda.norm_quantize = on
+            args: dict[str, Any] = {k: f32(io.empty(4 * s[0] * s[1]), *s) for k, s in outs.items()}
+            if then == "swiglu":
+                args |= {
+                    k: f32(io.empty(4 * n * 96), n, 96) for k in ("scratch_gate", "scratch_up")
+                }
+            else:
+                args |= {"cache": vt.Tensor(io.put(cache0), np.float32, layout.shape),
+                         "positions": i32(io.put(positions), n),
+                         "slots": i32(io.put(np.arange(n, dtype=np.int32)), n),
+                         "layout": layout, "layer": 1, "n_heads": 4,
+                         "params": vt.RopeParams(64)}  # fmt: skip
+            with recording(cuda, launched[on]):
+                cuda.launch(op, stream, x=f32(io.put(x), n, k_in), norm=nw, eps=1e-5,
+                            scratch=f32(io.empty(4 * n * k_in), n, k_in), **ws, **args)  # fmt: skip
+            cuda.synchronize(stream)
+            got[on] = {k: io.get(args[k].buffer, np.float32, s) for k, s in outs.items()}
+            if then != "swiglu":
+                got[on]["cache"] = io.get(args["cache"].buffer, np.float32, layout.shape)
+        assert launched[True][0] == "quantize_norm_rows"
+        assert launched[False][:2] == ["rms_norm", "quantize_rows"]
+        assert launched[True][1:] == launched[False][2:]
+        for name, value in got[True].items():
+            np.testing.assert_array_equal(value, got[False][name], err_msg=name)
+        want = {k: np.zeros(s, np.float32) for k, s in outs.items()}
+        refs: dict[str, Any] = {k: ref for k, (_, ref) in mats.items()}
+        if then != "swiglu":
+            want["cache"] = cache0.copy()
+            refs |= {"positions": positions, "slots": np.arange(n, dtype=np.int32),
+                     "layout": layout, "layer": 1, "n_heads": 4,
+                     "params": vt.RopeParams(64)}  # fmt: skip
+        vt.OPS[op].reference({**want, "x": x, "norm": norm_ref, "eps": 1e-5, **refs})
+        bound = kernel_tolerance(op, wtype)
+        for name, value in got[True].items():
+            assert nmse(value, want[name]) <= bound, name
+    finally:
+        cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.norm_quantize = saved
+        for weight in (*ws.values(), nw):
+            cuda.free_weight(weight)
+        io.close()
+
+
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("k_in", [96, 4608])
 @pytest.mark.parametrize("gv", [1, 2, 4])

@@ -5,6 +5,7 @@
 Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``attention_tiled_*``), the BLAS path's 16-byte copies (``dequantize16_q``,
 ``dequantize16_h_q``, ``to_half8``) and the int8 tensor-core kernels (``quantize_rows``,
+``quantize_norm_rows``,
 ``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch), the batch-1
 gemv kernels (``matmul_gemv*``, ``matmul_norm_gemv*_q``: with the norm epilogue,
 ``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``; the deferred norm's
@@ -285,6 +286,9 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
     if (!std::strcmp(name, "quantize_rows")) { vt_grid(g, block, [=] {
         quantize_rows(P(unsigned char*, 0), P(const float*, 1), P(int, 2), P(int, 3)); });
         return 1; }
+    if (!std::strcmp(name, "quantize_norm_rows")) { vt_grid(g, block, [=] {
+        quantize_norm_rows(P(unsigned char*, 0), P(const float*, 1), P(const float*, 2),
+            P(int, 3), P(int, 4), P(float, 5)); }); return 1; }
     MMA(1) MMA(2) MMA(4) MMA(8)
     SMALL1(q) SMALL1(f32) SMALL1SW(q) SMALLN(4, 2, q) SMALLN(4, 2, q8a)
     if (!std::strcmp(name, "embedding_q")) { vt_grid(g, block, [=] {
@@ -549,6 +553,13 @@ def main() -> None:
                 label = f"int8 mma {wtype} n={n}"
                 if a.k in label:
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for then in ("swiglu", "qkv"):
+            for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+                label = f"norm quantize {then} {wtype}"
+                if a.k in label:
+                    checks.test_norm_quantize_at_int8_rows(backend, wtype, then, 8)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
