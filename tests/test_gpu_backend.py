@@ -2179,6 +2179,7 @@ def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
         return c.w(name, rng.standard_normal((rows, 64)).astype(np.float32), "Q8_0")
 
     norm = c.w("norm", np.ones(64, np.float32))
+    bq = c.w("bq", np.ones(32, np.float32))
     layout = vt.KVLayout(n_layers=2, n_slots=8, max_len=4, n_kv_heads=1, head_dim=16)
     stream = backend.create_stream()
     xs = []
@@ -2194,7 +2195,7 @@ def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
                        eps=1e-5, wq=w("wq", 32), wk=w("wk", 16), wv=w("wv", 16),
                        positions=c.t("positions", I32, n), slots=c.t("slots", I32, n),
                        cache=c.t("cache", F32, *layout.shape), layout=layout, layer=1,
-                       n_heads=2, params=vt.RopeParams(16),
+                       n_heads=2, params=vt.RopeParams(16), bq=bq,
                        scratch=c.t("s", F32, n, 64))  # fmt: skip
     kernels = [launch.kernel for launch in rt.launches]
     few = ["rms_norm", "swiglu_small2_q", "rms_norm", "qkv_small4_q", "rope_kv_store"]
@@ -2207,6 +2208,11 @@ def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
         assert packed.grid == (8, 1, 1) and packed.block == (256, 1, 1)
         assert packed.args[1:5] == [xs[0], norm.handle.data, 8, 64]
         assert rt.launches[1].args[1] == packed.args[0]  # swiglu_mma reads the packed rows
+        qkv_names = [name for _, name in kernel_signatures()["qkv_mma"]]
+        qkv = rt.launches[3]
+        assert qkv.args[qkv_names.index("x")] == rt.launches[2].args[0]
+        assert qkv.args[qkv_names.index("bq")] == bq.handle.data  # q's bias, k's and v's none
+        assert not qkv.args[qkv_names.index("bk")]
     else:
         assert kernels == ["rms_norm", "quantize_rows", "swiglu_mma1_q8a", "rms_norm",
                            "quantize_rows", "qkv_mma1_q8a", "rope_kv_store", *few]  # fmt: skip

@@ -916,13 +916,15 @@ class GpuBackend(
         x: Tensor = a["x"]
         n, dim = x.shape
         _, xq = self._int8_x(stream, x, *ws, norm=norm, eps=a["eps"])
-        bs = [self._gpu_weight(a[b], "rms_norm_qkv_rope_kv_store").data
-              if a.get(b) is not None else 0 for b in ("bq", "bk", "bv")]  # fmt: skip
-        qkv = (a["q"], a["k"], a["v"])
-        self._qkv_mma(stream, qkv, xq, ws, _qkv_weight_args(ws, bs), n, dim, nt)
-        rope = ("q", "k", "v", "positions", "slots", "cache", "layout", "layer", "n_heads",
-                "params")  # fmt: skip
-        self._dispatch_part("rope_kv_store", stream, **{name: a[name] for name in rope})
+        per_weight = _qkv_weight_args(ws, self._qkv_biases(a, "rms_norm_qkv_rope_kv_store"))
+        self._qkv_mma(stream, (a["q"], a["k"], a["v"]), xq, ws, per_weight, n, dim, nt)
+        rope = get_op("rope_kv_store").args
+        self._dispatch_part("rope_kv_store", stream, **{arg.name: a[arg.name] for arg in rope})
+
+    def _qkv_biases(self, a: dict[str, Any], op: str) -> list[int]:
+        """The device addresses of ``op``'s q, k and v biases in ``a`` (0 where absent)."""
+        return [self._gpu_weight(a[b], op).data if a.get(b) is not None else 0
+                for b in ("bq", "bk", "bv")]  # fmt: skip
 
     def _qkv_rope_launch(
         self, stream: Stream, op: str, kernel: str, a: dict[str, Any], ws: list[GpuWeight],
@@ -934,9 +936,7 @@ class GpuBackend(
         layout: KVLayout = a["layout"]
         table = rope_table(params)
         self._head_dim(layout, op)
-        bs = [self._gpu_weight(a[b], op).data if a.get(b) is not None else 0
-              for b in ("bq", "bk", "bv")]  # fmt: skip
-        per_weight = _qkv_weight_args(ws, bs)
+        per_weight = _qkv_weight_args(ws, self._qkv_biases(a, op))
         neox = 1 if params.style == RopeStyle.neox else 0
         threads = min(threads, _QKV_ROPE_MAX_THREADS)  # whatever gemv_*_threads ask
         self._kernel(

@@ -51,7 +51,7 @@ threads (``GpuBackend.gemv_wide_*``: 32768, 4, 64; R 0: as every gemv);
 ``--gemv-long-k K``, ``--gemv-long-features F``, ``--gemv-long-threads N``: one-row
 gemvs (matmul, swiglu, qkv; the deferred norm's producer too) with K or more inputs (of the
 default shapes only the 1B shape's down projection at 4096) on F features a block of N
-threads, up to 256 (``GpuBackend.gemv_long_*``: 0 (never), 4, 256); with
+threads, up to 256 (``GpuBackend.gemv_long_*``: 4096, 4, 256; K 0: never); with
 ``--gemv-unroll-k`` two passes' loads in flight a thread as well;
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);

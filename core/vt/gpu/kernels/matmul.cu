@@ -978,7 +978,7 @@ extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int
 // rms_norm then quantize_rows in one launch (GpuBackend.norm_quantize: the norm ops at
 // 8-64 rows, before their int8 mma kernels): a block of blockDim threads (a multiple of
 // 32) per row computes the scale and each value as rms_norm does, with the same sums in
-// the same order (rms_norm's RN_KEEP values a thread, vt_block_sum_warps), so the values
+// the same order (vt_rn_scale, rms_norm's own), so the values
 // are its bits; a warp's 32 consecutive values (t, t + blockDim, ...) are then one block
 // of 32, quantized as quantize_rows quantizes it (the same shuffles): out holds the bytes
 // those two launches leave. K % 32 == 0. Not launched overlapped (no vt_grid_wait).
@@ -988,19 +988,9 @@ extern "C" __global__ void quantize_norm_rows(unsigned char* out, const float* x
     int t = threadIdx.x, bd = blockDim.x, r = blockIdx.x;
     const float* xr = x + (long long)r * K;
     float keep[RN_KEEP], wk[RN_KEEP];
-    float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < RN_KEEP; ++i) {
-        int d = t + i * bd;
-        wk[i] = d < K ? w[d] : 0.0f;
-        keep[i] = d < K ? xr[d] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < RN_KEEP; ++i)
-        if (t + i * bd < K) ss = __fadd_rn(ss, __fmul_rn(keep[i], keep[i]));
-    for (int d = t + RN_KEEP * bd; d < K; d += bd) ss = __fadd_rn(ss, __fmul_rn(xr[d], xr[d]));
-    ss = vt_block_sum_warps(ss, red);
-    float scale = 1.0f / sqrtf(ss / (float)K + eps);
+    for (int i = 0; i < RN_KEEP; ++i) wk[i] = t + i * bd < K ? w[t + i * bd] : 0.0f;
+    float scale = vt_rn_scale(xr, K, eps, keep, red);
     // Whole warps past K skip together (K % 32 == 0), so every shuffle has its warp.
 #pragma unroll
     for (int i = 0; i < RN_KEEP; ++i) {
