@@ -1051,7 +1051,7 @@ def test_norm_fold_max_k_folds_the_norm_only_into_short_rows_at_one_row() -> Non
     backend, rt = make()
     norm_ops = ("rms_norm_swiglu", "rms_norm_qkv_rope_kv_store")
     assert backend.norm_fold_max_k == 1024  # the default
-    backend.norm_fold_max_k = 0
+    backend.norm_fold_max_k, backend.norm_quantize = 0, False  # norm_quantize: native too
     assert not any(backend.supports(op) for op in norm_ops)
     backend.norm_fold_max_k = 1024
     assert all(backend.supports(op) for op in norm_ops)
@@ -2162,16 +2162,16 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
     assert scalars == {}
 
 
-@pytest.mark.parametrize("on", [False, True], ids=["default", "norm_quantize"])
+@pytest.mark.parametrize("on", [False, True], ids=["off", "default"])
 def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
     """norm_quantize: the norm ops at int8 mma rows launch quantize_norm_rows (a block of
     256 threads a row: x, the norm's weight, n, K, eps) and their mma kernel on its packed
     rows, instead of rms_norm, quantize_rows and the mma kernel; qkv's RoPE and KV store
-    follow as rope_kv_store. Off (the default), or fewer rows than int8_min_rows: as
-    before."""
+    follow as rope_kv_store. Off, or fewer rows than int8_min_rows: rms_norm, then the
+    kernels as without the norm."""
     backend, rt = make()
     backend.int8_mma, backend.int8_min_values, backend.norm_quantize = True, 0, on
-    assert not GpuBackend.norm_quantize  # off by default
+    assert GpuBackend.norm_quantize  # on by default since run 108
     c = OpCase(backend)
     rng = np.random.default_rng(7)
 

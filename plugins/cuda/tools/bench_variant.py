@@ -56,7 +56,7 @@ threads, up to 256 (``GpuBackend.gemv_long_*``: 4096, 4, 256; K 0: never); with
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-quantize 0|1``: at steps on the int8 mma kernels the norm ops normalise and
-quantize x in one launch, ``quantize_norm_rows`` (``GpuBackend.norm_quantize``, off);
+quantize x in one launch, ``quantize_norm_rows`` (``GpuBackend.norm_quantize``, on since run 108);
 ``--norm-fold-k K``: at one row the norm ops fold the norm into their gemv kernels,
 late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``, 0: never;
 1024 by default);
