@@ -2163,6 +2163,49 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
     assert scalars == {}
 
 
+@pytest.mark.parametrize(
+    ("blocks", "min_k", "splits"), [(0, 256, 1), (8, 256, 2), (12, 256, 4), (12, 512, 2),
+                                    (64, 128, 8), (64, 2048, 1)]
+)  # fmt: skip
+def test_mma_split_blocks_splits_k_over_the_grids_y(blocks: int, min_k: int, splits: int) -> None:
+    """mma_split_blocks: an int8 mma launch of fewer 16-feature blocks than the setting
+    splits K over grid y, the most slices (a power of two) with blocks x slices within the
+    setting and slices of at least mma_split_min_k values, and passes the slices' partial
+    sums (part[block][slice][weight][tiles x 128 floats]) and the blocks' counters, zeroed
+    when that scratch is allocated (the kernel leaves them zero); 0 (the default) or too
+    short a K: one slice and two nulls, as before."""
+    backend, rt = make()
+    assert GpuBackend.mma_split_blocks == 0  # off by default
+    backend.int8_mma, backend.int8_min_values = True, 0
+    backend.mma_split_blocks, backend.mma_split_min_k = blocks, min_k
+    c = OpCase(backend)
+    rng = np.random.default_rng(5)
+    n, k = 17, 1024  # 4 tiles of 8 rows; 40 features: 3 blocks of 16
+
+    def w(name: str) -> vt.Weight:
+        return c.w(name, rng.standard_normal((40, k)).astype(np.float32), "Q8_0")
+
+    stream = backend.create_stream()
+    x = c.t("x", F32, n, k)
+    backend.launch("matmul", stream, out=c.t("out", F32, n, 40), x=x, weight=w("proj"))
+    backend.launch("swiglu", stream, out=c.t("out", F32, n, 40), x=x, gate=w("g"), up=w("u"),
+                   scratch_gate=c.t("sg", F32, n, 40),
+                   scratch_up=c.t("su", F32, n, 40))  # fmt: skip
+    launches = [launch for launch in rt.launches if "_mma" in launch.kernel]
+    assert [launch.kernel for launch in launches] == ["matmul_mma4_q8a", "swiglu_mma4_q8a"]
+    counts_zeroed = {ptr for ptr, value, _, _ in rt.args("memset") if value == 0}
+    for launch, weights in zip(launches, (1, 2), strict=True):
+        assert launch.grid == (3, splits, 1)
+        names = [name for _, name in kernel_signatures()[macro_prefix(launch.kernel)]]
+        part, counts = (launch.args[names.index(name)] for name in ("part", "counts"))
+        if splits == 1:
+            assert not part and not counts
+            continue
+        scratch = {backend._addr(buf): buf.nbytes for _, buf in backend._scratch}
+        assert counts in counts_zeroed and scratch[counts] >= 4 * 3
+        assert scratch[part] >= 4 * 3 * splits * weights * 4 * 128
+
+
 @pytest.mark.parametrize("on", [False, True], ids=["off", "default"])
 def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
     """norm_quantize: the norm ops at int8 mma rows launch quantize_norm_rows (a block of

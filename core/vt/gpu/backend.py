@@ -502,8 +502,9 @@ class GpuBackend(
             if xq:
                 args = [args[0], P(xq), *args[2:]]
             if xq and (nt := self._mma_tiles(n)):
-                self._kernel(f"matmul_mma{nt}_q8a", (-(-out_f // 16), 1, 1),
-                             _mma_threads(1, nt), stream, *args, weights=(w,))  # fmt: skip
+                grid, split = self._mma_split(stream, -(-out_f // 16), in_f, 1, nt)
+                self._kernel(f"matmul_mma{nt}_q8a", grid, _mma_threads(1, nt), stream, *args,
+                             *split, weights=(w,))  # fmt: skip
                 return
             grid, rpb, no = self._small_grid(n, out_f)
             self._kernel(f"matmul_small{no}_{suffix}", grid, _THREADS, stream, *args, I32(rpb),
@@ -517,6 +518,27 @@ class GpuBackend(
             digits = arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")
             self._sm_number = int(digits) if arch.startswith("sm_") and digits.isdigit() else 0
         return self._sm_number
+
+    def _mma_split(
+        self, stream: Stream, blocks: int, k: int, weights: int, nt: int
+    ) -> tuple[tuple[int, int, int], list[Any]]:
+        """The grid of an int8 mma launch of ``blocks`` 16-feature blocks over K = ``k``
+        (``weights`` a block: 2 for swiglu; ``nt`` tiles of 8 rows), K split as
+        ``mma_split_blocks`` says, and its last arguments: the slices' partial sums and the
+        blocks' counters (zero, as the kernel leaves them), or two nulls unsplit."""
+        s = 1
+        while (
+            self.mma_split_blocks
+            and blocks * s * 2 <= self.mma_split_blocks
+            and k // (s * 2) >= self.mma_split_min_k
+        ):
+            s *= 2
+        if s == 1:
+            return (blocks, 1, 1), [P(0), P(0)]
+        sums = 4 * blocks * s * weights * nt * 4 * 32  # part[b][s][weight][the tiles' sums]
+        part = self._scratch_at_least(sums, slot="mma split partial sums")
+        counts = self._scratch_at_least(4 * blocks, slot="mma split counts", zero_on=stream)
+        return (blocks, s, 1), [P(part), P(counts)]
 
     def _mma_tiles(self, n: int) -> int:
         """Tiles of 8 rows (1, 2, 4 or 8) for an int8 step of n rows on the tensor-core
@@ -791,10 +813,11 @@ class GpuBackend(
         dim: int, nt: int,
     ) -> None:  # fmt: skip
         """``swiglu_mma{nt}_q8a`` of x packed at ``xq`` (n rows of dim values)."""
+        grid, split = self._mma_split(stream, -(-g.rows // 16), dim, 2, nt)
         self._kernel(
-            f"swiglu_mma{nt}_q8a", (-(-g.rows // 16), 1, 1), _mma_threads(2, nt), stream,
+            f"swiglu_mma{nt}_q8a", grid, _mma_threads(2, nt), stream,
             self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.qarg), P(u.data),
-            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), weights=(g, u),
+            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), *split, weights=(g, u),
         )  # fmt: skip
 
     def op_qkv(
@@ -844,10 +867,11 @@ class GpuBackend(
         ws: list[GpuWeight], per_weight: list[Any], n: int, dim: int, nt: int,
     ) -> None:  # fmt: skip
         """``qkv_mma{nt}_q8a`` of x packed at ``xq`` (``per_weight``: _qkv_weight_args)."""
+        grid, split = self._mma_split(stream, -(-sum(w.rows for w in ws) // 16), dim, 1, nt)
         self._kernel(
-            f"qkv_mma{nt}_q8a", (-(-sum(w.rows for w in ws) // 16), 1, 1),
-            _mma_threads(1, nt), stream, *(self._ptr(t) for t in qkv), P(xq), *per_weight,
-            I32(n), *(I32(w.rows) for w in ws), I32(dim), weights=tuple(ws),
+            f"qkv_mma{nt}_q8a", grid, _mma_threads(1, nt), stream,
+            *(self._ptr(t) for t in qkv), P(xq), *per_weight, I32(n),
+            *(I32(w.rows) for w in ws), I32(dim), *split, weights=tuple(ws),
         )  # fmt: skip
 
     def op_qkv_rope_kv_store(

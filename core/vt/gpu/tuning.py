@@ -75,6 +75,15 @@ class GpuTuning:
     #: Run 108 (H100): the 135M shape +4.1% to +4.5% at batches 8 and 32, the 1B shape
     #: within 0.3%, the same bits; ``bench_variant.py --norm-quantize 0`` turns it off.
     norm_quantize: bool = True
+    #: Int8 mma launches of fewer 16-feature blocks than this split K over S slices (a
+    #: power of two: the most with blocks * S at most this and slices of at least
+    #: ``mma_split_min_k`` values), block (b, s) summing slice s and the last of b's
+    #: blocks adding the slices' sums in order and running the epilogue: more blocks and
+    #: loads in flight where a batch step's o, down and qkv projections have 128-192 blocks
+    #: (run 113: 0.4-0.6 TB/s of the H100's 3.35 at batch 32). Not the unsplit kernel's
+    #: bits; within the kit's bounds. 0: never (``bench_variant.py --mma-split N``).
+    mma_split_blocks: int = 0
+    mma_split_min_k: int = 1024
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Steps of one row against quantized weights (K a multiple of 16, 16-byte aligned)

@@ -331,6 +331,71 @@ def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int, mma: bool
 
 
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("n", [8, 33])
+def test_mma_split_k_within_the_kits_bound(cuda: Any, wtype: str, n: int) -> None:
+    """mma_split_blocks: matmul_add, swiglu and qkv at int8 mma rows with K = 1,024 split
+    over 4 slices (a block of 16 features a slice, the last of its blocks adding their sums
+    and running the epilogue) agree with the unsplit launches to float32 rounding, stay
+    within the kit's bound of the reference, give the same bits run twice, and leave
+    their counters zero for the next launch (a replayed graph's)."""
+    k_in, rows = 1024, (48, 48, 32)
+    rng = np.random.default_rng(n + len(wtype))
+    mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wtype)
+            for i, r in enumerate(rows)]  # fmt: skip
+    x = rng.standard_normal((n, k_in)).astype(np.float32)
+    res = rng.standard_normal((n, rows[0])).astype(np.float32)
+    saved = (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.mma_split_blocks,
+             cuda.mma_split_min_k)  # fmt: skip
+    cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = 8, 0, True
+    io = IO(cuda)
+    ws = [cuda.upload_weight(t) for t, _ in mats]
+    refs = [ref for _, ref in mats]
+    got: dict[int, list[np.ndarray]] = {}
+    try:
+        stream = cuda.create_stream()
+        xb = f32(io.put(x), n, k_in)
+        for blocks in (0, 3 * 4 * 4, 3 * 4 * 4):  # unsplit; 4 slices of 256 values, twice
+            cuda.mma_split_blocks, cuda.mma_split_min_k = blocks, 256
+            out = [f32(io.empty(4 * n * r), n, r) for r in rows]
+            names: list[str] = []
+            with recording(cuda, names):
+                cuda.launch("matmul_add", stream, out=out[0], x=xb, weight=ws[0],
+                            residual=f32(io.put(res), n, rows[0]),
+                            scratch=f32(io.empty(4 * n * rows[0]), n, rows[0]))  # fmt: skip
+                cuda.launch("swiglu", stream, out=out[1], x=xb, gate=ws[0], up=ws[1],
+                            scratch_gate=f32(io.empty(4 * n * 48), n, 48),
+                            scratch_up=f32(io.empty(4 * n * 48), n, 48))  # fmt: skip
+                qkv = [f32(io.empty(4 * n * r), n, r) for r in rows]
+                cuda.launch("qkv", stream, q=qkv[0], k=qkv[1], v=qkv[2], x=xb, wq=ws[0],
+                            wk=ws[1], wv=ws[2])  # fmt: skip
+            cuda.synchronize(stream)
+            assert sum("_mma" in name for name in names) == 3, names
+            values = [io.get(out[0].buffer, np.float32, (n, rows[0])),
+                      io.get(out[1].buffer, np.float32, (n, 48)),
+                      *(io.get(t.buffer, np.float32, (n, r))
+                        for t, r in zip(qkv, rows, strict=True))]  # fmt: skip
+            if blocks and blocks in got:
+                for a, b in zip(values, got[blocks], strict=True):
+                    np.testing.assert_array_equal(a, b)  # the same bits, run again
+            got[blocks] = values
+        counts = [buf for slot, buf in cuda._scratch if slot == "mma split counts"]
+        assert counts and not io.get(counts[-1], np.int32, (counts[-1].nbytes // 4,)).any()
+        want = [R.matmul(x, refs[0]) + res,
+                R.silu_mul(R.matmul(x, refs[0]), R.matmul(x, refs[1])),
+                *(R.matmul(x, ref) for ref in refs)]  # fmt: skip
+        ops = ["matmul_add", "swiglu", "qkv", "qkv", "qkv"]
+        for i, (split, whole) in enumerate(zip(got[48], got[0], strict=True)):
+            assert nmse(split, whole) <= 1e-10, i  # float32 sums in another order
+            assert nmse(split, want[i]) <= kernel_tolerance(ops[i], wtype), i
+    finally:
+        (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.mma_split_blocks,
+         cuda.mma_split_min_k) = saved  # fmt: skip
+        for w in ws:
+            cuda.free_weight(w)
+        io.close()
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("then", ["swiglu", "qkv"])
 @pytest.mark.parametrize("n", [8, 33])
 def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) -> None:

@@ -57,6 +57,9 @@ threads, up to 256 (``GpuBackend.gemv_long_*``: 4096, 4, 256; K 0: never); with
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-quantize 0|1``: at steps on the int8 mma kernels the norm ops normalise and
 quantize x in one launch, ``quantize_norm_rows`` (``GpuBackend.norm_quantize``, on since run 108);
+``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
+B split K over slices of at least K values, the last block of each adding their sums
+(``GpuBackend.mma_split_blocks``, 0: never; ``mma_split_min_k``, 1024);
 ``--norm-fold-k K``: at one row the norm ops fold the norm into their gemv kernels,
 late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``, 0: never;
 1024 by default);
@@ -161,6 +164,8 @@ _NUMBERS = {
     "--overlap-combine": "overlap_combine",
     "--norm-late": "norm_late",
     "--norm-quantize": "norm_quantize",
+    "--mma-split": "mma_split_blocks",
+    "--mma-split-k": "mma_split_min_k",
     "--gemv-unroll-k": "gemv_unroll_min_k",
     "--norm-fold-k": "norm_fold_max_k",
     "--gemv-threads": "gemv_threads",

@@ -6,7 +6,7 @@ Compiles the attention kernels (``attention_split``, ``attention_combine``,
 ``attention_tiled_*``), the BLAS path's 16-byte copies (``dequantize16_q``,
 ``dequantize16_h_q``, ``to_half8``) and the int8 tensor-core kernels (``quantize_rows``,
 ``quantize_norm_rows``,
-``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch), the batch-1
+``matmul_mma*``, ``swiglu_mma*``, ``qkv_mma*``: their shuffle branch, K split too), the batch-1
 gemv kernels (``matmul_gemv*``, ``matmul_norm_gemv*_q``: with the norm epilogue,
 ``swiglu_gemv*``, ``qkv_gemv*``, ``qkv_rope_gemv_q``; the deferred norm's
 ``matmul_psq_gemv*_q``, ``swiglu_psq_gemv*_q`` and ``qkv_rope_psq_gemv_q``; the long
@@ -174,17 +174,18 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
     if (!std::strcmp(name, "matmul_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
         matmul_mma##NO##_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),    \
             P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7), \
-            P(int, 8), P(int, 9)); }); return 1; }                                            \
+            P(int, 8), P(int, 9), P(float*, 10), P(int*, 11)); }); return 1; }                \
     if (!std::strcmp(name, "swiglu_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
         swiglu_mma##NO##_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),    \
             P(const float*, 3), P(int, 4), P(const vt_i8*, 5), P(const float*, 6), P(int, 7), \
-            P(int, 8), P(int, 9), P(int, 10)); }); return 1; }                                \
+            P(int, 8), P(int, 9), P(int, 10), P(float*, 11), P(int*, 12)); }); return 1; }    \
     if (!std::strcmp(name, "qkv_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                   \
         qkv_mma##NO##_q8a(P(float*, 0), P(float*, 1), P(float*, 2), P(const unsigned char*, 3), \
             P(const vt_i8*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),            \
             P(const vt_i8*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),          \
             P(const vt_i8*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),        \
-            P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20)); }); return 1; }
+            P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(float*, 21),        \
+            P(int*, 22)); }); return 1; }
 // the batch-1 gemv kernels, per features a block
 #define GEMV(GV)                                                                              \
     if (!std::strcmp(name, "matmul_gemv" #GV "_q")) { vt_grid(g, block, [=] {                \
@@ -553,6 +554,13 @@ def main() -> None:
                 label = f"int8 mma {wtype} n={n}"
                 if a.k in label:
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
+                    ran += 1
+                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
+            for n in (8, 33):
+                label = f"mma split k {wtype} n={n}"
+                if a.k in label:
+                    checks.test_mma_split_k_within_the_kits_bound(backend, wtype, n)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for then in ("swiglu", "qkv"):

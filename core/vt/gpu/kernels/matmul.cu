@@ -1077,25 +1077,26 @@ __device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32
 #endif
 #define MMA_U(NT) ((NT) >= 8 ? VT_MMA_U8 : (NT) >= 4 ? VT_MMA_U4 : VT_MMA_U1)
 
-// acc[m][j][e] += this warp's K blocks of weight m's rows (ra, rb) against x's tile j
-// (weight m in layout lgs[m]; every weight's blocks KB values).
+// acc[m][j][e] += this warp's K blocks, of blocks [kb_lo, kb_hi), of weight m's rows (ra,
+// rb) against x's tile j (weight m in layout lgs[m]; every weight's blocks KB values).
 template <int KB, int MT, int NT, int WARPS>
 __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* const* wd,
                                             const float* const* ws, const int* lgs, long long ra,
-                                            long long rb, const unsigned char* x, int n, int K) {
+                                            long long rb, const unsigned char* x, int n, int K,
+                                            int kb_lo, int kb_hi) {
     constexpr int CW = KB / 4;  // a lane's codes of a row per K block: 8 (k32) or 4 (k16)
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int g = lane >> 2, t = lane & 3;
     long long rs = vt_q8a_stride(K);
-    int nkb = K / KB, n8 = vt_q8a_n8(n);
+    int n8 = vt_q8a_n8(n);
     const vt_f2* pairs = vt_q8a_pairs((unsigned char*)x, n, K);
     constexpr int U = MMA_U(NT);
-    for (int kb0 = warp * U; kb0 < nkb; kb0 += WARPS * U) {
+    for (int kb0 = kb_lo + warp * U; kb0 < kb_hi; kb0 += WARPS * U) {
         vt_u32 a[U][MT][4];
         vt_f2 sa[U][MT], sb[U][MT];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            int kb = min(kb0 + u, nkb - 1);
+            int kb = min(kb0 + u, kb_hi - 1);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
@@ -1116,7 +1117,7 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int kb = kb0 + u;
-            if (kb < nkb) {  // the same for the whole warp
+            if (kb < kb_hi) {  // the same for the whole warp
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
                     const unsigned char* xb = x + (long long)min(j * 8 + g, n - 1) * rs;
@@ -1156,12 +1157,19 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
 // (x @ U.T) (weights 0 and 1, the same block size, each in its own layout); 2: q, k, v of
 // weights 0, 1, 2 over N0 + N1 + N2 features (the host checks N0 and N1 are multiples of
 // 16, so a block's 16 features are one weight's). x: quantize_rows's packed rows.
+// K split (gridDim.y = S > 1, GpuBackend.mma_split_blocks): block (b, s) sums the K blocks
+// of slice s (ceil(K blocks / S) each) and writes its warps' sums to part[b][s]; the last
+// of the S blocks of b to finish (counts[b], zero before, left zero) adds the slices' sums
+// in order s = 0..S-1 and runs the epilogue. The same sums whichever block is last, not
+// the unsplit kernel's bits (its warps' sums over the whole K, then added): within the
+// kit's bounds, as every int8 path is.
 template <int MODE, int NT>
 __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* x,
                           const vt_i8* w0, const float* s0, int lg0, const float* b0,
                           const vt_i8* w1, const float* s1, int lg1, const float* b1,
                           const vt_i8* w2, const float* s2, int lg2, const float* b2,
-                          const float* residual, int n, int N0, int N1, int N2, int K) {
+                          const float* residual, int n, int N0, int N1, int N2, int K,
+                          float* part, int* counts) {
     constexpr int MT = MODE == 1 ? 2 : 1;
     constexpr int E = MT * NT * 4;
     constexpr int WARPS = E <= 32 ? 8 : 4;  // the host launches 32 * WARPS threads
@@ -1189,8 +1197,12 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
-    if (VT_Q_LG(lgs[0]) == 5) vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K);
-    else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K);
+    int S = (int)gridDim.y, kb_all = VT_Q_LG(lgs[0]) == 5 ? K / 32 : K / 16;
+    int per = (kb_all + S - 1) / S, kb_lo = min((int)blockIdx.y * per, kb_all);
+    int kb_hi = min(kb_lo + per, kb_all);
+    if (VT_Q_LG(lgs[0]) == 5)
+        vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
+    else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
     __shared__ float red[WARPS][E][32];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -1199,14 +1211,33 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
 #pragma unroll
             for (int e = 0; e < 4; ++e) red[warp][(m * NT + j) * 4 + e][lane] = acc[m][j][e];
     __syncthreads();
-    for (int it = threadIdx.x; it < NT * 4 * 32; it += WARPS * 32) {
+    constexpr int PE = NT * 4 * 32;  // a block's sums a weight: part[b][s][m][PE]
+    const float* all = part + (long long)blockIdx.x * S * MT * PE;
+    if (S > 1) {  // this slice's sums out; the last of the block's slices goes on
+        float* mine = part + ((long long)blockIdx.x * S + blockIdx.y) * MT * PE;
+        for (int it = threadIdx.x; it < PE; it += WARPS * 32) {
+            int L = it % 32, e = (it / 32) % 4, j = it / 128;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                float s = 0.0f;
+                for (int w = 0; w < WARPS; ++w) s += red[w][(m * NT + j) * 4 + e][L];
+                mine[m * PE + it] = s;
+            }
+        }
+        if (!vt_last_block(counts + blockIdx.x, S)) return;
+    }
+    for (int it = threadIdx.x; it < PE; it += WARPS * 32) {
         int L = it % 32, e = (it / 32) % 4, j = it / 128;
         int o = f + (L >> 2) + 8 * (e >> 1), row = j * 8 + 2 * (L & 3) + (e & 1);
         float v[MT];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             float s = 0.0f;
-            for (int w = 0; w < WARPS; ++w) s += red[w][(m * NT + j) * 4 + e][L];
+            if (S > 1) {
+                for (int z = 0; z < S; ++z) s += vt_ld_l2(all + ((long long)z * MT + m) * PE + it);
+            } else {
+                for (int w = 0; w < WARPS; ++w) s += red[w][(m * NT + j) * 4 + e][L];
+            }
             v[m] = s;
         }
         if (row < n && o < N) {
@@ -1228,23 +1259,25 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
 #define VT_DECODE_MMA(SUFFIX, NO)                                                             \
     extern "C" __global__ void matmul_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* data, const float* sm, int lg_block, \
-        const float* bias, const float* residual, int n, int N, int K) {                      \
+        const float* bias, const float* residual, int n, int N, int K, float* part,           \
+        int* counts) {                                                                         \
         vt_mma_op<0, NO>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
-                         data, sm, lg_block, bias, residual, n, N, 0, 0, K);                   \
+                         data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts);     \
     }                                                                                          \
     extern "C" __global__ void swiglu_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
-        const vt_i8* udata, const float* usm, int ulg, int n, int N, int K) {                 \
+        const vt_i8* udata, const float* usm, int ulg, int n, int N, int K, float* part,      \
+        int* counts) {                                                                         \
         vt_mma_op<1, NO>(out, out, out, x, gdata, gsm, glg, 0, udata, usm, ulg, 0, udata, usm, \
-                         ulg, 0, 0, n, N, 0, 0, K);                                            \
+                         ulg, 0, 0, n, N, 0, 0, K, part, counts);                              \
     }                                                                                          \
     extern "C" __global__ void qkv_mma##NO##_##SUFFIX(                                        \
         float* q, float* k, float* v, const unsigned char* x, const vt_i8* wq,                \
         const float* sq, int lgq, const float* bq, const vt_i8* wk, const float* sk, int lgk, \
         const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
-        int Nq, int Nk, int Nv, int K) {                                                       \
+        int Nq, int Nk, int Nv, int K, float* part, int* counts) {                             \
         vt_mma_op<2, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
-                         Nq, Nk, Nv, K);                                                       \
+                         Nq, Nk, Nv, K, part, counts);                                         \
     }
 VT_DECODE_MMA(q8a, 1)
 VT_DECODE_MMA(q8a, 2)
