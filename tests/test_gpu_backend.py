@@ -2257,6 +2257,16 @@ def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
         assert qkv.args[qkv_names.index("x")] == rt.launches[2].args[0]
         assert qkv.args[qkv_names.index("bq")] == bq.handle.data  # q's bias, k's and v's none
         assert not qkv.args[qkv_names.index("bk")]
+        # norm_quantize_values: a row's blocks of 32 over K // N blocks of the grid's y
+        backend.norm_quantize_values = 32
+        rt.launches.clear()
+        x = c.t("x", F32, 8, 64)
+        backend.launch("rms_norm_swiglu", stream, out=c.t("out", F32, 8, 16), x=x, norm=norm,
+                       eps=1e-5, gate=w("g", 16), up=w("u", 16), scratch=c.t("s", F32, 8, 64),
+                       scratch_gate=c.t("sg", F32, 8, 16),
+                       scratch_up=c.t("su", F32, 8, 16))  # fmt: skip
+        assert rt.launches[0].kernel == "quantize_norm_rows"
+        assert rt.launches[0].grid == (8, 2, 1)
     else:
         assert kernels == ["rms_norm", "quantize_rows", "swiglu_mma1_q8a", "rms_norm",
                            "quantize_rows", "qkv_mma1_q8a", "rope_kv_store", *few]  # fmt: skip

@@ -580,7 +580,8 @@ class GpuBackend(
             self._kernel("quantize_rows", (-(-k // _THREADS), n, 1), _THREADS, stream, P(xq),
                          self._ptr(x), I32(n), I32(k))  # fmt: skip
         else:
-            self._kernel("quantize_norm_rows", (n, 1, 1), _THREADS, stream, P(xq),
+            chunks = max(1, k // self.norm_quantize_values) if self.norm_quantize_values else 1
+            self._kernel("quantize_norm_rows", (n, chunks, 1), _THREADS, stream, P(xq),
                          self._ptr(x), P(norm.data), I32(n), I32(k), F32(eps))  # fmt: skip
         return "q8a", xq
 

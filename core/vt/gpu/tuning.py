@@ -75,6 +75,11 @@ class GpuTuning:
     #: Run 108 (H100): the 135M shape +4.1% to +4.5% at batches 8 and 32, the 1B shape
     #: within 0.3%, the same bits; ``bench_variant.py --norm-quantize 0`` turns it off.
     norm_quantize: bool = True
+    #: Values a block of ``quantize_norm_rows`` packs: a row's blocks of 32 spread over
+    #: K // this many blocks, each computing the row's scale itself (the same bits); 0: a
+    #: block a row. Run 113: 4.4 us a call at K = 2,048 against ``rms_norm``'s 2.6, the
+    #: quantization's shuffles 8 blocks of 32 deep a warp (``--norm-quantize-values N``).
+    norm_quantize_values: int = 0
     #: Int8 mma launches of fewer 16-feature blocks than this split K over S slices (a
     #: power of two: the most with blocks * S at most this and slices of at least
     #: ``mma_split_min_k`` values), block (b, s) summing slice s and the last of b's

@@ -402,7 +402,8 @@ def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) ->
     """norm_quantize: rms_norm_swiglu and rms_norm_qkv_rope_kv_store at int8 mma rows with
     x normalised and packed in one launch (quantize_norm_rows) leave the bits of rms_norm,
     quantize_rows and the mma kernel (act; q, k, v and the cache), within the kit's bound
-    of the reference. K = 512 (two of rms_norm's values a thread), rows of x scaled apart."""
+    of the reference; so does a row packed over 8 blocks (norm_quantize_values 64). K = 512
+    (two of rms_norm's values a thread), rows of x scaled apart."""
     k_in = 512
     rng = np.random.default_rng(n + len(then))
 
@@ -423,17 +424,18 @@ def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) ->
         outs = {"q": (n, 256), "k": (n, 128), "v": (n, 128)}
     cache0 = rng.standard_normal(layout.shape).astype(np.float32)
     positions = rng.integers(0, 8, n).astype(np.int32)
-    saved = (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.norm_quantize)
+    saved = (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.norm_quantize,
+             cuda.norm_quantize_values)  # fmt: skip
     cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = 8, 0, True
     io = IO(cuda)
     ws = {k: cuda.upload_weight(t) for k, (t, _) in mats.items()}
     nw = cuda.upload_weight(norm_t)
-    launched: dict[bool, list[str]] = {True: [], False: []}
-    got: dict[bool, dict[str, np.ndarray]] = {}
+    launched: dict[int, list[str]] = {-1: [], 0: [], 64: []}
+    got: dict[int, dict[str, np.ndarray]] = {}
     try:
         stream = cuda.create_stream()
-        for on in (False, True):
-            cuda.norm_quantize = on
+        for on in (-1, 0, 64):  # off; a row a block; 64 values a block
+            cuda.norm_quantize, cuda.norm_quantize_values = on >= 0, max(on, 0)
             args: dict[str, Any] = {k: f32(io.empty(4 * s[0] * s[1]), *s) for k, s in outs.items()}
             if then == "swiglu":
                 args |= {
@@ -452,11 +454,12 @@ def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) ->
             got[on] = {k: io.get(args[k].buffer, np.float32, s) for k, s in outs.items()}
             if then != "swiglu":
                 got[on]["cache"] = io.get(args["cache"].buffer, np.float32, layout.shape)
-        assert launched[True][0] == "quantize_norm_rows"
-        assert launched[False][:2] == ["rms_norm", "quantize_rows"]
-        assert launched[True][1:] == launched[False][2:]
-        for name, value in got[True].items():
-            np.testing.assert_array_equal(value, got[False][name], err_msg=name)
+        assert launched[0][0] == launched[64][0] == "quantize_norm_rows"
+        assert launched[-1][:2] == ["rms_norm", "quantize_rows"]
+        assert launched[0][1:] == launched[64][1:] == launched[-1][2:]
+        for on in (0, 64):
+            for name, value in got[on].items():
+                np.testing.assert_array_equal(value, got[-1][name], err_msg=f"{name} {on}")
         want = {k: np.zeros(s, np.float32) for k, s in outs.items()}
         refs: dict[str, Any] = {k: ref for k, (_, ref) in mats.items()}
         if then != "swiglu":
@@ -466,10 +469,11 @@ def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) ->
                      "params": vt.RopeParams(64)}  # fmt: skip
         vt.OPS[op].reference({**want, "x": x, "norm": norm_ref, "eps": 1e-5, **refs})
         bound = kernel_tolerance(op, wtype)
-        for name, value in got[True].items():
+        for name, value in got[0].items():
             assert nmse(value, want[name]) <= bound, name
     finally:
-        cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.norm_quantize = saved
+        (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.norm_quantize,
+         cuda.norm_quantize_values) = saved  # fmt: skip
         for weight in (*ws.values(), nw):
             cuda.free_weight(weight)
         io.close()

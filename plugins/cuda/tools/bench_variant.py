@@ -56,7 +56,9 @@ threads, up to 256 (``GpuBackend.gemv_long_*``: 4096, 4, 256; K 0: never); with
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-quantize 0|1``: at steps on the int8 mma kernels the norm ops normalise and
-quantize x in one launch, ``quantize_norm_rows`` (``GpuBackend.norm_quantize``, on since run 108);
+quantize x in one launch, ``quantize_norm_rows`` (``GpuBackend.norm_quantize``, on since
+run 108); ``--norm-quantize-values N``: its blocks pack N values each, a row over K // N
+blocks (``GpuBackend.norm_quantize_values``, 0: a row a block);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
 (``GpuBackend.mma_split_blocks``, 0: never; ``mma_split_min_k``, 1024);
@@ -165,6 +167,7 @@ _NUMBERS = {
     "--norm-late": "norm_late",
     "--norm-quantize": "norm_quantize",
     "--mma-split": "mma_split_blocks",
+    "--norm-quantize-values": "norm_quantize_values",
     "--mma-split-k": "mma_split_min_k",
     "--gemv-unroll-k": "gemv_unroll_min_k",
     "--norm-fold-k": "norm_fold_max_k",

@@ -982,23 +982,33 @@ extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int
 // are its bits; a warp's 32 consecutive values (t, t + blockDim, ...) are then one block
 // of 32, quantized as quantize_rows quantizes it (the same shuffles): out holds the bytes
 // those two launches leave. K % 32 == 0. Not launched overlapped (no vt_grid_wait).
+// gridDim.y > 1 (GpuBackend.norm_quantize_values): block (r, c) packs only chunk c of the
+// row's blocks of 32 (ceil(K / 32 / gridDim.y) of them), each block computing the row's
+// scale itself (the same sums: the same bits), so the quantization's shuffles are spread
+// over gridDim.y blocks.
 extern "C" __global__ void quantize_norm_rows(unsigned char* out, const float* x,
                                               const float* w, int n, int K, float eps) {
     __shared__ float red[256];
     int t = threadIdx.x, bd = blockDim.x, r = blockIdx.x;
+    int per = (K / 32 + gridDim.y - 1) / gridDim.y * 32, lo = blockIdx.y * per;
+    int hi = min(lo + per, K);
     const float* xr = x + (long long)r * K;
     float keep[RN_KEEP], wk[RN_KEEP];
 #pragma unroll
-    for (int i = 0; i < RN_KEEP; ++i) wk[i] = t + i * bd < K ? w[t + i * bd] : 0.0f;
-    float scale = vt_rn_scale(xr, K, eps, keep, red);
-    // Whole warps past K skip together (K % 32 == 0), so every shuffle has its warp.
-#pragma unroll
     for (int i = 0; i < RN_KEEP; ++i) {
         int d = t + i * bd;
-        if (d - t % 32 < K) vt_q8a_block(out, n, K, r, d / 32, (keep[i] * scale) * wk[i]);
+        wk[i] = d >= lo && d < hi ? w[d] : 0.0f;
     }
-    for (int d = t + RN_KEEP * bd; d - t % 32 < K; d += bd)
-        vt_q8a_block(out, n, K, r, d / 32, (xr[d] * scale) * w[d]);
+    float scale = vt_rn_scale(xr, K, eps, keep, red);
+    // A warp's 32 values are one block of 32, all in the chunk or none (per % 32 == 0,
+    // K % 32 == 0), so every shuffle has its whole warp.
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i) {
+        int d = t + i * bd, d0 = d - t % 32;
+        if (d0 >= lo && d0 < hi) vt_q8a_block(out, n, K, r, d / 32, (keep[i] * scale) * wk[i]);
+    }
+    for (int d = t + RN_KEEP * bd; d - t % 32 < hi; d += bd)
+        if (d - t % 32 >= lo) vt_q8a_block(out, n, K, r, d / 32, (xr[d] * scale) * w[d]);
 }
 
 // ------------------------------------------------------------------------ int8 mma
