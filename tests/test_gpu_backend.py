@@ -2345,6 +2345,48 @@ def test_kernels_that_wait_for_their_predecessor_launch_overlapped(on: bool) -> 
     backend.close()
 
 
+@pytest.mark.parametrize("on", [False, True], ids=["default", "overlap_mma"])
+def test_overlap_mma_launches_the_int8_batch_kernels_overlapped(on: bool) -> None:
+    """overlap_mma: at int8 mma rows quantize_norm_rows, quantize_rows and the mma kernels
+    go through ``launch_overlapped`` (each calls vt_grid_wait before reading what the
+    kernel before it wrote; an mma warp after its first weights); rope_kv_store stays plain.
+    Off (the default): all plain."""
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values, backend.overlap_mma = True, 0, on
+    overlapped = _overlapped_launches(rt)
+    c = OpCase(backend)
+    s = backend.create_stream()
+    rng = np.random.default_rng(2)
+    ws = {
+        n: c.w(n, rng.standard_normal((rows, 64)).astype(np.float32), "Q8_0")
+        for n, rows in (("q", 32), ("k", 16), ("v", 16), ("g", 16), ("u", 16), ("o", 64))
+    }
+    norm = c.w("norm", np.ones(64, np.float32))
+    layout = vt.KVLayout(n_layers=1, n_slots=8, max_len=4, n_kv_heads=1, head_dim=16)
+    x = c.t("x", F32, 8, 64)
+    backend.launch("rms_norm_qkv_rope_kv_store", s, q=c.t("q", F32, 8, 32),
+                   k=c.t("k", F32, 8, 16), v=c.t("v", F32, 8, 16), x=x, norm=norm, eps=1e-5,
+                   wq=ws["q"], wk=ws["k"], wv=ws["v"], positions=c.t("p", I32, 8),
+                   slots=c.t("sl", I32, 8), cache=c.t("cache", F32, *layout.shape),
+                   layout=layout, layer=0, n_heads=2, params=vt.RopeParams(16),
+                   scratch=c.t("s", F32, 8, 64))  # fmt: skip
+    backend.launch("matmul_add", s, out=x, x=c.t("a", F32, 8, 64), weight=ws["o"], residual=x,
+                   scratch=c.t("s2", F32, 8, 64))  # fmt: skip
+    backend.launch("rms_norm_swiglu", s, out=c.t("act", F32, 8, 16), x=x, norm=norm, eps=1e-5,
+                   gate=ws["g"], up=ws["u"], scratch=c.t("s3", F32, 8, 64),
+                   scratch_gate=c.t("sg", F32, 8, 16),
+                   scratch_up=c.t("su", F32, 8, 16))  # fmt: skip
+    kernels = [launch.kernel for launch in rt.launches]
+    assert kernels == ["quantize_norm_rows", "qkv_mma1_q8a", "rope_kv_store", "quantize_rows",
+                       "matmul_mma1_q8a", "quantize_norm_rows", "swiglu_mma1_q8a"]  # fmt: skip
+    assert overlapped == ([k for k in kernels if k != "rope_kv_store"] if on else [])
+    source = kernel_source()
+    for name in ("void quantize_rows(", "void quantize_norm_rows(", "void vt_mma_loop("):
+        body = source[source.index(name) :]
+        assert "vt_grid_wait()" in body[: body.index("\n}\n")], name
+    backend.close()
+
+
 @pytest.mark.parametrize(("combine", "both"), [(False, False), (True, False), (False, True)])
 def test_attention_combine_launches_overlapped_alone_where_asked(combine: bool, both: bool) -> None:
     """overlap_combine: attention_combine (which waits for the split kernel's partials on

@@ -193,6 +193,8 @@ _OVERLAP = (
 #: Attention's kernels, overlapped where ``GpuBackend.overlap_attention`` says: the split
 #: kernel prefetches its K and V rows into L2 before its wait.
 _OVERLAP_ATTENTION = ("attention_split", "attention_combine")
+#: The int8 batch kernels, overlapped where GpuBackend.overlap_mma says.
+_OVERLAP_MMA = ("quantize_rows", "quantize_norm_rows", "matmul_mma", "swiglu_mma", "qkv_mma")
 #: The fused ops that fold rms_norm into their gemv kernels (GpuBackend.norm_fold_max_k).
 _NORM_OPS = frozenset({"rms_norm_swiglu", "rms_norm_qkv_rope_kv_store"})
 
@@ -338,6 +340,7 @@ class GpuBackend(
                     and name.startswith(_OVERLAP_ATTENTION)
                 )
                 or (self.overlap_combine and name == "attention_combine")
+                or (self.overlap_mma and name.startswith(_OVERLAP_MMA))
             )
         ):
             self._rt.launch_overlapped(fn, grid, (block, 1, 1), 0, stream.handle, args)

@@ -225,6 +225,12 @@ class GpuTuning:
     #: ``overlap_attention`` says. Measured at batch 1 (docs/gpu.md runs 40, 52-53, 80, 98):
     #: the 1B shape (2,048 values) +1.5% to +5%, the 135M shape (576) -6% to -13%.
     overlap_attention_min_q: int = 2048
+    #: With ``overlap_launches``, the int8 batch kernels too (``quantize_rows``,
+    #: ``quantize_norm_rows``, ``*_mma*_q8a``): each starts while the kernel before it
+    #: finishes, an mma warp's first weights loaded before its wait. Batch steps launch
+    #: 7-10 of them a layer (run 113), each paying a launch's latency now
+    #: (``bench_variant.py --overlap-mma 1``).
+    overlap_mma: bool = False
     #: With ``overlap_launches``, ``attention_combine`` alone (its few blocks wait for the
     #: split kernel's partials on the device, so its launch is not on the chain).
     overlap_combine: bool = False

@@ -39,6 +39,8 @@ too (the split kernel's K and V rows prefetched into L2 before its wait;
 values (``GpuBackend.overlap_attention_min_q``, 2048 by default; 0: never);
 ``--overlap-combine 0|1``: ``attention_combine`` alone launched overlapped
 (``GpuBackend.overlap_combine``, off by default);
+``--overlap-mma 0|1``: the int8 batch kernels (``quantize_rows``, ``quantize_norm_rows``,
+``*_mma*_q8a``) launched overlapped too (``GpuBackend.overlap_mma``, off by default);
 ``--gemv-unroll-k K``: one-row matmuls with K or more inputs on ``matmul_gemvu*_q``
 (two passes' loads in flight a thread; ``GpuBackend.gemv_unroll_min_k``, 0: never);
 ``--gemv-threads N`` / ``--gemv-swiglu-threads N``: threads a gemv block (swiglu's) where
@@ -164,6 +166,7 @@ _NUMBERS = {
     "--overlap-attention": "overlap_attention",
     "--overlap-attention-min-q": "overlap_attention_min_q",
     "--overlap-combine": "overlap_combine",
+    "--overlap-mma": "overlap_mma",
     "--norm-late": "norm_late",
     "--norm-quantize": "norm_quantize",
     "--mma-split": "mma_split_blocks",

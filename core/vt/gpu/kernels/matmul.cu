@@ -968,10 +968,13 @@ __device__ __forceinline__ void vt_q8a_block(unsigned char* out, int n, int K, i
 // then, after the n rows, the int8 mma kernels' pairs (vt_q8a_pairs): a group of 32 lanes
 // per block of 32 values, a lane per value (the max and the sums by shuffles); grid
 // (ceil(K / 256), n), 256 threads.
+// Launched overlapped with GpuBackend.overlap_mma (common.cu): x read after vt_grid_wait.
 extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int n, int K) {
+    vt_launch_dependents();
     int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (b >= K / 32) return;  // the whole warp: every shuffle keeps its warp
     int r = blockIdx.y;
+    vt_grid_wait();
     vt_q8a_block(out, n, K, r, b, x[(long long)r * K + b * 32 + threadIdx.x % 32]);
 }
 
@@ -981,7 +984,8 @@ extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int
 // the same order (vt_rn_scale, rms_norm's own), so the values
 // are its bits; a warp's 32 consecutive values (t, t + blockDim, ...) are then one block
 // of 32, quantized as quantize_rows quantizes it (the same shuffles): out holds the bytes
-// those two launches leave. K % 32 == 0. Not launched overlapped (no vt_grid_wait).
+// those two launches leave. K % 32 == 0. Launched overlapped with GpuBackend.overlap_mma:
+// the norm's weights read before vt_grid_wait, x after.
 // gridDim.y > 1 (GpuBackend.norm_quantize_values): block (r, c) packs only chunk c of the
 // row's blocks of 32 (ceil(K / 32 / gridDim.y) of them), each block computing the row's
 // scale itself (the same sums: the same bits), so the quantization's shuffles are spread
@@ -994,11 +998,13 @@ extern "C" __global__ void quantize_norm_rows(unsigned char* out, const float* x
     int hi = min(lo + per, K);
     const float* xr = x + (long long)r * K;
     float keep[RN_KEEP], wk[RN_KEEP];
+    vt_launch_dependents();
 #pragma unroll
     for (int i = 0; i < RN_KEEP; ++i) {
         int d = t + i * bd;
         wk[i] = d >= lo && d < hi ? w[d] : 0.0f;
     }
+    vt_grid_wait();
     float scale = vt_rn_scale(xr, K, eps, keep, red);
     // A warp's 32 values are one block of 32, all in the chunk or none (per % 32 == 0,
     // K % 32 == 0), so every shuffle has its whole warp.
@@ -1101,6 +1107,7 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
     int n8 = vt_q8a_n8(n);
     const vt_f2* pairs = vt_q8a_pairs((unsigned char*)x, n, K);
     constexpr int U = MMA_U(NT);
+    bool waited = false;
     for (int kb0 = kb_lo + warp * U; kb0 < kb_hi; kb0 += WARPS * U) {
         vt_u32 a[U][MT][4];
         vt_f2 sa[U][MT], sb[U][MT];
@@ -1124,6 +1131,7 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
                 sb[u][m] = vt_qso(ws[m], lg, ib >> VT_Q_LG(lg));
             }
         }
+        if (!waited) vt_grid_wait(), waited = true;  // the first weights on their way: x next
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             int kb = kb0 + u;
@@ -1172,7 +1180,9 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
 // of the S blocks of b to finish (counts[b], zero before, left zero) adds the slices' sums
 // in order s = 0..S-1 and runs the epilogue. The same sums whichever block is last, not
 // the unsplit kernel's bits (its warps' sums over the whole K, then added): within the
-// kit's bounds, as every int8 path is.
+// kit's bounds, as every int8 path is. Launched overlapped (GpuBackend.overlap_mma), a
+// warp's first K blocks of weights are on their way before vt_grid_wait; x, the residual
+// and the split's scratch are read after it.
 template <int MODE, int NT>
 __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* x,
                           const vt_i8* w0, const float* s0, int lg0, const float* b0,
@@ -1200,6 +1210,7 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int g = lane >> 2;
     long long ra = min(f + g, N - 1), rb = min(f + g + 8, N - 1);
+    vt_launch_dependents();
     float acc[MT][NT][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -1213,6 +1224,7 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     if (VT_Q_LG(lgs[0]) == 5)
         vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
     else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
+    vt_grid_wait();  // a warp without K blocks waits here, before the epilogue's reads
     __shared__ float red[WARPS][E][32];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
