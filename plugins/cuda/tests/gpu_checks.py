@@ -1513,6 +1513,31 @@ def test_greedy_ids_equal_cpu_with_graphs_and_async_on_and_off(
     assert stats["cuda/eager/async"]["replays"] == 0
 
 
+def test_overlap_mma_gives_the_ids_of_plain_launches(tmp_path: Path) -> None:
+    """overlap_mma: a batch of 12 decoding on the int8 mma kernels (int8_min_values 0 so the
+    tiny model's weights take them), replayed from graphs, gives the ids of the same
+    kernels launched plain; with the K split too, the ids of the split launches plain (the
+    same kernels, the same bits: a kernel reading its predecessor's output early would
+    show)."""
+    path = write_tiny_gguf(tmp_path / "llama-q8.gguf", arch="llama", weight_type="Q8_0",
+                           n_layers=2, dim=256, ffn=1024, n_heads=4)  # fmt: skip
+    prompts = {s: [(5 * s + 7 * i) % 60 + 1 for i in range(9 + s)] for s in range(12)}
+    results: dict[tuple[bool, int], Any] = {}
+    with load_gguf(path) as model:
+        for overlap, split in ((False, 0), (True, 0), (False, 64), (True, 64)):
+            backend = make("cuda")
+            backend.int8_min_values, backend.overlap_mma = 0, overlap  # type: ignore[attr-defined]
+            backend.mma_split_blocks, backend.mma_split_min_k = split, 128  # type: ignore[attr-defined]
+            try:
+                with ModelRunner(backend, model, max_slots=12, max_model_len=64,
+                                 graphs=True) as r:  # fmt: skip
+                    results[overlap, split] = greedy(r, prompts, 10)
+            finally:
+                backend.close()
+    assert results[True, 0] == results[False, 0]
+    assert results[True, 64] == results[False, 64]
+
+
 def _graph_script(runner: ModelRunner) -> list[dict[int, int]]:
     """Batches of 3, 2 (a gap in the previous step's rows) and 1; slot 1 samples with
     temperature; slot 0 decodes past the vmm cache's first 2 MiB chunk (64 positions)."""
