@@ -1234,7 +1234,7 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
             for (int e = 0; e < 4; ++e) red[warp][(m * NT + j) * 4 + e][lane] = acc[m][j][e];
     __syncthreads();
     constexpr int PE = NT * 4 * 32;  // a block's sums a weight: part[b][s][m][PE]
-    const float* all = part + (long long)blockIdx.x * S * MT * PE;
+    const float* all = S > 1 ? part + (long long)blockIdx.x * S * MT * PE : part;
     if (S > 1) {  // this slice's sums out; the last of the block's slices goes on
         float* mine = part + ((long long)blockIdx.x * S + blockIdx.y) * MT * PE;
         for (int it = threadIdx.x; it < PE; it += WARPS * 32) {
