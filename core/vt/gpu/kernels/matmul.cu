@@ -1092,6 +1092,9 @@ __device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32
 #define VT_MMA_U8 1
 #endif
 #define MMA_U(NT) ((NT) >= 8 ? VT_MMA_U8 : (NT) >= 4 ? VT_MMA_U4 : VT_MMA_U1)
+#ifndef VT_MMA_SKIP_ZERO
+#define VT_MMA_SKIP_ZERO 0
+#endif
 
 // acc[m][j][e] += this warp's K blocks, of blocks [kb_lo, kb_hi), of weight m's rows (ra,
 // rb) against x's tile j (weight m in layout lgs[m]; every weight's blocks KB values).
@@ -1108,6 +1111,14 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
     const vt_f2* pairs = vt_q8a_pairs((unsigned char*)x, n, K);
     constexpr int U = MMA_U(NT);
     bool waited = false;
+    // VT_MMA_SKIP_ZERO (0 by default: not yet measured): where every weight's layout has
+    // scales alone (VT_Q_ONE: Q8_0, Q4_0; known at compile time in a layout's module), the
+    // + offset * sum(x) term is + 0 * a finite sum, which changes no sum (as
+    // VT_GV_SKIP_ZERO's argument), so it and the second pair load of x's sums are left
+    // out; the product is kept unfused with the sum (__fmul_rn), as before: the same bits.
+    bool one = VT_MMA_SKIP_ZERO != 0;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) one = one && (VT_QF(lgs[m]) & VT_Q_ONE);
     for (int kb0 = kb_lo + warp * U; kb0 < kb_hi; kb0 += WARPS * U) {
         vt_u32 a[U][MT][4];
         vt_f2 sa[U][MT], sb[U][MT];
@@ -1151,7 +1162,7 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
                                                      j * 8 + 2 * t);  // fmt: skip
                     vt_f4 p0 = pr[0];
                     float dx[2] = {p0.x, p0.z}, xs[2] = {p0.y, p0.w};
-                    if (KB == 32) {
+                    if (KB == 32 && !one) {
                         vt_f4 p1 = pr[n8 / 2];  // the second block of 16
                         xs[0] += p1.y, xs[1] += p1.w;
                     }
@@ -1160,6 +1171,13 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
                         int c[4] = {0, 0, 0, 0};
                         if (KB == 32) vt_mma_k32(c, a[u][m], b);
                         else vt_mma_k16(c, a[u][m], b);
+                        if (one) {  // scales alone: the offsets' + 0 * sum(x) left out
+                            acc[m][j][0] += __fmul_rn(sa[u][m].x * dx[0], (float)c[0]);
+                            acc[m][j][1] += __fmul_rn(sa[u][m].x * dx[1], (float)c[1]);
+                            acc[m][j][2] += __fmul_rn(sb[u][m].x * dx[0], (float)c[2]);
+                            acc[m][j][3] += __fmul_rn(sb[u][m].x * dx[1], (float)c[3]);
+                            continue;
+                        }
                         acc[m][j][0] += sa[u][m].x * dx[0] * (float)c[0] + sa[u][m].y * xs[0];
                         acc[m][j][1] += sa[u][m].x * dx[1] * (float)c[1] + sa[u][m].y * xs[1];
                         acc[m][j][2] += sb[u][m].x * dx[0] * (float)c[2] + sb[u][m].y * xs[0];
