@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The device calls that docs/gpu.md's latest "Next" names, by number, so a session runs
+# them as written there (from the repository root, after device_files.sh):
+#
+#   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 500 s
+#   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl", ".llama"], about 550 s
+#   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl"], about 100 s warm
+#
+# Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
+set -u
+cd "$(dirname "$0")/../../.."
+T=plugins/cuda/tools/h200_checks.sh
+nvidia-smi -L || true
+case ${1:-} in
+1)  # the four int8 batch variants at batches 8 and 32, their checks, the tree before them
+    V='--mma-split 512 --mma-split-k 256'
+    Q='--norm-quantize-values 256'
+    O='--overlap-mma 1'
+    Z='--kdefine VT_MMA_SKIP_ZERO=1'
+    A="$V $Q $O $Z"
+    KBATCH=8,32 KVARS="--splits 32|--mma-split 512|$V|$Q|$O|$Z|$A|--splits 32|--mma-split 512|$V|$Q|$O|$Z|$A" \
+        CHECKVARS="$A" CHECKK='mma_split+int8_activation+norm_quantize+overlap_mma+compact_layouts' \
+        bash $T setup models kvars:1b kvars:smol checksvar batch_old:1b
+    ;;
+2)  # the side by side with llama.cpp (the checks go in another call: run 110)
+    VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
+    ;;
+3)  # attention's last-block combine at batch 1, on a warm machine after call 1
+    KBATCH=1 KVARS="--splits 32|--last-block-combine 1|--splits 32|--last-block-combine 1" \
+        bash $T kvars:1b kvars:smol
+    ;;
+*)
+    echo "usage: $0 1|2|3 (docs/gpu.md, the latest Next)" >&2
+    exit 2
+    ;;
+esac
