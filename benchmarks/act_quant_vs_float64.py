@@ -30,17 +30,33 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-SETTINGS = ((32, 16), (256, 16), (32, 8), (256, 8))  # (block, bits)
+#: (block, bits): vt_cpu's roundings; bits 15: the GPU gemv kernels' VT_GV_X16 (16-bit codes
+#: a block of 16 under a power-of-two scale, at least 15 bits of the block's largest value).
+SETTINGS = ((32, 16), (256, 16), (16, 15), (32, 8), (256, 8))
+
+
+def _pow2_codes(part: np.ndarray) -> np.ndarray:
+    """``part`` (float32 blocks, last axis) rounded as ``vt_x16`` (kernels/matmul.cu)
+    rounds 16 values: ``m`` the power of two 2^(141 - e), ``e`` the biased exponent of the
+    largest ``|x|`` bumped within 2^-15 of the next, clamped to [15, 254]; ``rint(x m) / m``."""
+    bits = np.abs(part).view(np.uint32).max(axis=-1, keepdims=True)
+    e = np.clip((bits + np.uint32(0x100)) >> np.uint32(23), 15, 254).astype(np.int64)
+    m = np.ldexp(np.float32(1), 141 - e).astype(np.float32)
+    return np.rint(part * m) / m
 
 
 def quantize(x: np.ndarray, block: int, bits: int) -> np.ndarray:
     """``x`` (rows of float64) rounded as the kernels round a float32 row: per block of
-    ``block`` values, ``d = amax / qmax``, ``q = rint(x / d)``, back to ``q d``."""
+    ``block`` values, ``d = amax / qmax``, ``q = rint(x / d)``, back to ``q d`` (bits 15:
+    :func:`_pow2_codes`)."""
     qmax = 127.0 if bits == 8 else 32767.0
     x32 = x.astype(np.float32)
     out = np.empty_like(x32)
     for b0 in range(0, x.shape[-1], block):
         part = x32[..., b0 : b0 + block]
+        if bits == 15:
+            out[..., b0 : b0 + block] = _pow2_codes(part)
+            continue
         amax = np.abs(part).max(axis=-1, keepdims=True)
         d = amax / np.float32(qmax)
         inv = np.where(amax > 0, np.float32(qmax) / np.where(amax > 0, amax, 1), 0)
@@ -112,7 +128,7 @@ def main() -> None:
         seqs.append((rec["prompt"], len(rec["prompt_ids"]), ids))
     results: dict = {"tokens_per_prompt": args.tokens, "prompts": len(seqs), "settings": {}}
     for block, bits in SETTINGS:
-        name = f"{bits}-bit per {block}"
+        name = "16-bit per 16, a power of two" if bits == 15 else f"{bits}-bit per {block}"
         differ, margins, followed = 0, [], 0
         for prompt, n_prompt, ids in seqs:
             want = forward(model, ids[:-1], f64)[n_prompt - 1 :]

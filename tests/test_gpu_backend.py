@@ -500,6 +500,28 @@ def test_norm_late_compiles_every_module_with_its_define() -> None:
     assert "VT_NORM_LATE" in kernel_source(LAYOUT_PARTS)
 
 
+def test_gemv_x16_compiles_every_module_with_its_define() -> None:
+    """GpuBackend.gemv_x16_min_rows (x as 16-bit codes in one-row gemv blocks of at least
+    that many weight rows) reaches the kernels as -DVT_GV_X16=N, in the module of every
+    kernel and in each layout's; 0, the default, compiles without it; a negative value is
+    refused by name before anything compiles."""
+    for rows, x16 in [(4, ("-DVT_GV_X16=4",)), (0, ())]:
+        backend, rt = make()
+        backend.gemv_x16_min_rows = rows
+        OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
+        opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1", *x16)
+        assert rt.compiles == [("vt_kernels.cu", opts),
+                               ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00"))]  # fmt: skip
+        backend.close()
+    assert "VT_GV_X16" in kernel_source(LAYOUT_PARTS)
+    backend, rt = make()
+    backend.gemv_x16_min_rows = -1
+    with pytest.raises(ValueError, match=r"gemv_x16_min_rows is -1; 0 \(never\) or"):
+        backend.prepare()
+    assert rt.compiles == []
+    backend.close()
+
+
 def test_a_layout_override_uploads_and_compiles_that_layout() -> None:
     """layout_overrides (bench_variant.py --layout Q8_0=0x800) packs Q8_0 with float32
     scales and compiles that layout's module, not the default one's."""

@@ -282,7 +282,13 @@ class GpuBackend(
         fa = [] if self.attention_threads == _FA_THREADS else [
             f"-DFA_THREADS={self.attention_threads}"
         ]  # fmt: skip
-        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa]
+        if self.gemv_x16_min_rows < 0:
+            raise ValueError(
+                f"GpuBackend.gemv_x16_min_rows is {self.gemv_x16_min_rows!r}; 0 (never) or "
+                "the fewest weight rows a one-row gemv block takes x as 16-bit codes for"
+            )
+        x16 = [f"-DVT_GV_X16={self.gemv_x16_min_rows}"] if self.gemv_x16_min_rows else []
+        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *x16]
 
     def _module(self, layout: int | None = None) -> Any:
         """The module of every kernel, or (``layout``) of the quantized-weight kernels

@@ -134,6 +134,16 @@ class GpuTuning:
     gemv_long_min_k: int = 4096
     gemv_long_features: int = 4
     gemv_long_threads: int = 256
+    #: One-row gemv blocks of at least this many weight rows (swiglu's two features:
+    #: four; the long rows and the output projection: four) take x as 16-bit integer codes
+    #: with integer dot products (``VT_GV_X16`` in kernels/matmul.cu, compiled in): each
+    #: thread rounds its 16 values of a pass once, under a power-of-two scale, for all its
+    #: rows, so a weight value costs about one instruction where the exact dequantization
+    #: costs five. Not the float32 path's roundings: the activations' rounding of vt_cpu's
+    #: default integer decode (greedy ids those of an exact forward,
+    #: ``benchmarks/act_quant_vs_float64.py``), within the kit's bounds. 0: never (the
+    #: default until measured on a GPU: ``bench_variant.py --gemv-x16 4``).
+    gemv_x16_min_rows: int = 0
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the

@@ -55,6 +55,10 @@ gemvs (matmul, swiglu, qkv; the deferred norm's producer too) with K or more inp
 default shapes only the 1B shape's down projection at 4096) on F features a block of N
 threads, up to 256 (``GpuBackend.gemv_long_*``: 4096, 4, 256; K 0: never); with
 ``--gemv-unroll-k`` two passes' loads in flight a thread as well;
+``--gemv-x16 R``: one-row gemv blocks of at least R weight rows take x as 16-bit codes
+with integer dot products (``GpuBackend.gemv_x16_min_rows``, compiled in as
+``-DVT_GV_X16=R``; 0, the default: never; 4: swiglu's, the long rows' and the output
+projection's blocks);
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-quantize 0|1``: at steps on the int8 mma kernels the norm ops normalise and
@@ -183,6 +187,7 @@ _NUMBERS = {
     "--gemv-long-k": "gemv_long_min_k",
     "--gemv-long-features": "gemv_long_features",
     "--gemv-long-threads": "gemv_long_threads",
+    "--gemv-x16": "gemv_x16_min_rows",
 }
 
 

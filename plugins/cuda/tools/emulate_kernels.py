@@ -445,8 +445,15 @@ def main() -> None:
                     help="attention's blocks of this many threads: -D FA_THREADS=N and "
                          "GpuBackend.attention_threads (as bench_variant.py "
                          "--attention-threads)")  # fmt: skip
+    ap.add_argument("--gemv-x16", type=int, metavar="R",
+                    help="one-row gemv blocks of at least R weight rows on 16-bit codes of x: "
+                         "-D VT_GV_X16=R and GpuBackend.gemv_x16_min_rows (as "
+                         "bench_variant.py --gemv-x16)")  # fmt: skip
     a = ap.parse_args()
     settings: dict[str, int] = {}
+    if a.gemv_x16:
+        settings["gemv_x16_min_rows"] = a.gemv_x16
+        a.define.append(f"VT_GV_X16={a.gemv_x16}")
     if a.attention_threads:
         settings["attention_threads"] = a.attention_threads
         a.define.append(f"FA_THREADS={a.attention_threads}")
@@ -578,6 +585,11 @@ def main() -> None:
                         checks.test_gemv_one_row(backend, wtype, k_in, gv)
                         ran += 1
                         print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        label = "gemv x16 non-finite"
+        if a.gemv_x16 == 1 and a.k in label:  # the library has one define set: both sides
+            checks.test_gemv_x16_keeps_non_finite(backend, backend)
+            ran += 1
+            print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for k_in in (96, 2560, 8192):
                 label = f"gemv unrolled {wtype} K={k_in}"

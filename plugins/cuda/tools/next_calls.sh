@@ -2,9 +2,9 @@
 # The device calls that docs/gpu.md's latest "Next" names, by number, so a session runs
 # them as written there (from the repository root, after device_files.sh):
 #
-#   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 500 s
-#   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl", ".llama"], about 550 s
-#   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl"], about 100 s warm
+#   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 520 s
+#   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl"], about 500 s (.whl/old: 5f1e184)
+#   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl", ".llama"], about 550 s
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -12,7 +12,14 @@ cd "$(dirname "$0")/../../.."
 T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 case ${1:-} in
-1)  # the four int8 batch variants at batches 8 and 32, their checks, the tree before them
+1)  # batch 1: x as 16-bit codes in the gemvs of 4, 2 and 1 rows a block, attention's
+    # last-block combine, each twice beside the tree; then the whole gpu_checks.py on the
+    # tree (the twenty-first session's mma kernels and this session's x16 checks)
+    X='--gemv-x16 4|--gemv-x16 2|--gemv-x16 1'
+    KBATCH=1 KVARS="--splits 32|$X|--last-block-combine 1|--splits 32|$X|--last-block-combine 1" \
+        bash $T setup models kvars:1b kvars:smol checks
+    ;;
+2)  # the four int8 batch variants at batches 8 and 32, their checks, the tree before them
     V='--mma-split 512 --mma-split-k 256'
     Q='--norm-quantize-values 256'
     O='--overlap-mma 1'
@@ -22,12 +29,8 @@ case ${1:-} in
         CHECKVARS="$A" CHECKK='mma_split+int8_activation+norm_quantize+overlap_mma+compact_layouts' \
         bash $T setup models kvars:1b kvars:smol checksvar batch_old:1b
     ;;
-2)  # the side by side with llama.cpp (the checks go in another call: run 110)
+3)  # the side by side with llama.cpp (the checks go in another call: run 110)
     VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
-    ;;
-3)  # attention's last-block combine at batch 1, on a warm machine after call 1
-    KBATCH=1 KVARS="--splits 32|--last-block-combine 1|--splits 32|--last-block-combine 1" \
-        bash $T kvars:1b kvars:smol
     ;;
 *)
     echo "usage: $0 1|2|3 (docs/gpu.md, the latest Next)" >&2

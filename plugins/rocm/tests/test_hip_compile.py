@@ -48,12 +48,14 @@ STEP_KERNELS = {
 }  # fmt: skip
 
 
-def _programs(warp: int, layouts: bool) -> list[tuple[str, str, list[str]]]:
+def _programs(warp: int, layouts: bool, x16: int = 0) -> list[tuple[str, str, list[str]]]:
     """(source, name, options) of every hiprtc compile the plugin asks for: the module of
-    every kernel and, with ``layouts``, one per quantized-weight layout."""
+    every kernel and, with ``layouts``, one per quantized-weight layout (``x16``:
+    ``GpuBackend.gemv_x16_min_rows``)."""
     HipRuntime._code_objects.clear()
     fake, rtc = FakeHip(APU.model_copy(update={"warp_size": warp})), FakeHiprtc()
     backend = RocmBackend(HipRuntime(fake, hiprtc=rtc), platform=APU.platform)
+    backend.gemv_x16_min_rows = x16
     try:
         backend.prepare()
         if layouts:
@@ -124,3 +126,19 @@ def test_every_weight_layout_module_compiles(tmp_path: Path) -> None:
         found = list(pool.map(lambda p: _hipcc(tmp_path, 64, p), programs))
     for (_, name, _), kernels in zip(programs, found, strict=True):
         assert {"matmul_gemv2_q", "swiglu_gemv2_q", "qkv_rope_gemv_q"} <= kernels, name
+
+
+def test_the_gemvs_on_16_bit_codes_compile(tmp_path: Path) -> None:
+    """With ``gemv_x16_min_rows`` set (``-DVT_GV_X16``: x as 16-bit codes, the HIP branch's
+    plain two-way products) the Q8_0 layout's module compiles for wave64 and wave32 with
+    the one-row gemv kernels."""
+    q8 = f"vt_kernels_q{next(v for t, v in LAYOUTS.items() if t.name == 'Q8_0'):x}.cu"
+    jobs = []
+    for warp in TARGETS:
+        program = next(p for p in _programs(warp, layouts=True, x16=1) if p[1] == q8)
+        assert "-DVT_GV_X16=1" in program[2], program[2]
+        jobs.append((warp, program))
+    with ThreadPoolExecutor(2) as pool:
+        found = list(pool.map(lambda job: _hipcc(tmp_path, *job), jobs))
+    for kernels in found:
+        assert {"matmul_gemv4_q", "swiglu_gemv2_q", "matmul_psq_gemv4_q"} <= kernels

@@ -486,6 +486,81 @@ __device__ __forceinline__ float vt_code_f(vt_u32 word, int j, float magic) {
 #endif
 }
 
+// x as 16-bit integer codes in the gemv kernels (VT_GV_X16 = R: blocks of at least R weight
+// rows; 0, the default, never; not yet measured on a GPU). The float32 path spends about
+// five instructions a weight value (the code's byte, I2F at a quarter of the FP32 rate, the
+// scale's FMUL, the FFMA; ncu: the gemvs bound by issue, not by the memory, run 73), once per
+// row. Here each thread rounds its 16 values of x of a pass once for all its rows, to c =
+// rint(x * m) with m the power of two that keeps every |c| <= 32767 (per 16 values: at
+// least 15 bits of their largest value), and a row takes 8 dp2a (two int16 times two int8
+// products) for its 16 codes, then (scale * isum) / m (+ offset * sum(c) / m) in float32:
+// about 12 instructions for 16 values. Not the exact dequantization's roundings: the
+// activations rounded to 16 bits, as vt_cpu's integer decode rounds them by default (16
+// bits a block of 32, VT_CPU_ACT_BITS; greedy ids those of an exact forward,
+// benchmarks/act_quant_vs_float64.py, whose "16-bit per 16, a power of two" setting is this
+// rounding); within the kit's bounds. A value that is not finite makes the row's sum NaN.
+#ifndef VT_GV_X16
+#define VT_GV_X16 0
+#endif
+#if VT_GV_X16 && (VT_GV_MAGIC || defined(VT_GV_FACTOR))
+#error "VT_GV_X16 takes the codes as int8, without VT_GV_MAGIC's bias or VT_GV_FACTOR's sums"
+#endif
+
+// c + a.h0 * b.b0 + a.h1 * b.b1 (lo) or with bytes b2, b3 (hi): two int16 codes of x (low,
+// high half of a) times two int8 weight codes, PTX dp2a; plain products on HIP (no AMD GPU
+// here to measure a builtin against them).
+__device__ __forceinline__ int vt_dot2_lo(vt_u32 a, vt_u32 b, int c) {
+#if defined(VT_HIP)
+    return c + (int)(short)(a & 0xffffu) * (int)(vt_i8)(b & 0xffu) +
+           (int)(short)(a >> 16) * (int)(vt_i8)((b >> 8) & 0xffu);
+#else
+    return __dp2a_lo((int)a, (int)b, c);
+#endif
+}
+__device__ __forceinline__ int vt_dot2_hi(vt_u32 a, vt_u32 b, int c) {
+#if defined(VT_HIP)
+    return c + (int)(short)(a & 0xffffu) * (int)(vt_i8)((b >> 16) & 0xffu) +
+           (int)(short)(a >> 16) * (int)(vt_i8)(b >> 24);
+#else
+    return __dp2a_hi((int)a, (int)b, c);
+#endif
+}
+
+// 16 values of x as 16-bit codes: c[j] holds codes 2j (low half) and 2j + 1, x ~ d * code.
+struct VtX16 {
+    vt_u32 c[8];
+    float d;    // 1 / m, a power of two
+    bool bad;   // a value is inf or NaN
+};
+__device__ __forceinline__ VtX16 vt_x16(const float* xv) {
+    // The largest |x| by its bits (NaN's above inf's, above every finite value's), its
+    // exponent taken one higher within 2^-15 of the next power of two, so that |x| * m <
+    // 32767.5 rounds to at most 32767: m = 2^(141 - e) for the biased exponent e (2^14 /
+    // 2^(e - 127)), e in [15, 254] so that m and d are normal floats (|x| below 2^-112
+    // keeps fewer bits).
+    vt_u32 mb = 0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        vt_u32 b = __float_as_uint(xv[j]) & 0x7fffffffu;
+        mb = b > mb ? b : mb;
+    }
+    int e = (int)((mb + 0x100u) >> 23);
+    VtX16 r;
+    r.bad = e >= 255;
+    e = min(max(e, 15), 254);
+    float m = __uint_as_float((vt_u32)(268 - e) << 23);
+    r.d = __uint_as_float((vt_u32)(e - 14) << 23);
+    // rint(x * m) by the float's bits: x * m + 1.5 * 2^23 holds the rounded code (ties to
+    // even) in its low bits, two's complement in the low 16; a byte permute pairs them.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        vt_u32 lo = __float_as_uint(fmaf(xv[2 * j], m, 12582912.0f));
+        vt_u32 hi = __float_as_uint(fmaf(xv[2 * j + 1], m, 12582912.0f));
+        r.c[j] = __byte_perm(lo, hi, 0x5410);
+    }
+    return r;
+}
+
 // Bring the 16 codes of w at value index at into L2 (no registers; a hint, no-op off NVIDIA).
 __device__ __forceinline__ void vt_gv_prefetch(const VtRow& w, long long at) {
     vt_prefetch_l2((const char*)w.data + ((VT_QF(w.lg) & VT_Q_NIB) ? (at >> 4) * 8 : at));
@@ -591,6 +666,10 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = 0.0f, magic[i] = vt_gv_magic(w[i].lg);
     float scale = 1.0f, ss = 0.0f;  // ss: LATE's share of x's squares
+    constexpr bool X16 = VT_GV_X16 > 0 && NW >= VT_GV_X16;
+    bool bad = false, offsets = false;  // X16: a value not finite; a row with offsets
+#pragma unroll
+    for (int i = 0; i < NW; ++i) offsets = offsets || !(VT_QF(w[i].lg) & VT_Q_ONE);
     if (NORM && !LATE) {
         __shared__ float nred[RN_THREADS / VT_WARP];
         if (t * 16 < K) {
@@ -649,6 +728,30 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
                         }
                     }
                 }
+                if (X16) {
+                    VtX16 xq = vt_x16(xv);
+                    bad = bad || xq.bad;
+                    float cs = 0.0f;  // d * sum(c), for the rows with offsets
+                    if (offsets) {
+                        int c = 0;
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) c = vt_dot2_lo(xq.c[j], 0x0101u, c);
+                        cs = (float)c * xq.d;
+                    }
+#pragma unroll
+                    for (int i = 0; i < NW; ++i) {
+                        int is = 0;
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            is = vt_dot2_lo(xq.c[2 * j], raw[u][i].w[j], is);
+                            is = vt_dot2_hi(xq.c[2 * j + 1], raw[u][i].w[j], is);
+                        }
+                        float s = fmaf(so[u][i].x, (float)is * xq.d, acc[i]);
+                        if (!(VT_QF(w[i].lg) & VT_Q_ONE)) s = fmaf(so[u][i].y, cs, s);
+                        acc[i] = s;
+                    }
+                    continue;
+                }
 #ifdef VT_GV_FACTOR
                 float xs = 0.0f;  // scale * sum(q x) + offset * sum(x): not vt_wload's roundings
 #pragma unroll
@@ -694,6 +797,10 @@ __device__ __forceinline__ void vt_gv_rows(const VtRow* w, const float* x, int K
         if (PSQ) vt_psq_fetch(pqs, nw, np);
     }
     if (PSQ) ss = vt_psq_share(pqs, nw, np);
+    if (X16 && bad) {
+#pragma unroll
+        for (int i = 0; i < NW; ++i) acc[i] = __uint_as_float(0x7fffffffu);
+    }
 #pragma unroll
     for (int i = 0; i < NW; ++i) acc[i] = vt_warp_sum(acc[i]);
     if (LATE) ss = vt_warp_sum(ss);
