@@ -2,8 +2,9 @@
 thread per GPU thread) against gpu_checks.py's reference: split attention over positions,
 by default (VT_FA_WARP: the warp path), on the block path (VT_FA_WARP=0), with one query
 head a block (GpuBackend.attention_max_group = 1) and with VT_FA_DIRECT on one split
-(every row's positions in its first split, which writes the output), so CI checks kernel
-source it cannot run on a GPU. Slow: a compile and eight cases each."""
+(every row's positions in its first split, which writes the output); and the one-row gemv
+kernels on 16-bit codes of x (GpuBackend.gemv_x16_min_rows): so CI checks kernel source it
+cannot run on a GPU. Slow: a compile and a few cases each."""
 
 from __future__ import annotations
 
@@ -37,3 +38,19 @@ def test_split_attention_in_the_emulation(defines: tuple[str, ...]) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "8 emulated checks passed" in run.stdout, run.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_gemv_on_16_bit_codes_in_the_emulation() -> None:
+    """The one-row gemv kernels with x as 16-bit codes (``--gemv-x16 1``: every block) on
+    the CPU: matmul, matmul_add, swiglu and qkv at 1, 2 and 4 features a block within the
+    kit's bounds and near the float32 warp kernels, the long rows, and a NaN or an
+    infinity in x giving NaN (gpu_checks.py's checks, the HIP branch's two-way products)."""
+    assert shutil.which("g++"), "the kernel emulation needs g++ (C++20)"
+    run = subprocess.run(
+        [sys.executable, str(EMULATE), "-k", "gemv Q4_1 K=4608|long gemv Q8_0 256|x16",
+         "--gemv-x16", "1"],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "5 emulated checks passed" in run.stdout, run.stdout[-3000:]

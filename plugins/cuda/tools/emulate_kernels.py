@@ -19,11 +19,12 @@ cases, split attention past one chunk, the last-block combine and ``qkv_rope_kv_
 checks (bit-equal to their two-launch forms), bit-exact copy checks, int8 tensor-core
 checks, gemv checks and the greedy argmax and sampling checks on the fake runtime
 (``tests/fake_gpu.py``), those kernels' launches routed to the emulation; ``-k`` keeps
-the cases whose name contains SUBSTRING. What it cannot see: timing, the memory model
-between blocks (blocks run one after another), warp-divergent shuffles (every shuffle must
-be reached by the whole warp, as the CUDA code already requires), and instructions inside
-``#ifndef VT_HIP`` (the emulation compiles the HIP branch, e.g. the integer half rounding
-instead of ``cvt.rn.f16.f32``). Slow: seconds per case of hundreds of rows.
+the cases whose name contains SUBSTRING (``A|B``: either). What it cannot see: timing,
+the memory model between blocks (blocks run one after another), warp-divergent shuffles
+(every shuffle must be reached by the whole warp, as the CUDA code already requires), and
+instructions inside ``#ifndef VT_HIP`` (the emulation compiles the HIP branch, e.g. the
+integer half rounding instead of ``cvt.rn.f16.f32``, plain two-way products instead of
+``dp2a``). Slow: seconds per case of hundreds of rows.
 """
 
 from __future__ import annotations
@@ -422,7 +423,8 @@ def same_bits(define: str, base: tuple[str, ...], settings: dict[str, int] | Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-k", default="", help="only the cases whose name contains this")
+    ap.add_argument("-k", default="",
+                    help="only the cases whose name contains this (A|B: either)")  # fmt: skip
     ap.add_argument("--norm-late", action="store_true",
                     help="the norm ops' kernels late-scaled, as GpuBackend.norm_late and "
                          "norm_fold_max_k (on by default) compile them")  # fmt: skip
@@ -480,32 +482,35 @@ def main() -> None:
             setattr(backend, name, value)
         import gpu_checks as checks
 
+        def wanted(label: str) -> bool:
+            return any(k in label for k in a.k.split("|"))
+
         start, ran = time.perf_counter(), 0
         for case in checks.TILED_CASES:
             for invalid in (False, True):
                 label = f"tiled attention {case[0]}{', invalid+shuffled' if invalid else ''}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_tiled_prefill_attention(backend, case, invalid)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in checks.QKV_ROPE_CASES:
             for norm in (False, True):
                 label = f"{'rms_norm_' if norm else ''}qkv_rope_kv_store {case[0]}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_qkv_rope_kv_store_at_one_row(backend, case, norm)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for k_in in (96, 4608):
                 label = f"rms_norm_swiglu {wtype} K={k_in}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_rms_norm_swiglu_at_one_row(backend, wtype, k_in)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for out_f, k_in in ((96, 576), (2048, 256), (1000, 4608)):
                 label = f"matmul_add_rms_norm {wtype} {out_f}x{k_in}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_matmul_add_rms_norm_at_one_row(backend, wtype, out_f, k_in)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
@@ -513,45 +518,45 @@ def main() -> None:
             for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
                 for dim in (256, 768):
                     label = f"deferred norm {then} {wtype} {dim}"
-                    if a.k in label:
+                    if wanted(label):
                         checks.test_deferred_norm_at_one_row(backend, wtype, then, dim)
                         ran += 1
                         print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for threads, unroll in ((256, False), (128, False), (128, True)):
                 label = f"long gemv {wtype} {threads} threads{' unrolled' if unroll else ''}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_long_rows_on_the_long_gemv(backend, wtype, threads, unroll)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for length in (1, 17, 129, 1025):
             for n_kv, hd, rows in ((3, 64, 2), (1, 128, 1)):
                 label = f"attention past one chunk {length} {n_kv}-{hd}-{rows}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_attention_past_one_chunk(backend, length, n_kv, hd, rows)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in ((8, 32, 1), (3, 9, 2), (2, 8, 3)):
             label = f"last-block combine {case}"
-            if a.k in label:
+            if wanted(label):
                 checks.test_last_block_combine_equals_the_combine_launch(backend, *case)
                 ran += 1
                 print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for vocab in (49152, 49155, 128256):
             label = f"greedy argmax over blocks {vocab}"
-            if a.k in label:
+            if wanted(label):
                 checks.test_greedy_argmax_over_blocks(backend, vocab)
                 ran += 1
                 print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for vocab in (49152, 151936):
             label = f"sampling {vocab}"
-            if a.k in label:
+            if wanted(label):
                 checks.test_sampling_equals_the_reference_on_real_vocabularies(backend, vocab)
                 ran += 1
                 print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"):
             label = f"blas copies {wtype}"
-            if a.k in label:
+            if wanted(label):
                 checks.test_blas_copies_are_bit_exact(backend, wtype)
                 ran += 1
                 print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
@@ -559,21 +564,21 @@ def main() -> None:
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for n in (8, 17, 32, 63):
                 label = f"int8 mma {wtype} n={n}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for n in (8, 33):
                 label = f"mma split k {wtype} n={n}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_mma_split_k_within_the_kits_bound(backend, wtype, n)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for then in ("swiglu", "qkv"):
             for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
                 label = f"norm quantize {then} {wtype}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_norm_quantize_at_int8_rows(backend, wtype, then, 8)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
@@ -581,26 +586,26 @@ def main() -> None:
             for k_in in (96, 4608):
                 for gv in (1, 2, 4):
                     label = f"gemv {wtype} K={k_in} gv={gv}"
-                    if a.k in label:
+                    if wanted(label):
                         checks.test_gemv_one_row(backend, wtype, k_in, gv)
                         ran += 1
                         print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         label = "gemv x16 non-finite"
-        if a.gemv_x16 == 1 and a.k in label:  # the library has one define set: both sides
+        if a.gemv_x16 == 1 and wanted(label):  # the library has one define set: both sides
             checks.test_gemv_x16_keeps_non_finite(backend, backend)
             ran += 1
             print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for k_in in (96, 2560, 8192):
                 label = f"gemv unrolled {wtype} K={k_in}"
-                if a.k in label:
+                if wanted(label):
                     checks.test_gemv_unrolled_gives_the_gemvs_bits(backend, wtype, k_in)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"):
             for case in checks.LAYOUT_PATHS:
                 label = f"layouts {wtype} {case[0]}"
-                if a.k in label and case[0] not in ("tiled", "blas"):  # not emulated
+                if wanted(label) and case[0] not in ("tiled", "blas"):  # not emulated
                     checks.test_compact_layouts_give_the_wide_layouts_bits(backend, wtype, case)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
