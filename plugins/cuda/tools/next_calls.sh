@@ -2,7 +2,7 @@
 # The device calls that docs/gpu.md's latest "Next" names, by number, so a session runs
 # them as written there (from the repository root, after device_files.sh):
 #
-#   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 520 s
+#   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 500 s
 #   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl"], about 500 s (.whl/old: 5f1e184)
 #   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl", ".llama"], about 550 s
 #
@@ -12,12 +12,13 @@ cd "$(dirname "$0")/../../.."
 T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 case ${1:-} in
-1)  # batch 1: x as 16-bit codes in the gemvs of 4, 2 and 1 rows a block, attention's
-    # last-block combine, each twice beside the tree; then the whole gpu_checks.py on the
-    # tree (the twenty-first session's mma kernels and this session's x16 checks)
-    X='--gemv-x16 4|--gemv-x16 2|--gemv-x16 1'
-    KBATCH=1 KVARS="--splits 32|$X|--last-block-combine 1|--splits 32|$X|--last-block-combine 1" \
-        bash $T setup models kvars:1b kvars:smol checks
+1)  # batch 1: x as 16-bit codes in the gemv blocks of 4 and of 2 weight rows (at the
+    # default shapes no block has 1), each twice beside the tree; the 1B step's kernels with
+    # and without R = 4; then the whole gpu_checks.py on the tree (the twenty-first
+    # session's mma kernels, this session's x16 checks, which compile their own module)
+    X='--gemv-x16 4|--gemv-x16 2'
+    KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" KPVARS='|--gemv-x16 4' \
+        bash $T setup models kvars:1b kvars:smol kprofile1:1b checks
     ;;
 2)  # the four int8 batch variants at batches 8 and 32, their checks, the tree before them
     V='--mma-split 512 --mma-split-k 256'
