@@ -13,10 +13,11 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 case ${1:-} in
 1)  # batch 1: x as 16-bit codes in the gemv blocks of 4 and of 2 weight rows (at the
-    # default shapes no block has 1), each twice beside the tree; the 1B step's kernels with
+    # default shapes no block has 1), and with swiglu's blocks on 4 features (8 rows to
+    # share each pass's rounding), each twice beside the tree; the 1B step's kernels with
     # and without R = 4; then the whole gpu_checks.py on the tree (the twenty-first
     # session's mma kernels, this session's x16 checks, which compile their own module)
-    X='--gemv-x16 4|--gemv-x16 2'
+    X='--gemv-x16 4|--gemv-x16 2|--gemv-x16 4 --gemv-swiglu-features 4'
     KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" KPVARS='|--gemv-x16 4' \
         bash $T setup models kvars:1b kvars:smol kprofile1:1b checks
     ;;
