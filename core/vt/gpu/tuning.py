@@ -139,8 +139,9 @@ class GpuTuning:
     #: with integer dot products (``VT_GV_X16`` in kernels/matmul.cu, compiled in): each
     #: thread rounds its 16 values of a pass once, under a power-of-two scale, for all its
     #: rows, so a weight value costs about two instructions where the exact dequantization
-    #: costs four to five (sass_count.py: ``matmul_gemv4_q``'s pass 127 against 273). Not the float32 path's roundings: the activations' rounding of vt_cpu's
-    #: default integer decode (greedy ids those of an exact forward,
+    #: costs four to five (sass_count.py: ``matmul_gemv4_q``'s pass 127 against 273).
+    #: Not the float32 path's roundings: the activations' rounding of vt_cpu's default
+    #: integer decode (greedy ids those of an exact forward,
     #: ``benchmarks/act_quant_vs_float64.py``), within the kit's bounds. 0: never (the
     #: default until measured on a GPU: ``bench_variant.py --gemv-x16 4``).
     gemv_x16_min_rows: int = 0
