@@ -39,6 +39,7 @@ fi
 if [ -n "$OLD" ]; then
     echo "== $OLD's core and plugins -> .whl/old"
     rm -rf .whl/old /tmp/vt-old-tree
+    git worktree prune  # a run cut short leaves its worktree registered
     git worktree add -q --detach /tmp/vt-old-tree "$OLD"
     mkdir -p .whl/old
     cp -r /tmp/vt-old-tree/core /tmp/vt-old-tree/plugins .whl/old/
