@@ -142,8 +142,9 @@ class GpuTuning:
     #: costs four to five (sass_count.py: ``matmul_gemv4_q``'s pass 127 against 273).
     #: Not the float32 path's roundings: the activations' rounding of vt_cpu's default
     #: integer decode (greedy ids those of an exact forward,
-    #: ``benchmarks/act_quant_vs_float64.py``), within the kit's bounds. 0: never (the
-    #: default until measured on a GPU: ``bench_variant.py --gemv-x16 4``).
+    #: ``benchmarks/act_quant_vs_float64.py``), within the kit's bounds. 0: never. Run 115
+    #: (H100, ``bench_variant.py --gemv-x16 R``): the 135M Q4_1 shape +2.7% (R = 4) and
+    #: +3.3% (R = 2), the 1B Q8_0 shape -0.3% and -3.2%; off until the H200 and the kit.
     gemv_x16_min_rows: int = 0
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)

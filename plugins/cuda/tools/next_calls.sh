@@ -2,9 +2,9 @@
 # The device calls that docs/gpu.md's latest "Next" names, by number, so a session runs
 # them as written there (from the repository root, after device_files.sh):
 #
-#   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 500 s
-#   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl"], about 500 s (.whl/old: 5f1e184)
-#   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl", ".llama"], about 550 s
+#   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 500 s (.whl/old: 5f1e184)
+#   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl", ".llama"], about 550 s, an H200
+#   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl"], about 450 s, an H200
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -12,16 +12,7 @@ cd "$(dirname "$0")/../../.."
 T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 case ${1:-} in
-1)  # batch 1: x as 16-bit codes in the gemv blocks of 4 and of 2 weight rows (at the
-    # default shapes no block has 1), and with swiglu's blocks on 4 features (8 rows to
-    # share each pass's rounding), each twice beside the tree; the 1B step's kernels with
-    # and without R = 4; then the whole gpu_checks.py on the tree (the twenty-first
-    # session's mma kernels, this session's x16 checks, which compile their own module)
-    X='--gemv-x16 4|--gemv-x16 2|--gemv-x16 4 --gemv-swiglu-features 4'
-    KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" KPVARS='|--gemv-x16 4' \
-        bash $T setup models kvars:1b kvars:smol kprofile1:1b checks
-    ;;
-2)  # the four int8 batch variants at batches 8 and 32, their checks, the tree before them
+1)  # the four int8 batch variants at batches 8 and 32, their checks, the tree before them
     V='--mma-split 512 --mma-split-k 256'
     Q='--norm-quantize-values 256'
     O='--overlap-mma 1'
@@ -31,8 +22,14 @@ case ${1:-} in
         CHECKVARS="$A" CHECKK='mma_split+int8_activation+norm_quantize+overlap_mma+compact_layouts' \
         bash $T setup models kvars:1b kvars:smol checksvar batch_old:1b
     ;;
-3)  # the side by side with llama.cpp (the checks go in another call: run 110)
+2)  # on an H200 only: the side by side with llama.cpp (the goal's open figure)
     VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
+    ;;
+3)  # on an H200: batch 1 on 16-bit codes of x (run 115 measured it on an H100 only), each
+    # twice beside the tree, then the kit and gpu_checks.py with R = 2 (before any default)
+    X='--gemv-x16 4|--gemv-x16 2'
+    KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" CHECKVARS='--gemv-x16 2' \
+        bash $T setup models kvars:1b kvars:smol checksvar
     ;;
 *)
     echo "usage: $0 1|2|3 (docs/gpu.md, the latest Next)" >&2
