@@ -54,3 +54,16 @@ def test_gemv_on_16_bit_codes_in_the_emulation() -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "5 emulated checks passed" in run.stdout, run.stdout[-3000:]
+
+
+@pytest.mark.parametrize("rows", ["0", "-2"])
+def test_emulation_refuses_gemv_x16_below_one_row(rows: str) -> None:
+    """``--gemv-x16`` counts weight rows a block: below 1 is refused by name before any
+    compile (0 is the backend's "never", which the emulation runs without the flag)."""
+    run = subprocess.run(
+        [sys.executable, str(EMULATE), "--gemv-x16", rows],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"--gemv-x16 must be at least 1 (weight rows a block), not {rows}" in run.stderr
+    assert "emulated checks passed" not in run.stdout

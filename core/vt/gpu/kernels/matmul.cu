@@ -487,15 +487,16 @@ __device__ __forceinline__ float vt_code_f(vt_u32 word, int j, float magic) {
 }
 
 // x as 16-bit integer codes in the gemv kernels (VT_GV_X16 = R: blocks of at least R weight
-// rows; 0, the default, never; not yet measured on a GPU). The float32 path spends four to
-// five instructions a weight value (the code's byte, I2F at a quarter of the FP32 rate, the
-// scale's FMUL, the FFMA; ncu: the gemvs bound by issue, not by the memory, run 73), once per
-// row. Here each thread rounds its 16 values of x of a pass once for all its rows, to c =
-// rint(x * m) with m the power of two that keeps every |c| <= 32767 (per 16 values: at
-// least 15 bits of their largest value), and a row takes 8 dp2a (two int16 times two int8
-// products) for its 16 codes, then (scale * isum) / m (+ offset * sum(c) / m) in float32:
-// 11 instructions for 16 values, beside the pass's rounding (about 50, shared by the rows). Not the exact dequantization's roundings: the
-// activations rounded to 16 bits, as vt_cpu's integer decode rounds them by default (16
+// rows; 0, the default, never: run 115 on an H100, the 135M shape +3%, the 1B shape -0.3% to
+// -3%, docs/gpu.md). The float32 path spends four to five instructions a weight value (the
+// code's byte, I2F at a quarter of the FP32 rate, the scale's FMUL, the FFMA; ncu: the gemvs
+// bound by issue, not by the memory, run 73), once per row. Here each thread rounds its 16
+// values of x of a pass once for all its rows, to c = rint(x * m) with m the power of two
+// that keeps every |c| <= 32767 (per 16 values: at least 15 bits of their largest value),
+// and a row takes 8 dp2a (two int16 times two int8 products) for its 16 codes, then (scale *
+// isum) / m (+ offset * sum(c) / m) in float32: 11 instructions for 16 values, beside the
+// pass's rounding (about 50, shared by the rows). Not the exact dequantization's roundings:
+// the activations rounded to 16 bits, as vt_cpu's integer decode rounds them by default (16
 // bits a block of 32, VT_CPU_ACT_BITS; greedy ids those of an exact forward,
 // benchmarks/act_quant_vs_float64.py, whose "16-bit per 16, a power of two" setting is this
 // rounding); within the kit's bounds. A value that is not finite makes the row's sum NaN.
