@@ -272,7 +272,9 @@ class GpuBackend(
         self._rt.close()
 
     # ---- kernels: compiled once per process (the adapter caches the binary)
-    def compile_options(self) -> list[str]:
+    def compile_options(self, layout: int | None = None) -> list[str]:
+        """nvrtc/hiprtc options of the module of every kernel, or (``layout``) of that
+        layout's module (less its ``-DVT_Q_FLAGS``); ValueError naming a bad setting."""
         late = ["-DVT_NORM_LATE=1"] if self.norm_late or self.norm_fold_max_k else []
         if self.attention_threads not in ATTENTION_THREADS:
             raise ValueError(
@@ -287,8 +289,21 @@ class GpuBackend(
                 f"GpuBackend.gemv_x16_min_rows is {self.gemv_x16_min_rows!r}; 0 (never) or "
                 "the fewest weight rows a one-row gemv block takes x as 16-bit codes for"
             )
-        x16 = [f"-DVT_GV_X16={self.gemv_x16_min_rows}"] if self.gemv_x16_min_rows else []
-        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *x16]
+        flags = self.gemv_x16_layout_flags
+        if flags < 0 or flags & ~(W.Q_NIB | W.Q_NIB8 | W.Q_HALF | W.Q_ONE):
+            raise ValueError(
+                f"GpuBackend.gemv_x16_layout_flags is {flags!r}; 0 (every layout) or Q_* "
+                "layout flags (vt.gpu.weights: 0x100 the 4-bit layouts)"
+            )
+        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *self._x16_options(layout)]
+
+    def _x16_options(self, layout: int | None) -> list[str]:
+        """``-DVT_GV_X16`` where the module of ``layout`` (None: the module of every
+        kernel) takes x as 16-bit codes."""
+        rows, flags = self.gemv_x16_min_rows, self.gemv_x16_layout_flags
+        if not rows or flags and (layout is None or layout & flags != flags):
+            return []
+        return [f"-DVT_GV_X16={rows}"]
 
     def _module(self, layout: int | None = None) -> Any:
         """The module of every kernel, or (``layout``) of the quantized-weight kernels
@@ -297,7 +312,7 @@ class GpuBackend(
             if layout is not None:
                 module = self._layout_modules.get(layout)
                 if module is None:
-                    options = [*self.compile_options(), f"-DVT_Q_FLAGS={layout:#x}"]
+                    options = [*self.compile_options(layout), f"-DVT_Q_FLAGS={layout:#x}"]
                     source = kernel_source(LAYOUT_PARTS)
                     module = self._rt.compile(source, f"vt_kernels_q{layout:x}.cu", options)
                     self._layout_modules[layout] = module

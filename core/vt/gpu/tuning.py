@@ -146,6 +146,12 @@ class GpuTuning:
     #: (H100, ``bench_variant.py --gemv-x16 R``): the 135M Q4_1 shape +2.7% (R = 4) and
     #: +3.3% (R = 2), the 1B Q8_0 shape -0.3% and -3.2%; off until the H200 and the kit.
     gemv_x16_min_rows: int = 0
+    #: With ``gemv_x16_min_rows`` set, only the layout modules whose layout has every one of
+    #: these ``Q_*`` flags (vt.gpu.weights) compile the 16-bit path; 0: every module. 0x100
+    #: (``Q_NIB``): the 4-bit layouts on codes and the rest (Q8_0, Q5_K, Q6_K) on the float
+    #: path, the form run 115's split asks for (the 135M shape's Q4_1 gained, the 1B shape's
+    #: Q8_0 lost). The module of every kernel (run-time layouts) then keeps the float path.
+    gemv_x16_layout_flags: int = 0
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the

@@ -241,6 +241,24 @@ def test_the_blas_path_keeps_weight_copies_within_an_eighth_of_the_device_memory
     backend.close()
 
 
+def test_bench_variant_takes_the_x16_layout_flags_in_hex(monkeypatch) -> None:
+    """bench_variant.py --gemv-x16-flags 0x100 sets GpuBackend.gemv_x16_layout_flags; a
+    value that is not a number, or none, is refused by name."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import bench_variant  # noqa: PLC0415
+
+    for name in ("gemv_x16_min_rows", "gemv_x16_layout_flags"):
+        monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))  # restored
+    args = ["--gemv-x16", "2", "--gemv-x16-flags", "0x100", "bench"]
+    assert bench_variant.apply(args) == ["bench"]
+    assert (GpuBackend.gemv_x16_min_rows, GpuBackend.gemv_x16_layout_flags) == (2, 0x100)
+    with pytest.raises(SystemExit, match=r"--gemv-x16-flags takes flags \(0x100\), not nib"):
+        bench_variant.apply(["--gemv-x16-flags", "nib", "bench"])
+    with pytest.raises(SystemExit, match="--gemv-x16-flags needs a value"):
+        bench_variant.apply(["--gemv-x16-flags"])
+    assert GpuBackend.gemv_x16_layout_flags == 0x100
+
+
 def test_free_memory_is_cumemgetinfo() -> None:
     """What the BLAS path's kept copies look at before they are kept (GpuBackend's margin)."""
     backend, driver, _ = make(H200)

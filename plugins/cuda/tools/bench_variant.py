@@ -58,7 +58,9 @@ threads, up to 256 (``GpuBackend.gemv_long_*``: 4096, 4, 256; K 0: never); with
 ``--gemv-x16 R``: one-row gemv blocks of at least R weight rows take x as 16-bit codes
 with integer dot products (``GpuBackend.gemv_x16_min_rows``, compiled in as
 ``-DVT_GV_X16=R``; 0, the default: never; 4: swiglu's, the long rows' and the output
-projection's blocks);
+projection's blocks); ``--gemv-x16-flags F``: only in the modules of layouts with every
+one of the ``Q_*`` flags F (``GpuBackend.gemv_x16_layout_flags``; 0x100: the 4-bit
+layouts);
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-quantize 0|1``: at steps on the int8 mma kernels the norm ops normalise and
@@ -189,12 +191,14 @@ _NUMBERS = {
     "--gemv-long-threads": "gemv_long_threads",
     "--gemv-x16": "gemv_x16_min_rows",
 }
+#: Options whose value may be written in hex (``0x100``).
+_FLAGS = {"--gemv-x16-flags": "gemv_x16_layout_flags"}
 
 
 def apply(args: list[str]) -> list[str]:
     """Set the variant the leading options name; returns the rest (``vt``'s command line)."""
-    valued = (*_NUMBERS, "--blas-keep", "--blas-lt", "--int8-mma", "--kdefine", "--skip-kernel",
-             "--layout", "--drop-fused", "--add-fused", "--last-block-combine",
+    valued = (*_NUMBERS, *_FLAGS, "--blas-keep", "--blas-lt", "--int8-mma", "--kdefine",
+             "--skip-kernel", "--layout", "--drop-fused", "--add-fused", "--last-block-combine",
              "--attention-cluster")  # fmt: skip
     while args:
         flag = args[0]
@@ -207,6 +211,12 @@ def apply(args: list[str]) -> list[str]:
             )
         if flag in _NUMBERS:
             setattr(GpuBackend, _NUMBERS[flag], int(args[1]))
+        elif flag in _FLAGS:
+            try:
+                setattr(GpuBackend, _FLAGS[flag], int(args[1], 0))
+            except ValueError:
+                why = f"bench_variant: {flag} takes flags (0x100), not {args[1]}"
+                raise SystemExit(why) from None
         elif flag == "--blas-keep":  # CudaBackend says its own default (0.125)
             for cls in _backend_classes():
                 cls.blas_keep_fraction = float(args[1])

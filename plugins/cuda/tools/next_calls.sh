@@ -5,13 +5,20 @@
 #   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 500 s (.whl/old: 5f1e184)
 #   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl", ".llama"], about 550 s, an H200
 #   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl"], about 450 s, an H200
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: 3 on an H200, else 1
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
 cd "$(dirname "$0")/../../.."
 T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
-case ${1:-} in
+N=${1:-}
+if [ "$N" = auto ]; then
+    # H200s come rarely: a call that gets one spends it on what only an H200 can answer
+    if nvidia-smi -L 2>/dev/null | grep -q H200; then N=3; else N=1; fi
+    echo "next_calls.sh auto: call $N"
+fi
+case $N in
 1)  # the four int8 batch variants at batches 8 and 32, their checks, the tree before them
     V='--mma-split 512 --mma-split-k 256'
     Q='--norm-quantize-values 256'
@@ -32,7 +39,7 @@ case ${1:-} in
         bash $T setup models kvars:1b kvars:smol checksvar
     ;;
 *)
-    echo "usage: $0 1|2|3 (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
