@@ -541,8 +541,18 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
             for i, (op, w) in enumerate(zip(ops, want, strict=True)):
                 assert nmse(got[name][i], w) <= kernel_tolerance(op, wtype), (name, op, i)
                 # float32 sums in another order; x in 16-bit codes where a block's rows
-                # take them (gemv_x16_min_rows): about 2^-30 a value's square
-                rows = 2 * gv if op == "swiglu" else gv
+                # take them (gemv_x16_min_rows): about 2^-30 a value's square. A block's
+                # features as GpuBackend._gemv picks them: the wide gemv's, the long rows'
+                # (K >= gemv_long_min_k: run 117 found this bound blind to them), or gv.
+                if name == "wide":
+                    features = cuda.gemv_wide_features
+                elif 0 < cuda.gemv_long_min_k <= k_in:
+                    features = cuda.gemv_long_features
+                elif op == "swiglu" and cuda.gemv_swiglu_features in (1, 2, 4):
+                    features = cuda.gemv_swiglu_features
+                else:
+                    features = gv
+                rows = 2 * features if op == "swiglu" else features
                 x16 = 0 < cuda.gemv_x16_min_rows <= rows
                 bound = _X16_NMSE if x16 else 1e-10
                 assert nmse(got[name][i], got["warp"][i]) <= bound, (name, op, i)
