@@ -2212,17 +2212,17 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
 
 @pytest.mark.parametrize(
     ("blocks", "min_k", "splits"), [(0, 256, 1), (8, 256, 2), (12, 256, 4), (12, 512, 2),
-                                    (64, 128, 8), (64, 2048, 1)]
+                                    (64, 128, 8), (64, 2048, 1), (512, 512, 2)]
 )  # fmt: skip
 def test_mma_split_blocks_splits_k_over_the_grids_y(blocks: int, min_k: int, splits: int) -> None:
     """mma_split_blocks: an int8 mma launch of fewer 16-feature blocks than the setting
     splits K over grid y, the most slices (a power of two) with blocks x slices within the
     setting and slices of at least mma_split_min_k values, and passes the slices' partial
     sums (part[block][slice][weight][tiles x 128 floats]) and the blocks' counters, zeroed
-    when that scratch is allocated (the kernel leaves them zero); 0 (the default) or too
-    short a K: one slice and two nulls, as before."""
+    when that scratch is allocated (the kernel leaves them zero); 0 (never) or too short a
+    K: one slice and two nulls. On by default since run 119: 512 blocks, slices of 1,024."""
     backend, rt = make()
-    assert GpuBackend.mma_split_blocks == 0  # off by default
+    assert (GpuBackend.mma_split_blocks, GpuBackend.mma_split_min_k) == (512, 1024)
     backend.int8_mma, backend.int8_min_values = True, 0
     backend.mma_split_blocks, backend.mma_split_min_k = blocks, min_k
     c = OpCase(backend)
@@ -2392,12 +2392,13 @@ def test_kernels_that_wait_for_their_predecessor_launch_overlapped(on: bool) -> 
     backend.close()
 
 
-@pytest.mark.parametrize("on", [False, True], ids=["default", "overlap_mma"])
+@pytest.mark.parametrize("on", [False, True], ids=["off", "default"])
 def test_overlap_mma_launches_the_int8_batch_kernels_overlapped(on: bool) -> None:
-    """overlap_mma: at int8 mma rows quantize_norm_rows, quantize_rows and the mma kernels
-    go through ``launch_overlapped`` (each calls vt_grid_wait before reading what the
-    kernel before it wrote; an mma warp after its first weights); rope_kv_store stays plain.
-    Off (the default): all plain."""
+    """overlap_mma (on by default since run 119): at int8 mma rows quantize_norm_rows,
+    quantize_rows and the mma kernels go through ``launch_overlapped`` (each calls
+    vt_grid_wait before reading what the kernel before it wrote; an mma warp after its first
+    weights); rope_kv_store stays plain. Off: all plain."""
+    assert GpuBackend.overlap_mma
     backend, rt = make()
     backend.int8_mma, backend.int8_min_values, backend.overlap_mma = True, 0, on
     overlapped = _overlapped_launches(rt)

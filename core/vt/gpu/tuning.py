@@ -79,7 +79,8 @@ class GpuTuning:
     #: K // this many blocks, each computing the row's scale itself (the same bits); 0: a
     #: block a row. Run 113: 4.4 us a call at K = 2,048 against ``rms_norm``'s 2.6, the
     #: quantization's shuffles 8 blocks of 32 deep a warp (``--norm-quantize-values N``).
-    norm_quantize_values: int = 0
+    #: 256 since run 119, with ``mma_split_blocks`` and ``overlap_mma`` (their note).
+    norm_quantize_values: int = 256
     #: Int8 mma launches of fewer 16-feature blocks than this split K over S slices (a
     #: power of two: the most with blocks * S at most this and slices of at least
     #: ``mma_split_min_k`` values), block (b, s) summing slice s and the last of b's
@@ -87,7 +88,12 @@ class GpuTuning:
     #: loads in flight where a batch step's o, down and qkv projections have 128-192 blocks
     #: (run 113: 0.4-0.6 TB/s of the H100's 3.35 at batch 32). Not the unsplit kernel's
     #: bits; within the kit's bounds. 0: never (``bench_variant.py --mma-split N``).
-    mma_split_blocks: int = 0
+    #: Runs 116-120 (H100; docs/gpu.md, twenty-fourth session): 512 with
+    #: ``norm_quantize_values`` 256, ``overlap_mma`` and ``VT_MMA_SKIP_ZERO`` (kernels/
+    #: matmul.cu), the four on by default together: batches 8 and 32 +15% and +7.5% on the
+    #: 1B shape, +17% and +8.5% on the 135M shape; ``mma_split_min_k`` 256 took the 1B
+    #: shape's batch 8 to +20% but cost the 135M shape's batch 32 15% (its K = 576 split).
+    mma_split_blocks: int = 512
     mma_split_min_k: int = 1024
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
@@ -247,8 +253,9 @@ class GpuTuning:
     #: ``quantize_norm_rows``, ``*_mma*_q8a``): each starts while the kernel before it
     #: finishes, an mma warp's first weights loaded before its wait. Batch steps launch
     #: 7-10 of them a layer (run 113), each paying a launch's latency now
-    #: (``bench_variant.py --overlap-mma 1``).
-    overlap_mma: bool = False
+    #: (``bench_variant.py --overlap-mma 0``). On since run 119: alone, the 135M shape
+    #: +7% to +14% at batches 8 and 32, the 1B shape within 0.5% (run 116).
+    overlap_mma: bool = True
     #: With ``overlap_launches``, ``attention_combine`` alone (its few blocks wait for the
     #: split kernel's partials on the device, so its launch is not on the chain).
     overlap_combine: bool = False

@@ -40,7 +40,7 @@ values (``GpuBackend.overlap_attention_min_q``, 2048 by default; 0: never);
 ``--overlap-combine 0|1``: ``attention_combine`` alone launched overlapped
 (``GpuBackend.overlap_combine``, off by default);
 ``--overlap-mma 0|1``: the int8 batch kernels (``quantize_rows``, ``quantize_norm_rows``,
-``*_mma*_q8a``) launched overlapped too (``GpuBackend.overlap_mma``, off by default);
+``*_mma*_q8a``) launched overlapped too (``GpuBackend.overlap_mma``, on since run 119);
 ``--gemv-unroll-k K``: one-row matmuls with K or more inputs on ``matmul_gemvu*_q``
 (two passes' loads in flight a thread; ``GpuBackend.gemv_unroll_min_k``, 0: never);
 ``--gemv-threads N`` / ``--gemv-swiglu-threads N``: threads a gemv block (swiglu's) where
@@ -66,10 +66,10 @@ the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-quantize 0|1``: at steps on the int8 mma kernels the norm ops normalise and
 quantize x in one launch, ``quantize_norm_rows`` (``GpuBackend.norm_quantize``, on since
 run 108); ``--norm-quantize-values N``: its blocks pack N values each, a row over K // N
-blocks (``GpuBackend.norm_quantize_values``, 0: a row a block);
+blocks (``GpuBackend.norm_quantize_values``, 256 since run 119; 0: a row a block);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
-(``GpuBackend.mma_split_blocks``, 0: never; ``mma_split_min_k``, 1024);
+(``GpuBackend.mma_split_blocks``, 512 since run 119, 0: never; ``mma_split_min_k``, 1024);
 ``--norm-fold-k K``: at one row the norm ops fold the norm into their gemv kernels,
 late-scaled, where the row has at most K values (``GpuBackend.norm_fold_max_k``, 0: never;
 1024 by default);

@@ -1201,7 +1201,7 @@ __device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32
 #endif
 #define MMA_U(NT) ((NT) >= 8 ? VT_MMA_U8 : (NT) >= 4 ? VT_MMA_U4 : VT_MMA_U1)
 #ifndef VT_MMA_SKIP_ZERO
-#define VT_MMA_SKIP_ZERO 0
+#define VT_MMA_SKIP_ZERO 1  // since run 119 (docs/gpu.md, twenty-fourth session)
 #endif
 
 // acc[m][j][e] += this warp's K blocks, of blocks [kb_lo, kb_hi), of weight m's rows (ra,
@@ -1219,7 +1219,8 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
     const vt_f2* pairs = vt_q8a_pairs((unsigned char*)x, n, K);
     constexpr int U = MMA_U(NT);
     bool waited = false;
-    // VT_MMA_SKIP_ZERO (0 by default: not yet measured): where every weight's layout has
+    // VT_MMA_SKIP_ZERO (1 by default; run 116 alone: the 1B shape +3% to +4% at batches 8 and
+    // 32, the 135M shape within noise, H100): where every weight's layout has
     // scales alone (VT_Q_ONE: Q8_0, Q4_0; known at compile time in a layout's module), the
     // + offset * sum(x) term is + 0 * a finite sum, which changes no sum (as
     // VT_GV_SKIP_ZERO's argument), so it and the second pair load of x's sums are left
