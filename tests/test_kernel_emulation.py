@@ -56,6 +56,21 @@ def test_gemv_on_16_bit_codes_in_the_emulation() -> None:
     assert "5 emulated checks passed" in run.stdout, run.stdout[-3000:]
 
 
+@pytest.mark.slow
+def test_gemv_x16_at_two_rows_takes_the_long_rows_blocks_as_the_backend_does() -> None:
+    """``--gemv-x16 2`` with one feature a block (gv 1) at K = 4,608: the long rows take 4
+    features a block (gemv_long_min_k), so x goes as 16-bit codes and gpu_checks.py must
+    hold it to the 16-bit bound; run 117 (H100) failed here while the check counted gv's
+    rows itself, not the backend's."""
+    assert shutil.which("g++"), "the kernel emulation needs g++ (C++20)"
+    run = subprocess.run(
+        [sys.executable, str(EMULATE), "-k", "gemv Q8_0 K=4608 gv=1", "--gemv-x16", "2"],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "1 emulated checks passed" in run.stdout, run.stdout[-3000:]
+
+
 @pytest.mark.parametrize("rows", ["0", "-2"])
 def test_emulation_refuses_gemv_x16_below_one_row(rows: str) -> None:
     """``--gemv-x16`` counts weight rows a block: below 1 is refused by name before any

@@ -290,7 +290,7 @@ class GpuBackend(
                 "the fewest weight rows a one-row gemv block takes x as 16-bit codes for"
             )
         flags = self.gemv_x16_layout_flags
-        if flags < 0 or flags & ~(W.Q_NIB | W.Q_NIB8 | W.Q_HALF | W.Q_ONE):
+        if flags < 0 or flags & ~W.Q_FLAGS:
             raise ValueError(
                 f"GpuBackend.gemv_x16_layout_flags is {flags!r}; 0 (every layout) or Q_* "
                 "layout flags (vt.gpu.weights: 0x100 the 4-bit layouts)"

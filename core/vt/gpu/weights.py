@@ -38,6 +38,8 @@ SUFFIX = {WT_F32: "f32", WT_F16: "f16", WT_BF16: "bf16", WT_Q: "q"}
 #: j (j < 8) and value j + 8 its high nibble. Q_NIB8: a nibble n is the code n - 8.
 #: Q_HALF: scales (and offsets) stored as IEEE half. Q_ONE: a scale alone, the offset 0.
 Q_NIB, Q_NIB8, Q_HALF, Q_ONE = 0x100, 0x200, 0x400, 0x800
+#: Every Q_* flag: what a layout (or a setting naming layouts by their flags) may hold.
+Q_FLAGS = Q_NIB | Q_NIB8 | Q_HALF | Q_ONE
 
 T = GGMLQuantizationType
 F16 = np.dtype("<f2")
@@ -272,6 +274,6 @@ def _check_layouts(layouts: Mapping[str, int] | None) -> Mapping[str, int]:
                 f"layout override for {name!r}: not a quantized type vt packs "
                 f"({', '.join(sorted(names))})"
             )
-        if flags & ~(Q_NIB | Q_NIB8 | Q_HALF | Q_ONE) or flags < 0:
+        if flags & ~Q_FLAGS or flags < 0:
             raise ValueError(f"layout override for {name}: flags {flags:#x} are not Q_* flags")
     return layouts

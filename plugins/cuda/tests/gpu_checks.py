@@ -517,9 +517,18 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
         stream = cuda.create_stream()
         xb = f32(io.put(x), 1, k_in)
         got: dict[str, list[np.ndarray]] = {}
+        block_rows: dict[str, dict[str, int]] = {}  # weight rows a gemv block, by op
         for name, (features, wide, sw) in configs.items():
             cuda.gemv_features, cuda.gemv_wide_min_rows = features, wide
             cuda.gemv_swiglu_threads = sw
+            # as the backend picks a block's features (the wide gemv's, the long rows' at
+            # K >= gemv_long_min_k: run 117 found a hand-kept copy of this rule blind to them)
+            gws = [cuda._gpu_weight(w, "w") for w in ws]
+            block_rows[name] = {
+                "matmul": cuda._gemv(xb, gws[0])[0], "matmul_add": cuda._gemv(xb, gws[1])[0],
+                "swiglu": 2 * cuda._gemv(xb, gws[0], gws[1], **cuda._swiglu_gemv)[0],
+                "qkv": cuda._gemv(xb, *gws)[0],
+            }  # fmt: skip
             outs = [f32(io.empty(4 * r), 1, r) for r in (37, 37, 37, 37, 37, 13)]
             scratch = [f32(io.empty(4 * 37), 1, 37) for _ in range(2)]
             cuda.launch("matmul", stream, out=outs[0], x=xb, weight=ws[0], bias=bias)
@@ -541,19 +550,8 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
             for i, (op, w) in enumerate(zip(ops, want, strict=True)):
                 assert nmse(got[name][i], w) <= kernel_tolerance(op, wtype), (name, op, i)
                 # float32 sums in another order; x in 16-bit codes where a block's rows
-                # take them (gemv_x16_min_rows): about 2^-30 a value's square. A block's
-                # features as GpuBackend._gemv picks them: the wide gemv's, the long rows'
-                # (K >= gemv_long_min_k: run 117 found this bound blind to them), or gv.
-                if name == "wide":
-                    features = cuda.gemv_wide_features
-                elif 0 < cuda.gemv_long_min_k <= k_in:
-                    features = cuda.gemv_long_features
-                elif op == "swiglu" and cuda.gemv_swiglu_features in (1, 2, 4):
-                    features = cuda.gemv_swiglu_features
-                else:
-                    features = gv
-                rows = 2 * features if op == "swiglu" else features
-                x16 = 0 < cuda.gemv_x16_min_rows <= rows
+                # take them (gemv_x16_min_rows): about 2^-30 a value's square
+                x16 = 0 < cuda.gemv_x16_min_rows <= block_rows[name][op]
                 bound = _X16_NMSE if x16 else 1e-10
                 assert nmse(got[name][i], got["warp"][i]) <= bound, (name, op, i)
     finally:
