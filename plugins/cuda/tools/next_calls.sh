@@ -5,6 +5,8 @@
 #   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl", ".llama"], about 550 s
 #   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl"], about 350 s
+#   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
+#                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 1 (the checks first)
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
@@ -33,8 +35,18 @@ case $N in
     X='--mma-split-k 512|--gemv-x16 4|--gemv-x16 2|--gemv-x16 4 --gemv-x16-flags 0x100'
     KBATCH=1,8,32 KVARS="--splits 32|$X|--splits 32|$X" bash $T setup models kvars:1b kvars:smol
     ;;
+h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
+    # whether the 16-bit path helps the 1B step there (twice beside the tree, batch 1)
+    if ! nvidia-smi -L 2>/dev/null | grep -q H200; then
+        echo "next_calls.sh h200: no H200 here; nothing run" >&2
+        exit 3
+    fi
+    VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
+    KBATCH=1 KVARS='--splits 32|--gemv-x16 4|--gemv-x16 2|--splits 32|--gemv-x16 4|--gemv-x16 2' \
+        bash $T kvars:1b
+    ;;
 *)
-    echo "usage: $0 1|2|3|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
