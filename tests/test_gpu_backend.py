@@ -525,18 +525,24 @@ def test_gemv_x16_compiles_every_module_with_its_define() -> None:
 def test_gemv_x16_layout_flags_keep_other_layouts_on_the_float_path() -> None:
     """gemv_x16_layout_flags 0x100 (Q_NIB): the 16-bit path compiles into the 4-bit layouts'
     modules (Q4_1: 0x500) only; Q8_0's (0xc00) and the module of every kernel keep the float
-    path; flags outside the Q_* flags, or negative, are refused by name before anything
-    compiles."""
+    path, and gemv_x16_rows says so per launch's weights; flags outside the Q_* flags, or
+    negative, are refused by name before anything compiles."""
     backend, rt = make()
     backend.gemv_x16_min_rows, backend.gemv_x16_layout_flags = 2, 0x100
     c = OpCase(backend)
-    c.w("a", np.ones((16, 256), np.float32), "Q8_0")
-    c.w("b", np.ones((16, 256), np.float32), "Q4_1")
+    a = c.w("a", np.ones((16, 256), np.float32), "Q8_0").handle
+    b = c.w("b", np.ones((16, 256), np.float32), "Q4_1").handle
     opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")
     q4_1 = (*opts, "-DVT_GV_X16=2", "-DVT_Q_FLAGS=0x500")
     assert rt.compiles == [("vt_kernels.cu", opts),
                            ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00")),
                            ("vt_kernels_q500.cu", q4_1)]  # fmt: skip
+    assert (backend.gemv_x16_rows(a), backend.gemv_x16_rows(b)) == (0, 2)
+    assert backend.gemv_x16_rows(a, b) == backend.gemv_x16_rows() == 0  # every kernel's module
+    backend.gemv_x16_layout_flags = 0
+    assert (backend.gemv_x16_rows(a), backend.gemv_x16_rows(b), backend.gemv_x16_rows()) == (
+        2, 2, 2,
+    )  # fmt: skip
     backend.close()
     for flags in (0x1, -0x100):
         backend, rt = make()

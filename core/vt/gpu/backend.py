@@ -297,13 +297,22 @@ class GpuBackend(
             )
         return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *self._x16_options(layout)]
 
-    def _x16_options(self, layout: int | None) -> list[str]:
-        """``-DVT_GV_X16`` where the module of ``layout`` (None: the module of every
-        kernel) takes x as 16-bit codes."""
+    def _x16_rows(self, layout: int | None) -> int:
+        """The fewest weight rows of a one-row gemv block that take x as 16-bit codes in
+        the module of ``layout`` (None: the module of every kernel); 0: none do."""
         rows, flags = self.gemv_x16_min_rows, self.gemv_x16_layout_flags
-        if not rows or flags and (layout is None or layout & flags != flags):
-            return []
-        return [f"-DVT_GV_X16={rows}"]
+        if flags and (layout is None or layout & flags != flags):
+            return 0
+        return rows
+
+    def _x16_options(self, layout: int | None) -> list[str]:
+        rows = self._x16_rows(layout)
+        return [f"-DVT_GV_X16={rows}"] if rows else []
+
+    def gemv_x16_rows(self, *weights: GpuWeight) -> int:
+        """The fewest weight rows of a one-row gemv block reading ``weights`` that take x
+        as 16-bit codes (0: none do), by the module such a launch comes from."""
+        return self._x16_rows(self._layout(weights))
 
     def _module(self, layout: int | None = None) -> Any:
         """The module of every kernel, or (``layout``) of the quantized-weight kernels

@@ -550,8 +550,9 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
             for i, (op, w) in enumerate(zip(ops, want, strict=True)):
                 assert nmse(got[name][i], w) <= kernel_tolerance(op, wtype), (name, op, i)
                 # float32 sums in another order; x in 16-bit codes where a block's rows
-                # take them (gemv_x16_min_rows): about 2^-30 a value's square
-                x16 = 0 < cuda.gemv_x16_min_rows <= block_rows[name][op]
+                # take them (gemv_x16_min_rows, in the modules gemv_x16_layout_flags
+                # names): about 2^-30 a value's square
+                x16 = 0 < cuda.gemv_x16_rows(*gws) <= block_rows[name][op]
                 bound = _X16_NMSE if x16 else 1e-10
                 assert nmse(got[name][i], got["warp"][i]) <= bound, (name, op, i)
     finally:
@@ -564,10 +565,10 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
 
 @pytest.fixture(scope="module")
 def cuda_x16() -> Any:
-    """A cuda backend whose one-row gemvs take x as 16-bit codes in every block
-    (gemv_x16_min_rows 1, set before its kernels compile)."""
+    """A cuda backend whose one-row gemvs take x as 16-bit codes in every block of every
+    layout (gemv_x16_min_rows 1, gemv_x16_layout_flags 0, set before its kernels compile)."""
     backend = make("cuda")
-    backend.gemv_x16_min_rows = 1
+    backend.gemv_x16_min_rows, backend.gemv_x16_layout_flags = 1, 0
     yield backend
     backend.close()
 
