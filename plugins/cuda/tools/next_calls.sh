@@ -5,7 +5,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 1     # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl", ".llama"], about 550 s
 #   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl"], about 350 s
-#   bash plugins/cuda/tools/next_calls.sh 4     # carry [".whl", ".llama"], about 520 s
+#   bash plugins/cuda/tools/next_calls.sh 4     # carry [".whl", ".llama"], about 400 s
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 1 (the checks first)
@@ -38,8 +38,8 @@ case $N in
     ;;
 4)  # the 16-bit path in the 4-bit layouts (--gemv-x16 4 --gemv-x16-flags 0x100: run 123's
     # 135M shape +2.6% at batch 1, the 1B Q8_0 shape untouched) on the 1B Q4_K_M shape too,
-    # twice beside the tree at batch 1, then the whole kit and gpu_checks.py with it. On an
-    # H200 the side by side first instead of the checks (the goal's open figure).
+    # twice beside the tree at batch 1, then its gemv and greedy-id checks. On an H200 the
+    # side by side first instead of the checks (the goal's open figure).
     X='--gemv-x16 4 --gemv-x16-flags 0x100'
     if nvidia-smi -L 2>/dev/null | grep -q H200; then
         VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
@@ -48,8 +48,10 @@ case $N in
     else
         bash $T setup models
         python3 plugins/cuda/tools/write_shape.py /tmp/1b-q4km.gguf --shape 1b --weight-type Q4_K_M
-        KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" CHECKVARS="$X" \
-            bash $T kvars:1b-q4km kvars:smol checksvar
+        KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" bash $T kvars:1b-q4km kvars:smol
+        # run 117 passed the whole kit and checks at R = 2 on every layout, a superset of
+        # the blocks this takes the path in; here the gemv and greedy-id tests with it
+        CHECKVARS="$X" CHECKK='gemv+greedy' bash $T checksvar
     fi
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
