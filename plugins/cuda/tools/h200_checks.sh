@@ -26,6 +26,7 @@
 # plans, AB_ROUNDS (3) rounds (bench_ab.py; $OUT/ab.json). pgraph:MODELS: pp512 with prefill
 # steps replayed as graphs and eager, alternating (bench_ab.py; $OUT/pgraph.json).
 # kitvar: the conformance kit with the bench_variant.py flags in KITVARS (kit_variant.py).
+# model_q4km: /tmp/1b-q4km.gguf (the 1B shape in Q4_K_M) for kvars:1b-q4km.
 # checksvar: the kit and gpu_checks.py (CHECKK: a -k expression, + for " or ") with the
 # flags in CHECKVARS, in one process. ncu:MODEL: Nsight Compute's time, throughputs and stall reasons of the
 # kernels NCUK names (default: attention's decode pair) at batch 1 (ncu_table.py). nsys:MODEL:
@@ -135,6 +136,9 @@ EOF"
         step models 200 "python3 plugins/cuda/tools/write_shape.py /tmp/smol.gguf --shape 135m --weight-type Q4_1 \
             && python3 plugins/cuda/tools/write_shape.py /tmp/1b.gguf --shape 1b --weight-type Q8_0"
         ;;
+    model_q4km)  # the 1B shape in Q4_K_M as gpu_vs_llama_cpp.py writes it (kvars:1b-q4km)
+        step model_q4km 200 "python3 plugins/cuda/tools/write_shape.py /tmp/1b-q4km.gguf --shape 1b --weight-type Q4_K_M"
+        ;;
     batch:*)
         m=${s#batch:}
         B="bench --backend cuda --model /tmp/$m.gguf --batch 1,8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2"
@@ -226,8 +230,8 @@ EOF"
         i=0
         for v in "${VS[@]}"; do
             i=$((i + 1))
-            step "kvars-$m-$i" 300 "echo 'variant $i: $v'; python3 plugins/cuda/tools/bench_variant.py $v $B > /tmp/kvars-$m-$i.json; \
-                python3 plugins/cuda/tools/batch_table.py /tmp/kvars-$m-$i.json"
+            step "kvars-$m-$i" 300 "echo 'variant $i: $v'; python3 plugins/cuda/tools/bench_variant.py $v $B > /tmp/kvars-$m-$i.json \
+                && python3 plugins/cuda/tools/batch_table.py /tmp/kvars-$m-$i.json"  # rc: the bench's (run 124)
             j=kvars-$m-p${KPROMPT:-128}-$i.json
             cp /tmp/kvars-$m-$i.json /tmp/$j 2>/dev/null && tar -rf "$OUT/kvars.tar" -C /tmp "$j"
         done

@@ -46,8 +46,7 @@ case $N in
         KBATCH=1 KVARS="--splits 32|$X|--gemv-x16 4|--splits 32|$X|--gemv-x16 4" \
             bash $T kvars:1b kvars:1b-q4km kvars:smol
     else
-        bash $T setup models
-        python3 plugins/cuda/tools/write_shape.py /tmp/1b-q4km.gguf --shape 1b --weight-type Q4_K_M
+        bash $T setup models model_q4km
         KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" bash $T kvars:1b-q4km kvars:smol
         # run 117 passed the whole kit and checks at R = 2 on every layout, a superset of
         # the blocks this takes the path in; here the gemv and greedy-id tests with it
