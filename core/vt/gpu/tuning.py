@@ -158,7 +158,9 @@ class GpuTuning:
     #: (``Q_NIB``): the 4-bit layouts on codes and the rest (Q8_0, Q5_K, Q6_K) on the float
     #: path, the form run 115's split asks for (the 135M shape's Q4_1 gained, the 1B shape's
     #: Q8_0 lost). The module of every kernel (run-time layouts) then keeps the float path.
-    #: Run 117 (H100, with 0x100): the 135M shape +1.4% (R = 2) and +2.0% (R = 4).
+    #: Run 117 (H100, with 0x100): the 135M shape +1.4% (R = 2) and +2.0% (R = 4); runs
+    #: 123-124 (H100, R = 4): +2.6% and +3.2%, the 1B Q8_0 shape 0.0%. Before it is a
+    #: default: the 1B Q4_K_M shape (Q4_K on this path) measured (``next_calls.sh 4``).
     gemv_x16_layout_flags: int = 0
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)

@@ -8,7 +8,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 4     # carry [".whl", ".llama"], about 400 s
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 1 (the checks first)
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 4
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -17,8 +17,9 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the twenty-fourth session's new int8 defaults have not met the whole kit yet
-    N=1
+    # the twenty-fifth session: the 16-bit path in the 4-bit layouts on the 1B Q4_K_M
+    # shape, the last measurement before it becomes a default (on an H200: side by side)
+    N=4
     echo "next_calls.sh auto: call $N"
 fi
 case $N in
