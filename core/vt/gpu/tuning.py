@@ -150,8 +150,9 @@ class GpuTuning:
     #: integer decode (greedy ids those of an exact forward,
     #: ``benchmarks/act_quant_vs_float64.py``), within the kit's bounds. 0: never. Run 115
     #: (H100, ``bench_variant.py --gemv-x16 R``): the 135M Q4_1 shape +2.7% (R = 4) and
-    #: +3.3% (R = 2), the 1B Q8_0 shape -0.3% and -3.2%; off until the H200 (its kit
-    #: and gpu_checks.py passed at R = 2 in runs 117-118).
+    #: +3.3% (R = 2), the 1B Q8_0 shape -0.3% and -3.2% (its kit and gpu_checks.py passed
+    #: at R = 2 in runs 117-118); off until the form ``gemv_x16_layout_flags`` describes is
+    #: measured on the 1B Q4_K_M shape.
     gemv_x16_min_rows: int = 0
     #: With ``gemv_x16_min_rows`` set, only the layout modules whose layout has every one of
     #: these ``Q_*`` flags (vt.gpu.weights) compile the 16-bit path; 0: every module. 0x100
