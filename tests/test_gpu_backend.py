@@ -507,7 +507,7 @@ def test_gemv_x16_compiles_every_module_with_its_define() -> None:
     refused by name before anything compiles."""
     for rows, x16 in [(4, ("-DVT_GV_X16=4",)), (0, ())]:
         backend, rt = make()
-        backend.gemv_x16_min_rows = rows
+        backend.gemv_x16_min_rows, backend.gemv_x16_layout_flags = rows, 0
         OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
         opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1", *x16)
         assert rt.compiles == [("vt_kernels.cu", opts),
@@ -551,6 +551,20 @@ def test_gemv_x16_layout_flags_keep_other_layouts_on_the_float_path() -> None:
             backend.prepare()
         assert rt.compiles == []
         backend.close()
+
+
+def test_gemv_x16_is_on_by_default_in_the_4_bit_layouts_only() -> None:
+    """By default one-row gemv blocks of 4 or more rows take x as 16-bit codes in the 4-bit
+    layouts' modules (Q4_0, Q4_1, Q4_K) and the float path in Q8_0's, Q6_K's and float32's."""
+    backend, _ = make()
+    assert (backend.gemv_x16_min_rows, backend.gemv_x16_layout_flags) == (4, W.Q_NIB)
+    c = OpCase(backend)
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal((16, 256)).astype(np.float32)
+    wtypes = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K", "F32")
+    rows = {wtype: backend.gemv_x16_rows(c.w(wtype, values, wtype).handle) for wtype in wtypes}
+    assert rows == {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q8_0": 0, "Q6_K": 0, "F32": 0}
+    backend.close()
 
 
 def test_a_layout_override_uploads_and_compiles_that_layout() -> None:
@@ -615,7 +629,8 @@ def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
     late = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")  # norm_fold_max_k's kernels
     base = [("vt_kernels.cu", late)]
     layouts = [("c00", "0xc00"), ("f00", "0xf00"), ("800", "0x800")] if on else []
-    own = [(f"vt_kernels_q{name}.cu", (*late, f"-DVT_Q_FLAGS={flags}"))
+    x16 = {"f00": ("-DVT_GV_X16=4",)}  # the default: the 4-bit layouts (Q4_0) alone
+    own = [(f"vt_kernels_q{name}.cu", (*late, *x16.get(name, ()), f"-DVT_Q_FLAGS={flags}"))
            for name, flags in layouts]  # fmt: skip
     assert rt.compiles == base + own
     assert "attention_split" not in kernel_source(LAYOUT_PARTS)  # only the weights' kernels

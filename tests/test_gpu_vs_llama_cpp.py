@@ -237,11 +237,12 @@ def test_emulator_same_bits_names_the_cases_that_differ(
     import emulate_kernels  # noqa: PLC0415
 
     built: list[tuple[str, ...]] = []
-    monkeypatch.setattr(
-        emulate_kernels, "build", lambda folder, defines=(): built.append(defines) or defines
-    )
-    monkeypatch.setattr(emulate_kernels, "emulated_backend",
-                        lambda lib: (type("B", (), {"defines": lib})(), None))  # fmt: skip
+
+    def backend(libs: emulate_kernels.Libraries) -> tuple[object, None]:
+        built.append(libs.extra)
+        return type("B", (), {"defines": libs.extra})(), None
+
+    monkeypatch.setattr(emulate_kernels, "emulated_backend", backend)
 
     def outputs(backend: object) -> list[tuple[str, np.ndarray]]:
         flip = "X=1" in backend.defines  # type: ignore[attr-defined]

@@ -13,7 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import vt
+from vt.testing.kernels_suite import weight_tensor
 
 ROOT = Path(__file__).resolve().parent.parent
 EMULATE = ROOT / "plugins/cuda/tools/emulate_kernels.py"
@@ -42,14 +45,15 @@ def test_split_attention_in_the_emulation(defines: tuple[str, ...]) -> None:
 
 @pytest.mark.slow
 def test_gemv_on_16_bit_codes_in_the_emulation() -> None:
-    """The one-row gemv kernels with x as 16-bit codes (``--gemv-x16 1``: every block) on
-    the CPU: matmul, matmul_add, swiglu and qkv at 1, 2 and 4 features a block within the
-    kit's bounds and near the float32 warp kernels, the long rows, and a NaN or an
-    infinity in x giving NaN (gpu_checks.py's checks, the HIP branch's two-way products)."""
+    """The one-row gemv kernels with x as 16-bit codes (``--gemv-x16 1 --gemv-x16-flags 0``:
+    every block of every layout) on the CPU: matmul, matmul_add, swiglu and qkv at 1, 2 and
+    4 features a block within the kit's bounds and near the float32 warp kernels, the long
+    rows, and a NaN or an infinity in x giving NaN (gpu_checks.py's checks, the HIP
+    branch's two-way products)."""
     assert shutil.which("g++"), "the kernel emulation needs g++ (C++20)"
     run = subprocess.run(
         [sys.executable, str(EMULATE), "-k", "gemv Q4_1 K=4608|long gemv Q8_0 256|x16",
-         "--gemv-x16", "1"],
+         "--gemv-x16", "1", "--gemv-x16-flags", "0"],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -64,7 +68,8 @@ def test_gemv_x16_at_two_rows_takes_the_long_rows_blocks_as_the_backend_does() -
     rows itself, not the backend's."""
     assert shutil.which("g++"), "the kernel emulation needs g++ (C++20)"
     run = subprocess.run(
-        [sys.executable, str(EMULATE), "-k", "gemv Q8_0 K=4608 gv=1", "--gemv-x16", "2"],
+        [sys.executable, str(EMULATE), "-k", "gemv Q8_0 K=4608 gv=1", "--gemv-x16", "2",
+         "--gemv-x16-flags", "0"],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -82,3 +87,46 @@ def test_emulation_refuses_gemv_x16_below_one_row(rows: str) -> None:
     assert run.returncode == 2, run.stdout + run.stderr
     assert f"--gemv-x16 must be at least 1 (weight rows a block), not {rows}" in run.stderr
     assert "emulated checks passed" not in run.stdout
+
+
+def test_emulator_runs_each_launch_on_its_modules_defines(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """emulate_kernels.py builds a library per set of defines the backend compiles a module
+    with (VT_WARP and VT_Q_FLAGS left out, the command line's added) and runs each launch
+    in its module's: by default a Q4_1 one-row matmul on 16-bit codes of x
+    (-DVT_GV_X16=4, its layout's module) and a Q8_0 one on the float path."""
+    monkeypatch.syspath_prepend(str(EMULATE.parent))
+    import emulate_kernels  # noqa: PLC0415
+
+    assert emulate_kernels.module_defines(
+        ("-DVT_WARP=32", "-DVT_NORM_LATE=1", "-DVT_GV_X16=4", "-DVT_Q_FLAGS=0x500")
+    ) == ("VT_NORM_LATE=1", "VT_GV_X16=4")
+    ran: list[tuple[tuple[str, ...], str]] = []
+
+    class Lib:
+        def __init__(self, defines: tuple[str, ...]) -> None:
+            self.defines = defines
+
+        def vt_emulate(self, name: bytes, *_: object) -> int:
+            ran.append((self.defines, name.decode()))
+            return 1
+
+    monkeypatch.setattr(emulate_kernels, "build", lambda folder, defines=(): Lib(defines))
+    libs = emulate_kernels.Libraries(tmp_path, ("X=1",))
+    backend, _ = emulate_kernels.emulated_backend(libs)
+    backend.norm_fold_max_k = 0
+    rng = np.random.default_rng(0)
+    stream = backend.create_stream()
+    x = backend.alloc(4 * 256)
+    for wtype in ("Q4_1", "Q8_0", "Q4_1"):
+        t, _ = weight_tensor("w", rng.standard_normal((64, 256)).astype(np.float32), wtype)
+        w = backend.upload_weight(t)
+        out = backend.alloc(4 * 64)
+        backend.launch("matmul", stream, out=vt.Tensor.of(out, np.float32, 1, 64),
+                       x=vt.Tensor.of(x, np.float32, 1, 256), weight=w)  # fmt: skip
+    backend.synchronize(stream)
+    x16 = ("X=1", "VT_GV_X16=4")
+    assert [d for d, name in ran if name.startswith("matmul")] == [x16, ("X=1",), x16]
+    assert sorted(libs.built) == [("X=1",), x16]  # one library a set of defines
+    backend.close()

@@ -151,18 +151,20 @@ class GpuTuning:
     #: ``benchmarks/act_quant_vs_float64.py``), within the kit's bounds. 0: never. Run 115
     #: (H100, ``bench_variant.py --gemv-x16 R``): the 135M Q4_1 shape +2.7% (R = 4) and
     #: +3.3% (R = 2), the 1B Q8_0 shape -0.3% and -3.2% (its kit and gpu_checks.py passed
-    #: at R = 2 in runs 117-118); off until the form ``gemv_x16_layout_flags`` describes is
-    #: measured on the 1B Q4_K_M shape.
-    gemv_x16_min_rows: int = 0
+    #: at R = 2 in runs 117-118). 4 since run 125, in the layouts ``gemv_x16_layout_flags``
+    #: names (see there).
+    gemv_x16_min_rows: int = 4
     #: With ``gemv_x16_min_rows`` set, only the layout modules whose layout has every one of
     #: these ``Q_*`` flags (vt.gpu.weights) compile the 16-bit path; 0: every module. 0x100
     #: (``Q_NIB``): the 4-bit layouts on codes and the rest (Q8_0, Q5_K, Q6_K) on the float
     #: path, the form run 115's split asks for (the 135M shape's Q4_1 gained, the 1B shape's
     #: Q8_0 lost). The module of every kernel (run-time layouts) then keeps the float path.
     #: Run 117 (H100, with 0x100): the 135M shape +1.4% (R = 2) and +2.0% (R = 4); runs
-    #: 123-124 (H100, R = 4): +2.6% and +3.2%, the 1B Q8_0 shape 0.0%. Before it is a
-    #: default: the 1B Q4_K_M shape (Q4_K on this path) measured (``next_calls.sh 4``).
-    gemv_x16_layout_flags: int = 0
+    #: 123-124 (H100, R = 4): +2.6% and +3.2%, the 1B Q8_0 shape 0.0%. Run 125 (H200, R =
+    #: 4, ``next_calls.sh 4``): the 1B Q4_K_M shape (Q4_K on this path) +8.3%, the 135M
+    #: shape +2.4%, the 1B Q8_0 shape 0.0% (every layout, flags 0: +1.0% there, -1.3% on
+    #: the H100 in run 123); run 126: its gemv and greedy-id checks on the H200.
+    gemv_x16_layout_flags: int = 0x100
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
     #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the

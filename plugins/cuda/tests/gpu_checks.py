@@ -669,14 +669,29 @@ def test_gemv_unrolled_gives_the_gemvs_bits(cuda: Any, wtype: str, k_in: int) ->
         io.close()
 
 
+@pytest.fixture(scope="module")
+def cuda_one_path() -> Any:
+    """A cuda backend whose one-row gemvs take the same path in every layout's module
+    (gemv_x16_layout_flags 0, set before its kernels compile): by default the 4-bit layouts
+    take x as 16-bit codes and the wide layouts of the same weights the float32 path."""
+    backend = make("cuda")
+    backend.gemv_x16_layout_flags = 0
+    yield backend
+    backend.close()
+
+
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("case", LAYOUT_PATHS, ids=[c[0] for c in LAYOUT_PATHS])
-def test_compact_layouts_give_the_wide_layouts_bits(cuda: Any, wtype: str, case: tuple) -> None:
+def test_compact_layouts_give_the_wide_layouts_bits(
+    cuda_one_path: Any, wtype: str, case: tuple
+) -> None:
     """The same weights uploaded compact (nibbles, half scales: GpuBackend.compact_weights)
     and wide (int8 codes, float32 pairs): embedding, matmul with bias, swiglu and qkv give
     bit-equal outputs on every kernel path (``case``), on the kernels compiled for each
     layout and on those reading the layout at run time (layout_kernels off), since every
-    layout yields the same values and the kernels' arithmetic does not depend on it."""
+    layout yields the same values and, with the one-row path the same in every module, the
+    kernels' arithmetic does not depend on it."""
+    cuda = cuda_one_path
     label, n, attrs = case
     k_in = 512 if wtype.endswith("_K") else 96
     rows = (80, 80, 72)

@@ -57,10 +57,10 @@ threads, up to 256 (``GpuBackend.gemv_long_*``: 4096, 4, 256; K 0: never); with
 ``--gemv-unroll-k`` two passes' loads in flight a thread as well;
 ``--gemv-x16 R``: one-row gemv blocks of at least R weight rows take x as 16-bit codes
 with integer dot products (``GpuBackend.gemv_x16_min_rows``, compiled in as
-``-DVT_GV_X16=R``; 0, the default: never; 4: swiglu's, the long rows' and the output
-projection's blocks); ``--gemv-x16-flags F``: only in the modules of layouts with every
-one of the ``Q_*`` flags F (``GpuBackend.gemv_x16_layout_flags``; 0x100: the 4-bit
-layouts);
+``-DVT_GV_X16=R``; 0: never; 4, the default since run 125: swiglu's, the long rows' and
+the output projection's blocks); ``--gemv-x16-flags F``: only in the modules of layouts
+with every one of the ``Q_*`` flags F (``GpuBackend.gemv_x16_layout_flags``; 0x100, the
+default: the 4-bit layouts; 0: every layout);
 ``--norm-late 0|1``: with ``--add-fused`` of the norm ops, their kernels scale the sums at
 the end instead of normalising x first (``GpuBackend.norm_late``);
 ``--norm-quantize 0|1``: at steps on the int8 mma kernels the norm ops normalise and

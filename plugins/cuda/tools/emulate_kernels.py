@@ -18,7 +18,9 @@ its warp, ``__shared__`` is a static. Then it runs ``gpu_checks.py``'s tiled-att
 cases, split attention past one chunk, the last-block combine and ``qkv_rope_kv_store``
 checks (bit-equal to their two-launch forms), bit-exact copy checks, int8 tensor-core
 checks, gemv checks and the greedy argmax and sampling checks on the fake runtime
-(``tests/fake_gpu.py``), those kernels' launches routed to the emulation; ``-k`` keeps
+(``tests/fake_gpu.py``), those kernels' launches routed to the emulation, each to a library
+built with its module's defines as the backend compiles them (by default ``-DVT_GV_X16=4``
+in the 4-bit layouts' modules only); ``-k`` keeps
 the cases whose name contains SUBSTRING (``A|B``: either). What it cannot see: timing,
 the memory model between blocks (blocks run one after another), warp-divergent shuffles
 (every shuffle must be reached by the whole warp, as the CUDA code already requires), and
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -322,24 +325,61 @@ def build(folder: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def emulated_backend(lib: ctypes.CDLL) -> tuple[Any, Any]:
-    """A fake-runtime GpuBackend whose launches of the emulated kernels run on the CPU."""
+#: A module's compile options the emulation leaves out: the prelude defines VT_WARP, and a
+#: layout module's VT_Q_FLAGS becomes the layout read at run time (the same values).
+_NOT_EMULATED = ("-DVT_WARP=", "-DVT_Q_FLAGS=")
+
+
+def module_defines(options: Sequence[str]) -> tuple[str, ...]:
+    """The g++ defines of the emulation of a module nvrtc compiles with ``options``."""
+    return tuple(o[2:] for o in options if o.startswith("-D") and not o.startswith(_NOT_EMULATED))
+
+
+class Libraries:
+    """The emulation built in ``folder`` once per set of defines a module compiles with
+    (``-DVT_GV_X16`` in the 4-bit layouts' modules only, by default), ``extra`` (the
+    command line's ``-D``) added to each."""
+
+    def __init__(self, folder: Path, extra: tuple[str, ...] = ()) -> None:
+        self.folder, self.extra = folder, extra
+        self.built: dict[tuple[str, ...], ctypes.CDLL] = {}
+
+    def __call__(self, defines: tuple[str, ...]) -> ctypes.CDLL:
+        key = (*self.extra, *dict.fromkeys(d for d in defines if d not in self.extra))
+        lib = self.built.get(key)
+        if lib is None:
+            sub = self.folder / f"lib{len(self.built)}"
+            sub.mkdir()
+            print(f"emulation built with {' '.join(key) or 'no defines'}", flush=True)
+            lib = self.built[key] = build(sub, key)
+        return lib
+
+
+def emulated_backend(libs: Callable[[tuple[str, ...]], ctypes.CDLL]) -> tuple[Any, Any]:
+    """A fake-runtime GpuBackend whose launches of the emulated kernels run on the CPU, each
+    in ``libs``' library for the defines its module was compiled with."""
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "plugins" / "cuda" / "tests")]
     from fake_gpu import make
 
     backend, rt = make(blas="fake BLAS")
-    launch = rt.launch
+    compile_, launch = rt.compile, rt.launch
+    defines: dict[str, tuple[str, ...]] = {}
+
+    def compiled(source: str, name: str, options: Sequence[str]) -> Any:
+        module = compile_(source, name, options)
+        defines[str(module)] = module_defines(options)
+        return module
 
     def run(fn: Any, grid: Any, block: Any, shared: int, stream: Any, args: Any) -> None:
-        name = str(fn).split(":", 1)[-1]
+        module, _, name = str(fn).partition(":")
         scalar = (ctypes._SimpleCData, ctypes.Structure)  # a RopeTable travels by value
         values = [a if isinstance(a, scalar) else ctypes.c_void_p(a) for a in args]
         ptrs = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         g = (ctypes.c_int * 3)(*grid)
-        if not lib.vt_emulate(name.encode(), g, block[0], ptrs):
+        if not libs(defines.get(module, ())).vt_emulate(name.encode(), g, block[0], ptrs):
             launch(fn, grid, block, shared, stream, args)
 
-    rt.launch = run
+    rt.compile, rt.launch = compiled, run
     return backend, rt
 
 
@@ -406,7 +446,7 @@ def same_bits(define: str, base: tuple[str, ...], settings: dict[str, int] | Non
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         runs = []
         for folder, defines in ((a, base), (b, (*base, define))):
-            backend, _ = emulated_backend(build(Path(folder), defines))
+            backend, _ = emulated_backend(Libraries(Path(folder), defines))
             backend.norm_fold_max_k = 0
             for name, value in (settings or {}).items():
                 setattr(backend, name, value)
@@ -448,16 +488,21 @@ def main() -> None:
                          "GpuBackend.attention_threads (as bench_variant.py "
                          "--attention-threads)")  # fmt: skip
     ap.add_argument("--gemv-x16", type=int, metavar="R",
-                    help="one-row gemv blocks of at least R weight rows on 16-bit codes of x: "
-                         "-D VT_GV_X16=R and GpuBackend.gemv_x16_min_rows (as "
-                         "bench_variant.py --gemv-x16)")  # fmt: skip
+                    help="one-row gemv blocks of at least R weight rows on 16-bit codes of x "
+                         "(GpuBackend.gemv_x16_min_rows, default 4: -D VT_GV_X16=R in the "
+                         "modules it compiles into; as bench_variant.py --gemv-x16)")  # fmt: skip
+    ap.add_argument("--gemv-x16-flags", type=lambda v: int(v, 0), metavar="F",
+                    help="only in the modules of layouts with every one of the Q_* flags F "
+                         "(GpuBackend.gemv_x16_layout_flags, default 0x100: the 4-bit "
+                         "layouts; 0: every module)")  # fmt: skip
     a = ap.parse_args()
     if a.gemv_x16 is not None and a.gemv_x16 < 1:
         ap.error(f"--gemv-x16 must be at least 1 (weight rows a block), not {a.gemv_x16}")
     settings: dict[str, int] = {}
     if a.gemv_x16:
         settings["gemv_x16_min_rows"] = a.gemv_x16
-        a.define.append(f"VT_GV_X16={a.gemv_x16}")
+    if a.gemv_x16_flags is not None:
+        settings["gemv_x16_layout_flags"] = a.gemv_x16_flags
     if a.attention_threads:
         settings["attention_threads"] = a.attention_threads
         a.define.append(f"FA_THREADS={a.attention_threads}")
@@ -473,10 +518,10 @@ def main() -> None:
     if a.same_bits:
         sys.exit(1 if same_bits(a.same_bits, tuple(a.define), settings) else 0)
     with tempfile.TemporaryDirectory() as tmp:
-        defines = (*(("VT_NORM_LATE=1",) if a.norm_late else ()), *a.define)
-        backend, _ = emulated_backend(build(Path(tmp), defines))
-        # The backend must believe what the library holds: without --norm-late its norm
-        # kernels are the bit-equal ones, which the norm checks then compare bit for bit.
+        libs = Libraries(Path(tmp), tuple(a.define))
+        backend, _ = emulated_backend(libs)
+        # Without --norm-late the norm kernels are compiled bit-equal (no VT_NORM_LATE),
+        # which the norm checks then compare bit for bit.
         backend.norm_late = a.norm_late
         if not a.norm_late:
             backend.norm_fold_max_k = 0
@@ -593,8 +638,8 @@ def main() -> None:
                         ran += 1
                         print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         label = "gemv x16 non-finite"
-        # the check's matmul runs 4 rows a block; the library has one define set: both sides
-        if a.gemv_x16 is not None and a.gemv_x16 <= 4 and wanted(label):
+        # the check's Q8_0 matmul runs 4 rows a block; the one backend is both sides
+        if a.gemv_x16 is not None and a.gemv_x16 <= 4 and a.gemv_x16_flags == 0 and wanted(label):
             checks.test_gemv_x16_keeps_non_finite(backend, backend)
             ran += 1
             print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
@@ -605,11 +650,17 @@ def main() -> None:
                     checks.test_gemv_unrolled_gives_the_gemvs_bits(backend, wtype, k_in)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        one_path = None  # gpu_checks.py's cuda_one_path: the same gemv path in every module
         for wtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"):
             for case in checks.LAYOUT_PATHS:
                 label = f"layouts {wtype} {case[0]}"
                 if wanted(label) and case[0] not in ("tiled", "blas"):  # not emulated
-                    checks.test_compact_layouts_give_the_wide_layouts_bits(backend, wtype, case)
+                    if one_path is None:
+                        one_path, _ = emulated_backend(libs)
+                        for name in ("norm_late", "norm_fold_max_k", *settings):
+                            setattr(one_path, name, getattr(backend, name))
+                        one_path.gemv_x16_layout_flags = 0
+                    checks.test_compact_layouts_give_the_wide_layouts_bits(one_path, wtype, case)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         print(f"{ran} emulated checks passed")

@@ -6,9 +6,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 2     # carry [".whl", ".llama"], about 550 s
 #   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl"], about 350 s
 #   bash plugins/cuda/tools/next_calls.sh 4     # carry [".whl", ".llama"], about 400 s
+#   bash plugins/cuda/tools/next_calls.sh 5     # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 4
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 5
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -17,9 +18,9 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the twenty-fifth session: the 16-bit path in the 4-bit layouts on the 1B Q4_K_M
-    # shape, the last measurement before it becomes a default (on an H200: side by side)
-    N=4
+    # the twenty-sixth session: the whole checks with the 16-bit path in the 4-bit layouts
+    # on by default (run 126 ran its gemv and greedy-id tests only)
+    N=5
     echo "next_calls.sh auto: call $N"
 fi
 case $N in
@@ -40,11 +41,13 @@ case $N in
 4)  # the 16-bit path in the 4-bit layouts (--gemv-x16 4 --gemv-x16-flags 0x100: run 123's
     # 135M shape +2.6% at batch 1, the 1B Q8_0 shape untouched) on the 1B Q4_K_M shape too,
     # twice beside the tree at batch 1, then its gemv and greedy-id checks. On an H200 the
-    # side by side first instead of the checks (the goal's open figure).
+    # side by side first instead of the checks (the goal's open figure). Run 125 (an H200);
+    # X has been the default since: the tree runs it now (--gemv-x16 0: the float path).
     X='--gemv-x16 4 --gemv-x16-flags 0x100'
     if nvidia-smi -L 2>/dev/null | grep -q H200; then
         VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
-        KBATCH=1 KVARS="--splits 32|$X|--gemv-x16 4|--splits 32|$X|--gemv-x16 4" \
+        A='--gemv-x16-flags 0'  # every layout (run 125: --gemv-x16 4 before the default)
+        KBATCH=1 KVARS="--splits 32|$X|$A|--splits 32|$X|$A" \
             bash $T kvars:1b kvars:1b-q4km kvars:smol
     else
         bash $T setup models model_q4km
@@ -54,18 +57,25 @@ case $N in
         CHECKVARS="$X" CHECKK='gemv+greedy' bash $T checksvar
     fi
     ;;
+5)  # the whole kit and gpu_checks.py with the 16-bit path in the 4-bit layouts by default
+    # (gemv_x16_min_rows 4, gemv_x16_layout_flags 0x100; run 125), among them the compact
+    # layouts' bit checks on their one-path backend (run 126 failed them by design)
+    bash $T setup kit checks
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
-    # whether the 16-bit path helps the 1B step there (twice beside the tree, batch 1)
+    # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
+    # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
     if ! nvidia-smi -L 2>/dev/null | grep -q H200; then
         echo "next_calls.sh h200: no H200 here; nothing run" >&2
         exit 3
     fi
     VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
-    KBATCH=1 KVARS='--splits 32|--gemv-x16 4|--gemv-x16 2|--splits 32|--gemv-x16 4|--gemv-x16 2' \
+    X='--gemv-x16-flags 0'
+    KBATCH=1 KVARS="--splits 32|$X|$X --gemv-x16 2|--splits 32|$X|$X --gemv-x16 2" \
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|4|5|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac

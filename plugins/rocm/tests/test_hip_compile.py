@@ -48,14 +48,16 @@ STEP_KERNELS = {
 }  # fmt: skip
 
 
-def _programs(warp: int, layouts: bool, x16: int = 0) -> list[tuple[str, str, list[str]]]:
+def _programs(warp: int, layouts: bool, x16: int | None = None) -> list[tuple[str, str, list[str]]]:
     """(source, name, options) of every hiprtc compile the plugin asks for: the module of
     every kernel and, with ``layouts``, one per quantized-weight layout (``x16``:
-    ``GpuBackend.gemv_x16_min_rows``)."""
+    ``GpuBackend.gemv_x16_min_rows`` in every module; None: the defaults, 16-bit codes of
+    x in the 4-bit layouts' modules)."""
     HipRuntime._code_objects.clear()
     fake, rtc = FakeHip(APU.model_copy(update={"warp_size": warp})), FakeHiprtc()
     backend = RocmBackend(HipRuntime(fake, hiprtc=rtc), platform=APU.platform)
-    backend.gemv_x16_min_rows = x16
+    if x16 is not None:
+        backend.gemv_x16_min_rows, backend.gemv_x16_layout_flags = x16, 0
     try:
         backend.prepare()
         if layouts:
@@ -118,10 +120,14 @@ def test_every_kernel_compiles_for_wave64_and_wave32(tmp_path: Path) -> None:
 
 def test_every_weight_layout_module_compiles(tmp_path: Path) -> None:
     """The quantized-weight kernels compiled per layout (``-DVT_Q_FLAGS``: Q8_0, Q4_0,
-    Q4_1, Q4_K, Q5_K, Q6_K's layouts) compile for the wave64 target, each holding the
-    one-row gemv kernels the decode step launches."""
+    Q4_1, Q4_K, Q5_K, Q6_K's layouts) as the defaults ask (the 4-bit layouts with 16-bit
+    codes of x, ``-DVT_GV_X16``) compile for the wave64 target, each holding the one-row
+    gemv kernels the decode step launches."""
     programs = _programs(64, layouts=True)[1:]
     assert {p[1] for p in programs} == {f"vt_kernels_q{v:x}.cu" for v in LAYOUTS.values()}
+    x16 = {p[1] for p in programs if "-DVT_GV_X16=4" in p[2]}
+    nibbles = ("Q4_0", "Q4_1", "Q4_K")  # the layouts with Q_NIB
+    assert x16 == {f"vt_kernels_q{LAYOUTS[t]:x}.cu" for t in LAYOUTS if t.name in nibbles}
     with ThreadPoolExecutor(2) as pool:
         found = list(pool.map(lambda p: _hipcc(tmp_path, 64, p), programs))
     for (_, name, _), kernels in zip(programs, found, strict=True):
