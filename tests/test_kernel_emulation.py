@@ -89,6 +89,19 @@ def test_emulation_refuses_gemv_x16_below_one_row(rows: str) -> None:
     assert "emulated checks passed" not in run.stdout
 
 
+@pytest.mark.parametrize("flags", ["nib", "0x1", "-0x100"])
+def test_emulation_refuses_flags_that_are_not_layout_flags(flags: str) -> None:
+    """``--gemv-x16-flags`` takes 0 or the Q_* layout flags: anything else is refused by
+    name before any compile."""
+    run = subprocess.run(
+        [sys.executable, str(EMULATE), f"--gemv-x16-flags={flags}"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"takes 0 or Q_* layout flags (0x100), not {flags}" in run.stderr
+    assert "emulated checks passed" not in run.stdout
+
+
 def test_emulator_runs_each_launch_on_its_modules_defines(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -96,6 +109,7 @@ def test_emulator_runs_each_launch_on_its_modules_defines(
     with (VT_WARP and VT_Q_FLAGS left out, the command line's added) and runs each launch
     in its module's: by default a Q4_1 one-row matmul on 16-bit codes of x
     (-DVT_GV_X16=4, its layout's module) and a Q8_0 one on the float path."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # emulated_backend adds the tests' folders
     monkeypatch.syspath_prepend(str(EMULATE.parent))
     import emulate_kernels  # noqa: PLC0415
 

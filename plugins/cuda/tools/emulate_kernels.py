@@ -358,7 +358,9 @@ class Libraries:
 def emulated_backend(libs: Callable[[tuple[str, ...]], ctypes.CDLL]) -> tuple[Any, Any]:
     """A fake-runtime GpuBackend whose launches of the emulated kernels run on the CPU, each
     in ``libs``' library for the defines its module was compiled with."""
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "plugins" / "cuda" / "tests")]
+    for folder in (str(ROOT / "plugins" / "cuda" / "tests"), str(ROOT / "tests")):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     from fake_gpu import make
 
     backend, rt = make(blas="fake BLAS")
@@ -461,6 +463,19 @@ def same_bits(define: str, base: tuple[str, ...], settings: dict[str, int] | Non
     return bad
 
 
+def _layout_flags(text: str) -> int:
+    """``--gemv-x16-flags``' value: 0 or Q_* layout flags (vt.gpu.weights), hex allowed."""
+    from vt.gpu.weights import Q_FLAGS
+
+    try:
+        flags = int(text, 0)
+    except ValueError:
+        flags = -1
+    if flags < 0 or flags & ~Q_FLAGS:
+        raise argparse.ArgumentTypeError(f"takes 0 or Q_* layout flags (0x100), not {text}")
+    return flags
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-k", default="",
@@ -491,7 +506,7 @@ def main() -> None:
                     help="one-row gemv blocks of at least R weight rows on 16-bit codes of x "
                          "(GpuBackend.gemv_x16_min_rows, default 4: -D VT_GV_X16=R in the "
                          "modules it compiles into; as bench_variant.py --gemv-x16)")  # fmt: skip
-    ap.add_argument("--gemv-x16-flags", type=lambda v: int(v, 0), metavar="F",
+    ap.add_argument("--gemv-x16-flags", type=_layout_flags, metavar="F",
                     help="only in the modules of layouts with every one of the Q_* flags F "
                          "(GpuBackend.gemv_x16_layout_flags, default 0x100: the 4-bit "
                          "layouts; 0: every module)")  # fmt: skip

@@ -489,8 +489,9 @@ __device__ __forceinline__ float vt_code_f(vt_u32 word, int j, float magic) {
 // x as 16-bit integer codes in the gemv kernels (VT_GV_X16 = R: blocks of at least R weight
 // rows; 0, never, unless the backend compiles it in: by default R = 4 in the 4-bit layouts'
 // modules, GpuBackend.gemv_x16_layout_flags; run 125 on an H200, the 1B Q4_K_M shape +8.3%,
-// the 135M shape +2.4%; on Q8_0 it gains nothing, docs/gpu.md). The float32 path spends four to five instructions a weight value (the
-// code's byte, I2F at a quarter of the FP32 rate, the scale's FMUL, the FFMA; ncu: the gemvs
+// the 135M shape +2.4%; on Q8_0 it gains nothing, docs/gpu.md). The float32 path spends
+// four to five instructions a weight value (the code's byte, I2F at a quarter of the FP32
+// rate, the scale's FMUL, the FFMA; ncu: the gemvs
 // bound by issue, not by the memory, run 73), once per row. Here each thread rounds its 16
 // values of x of a pass once for all its rows, to c = rint(x * m) with m the power of two
 // that keeps every |c| <= 32767 (per 16 values: at least 15 bits of their largest value),
