@@ -105,9 +105,9 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
         tmp_path / "run", "--vt-backend", "cpu", "--vt-backend", "tt_stub", f"--vt-matrix={matrix}"
     )
     assert rc == 0, out
-    assert len(OPS) == 21 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
-    assert summary("cpu", 21, 2, 11, 27, 0) in out
-    assert summary("tt_stub", 20, 2, 4, 27, 0) in out
+    assert len(OPS) == 22 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
+    assert summary("cpu", 22, 2, 11, 27, 0) in out
+    assert summary("tt_stub", 21, 2, 4, 27, 0) in out
     # tt_stub declares nothing: those contracts are "not declared", never passes; it lacks
     # the optional op logprobs (the runner computes them on the host), also "not declared"
     undeclared = ["op logprobs", *(f"contract {c}" for c in TT_UNDECLARED)]
@@ -311,13 +311,24 @@ def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
         "op matmul_add_rms_norm_swiglu, op matmul_add_rms_norm_qkv_rope_kv_store\n"
     ) in out
 
-    # attention that drops its last position: all but the position-0 case fail
+    # attention that drops its last position: all but the position-0 case fail, and every
+    # case of attention_bounded, which the backend runs as attention
     attn = failure_lines(out, "offbyone-attention")
     assert sorted(m.split(":")[0] for m in attn) == sorted(
-        f"op attention[{label}]"
-        for label in ("n=1,last-pos", "n=7,3-slots,prefill+decode", "n=2,no-gqa", "n=3,gqa-4,hd=64")
-    )
-    assert summary("offbyone-attention", ops - 1, core, contracts, 0, 1) in out
+        [
+            *(
+                f"op attention[{label}]"
+                for label in ("n=1,last-pos", "n=7,3-slots,prefill+decode", "n=2,no-gqa",
+                              "n=3,gqa-4,hd=64")
+            ),
+            *(
+                f"op attention_bounded[{label}]"
+                for label in ("n=1,tight", "n=1,room", "n=1,max-len",
+                              "n=7,3-slots,prefill+decode", "n=3,gqa-4,hd=64")
+            ),
+        ]
+    )  # fmt: skip
+    assert summary("offbyone-attention", ops - 2, core, contracts, 0, 2) in out
 
     # no-op events while declaring them: every contract that relies on events fails
     events = failure_lines(out, "noop-events")
@@ -418,7 +429,7 @@ def test_matrix_marks_failed_cells_and_lists_failures() -> None:
     matrix = matrix_from_results(["mine", "gone"], results, "test", {"mine": caps}, {"gone": "why"})
     assert not matrix.ok
     text = matrix.render(markdown=True)
-    assert summary("mine", 20, 2, 4, 27, 1) in text
+    assert summary("mine", 21, 2, 4, 27, 1) in text
     assert "| `rms_norm` | - | **FAIL** (1/4) |" in text  # how it runs: not recorded here
     assert "| `events` | no | `event-ordering` | not declared |" in text
     assert "| `device_memory_is_host_addressable` | no | `host-view` (must refuse) | pass |" in text

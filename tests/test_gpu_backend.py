@@ -750,6 +750,14 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "max_len": 5, "layer": 2, "scale": 0.5, "gb": 2, "splits": 29,
              "min_per_split": 16, "tile": 0},
         ),
+        "attention_bounded": lambda: (  # short_context 0: op_attention's launches
+            {**kv(), "out": c.t("out", F32, 3, 48), "q": c.t("q", F32, 3, 48), "n_heads": 6,
+             "scale": 0.5, "context": 5},
+            "attention_split",
+            {"n": 3, "n_heads": 6, "n_kv": 1, "head_dim": 8, "n_slots": 7, "n_layers": 4,
+             "max_len": 5, "layer": 2, "scale": 0.5, "gb": 2, "splits": 29,
+             "min_per_split": 16, "tile": 0},
+        ),
         "qkv_rope_kv_store": lambda: (
             {**kv(), "slots": c.t("slots", I32, 1), "positions": c.t("positions", I32, 1),
              "q": c.t("q", F32, 1, 16), "k": c.t("k", F32, 1, 8), "v": c.t("v", F32, 1, 8),
@@ -1018,7 +1026,7 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     args, kernel, scalars = _case(case, op)
     stream = backend.create_stream()
     backend.launch(op, stream, **args)
-    if op == "attention":  # split over positions, then the partials combined
+    if op in ("attention", "attention_bounded"):  # split over positions, then combined
         launch, combine = rt.launches
         assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
         assert combine.args[-2] == 0 and combine.block == (128, 1, 1)  # no tiled launch

@@ -74,9 +74,10 @@ def test_vt_backends_and_audit_show_each_backends_ops() -> None:
     assert "decomposed: matmul_add, swiglu, rope_kv_store" in table.output  # tt_stub
     assert "fallback: logprobs" in table.output  # tt_stub: the host computes logprobs
     listed = {e["name"]: e for e in json.loads(runner.invoke(main, ["backends", "--json"]).output)}
-    # cpu runs every op natively but the GPU's projection-and-norm fusions (decomposed)
+    # cpu runs every op natively but the GPU's projection-and-norm fusions and
+    # attention_bounded (no context classes: the graph never launches it there)
     gpu_fusions = ("matmul_add_rms_norm", "matmul_add_rms_norm_swiglu",
-                   "matmul_add_rms_norm_qkv_rope_kv_store")  # fmt: skip
+                   "matmul_add_rms_norm_qkv_rope_kv_store", "attention_bounded")  # fmt: skip
     cpu_native = [op for op in OPS if op not in gpu_fusions]
     assert listed["cpu"]["ops"] == cpu_native and listed["tt_stub"]["ops"] == list(vt.PRIMITIVE_OPS)
     audit = runner.invoke(main, ["audit", "--backend", "tt_stub", "--json"])

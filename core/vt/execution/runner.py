@@ -51,6 +51,8 @@ from .step_graphs import (
     DEFAULT_MAX_GRAPHS,
     StepGraphs,
     bucket,
+    context_bound,
+    context_classes,
     graphs_enabled,
     padding,
     prefill_graphs_enabled,
@@ -227,6 +229,7 @@ class ModelRunner:
                 f"max_model_len={max_model_len} must be between 1 and the model's context "
                 f"length {config.context_length}"
             )
+        self.context_classes = context_classes(backend)
         enabled, why = async_scheduling_enabled(async_scheduling)
         path, reason = choose_readback(backend.capabilities, enabled)
         use_graphs, self.graphs_reason = graphs_enabled(backend.capabilities, graphs)
@@ -546,14 +549,15 @@ class ModelRunner:
         graph, act, io, kv = self.graph, self._act, self._io, self.kv.buffer
         rows = plan.rows or plan.n_tokens
         sampled = plan.samples or n_rows + len(scored)  # scored rows: logits too
+        context = context_bound(self.context_classes, plan.max_end, self.max_model_len)
 
         def forward(out_ids: Buffer) -> None:
-            graph.forward(act, io, kv, self.layout, rows, sampled, out_ids, main)
+            graph.forward(act, io, kv, self.layout, rows, sampled, out_ids, main, context)
 
         if replay:
             assert self._graph_ids is not None
             ids = self._graph_ids
-            self._graphs.run((rows, sampled), kv, main, lambda: forward(ids))
+            self._graphs.run((rows, sampled, context), kv, main, lambda: forward(ids))
             if n_rows:  # the output slot differs per step; the captured ids buffer does not
                 b.copy_d2d(slot.ids, ids, n_rows * 4, main)
         else:

@@ -22,7 +22,10 @@ What a graph may capture, and why replays are right:
   the device inputs, the KV cache), and everything that differs between steps of one shape
   (token ids, positions, KV slots, sampled rows, sampling parameters) is *data* in the
   device inputs buffer. So the key is the shape: ``(n_tokens, n_sampled_rows)``. The row
-  -> KV-slot layout is data too, not part of the key.
+  -> KV-slot layout is data too, not part of the key. Where the backend declares
+  ``context_classes``, the key also holds the step's context bound (:func:`context_bound`):
+  its attention kernels may differ by it, and a graph captured at a bound is replayed only
+  while every row's context stays within it.
 - Only the forward pass is captured. The host inputs' copy from the output slot's pinned
   staging, the device-to-device copies of the previous step's ids, and the copy of the
   sampled ids into the output slot are enqueued eagerly on the same stream around the
@@ -74,7 +77,9 @@ from ..protocol.capabilities import Capabilities
 
 DEFAULT_MAX_GRAPHS = 64
 
-GraphKey = tuple[int, int]
+#: ``(rows, sampled rows, context bound)``: the bound is 0 where the step launches plain
+#: attention (:func:`context_bound`).
+GraphKey = tuple[int, int, int]
 
 
 def bucket(n: int, limit: int) -> int:
@@ -94,6 +99,28 @@ def token_bucket(n: int, limit: int) -> int:
         return bucket(n, limit)
     step = 1 << ((n - 1).bit_length() - 4)
     return max(n, min(-(-n // step) * step, limit))
+
+
+def context_classes(backend: Backend) -> tuple[int, ...]:
+    """The backend's ``context_classes`` hint, checked: ValueError naming the backend
+    unless it is strictly ascending positive integers."""
+    classes = backend.context_classes
+    ok = isinstance(classes, (tuple, list)) and all(
+        isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in classes
+    )
+    if not ok or any(b <= a for a, b in zip(classes, classes[1:], strict=False)):
+        raise ValueError(
+            f"backend {backend.name!r}: context_classes must be strictly ascending positive "
+            f"integers (context bounds in positions), got {classes!r}"
+        )
+    return tuple(classes)
+
+
+def context_bound(classes: tuple[int, ...], end: int, max_len: int) -> int:
+    """The attention bound of a step whose rows end at most at position ``end`` (exclusive):
+    the smallest class bound of at least ``end``, at most ``max_len`` (the cache's: no
+    position lies past it), else 0: no bound, plain attention."""
+    return next((min(c, max_len) for c in classes if end <= c), 0)
 
 
 def padding(rows: list[tuple[int, int]], max_len: int) -> tuple[int, int] | None:

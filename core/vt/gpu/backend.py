@@ -125,6 +125,9 @@ KERNEL_PARTS: tuple[str, ...] = (
 #: The parts with every kernel that reads a quantized weight: what a layout's own module
 #: (GpuBackend.layout_kernels) compiles.
 LAYOUT_PARTS: tuple[str, ...] = KERNEL_PARTS[:5]
+#: The parts up to attention's kernels (which use the matmul and rope_kv helpers): what the
+#: short-context attention's module (GpuBackend.short_context_threads) compiles.
+ATTENTION_PARTS: tuple[str, ...] = KERNEL_PARTS[:6]
 
 
 @lru_cache(maxsize=2)
@@ -245,7 +248,10 @@ class GpuBackend(
         self._rt = runtime
         self._kernels: Any = None
         self._layout_modules: dict[int, Any] = {}
-        self._functions: dict[tuple[int | None, str], Any] = {}
+        # (module: a layout, None for the module of every kernel, "short" for the
+        # short-context attention's; kernel name) -> function
+        self._functions: dict[tuple[int | str | None, str], Any] = {}
+        self._short_module: Any = None
         self._granularity: int | None = None
         self._lock = threading.Lock()
         self._scratch: list[tuple[str, Buffer]] = []
@@ -267,7 +273,7 @@ class GpuBackend(
             self._free(self._scratch.pop()[1])
         self._drop_copies()
         self._functions.clear()
-        self._kernels = None
+        self._kernels = self._short_module = None
         self._layout_modules.clear()
         self._rt.close()
 
@@ -332,16 +338,56 @@ class GpuBackend(
                 )
         return self._kernels
 
-    def _fn(self, name: str, layout: int | None = None) -> Any:
-        fn = self._functions.get((layout, name))
+    def _short(self) -> Any:
+        """The module of the short-context attention (``attention_split`` for blocks of
+        ``short_context_threads``): the module of every kernel where attention_threads is
+        the same, else ``ATTENTION_PARTS`` compiled with that ``-DFA_THREADS``."""
+        threads = self._short_threads()
+        if threads == self.attention_threads:
+            return self._module()
+        with self._lock:
+            if self._short_module is None:
+                options = [o for o in self.compile_options() if not o.startswith("-DFA_THREADS")]
+                if threads != _FA_THREADS:
+                    options.append(f"-DFA_THREADS={threads}")
+                self._short_module = self._rt.compile(
+                    kernel_source(ATTENTION_PARTS), f"vt_attention_t{threads}.cu", options
+                )
+            return self._short_module
+
+    def _short_threads(self) -> int:
+        threads = self.short_context_threads
+        if threads not in ATTENTION_THREADS:
+            raise ValueError(
+                f"GpuBackend.short_context_threads is {threads!r}; attention's kernels "
+                f"compile for {', '.join(map(str, ATTENTION_THREADS))} threads"
+            )
+        return threads
+
+    def _fn(self, name: str, layout: int | None = None, short: bool = False) -> Any:
+        key = "short" if short else layout
+        fn = self._functions.get((key, name))
         if fn is None:
-            fn = self._rt.get_function(self._module(layout), name)
-            self._functions[layout, name] = fn
+            fn = self._rt.get_function(self._short() if short else self._module(layout), name)
+            self._functions[key, name] = fn
         return fn
+
+    @property
+    def context_classes(self) -> tuple[int, ...]:  # type: ignore[override]
+        """``(short_context,)`` where it is set (the runner's context classes), else ()."""
+        bound = self.short_context
+        if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
+            raise ValueError(
+                f"GpuBackend.short_context is {bound!r}; 0 (off) or the positions a short "
+                "context ends within"
+            )
+        return (bound,) if bound else ()
 
     def prepare(self) -> None:
         """Compile the kernels now (upload_weight does it too, before any step runs)."""
         self._module()
+        if self.context_classes:
+            self._short()
 
     def _layout(self, weights: tuple[GpuWeight, ...]) -> int | None:
         """The WT_Q layout all of ``weights`` share, whose module a launch reading them
@@ -354,12 +400,13 @@ class GpuBackend(
     def _kernel(
         self, name: str, grid: tuple[int, int, int], block: int, stream: Stream, *args: Any,
         overlap: bool = True, weights: tuple[GpuWeight, ...] = (),
-        overlap_attention: bool = False,
+        overlap_attention: bool = False, short: bool = False,
     ) -> None:  # fmt: skip
         """Launch ``name``; ``weights``: the GpuWeights it reads (which module it comes from);
         ``overlap_attention``: attention's kernels overlapped for this launch (op_attention's
-        rule) as ``self.overlap_attention`` has them for every launch."""
-        fn = self._fn(name, self._layout(weights))
+        rule) as ``self.overlap_attention`` has them for every launch; ``short``: from the
+        short-context attention's module."""
+        fn = self._fn(name, None if short else self._layout(weights), short)
         if (
             overlap
             and self.overlap_launches
@@ -1199,7 +1246,10 @@ class GpuBackend(
         layer: int,
         n_heads: int,
         scale: float,
+        short: bool = False,
     ) -> None:
+        """``short``: one launch of ``short_context_threads`` threads a (row, KV group), no
+        splits (op_attention_bounded's rule)."""
         self._head_dim(layout, "attention")
         n = q.shape[0]
         if n == 0:
@@ -1223,10 +1273,12 @@ class GpuBackend(
         gb = max(g for g in range(1, most + 1) if group % g == 0)
         blocks = n * n_kv * (group // gb)
         splits = max(1, min(self.attention_max_splits, -(-self.target_blocks // blocks)))
+        splits = 1 if short else splits
         cluster = self.attention_cluster and splits > 1 and not tile and self._sm() >= 90
         if cluster:
             splits = _FA_CLUSTER
         wide = n == 1 and 0 < self.overlap_attention_min_q <= n_heads * hd
+        threads = self._short_threads() if short else self.attention_threads
         part = counts = 0
         if splits > 1:
             part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot="attention")
@@ -1236,11 +1288,11 @@ class GpuBackend(
                 )
         self._kernel(
             "attention_split_cluster" if cluster else "attention_split",
-            (n, n_kv * (group // gb), splits), self.attention_threads, stream,
+            (n, n_kv * (group // gb), splits), threads, stream,
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
             F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile), P(counts),
-            overlap_attention=wide,
+            overlap_attention=wide, short=short,
         )  # fmt: skip
         if splits > 1 and not counts and not cluster:
             self._kernel(
@@ -1249,6 +1301,35 @@ class GpuBackend(
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
                 I32(tile), I32(self.attention_min_split), overlap_attention=wide,
             )  # fmt: skip
+
+    def op_attention_bounded(
+        self,
+        stream: Stream,
+        out: Tensor,
+        q: Tensor,
+        cache: Tensor,
+        slots: Tensor,
+        positions: Tensor,
+        layout: KVLayout,
+        layer: int,
+        n_heads: int,
+        scale: float,
+        context: int,
+    ) -> None:
+        """op_attention; at one row within ``short_context`` positions, where the query
+        row is narrower than ``overlap_attention_min_q`` (its attention not overlapped), as
+        one launch of ``short_context_threads`` threads a (row, KV group): no splits, no
+        combine."""
+        n, width = q.shape[0], n_heads * layout.head_dim
+        short = (
+            n == 1
+            and context <= self.short_context
+            and not 0 < self.overlap_attention_min_q <= width
+            and n < self.attention_tiled_min_rows
+        )
+        self.op_attention(
+            stream, out, q, cache, slots, positions, layout, layer, n_heads, scale, short
+        )
 
     def _tiled_attention_kernel(self, n: int, n_heads: int, head_dim: int) -> tuple[str, int]:
         """The ``attention_tiled_*`` kernel for these rows and its rows per block: the

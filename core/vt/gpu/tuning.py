@@ -191,9 +191,12 @@ class GpuTuning:
     #: deferred norm) by default since run 103: at one row where the norm's row is wider
     #: than ``norm_fold_max_k`` (the 1B shape +1.8% to +2.0% at batch 1 on an H100; the
     #: 135M shape's 576 fold instead: -15% deferred), their decomposition elsewhere.
+    #: ``attention_bounded`` runs natively (op_attention where no rule of
+    #: ``short_context`` applies); the graph launches it only where ``short_context`` is set.
     native_fused: frozenset[str] = frozenset(
         {"matmul_add", "swiglu", "rope_kv_store", "qkv", "qkv_rope_kv_store",
-         "matmul_add_rms_norm_swiglu", "matmul_add_rms_norm_qkv_rope_kv_store"}
+         "matmul_add_rms_norm_swiglu", "matmul_add_rms_norm_qkv_rope_kv_store",
+         "attention_bounded"}
     )  # fmt: skip
     #: Attention splits a row's positions over at most this many blocks (flash-decoding)
     #: while the grid has fewer than ``target_blocks``, each split at least this long
@@ -208,6 +211,18 @@ class GpuTuning:
     #: at 2,048 positions -43% and -25% (-19% and -7% with ``--min-split 128``), and a graph
     #: is replayed at every length: 128 stays.
     attention_threads: int = _FA_THREADS
+    #: Short contexts on their own attention (a context class: ``Backend.context_classes``
+    #: is ``(short_context,)``). A step whose every row ends within this many positions
+    #: launches ``attention_bounded``, and the runner keys its graphs by the class, so such
+    #: a graph is never replayed past the bound; at one row, where attention is not
+    #: launched overlapped (a query row narrower than ``overlap_attention_min_q``), it runs
+    #: as one launch of ``short_context_threads`` threads a (row, KV group): no splits, no
+    #: combine (``attention_split`` from a module of its own, ``-DFA_THREADS``). What runs
+    #: 100-101 measured for every length (above) with a class: +6.9% at 128-256 positions on
+    #: the 135M shape, the losses past them out of reach. 0: off, one class
+    #: (``bench_variant.py --short-context N``; not yet measured in this form).
+    short_context: int = 0
+    short_context_threads: int = 512
     #: Output features a block of the deferred norm's projection (``matmul_psq_gemv*_q``:
     #: 1, 2 or 4; 0: ``gemv_features``): each block leaves one partial sum of squares, which
     #: every block of the consumer reads (``bench_variant.py --deferred-norm-features N``).

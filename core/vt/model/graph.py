@@ -55,6 +55,7 @@ _LLAMA_OPS: tuple[str, ...] = (
     "rms_norm_qkv_rope_kv_store",
     "matmul",
     "attention",
+    "attention_bounded",  # where the backend declares context_classes
     "matmul_add",
     "rms_norm_swiglu",
     "gather_rows",
@@ -314,11 +315,13 @@ class LlamaGraph:
         n_rows: int,
         out_ids: Buffer,
         stream: Stream,
+        context: int = 0,
     ) -> None:
         """Enqueue one step: ``n_tokens`` rows in, ``n_rows`` sampled ids into ``out_ids``.
 
         Leaves the float32 logits of the sampled rows in ``act.logits``. Enqueues only
-        ops: no allocation, no host synchronisation.
+        ops: no allocation, no host synchronisation. ``context``: a bound on every row's
+        position + 1 (the runner's context class), for ``attention_bounded``; 0: none.
         """
         c, n = self.config, n_tokens
         if not 0 < n <= act.max_tokens or not 0 <= n_rows <= min(n, act.max_rows):
@@ -371,8 +374,13 @@ class LlamaGraph:
                 op("rms_norm_qkv_rope_kv_store", q=q, k=k, v=v, x=x, norm=w.attn_norm,
                    eps=eps, wq=w.wq, wk=w.wk, wv=w.wv, bq=w.bq, bk=w.bk, bv=w.bv,
                    scratch=h, **rope_args)  # fmt: skip
-            op("attention", out=attn, q=q, cache=kv, slots=slots, positions=pos,
-               layout=layout, layer=i, n_heads=c.n_heads, scale=scale)  # fmt: skip
+            if context:
+                op("attention_bounded", out=attn, q=q, cache=kv, slots=slots, positions=pos,
+                   layout=layout, layer=i, n_heads=c.n_heads, scale=scale,
+                   context=context)  # fmt: skip
+            else:
+                op("attention", out=attn, q=q, cache=kv, slots=slots, positions=pos,
+                   layout=layout, layer=i, n_heads=c.n_heads, scale=scale)  # fmt: skip
             # h is free again: the projections above consumed it.
             if self._proj_swiglu:
                 op("matmul_add_rms_norm_swiglu", out=x, x=attn, weight=w.wo, residual=x,

@@ -112,6 +112,12 @@ class Backend:
     #: ``graphs`` capability): a hint, for a backend whose step costs more in launches
     #: than padding costs in compute (a GPU). ``VT_PREFILL_GRAPHS`` overrides it.
     prefill_graphs: ClassVar[bool] = False
+    #: Context bounds (positions, ascending) that the backend's attention kernels differ by:
+    #: a step whose rows all end within a bound launches ``attention_bounded`` with the
+    #: smallest such bound, and the runner keys its graphs by it (a graph replayed while the
+    #: context grows stays within its bound); a longer step launches plain ``attention``.
+    #: Empty (the default): one class, plain ``attention`` everywhere.
+    context_classes: tuple[int, ...] = ()
 
     @classmethod
     def probe(cls) -> Probe:

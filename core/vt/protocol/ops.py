@@ -192,6 +192,13 @@ def _attention_check(a: dict[str, Any]) -> str | None:
     return _cache_check(a, "q", a["n_heads"])
 
 
+def _attention_bounded_check(a: dict[str, Any]) -> str | None:
+    max_len = a["layout"].max_len
+    if not 0 < a["context"] <= max_len:
+        return f"context {a['context']} is out of range [1, {max_len}] (the layout's max_len)"
+    return _attention_check(a)
+
+
 def _rope_kv_check(a: dict[str, Any]) -> str | None:
     problem = _attention_check({**a, "q": a["q"]})
     if problem or a["params"].head_dim != a["layout"].head_dim:
@@ -300,6 +307,10 @@ _ROPE_KV_ARGS = ("q", "k", "v", "positions", "slots", "cache", "layout", "layer"
 def _dec_qkv_rope_kv_store(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
     launch("qkv", stream, **{n: a.get(n) for n in _QKV_ARGS})
     launch("rope_kv_store", stream, **{n: a[n] for n in _ROPE_KV_ARGS})
+
+
+def _dec_attention_bounded(launch: Launch, stream: Stream, a: dict[str, Any]) -> None:
+    launch("attention", stream, **{n: v for n, v in a.items() if n != "context"})
 
 
 def _norm_first(launch: Launch, stream: Stream, a: dict[str, Any]) -> dict[str, Any]:
@@ -621,6 +632,23 @@ OPS: dict[str, OpDef] = {
             _dec_matmul_add_rms_norm_qkv_rope_kv_store,
             ("matmul_add", "rms_norm_qkv_rope_kv_store"),
             check=_rope_kv_check,
+        ),
+        OpDef(
+            "attention_bounded",
+            "attention where every row's positions[i] < context (the runner's bound for the "
+            "step: a context class of the backend's context_classes), so a backend may pick "
+            "its kernels by the bound, and a graph captured at a bound stays right while the "
+            "context grows up to it; decomposes to attention",
+            (_t("out", "out", ("n", "q_dim")), _t("q", "in", ("n", "q_dim")),
+             _t("cache", "in", _CACHE), _t("slots", "in", ("n",), "i32"),
+             _t("positions", "in", ("n",), "i32"), _attr("layout", "vt.KVLayout"),
+             _attr("layer", "int"), _attr("n_heads", "int"), _attr("scale", "float"),
+             _attr("context", "int")),
+            lambda a: K.attention(a["q"], a["cache"], a["layout"], a["layer"], a["slots"],
+                                  a["positions"], a["n_heads"], a["scale"], out=a["out"]),
+            _dec_attention_bounded,
+            ("attention",),
+            check=_attention_bounded_check,
         ),
     )
 }  # fmt: skip

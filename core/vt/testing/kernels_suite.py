@@ -438,23 +438,27 @@ def _attention(
     n_heads: int,
     slots: list[int],
     pos: list[int],
+    context: int = 0,
 ) -> str:
+    """attention, or (``context``) attention_bounded with that bound."""
     n, hd = len(pos), layout.head_dim
     s, p = np.asarray(slots, dtype=I32), np.asarray(pos, dtype=I32)
     cache = _loud_cache(layout, s, p, "attn-cache")
     q = _normal((n, n_heads * hd), "attn-q", n, n_heads)
     scale = 1.0 / float(np.sqrt(hd))
-    attrs = {"layout": layout, "layer": layer, "n_heads": n_heads, "scale": scale}
-    want = reference("attention", out=np.zeros_like(q), q=q, cache=cache, slots=s, positions=p,
-                     **attrs)  # fmt: skip
+    attrs: dict[str, Any] = {"layout": layout, "layer": layer, "n_heads": n_heads, "scale": scale}
+    op = "attention"
+    if context:
+        op, attrs["context"] = "attention_bounded", context
+    want = reference(op, out=np.zeros_like(q), q=q, cache=cache, slots=s, positions=p, **attrs)
     with CaseBuffers(ctx, title) as io:
         out = io.output("out", F32, q.shape)
         _launch(
-            ctx, "attention", out=out, q=io.input("q", q), cache=io.input("cache", cache),
+            ctx, op, out=out, q=io.input("q", q), cache=io.input("cache", cache),
             slots=io.input("slots", s), positions=io.input("positions", p), **attrs,
         )  # fmt: skip
         got = io.result("out", F32, q.shape)
-        return compare(ctx, title, "attention", "F32", got, want["out"])
+        return compare(ctx, title, op, "F32", got, want["out"])
 
 
 def _qkv_rope_kv_store(
@@ -815,6 +819,19 @@ def _cache_cases() -> list[KitCase]:
         cases.append(
             _case("attention", label, "F32", _attention, layout=layout, layer=layer,
                   n_heads=heads, slots=slots, pos=pos)
+        )  # fmt: skip
+    # The bound just past the last position (a class that fits), past it (a class with
+    # room to grow), and the layout's max_len (the largest the op takes).
+    for label, layout, layer, heads, slots, pos, context in (
+        ("n=1,tight", at, 1, 4, [2], [6], 7),
+        ("n=1,room", wide, 0, 8, [1], [2], 8),
+        ("n=1,max-len", at, 0, 4, [1], [12], 13),
+        ("n=7,3-slots,prefill+decode", at, 1, 4, [0, 0, 0, 0, 0, 1, 2], [0, 1, 2, 3, 4, 9, 12], 13),
+        ("n=3,gqa-4,hd=64", wide, 0, 8, [0, 0, 1], [5, 6, 2], 7),
+    ):
+        cases.append(
+            _case("attention_bounded", label, "F32", _attention, layout=layout, layer=layer,
+                  n_heads=heads, slots=slots, pos=pos, context=context)
         )  # fmt: skip
     neox = RopeParams(16, 1e6, RopeStyle.neox)
     for label, layout, layer, heads, params, slots, pos in (

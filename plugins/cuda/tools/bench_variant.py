@@ -9,6 +9,11 @@ picks by the weight's size); ``--splits N``: attention splits a row's positions 
 most N blocks (``GpuBackend.attention_max_splits``); ``--min-split N``: each split at least
 N positions long (``GpuBackend.attention_min_split``); ``--attention-heads N``: a split
 block takes at most N query heads of a KV head (``GpuBackend.attention_max_group``);
+``--short-context N``: a step whose rows all end within N positions is a context class
+of its own (the runner's graphs keyed by it, ``attention_bounded`` launched), and at one
+row, where attention is not overlapped, runs it as one launch of
+``--short-context-threads`` (512) threads a (row, KV group), no splits
+(``GpuBackend.short_context``, 0: off, the default; ``short_context_threads``);
 ``--deferred-norm-features N``: the deferred norm's projection blocks take N output
 features (1, 2, 4; ``GpuBackend.deferred_norm_features``), so N times fewer partial sums
 for its consumer's every block to read;
@@ -160,6 +165,8 @@ _NUMBERS = {
     "--min-split": "attention_min_split",
     "--attention-heads": "attention_max_group",
     "--attention-threads": "attention_threads",
+    "--short-context": "short_context",
+    "--short-context-threads": "short_context_threads",
     "--deferred-norm-features": "deferred_norm_features",
     "--int8-rows": "int8_min_rows",
     "--int8-values": "int8_min_values",
@@ -204,10 +211,10 @@ def apply(args: list[str]) -> list[str]:
         flag = args[0]
         if flag in valued and len(args) < 2:
             raise SystemExit(f"bench_variant: {flag} needs a value")
-        if flag == "--attention-threads" and args[1] not in map(str, ATTENTION_THREADS):
+        threads = ("--attention-threads", "--short-context-threads")
+        if flag in threads and args[1] not in map(str, ATTENTION_THREADS):
             raise SystemExit(
-                f"bench_variant: --attention-threads takes one of {ATTENTION_THREADS}, "
-                f"not {args[1]}"
+                f"bench_variant: {flag} takes one of {ATTENTION_THREADS}, not {args[1]}"
             )
         if flag in _NUMBERS:
             setattr(GpuBackend, _NUMBERS[flag], int(args[1]))

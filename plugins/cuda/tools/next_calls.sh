@@ -7,6 +7,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 3     # carry [".whl"], about 350 s
 #   bash plugins/cuda/tools/next_calls.sh 4     # carry [".whl", ".llama"], about 400 s
 #   bash plugins/cuda/tools/next_calls.sh 5     # carry [".whl"], about 450 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 6     # carry [".whl"], about 500 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 5
@@ -62,6 +63,20 @@ case $N in
     # layouts' bit checks on their one-path backend (run 126 failed them by design)
     bash $T setup kit checks
     ;;
+6)  # short contexts as a context class (GpuBackend.short_context, built in the
+    # twenty-seventh session, off): at one row within 512 positions the 135M shape's
+    # attention as one launch of 512 threads a (row, KV group), graphs keyed by the class
+    # (run 100, an H100, that attention for every length: +6.9% at 128 positions, -43% at
+    # 2,048). Its first device run: the kit's and gpu_checks' attention cases with it (the
+    # kit's attention_bounded cases take the short path), then twice beside the tree at 128
+    # and 384 prompt tokens (contexts to 256 and 512); the 1B shape (attention overlapped:
+    # the class only keys its graphs) once, as a control
+    X='--short-context 512'
+    CHECKVARS="$X" CHECKK='attention' bash $T setup models checksvar
+    KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" bash $T kvars:smol
+    KBATCH=1 KVARS="--splits 32|$X" bash $T kvars:1b
+    KBATCH=1 KPROMPT=384 KVARS="--splits 32|$X|--splits 32|$X" bash $T kvars:smol
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -75,7 +90,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|5|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|4|5|6|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
