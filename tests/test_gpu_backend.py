@@ -2579,6 +2579,87 @@ def test_attention_threads_reach_the_kernels_and_their_launches(threads: int, sp
     backend.close()
 
 
+@pytest.mark.parametrize(
+    ("rows", "context", "heads", "short"),
+    [
+        (1, 256, 9, True),
+        (1, 512, 9, True),
+        (1, 513, 9, False),
+        (2, 256, 9, False),
+        (1, 256, 32, False),
+    ],  # fmt: skip
+    ids=["one-row", "at-the-bound", "past-it", "two-rows", "wide-row-overlapped"],
+)
+def test_attention_bounded_is_one_launch_at_one_row_within_short_context(
+    rows: int, context: int, heads: int, short: bool
+) -> None:
+    """short_context 512: attention_bounded at one row within the bound, where the query
+    row is narrower than overlap_attention_min_q (2,048 values: 32 heads of 64 are not), is
+    attention_split alone, one split of short_context_threads from its own module
+    (-DFA_THREADS=512); otherwise op_attention's split and combine launches."""
+    backend, rt = make()
+    backend.short_context = 512
+    assert backend.context_classes == (512,)
+    c = OpCase(backend)
+    kv_heads = 3 if heads == 9 else 8  # the 135M shape's 9 / 3 heads, the 1B shape's 32 / 8
+    layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=1024, n_kv_heads=kv_heads, head_dim=64)
+    backend.launch(
+        "attention_bounded", backend.create_stream(), out=c.t("o", F32, rows, heads * 64),
+        q=c.t("q", F32, rows, heads * 64), cache=c.t("cache", F32, *layout.shape),
+        slots=c.t("s", I32, rows), positions=c.t("p", I32, rows), layout=layout, layer=0,
+        n_heads=heads, scale=0.125, context=context,
+    )  # fmt: skip
+    kernels = [launch.kernel for launch in rt.launches]
+    if short:
+        (launch,) = rt.launches
+        assert kernels == ["attention_split"] and launch.block == (512, 1, 1)
+        assert launch.grid == (1, 9, 1) and karg(launch, "splits") == 1 and not launch.args[1]
+        name, options = rt.compiles[-1]
+        assert name == "vt_attention_t512.cu" and "-DFA_THREADS=512" in options
+        backend.launch(
+            "attention", backend.create_stream(), out=c.t("o", F32, rows, heads * 64),
+            q=c.t("q", F32, rows, heads * 64), cache=c.t("cache", F32, *layout.shape),
+            slots=c.t("s", I32, rows), positions=c.t("p", I32, rows), layout=layout, layer=0,
+            n_heads=heads, scale=0.125,
+        )  # fmt: skip
+        plain = rt.launches[1]  # the module of every kernel's attention_split
+        assert plain.block == (128, 1, 1) and plain.fn.split(":")[0] != launch.fn.split(":")[0]
+    else:
+        assert kernels == ["attention_split", "attention_combine"]
+        assert {launch.block for launch in rt.launches} == {(128, 1, 1)}
+        assert [name for name, _ in rt.compiles] == ["vt_kernels.cu"]
+    backend.close()
+
+
+def test_short_context_compiles_its_module_once_and_only_where_it_differs() -> None:
+    """prepare() compiles the short path's module where short_context is set; with
+    short_context_threads equal to attention_threads the module of every kernel serves;
+    bad settings are refused by name before anything compiles."""
+    backend, rt = make()
+    backend.short_context = 256
+    backend.prepare()
+    backend.prepare()
+    assert [name for name, _ in rt.compiles] == ["vt_kernels.cu", "vt_attention_t512.cu"]
+    backend.close()
+    backend, rt = make()
+    backend.short_context, backend.short_context_threads = 256, 128
+    backend.prepare()
+    assert [name for name, _ in rt.compiles] == ["vt_kernels.cu"]
+    backend.close()
+    for attr, bad, match in (
+        ("short_context", -1, r"short_context is -1; 0 \(off\)"),
+        ("short_context", 1.5, r"short_context is 1.5"),
+        ("short_context_threads", 100, r"short_context_threads is 100.*128, 256, 512 threads"),
+    ):
+        backend, rt = make()
+        backend.short_context = 256
+        setattr(backend, attr, bad)
+        with pytest.raises(ValueError, match=match):
+            backend.prepare()
+        assert [name for name, _ in rt.compiles] in ([], ["vt_kernels.cu"])
+        backend.close()
+
+
 def test_attention_threads_the_kernels_do_not_compile_for_are_refused_by_name() -> None:
     backend, rt = make()
     backend.attention_threads = 100

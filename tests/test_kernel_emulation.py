@@ -3,7 +3,8 @@ thread per GPU thread) against gpu_checks.py's reference: split attention over p
 by default (VT_FA_WARP: the warp path), on the block path (VT_FA_WARP=0), with one query
 head a block (GpuBackend.attention_max_group = 1) and with VT_FA_DIRECT on one split
 (every row's positions in its first split, which writes the output); and the one-row gemv
-kernels on 16-bit codes of x (GpuBackend.gemv_x16_min_rows): so CI checks kernel source it
+kernels on 16-bit codes of x (GpuBackend.gemv_x16_min_rows); short-context attention
+(GpuBackend.short_context): so CI checks kernel source it
 cannot run on a GPU. Slow: a compile and a few cases each."""
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ def test_split_attention_in_the_emulation(defines: tuple[str, ...]) -> None:
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "8 emulated checks passed" in run.stdout, run.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_short_context_attention_in_the_emulation() -> None:
+    """GpuBackend.short_context: attention_bounded at one row as one launch of 512 threads
+    from its own module (-DFA_THREADS=512), at head_dim 64, 128 and 256, contexts 1-512 and
+    an invalid slot, within the kit's bound of the reference (gpu_checks.py's cases)."""
+    assert shutil.which("g++"), "the kernel emulation needs g++ (C++20)"
+    run = subprocess.run(
+        [sys.executable, str(EMULATE), "-k", "short-context attention"],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "emulation built with FA_THREADS=512" in run.stdout, run.stdout[-3000:]
     assert "8 emulated checks passed" in run.stdout, run.stdout[-3000:]
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 import vt
 from click.testing import CliRunner
+from model_support import make_backend
 from vt.frontends.cli import main
 from vt.model.graph import ARCHITECTURE_OPS
 from vt.protocol.ops import OPS, closure, get_op, missing_ops, op_plan, plan_text
@@ -87,6 +88,43 @@ def test_vt_backends_and_audit_show_each_backends_ops() -> None:
     text = runner.invoke(main, ["audit", "--backend", "cpu"]).output
     assert "  ops    native: embedding" in text
     assert text.split("\n")[1].endswith("; decomposed: " + ", ".join(gpu_fusions))
+
+
+def test_attention_bounded_refuses_a_bound_outside_the_cache_and_a_row_past_it() -> None:
+    """The bound is checked at launch on every backend (1..max_len); the reference, which
+    reads the positions, refuses a row at or past it."""
+    import numpy as np
+    from vt.protocol.ops import get_op
+
+    layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=4, n_kv_heads=1, head_dim=4)
+    backend = make_backend("tt_stub")
+    stream = backend.create_stream()
+    bufs = {n: backend.alloc(4 * k) for n, k in (("o", 4), ("q", 4), ("c", 64), ("s", 1), ("p", 1))}
+    for buf in bufs.values():
+        backend.copy_h2d(buf, np.zeros(buf.nbytes, np.uint8))  # slot 0, position 0
+    f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
+    args = {
+        "out": vt.Tensor.of(bufs["o"], f32, 1, 4), "q": vt.Tensor.of(bufs["q"], f32, 1, 4),
+        "cache": vt.Tensor.of(bufs["c"], f32, *layout.shape),
+        "slots": vt.Tensor.of(bufs["s"], i32, 1), "positions": vt.Tensor.of(bufs["p"], i32, 1),
+        "layout": layout, "layer": 0, "n_heads": 1, "scale": 0.5,
+    }  # fmt: skip
+    for bad in (0, -1, 5):
+        with pytest.raises(
+            ValueError, match=rf"attention_bounded: context {bad} is out of range \[1, 4\]"
+        ):
+            backend.launch("attention_bounded", stream, **args, context=bad)
+    backend.launch("attention_bounded", stream, **args, context=4)  # in range: runs
+    backend.synchronize(stream)
+    q = np.ones((1, 4), np.float32)
+    ref = {"out": np.zeros_like(q), "q": q, "cache": np.zeros(layout.shape, np.float32),
+           "slots": np.zeros(1, np.int32), "positions": np.array([2], np.int32),
+           "layout": layout, "layer": 0, "n_heads": 1, "scale": 0.5}  # fmt: skip
+    with pytest.raises(ValueError, match="position 2 is past the context bound 2"):
+        get_op("attention_bounded").reference({**ref, "context": 2})
+    get_op("attention_bounded").reference({**ref, "context": 3})
+    for buf in bufs.values():
+        backend.free(buf)
 
 
 def test_launch_asks_supports_with_the_weight_type() -> None:

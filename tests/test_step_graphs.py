@@ -15,6 +15,8 @@ from model_support import PROMPT, make_backend
 from vt.execution.runner import ModelRunner, SeqChunk
 from vt.execution.step_graphs import (
     bucket,
+    context_bound,
+    context_classes,
     graphs_enabled,
     padding,
     prefill_graphs_enabled,
@@ -118,6 +120,74 @@ def test_buckets_and_padding_rows() -> None:
     assert padding([(3, 10), (0, 4)], max_len=64) == (3, 11)
     assert padding([(3, 63), (0, 4)], max_len=64) == (0, 5)  # slot 3 has no position left
     assert padding([(3, 63)], max_len=64) is None
+
+
+def test_context_bounds_and_the_classes_hint() -> None:
+    """A step's bound: the smallest class it ends within, at most the cache's max_len; past
+    every class 0 (plain attention). A hint that is not ascending positive integers is
+    refused, naming the backend."""
+    assert context_bound((), 5, 64) == 0
+    assert [context_bound((16, 48), end, 64) for end in (1, 16, 17, 48, 49)] == [16, 16, 48, 48, 0]
+    assert context_bound((256,), 100, 200) == 200  # every position of the cache fits
+    backend = make_backend("tt_stub")
+    assert context_classes(backend) == ()
+    for bad in ((16, 16), (32, 16), (0,), (-4,), (True,), (16.0,), "16", 16):
+        backend.context_classes = bad  # type: ignore[assignment]
+        with pytest.raises(ValueError, match=r"backend 'tt_stub': context_classes must be"):
+            context_classes(backend)
+    backend.context_classes = [8, 24]  # type: ignore[assignment]
+    assert context_classes(backend) == (8, 24)
+
+
+def _bounded(backend: vt.Backend, classes: tuple[int, ...]) -> list[int]:
+    """Declare ``classes`` on ``backend``; the list its attention launches' bounds go to
+    (0 for plain attention)."""
+    backend.context_classes = classes  # type: ignore[misc]
+    bounds: list[int] = []
+    launch = backend.launch
+
+    def spy(op: str, stream: Any, **args: Any) -> None:
+        if op in ("attention", "attention_bounded"):
+            bounds.append(args.get("context", 0))
+        launch(op, stream, **args)
+
+    backend.launch = spy  # type: ignore[method-assign]
+    return bounds
+
+
+def test_context_classes_key_the_graphs_and_bound_attention(llama: Any) -> None:
+    """With classes (12, 16), each step launches attention_bounded with the class its rows
+    end within (the padding rows' position too) and plain attention past them; graphs are
+    keyed by the class, so a batch size is captured again in each class it reaches; the
+    ids are those of eager steps without classes."""
+    with ModelRunner(make_backend("cpu"), llama, max_slots=4, graphs=False) as r:
+        want = scripted(r)
+    backend = make_backend("cpu")
+    bounds = _bounded(backend, (12, 16))
+    with ModelRunner(backend, llama, max_slots=4) as r:
+        assert r.context_classes == (12, 16)
+        got = scripted(r)
+        stats = r.graph_stats
+    assert got == want
+    # the steps that launch ops (eager or captured; a replay launches none), a layer's
+    # bound each: the prefill ends at 9, decode steps at 10-12 (class 12), 13-16 (16),
+    # then past every class
+    per_step = bounds[:: llama.config.n_layers]
+    assert per_step == [12, 12, 12, 16, 16, 0, 0, 0, 0, 0]
+    # scripted's 2 captures without classes become 4: 4 rows in classes 12, 16 and none,
+    # 2 rows (the last steps) in none
+    assert stats["captures"] == stats["cached"] == 4 and stats["evictions"] == 0
+
+
+def test_a_bad_context_classes_hint_is_refused_before_anything_is_allocated(llama: Any) -> None:
+    backend = make_backend("cpu")
+    backend.context_classes = (64, 32)  # type: ignore[misc]
+    allocs: list[int] = []
+    alloc = backend.alloc
+    backend.alloc = lambda n: allocs.append(n) or alloc(n)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match=r"backend 'cpu': context_classes .* got \(64, 32\)"):
+        ModelRunner(backend, llama, max_slots=2)
+    assert allocs == []
 
 
 def test_prefill_and_mixed_steps_run_eagerly(llama: Any) -> None:

@@ -216,6 +216,17 @@ def _logprobs_check(a: dict[str, Any]) -> str | None:
 # --------------------------------------------------------------------------- references
 
 
+def _ref_attention_bounded(a: dict[str, Any]) -> None:
+    positions = np.asarray(a["positions"])
+    if positions.size and int(positions.max()) >= a["context"]:
+        raise ValueError(
+            f"attention_bounded: position {int(positions.max())} is past the context bound "
+            f"{a['context']}"
+        )
+    K.attention(a["q"], a["cache"], a["layout"], a["layer"], a["slots"], a["positions"],
+                a["n_heads"], a["scale"], out=a["out"])  # fmt: skip
+
+
 def _ref_matmul_add(a: dict[str, Any]) -> None:
     K.add(a["residual"], K.matmul(a["x"], a["weight"]), out=a["out"])
 
@@ -644,8 +655,7 @@ OPS: dict[str, OpDef] = {
              _t("positions", "in", ("n",), "i32"), _attr("layout", "vt.KVLayout"),
              _attr("layer", "int"), _attr("n_heads", "int"), _attr("scale", "float"),
              _attr("context", "int")),
-            lambda a: K.attention(a["q"], a["cache"], a["layout"], a["layer"], a["slots"],
-                                  a["positions"], a["n_heads"], a["scale"], out=a["out"]),
+            _ref_attention_bounded,
             _dec_attention_bounded,
             ("attention",),
             check=_attention_bounded_check,

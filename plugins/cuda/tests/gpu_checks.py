@@ -1158,16 +1158,19 @@ def test_attention_past_one_chunk(cuda: Any, length: int, n_kv: int, hd: int, ro
 
 def _attention_checked(
     cuda: Any, io: IO, stream: Any, q: np.ndarray, cache: np.ndarray, layout: vt.KVLayout,
-    slots: np.ndarray, pos: np.ndarray,
+    slots: np.ndarray, pos: np.ndarray, context: int = 0,
 ) -> np.ndarray:  # fmt: skip
     """The attention op's output for q's rows (layer 1, scale 0.125), within the kit's bound
-    of the reference on the rows of a valid slot and NaN on the others."""
+    of the reference on the rows of a valid slot and NaN on the others; ``context``: the
+    attention_bounded op with that bound instead."""
     rows, n_heads = q.shape[0], q.shape[1] // layout.head_dim
     out = io.empty(q.nbytes)
+    bound = {"context": context} if context else {}
     cuda.launch(
-        "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
-        cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), rows),
-        positions=i32(io.put(pos), rows), layout=layout, layer=1, n_heads=n_heads, scale=0.125,
+        "attention_bounded" if context else "attention", stream, out=f32(out, *q.shape),
+        q=f32(io.put(q), *q.shape), cache=f32(io.put(cache), *layout.shape),
+        slots=i32(io.put(slots), rows), positions=i32(io.put(pos), rows), layout=layout,
+        layer=1, n_heads=n_heads, scale=0.125, **bound,
     )  # fmt: skip
     cuda.synchronize(stream)
     got = io.get(out, np.float32, q.shape)
@@ -1176,6 +1179,37 @@ def _attention_checked(
     assert nmse(got[ok], want) <= kernel_tolerance("attention", "F32")
     assert np.isnan(got[~ok]).all()
     return got
+
+
+#: Short-context cases: (positions, KV heads, query heads, head_dim, slot); slot 9 is
+#: invalid (its row NaN). The 135M shape's 9 / 3 heads of 64 first; every query row is
+#: narrower than overlap_attention_min_q (2,048 values), so each takes the short path.
+SHORT_CASES = ((1, 3, 9, 64, 1), (17, 3, 9, 64, 2), (128, 3, 9, 64, 1), (256, 3, 9, 64, 3),
+               (512, 3, 9, 64, 1), (200, 1, 9, 128, 2), (300, 2, 4, 256, 1),
+               (100, 3, 9, 64, 9))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SHORT_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_short_context_attention_is_the_reference(cuda: Any, case: tuple) -> None:
+    """GpuBackend.short_context 512: attention_bounded at one row within it, one launch of
+    short_context_threads (512) threads a (row, KV group), no splits, from its own module,
+    within the kit's bound of the reference (NaN for an invalid slot), at contexts from 1
+    to the bound."""
+    length, n_kv, n_heads, hd, slot = case
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=600, n_kv_heads=n_kv, head_dim=hd)
+    rng = np.random.default_rng(length)
+    cache = rng.standard_normal(layout.shape).astype(np.float32)
+    q = rng.standard_normal((1, n_heads * hd)).astype(np.float32)
+    slots, pos = np.array([slot], np.int32), np.array([length - 1], np.int32)
+    io = IO(cuda)
+    saved = cuda.short_context
+    try:
+        cuda.short_context = 512
+        stream = cuda.create_stream()
+        _attention_checked(cuda, io, stream, q, cache, layout, slots, pos, context=512)
+    finally:
+        cuda.short_context = saved
+        io.close()
 
 
 @pytest.mark.parametrize(("n_kv", "n_heads", "rows"), [(8, 32, 1), (3, 9, 2), (2, 8, 3)])

@@ -15,7 +15,8 @@ rows' ``gemv_long_*`` blocks of 256 threads and ``matmul_psq_gemvu*_q``) and
 ``core/vt/gpu/kernels`` with g++ (C++20), one ``std::thread`` per GPU thread:
 ``__syncthreads`` is a block barrier, a shuffle goes through memory between two barriers of
 its warp, ``__shared__`` is a static. Then it runs ``gpu_checks.py``'s tiled-attention
-cases, split attention past one chunk, the last-block combine and ``qkv_rope_kv_store``
+cases, split attention past one chunk, the short-context attention (``short_context``:
+one launch of 512 threads, its own module), the last-block combine and ``qkv_rope_kv_store``
 checks (bit-equal to their two-launch forms), bit-exact copy checks, int8 tensor-core
 checks, gemv checks and the greedy argmax and sampling checks on the fake runtime
 (``tests/fake_gpu.py``), those kernels' launches routed to the emulation, each to a library
@@ -555,6 +556,12 @@ def main() -> None:
                     checks.test_tiled_prefill_attention(backend, case, invalid)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for case in checks.SHORT_CASES:
+            label = f"short-context attention {case}"
+            if wanted(label):
+                checks.test_short_context_attention_is_the_reference(backend, case)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in checks.QKV_ROPE_CASES:
             for norm in (False, True):
                 label = f"{'rms_norm_' if norm else ''}qkv_rope_kv_store {case[0]}"
