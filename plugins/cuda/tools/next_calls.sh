@@ -8,6 +8,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 4     # carry [".whl", ".llama"], about 400 s
 #   bash plugins/cuda/tools/next_calls.sh 5     # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 6     # carry [".whl"], about 500 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 7     # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 5
@@ -77,6 +78,12 @@ case $N in
     KBATCH=1 KVARS="--splits 32|$X" bash $T kvars:1b
     KBATCH=1 KPROMPT=384 KVARS="--splits 32|$X|--splits 32|$X" bash $T kvars:smol
     ;;
+7)  # call 6 in about 250 s, for a session with little device time left: the short path's
+    # own checks, then the 135M shape at 128 prompt tokens, twice beside the tree
+    X='--short-context 512'
+    CHECKVARS="$X" CHECKK='short_context+attention_bounded' bash $T setup models checksvar
+    KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" bash $T kvars:smol
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -90,7 +97,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|5|6|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|4|5|6|7|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
