@@ -421,6 +421,24 @@ def test_bench_table_says_which_setting_replayed_graphs(tiny: Path) -> None:
     )
 
 
+def test_bench_says_the_context_classes_its_graphs_are_keyed_by(tiny: Path) -> None:
+    """None on cpu (in the JSON too); a backend's classes in the graphs line."""
+    from vt.frontends.bench import BenchRun, _graphs_line
+
+    args = ("--model", str(tiny), "--backend", "cpu", "--prompt-tokens", "8", "--gen-tokens", "4")
+    res = vt("bench", *args, "--repeat", "1", "--json")
+    assert res.exit_code == 0, res.output
+    assert all(r["context_classes"] == [] for r in json.loads(res.stdout)["runs"])
+    run = BenchRun.model_construct(
+        async_scheduling=True, graphs=True, graphs_reason="default", graph_stats={"replays": 3},
+        prefill_graphs=False, prefill_graphs_reason="eager", context_classes=[512],
+    )  # fmt: skip
+    assert _graphs_line([run]).split("\n")[0] == (
+        "graphs: on (default); steps replayed: 3 with async on; keyed by context class "
+        "(positions: 512)"
+    )
+
+
 def test_bench_says_each_repeats_prefill_rate_with_prefill_graphs(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,6 +69,9 @@ class BenchRun(BaseModel):
     prefill_graphs: bool = False
     prefill_graphs_reason: str = ""
     graph_stats: dict[str, int] = {}
+    #: The backend's context classes (``Backend.context_classes``): the graphs are keyed by
+    #: them and attention bounded by them; empty: one class.
+    context_classes: list[int] = []
 
 
 class BatchRun(BaseModel):
@@ -379,6 +382,7 @@ def _record(async_on: bool, runner: Any, outs: list[RequestOutput]) -> BenchRun:
         prefill_graphs=runner.prefill_graphs,
         prefill_graphs_reason=runner.prefill_graphs_reason,
         graph_stats=dict(runner.graph_stats),
+        context_classes=list(runner.context_classes),
     )
 
 
@@ -464,6 +468,9 @@ def _graphs_line(runs: list[BenchRun]) -> str:
             for r in runs
         )
         line += f"; steps replayed: {replays}"
+        if first.context_classes:
+            bounds = ", ".join(map(str, first.context_classes))
+            line += f"; keyed by context class (positions: {bounds})"
         line += f"\n{first.prefill_graphs_reason}"
         if first.prefill_graphs:
             each = "; ".join(
