@@ -129,6 +129,15 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     with pytest.raises(SystemExit, match="--attention-threads takes one of .*, not 100"):
         bench_variant.apply(["--attention-threads", "100", "bench"])
     assert GpuBackend.attention_threads == 512  # the refused value changed nothing
+    for name in ("short_context", "short_context_threads"):
+        monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))
+    rest = bench_variant.apply(["--short-context", "512", "--short-context-threads", "256",
+                                "bench"])  # fmt: skip
+    assert rest == ["bench"] and GpuBackend.short_context == 512
+    assert GpuBackend.short_context_threads == 256
+    with pytest.raises(SystemExit, match="--short-context-threads takes one of .*, not 96"):
+        bench_variant.apply(["--short-context-threads", "96", "bench"])
+    assert GpuBackend.short_context_threads == 256
 
 
 def test_kit_variant_runs_the_kit_on_cuda_with_the_variant_set(
