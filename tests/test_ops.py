@@ -114,6 +114,9 @@ def test_attention_bounded_refuses_a_bound_outside_the_cache_and_a_row_past_it()
             ValueError, match=rf"attention_bounded: context {bad} is out of range \[1, 4\]"
         ):
             backend.launch("attention_bounded", stream, **args, context=bad)
+    for bad in (2.0, True, "3"):
+        with pytest.raises(ValueError, match=r"attention_bounded: context must be an int"):
+            backend.launch("attention_bounded", stream, **args, context=bad)
     backend.launch("attention_bounded", stream, **args, context=4)  # in range: runs
     backend.synchronize(stream)
     q = np.ones((1, 4), np.float32)

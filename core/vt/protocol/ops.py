@@ -193,9 +193,11 @@ def _attention_check(a: dict[str, Any]) -> str | None:
 
 
 def _attention_bounded_check(a: dict[str, Any]) -> str | None:
-    max_len = a["layout"].max_len
-    if not 0 < a["context"] <= max_len:
-        return f"context {a['context']} is out of range [1, {max_len}] (the layout's max_len)"
+    max_len, context = a["layout"].max_len, a["context"]
+    if not isinstance(context, int) or isinstance(context, bool):
+        return f"context must be an int (a bound in positions), got {context!r}"
+    if not 0 < context <= max_len:
+        return f"context {context} is out of range [1, {max_len}] (the layout's max_len)"
     return _attention_check(a)
 
 
