@@ -2488,6 +2488,21 @@ def test_attention_combine_launches_overlapped_alone_where_asked(combine: bool, 
     backend.close()
 
 
+def _launch_attention(
+    backend: GpuBackend, c: OpCase, layout: vt.KVLayout, rows: int, heads: int,
+    op: str = "attention", **extra: Any,
+) -> None:  # fmt: skip
+    """``op`` (attention, attention_bounded with ``extra``'s context) over rows of ``heads``
+    query heads of head_dim 64, layer 0, on fresh fake tensors."""
+    width = heads * layout.head_dim
+    backend.launch(
+        op, backend.create_stream(), out=c.t("o", F32, rows, width), q=c.t("q", F32, rows, width),
+        cache=c.t("cache", F32, *layout.shape), slots=c.t("s", I32, rows),
+        positions=c.t("p", I32, rows), layout=layout, layer=0, n_heads=heads, scale=0.125,
+        **extra,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("rows", "n_heads", "min_q", "overlap", "want"),
     [
@@ -2515,12 +2530,7 @@ def test_attention_overlaps_at_one_row_where_the_query_row_is_wide(
     c = OpCase(backend)
     n_kv = 1 if n_heads < 4 else n_heads // 4 if n_heads % 4 == 0 else 3
     layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=64, n_kv_heads=n_kv, head_dim=64)
-    backend.launch(
-        "attention", backend.create_stream(), out=c.t("o", F32, rows, n_heads * 64),
-        q=c.t("q", F32, rows, n_heads * 64), cache=c.t("cache", F32, *layout.shape),
-        slots=c.t("s", I32, rows), positions=c.t("p", I32, rows), layout=layout, layer=0,
-        n_heads=n_heads, scale=0.125,
-    )  # fmt: skip
+    _launch_attention(backend, c, layout, rows, n_heads)
     assert [launch.kernel for launch in rt.launches] == ["attention_split", "attention_combine"]
     assert overlapped == (["attention_split", "attention_combine"] if want else [])
     source = kernel_source()
@@ -2564,12 +2574,7 @@ def test_attention_threads_reach_the_kernels_and_their_launches(threads: int, sp
     backend.attention_threads, backend.attention_max_splits = threads, splits
     c = OpCase(backend)
     layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=64, n_kv_heads=2, head_dim=64)
-    backend.launch(
-        "attention", backend.create_stream(), out=c.t("o", F32, 1, 8 * 64),
-        q=c.t("q", F32, 1, 8 * 64), cache=c.t("cache", F32, *layout.shape),
-        slots=c.t("s", I32, 1), positions=c.t("p", I32, 1), layout=layout, layer=0,
-        n_heads=8, scale=0.125,
-    )  # fmt: skip
+    _launch_attention(backend, c, layout, 1, 8)
     options = rt.compiles[0][1]
     assert ("-DFA_THREADS=512" in options) is (threads == 512)
     assert not any(o.startswith("-DFA_THREADS") for o in options) or threads != 128
@@ -2603,12 +2608,7 @@ def test_attention_bounded_is_one_launch_at_one_row_within_short_context(
     c = OpCase(backend)
     kv_heads = 3 if heads == 9 else 8  # the 135M shape's 9 / 3 heads, the 1B shape's 32 / 8
     layout = vt.KVLayout(n_layers=1, n_slots=2, max_len=1024, n_kv_heads=kv_heads, head_dim=64)
-    backend.launch(
-        "attention_bounded", backend.create_stream(), out=c.t("o", F32, rows, heads * 64),
-        q=c.t("q", F32, rows, heads * 64), cache=c.t("cache", F32, *layout.shape),
-        slots=c.t("s", I32, rows), positions=c.t("p", I32, rows), layout=layout, layer=0,
-        n_heads=heads, scale=0.125, context=context,
-    )  # fmt: skip
+    _launch_attention(backend, c, layout, rows, heads, "attention_bounded", context=context)
     kernels = [launch.kernel for launch in rt.launches]
     if short:
         (launch,) = rt.launches
@@ -2616,12 +2616,7 @@ def test_attention_bounded_is_one_launch_at_one_row_within_short_context(
         assert launch.grid == (1, 9, 1) and karg(launch, "splits") == 1 and not launch.args[1]
         name, options = rt.compiles[-1]
         assert name == "vt_attention_t512.cu" and "-DFA_THREADS=512" in options
-        backend.launch(
-            "attention", backend.create_stream(), out=c.t("o", F32, rows, heads * 64),
-            q=c.t("q", F32, rows, heads * 64), cache=c.t("cache", F32, *layout.shape),
-            slots=c.t("s", I32, rows), positions=c.t("p", I32, rows), layout=layout, layer=0,
-            n_heads=heads, scale=0.125,
-        )  # fmt: skip
+        _launch_attention(backend, c, layout, rows, heads)
         plain = rt.launches[1]  # the module of every kernel's attention_split
         assert plain.block == (128, 1, 1) and plain.fn.split(":")[0] != launch.fn.split(":")[0]
     else:

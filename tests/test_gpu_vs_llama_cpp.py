@@ -120,24 +120,17 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     assert rest == ["bench"] and GpuBackend.attention_last_block_combine is False
     assert GpuBackend.attention_cluster is True
     assert GpuBackend.native_fused == frozenset({"swiglu", "rms_norm_swiglu"})
-    for name in ("attention_threads", "deferred_norm_features"):
+    numbers = {"attention_threads": 512, "deferred_norm_features": 4, "short_context": 512,
+               "short_context_threads": 256}  # fmt: skip
+    for name in numbers:
         monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))
-    rest = bench_variant.apply(["--attention-threads", "512", "--deferred-norm-features", "4",
-                                "bench"])  # fmt: skip
-    assert rest == ["bench"] and GpuBackend.attention_threads == 512
-    assert GpuBackend.deferred_norm_features == 4
-    with pytest.raises(SystemExit, match="--attention-threads takes one of .*, not 100"):
-        bench_variant.apply(["--attention-threads", "100", "bench"])
-    assert GpuBackend.attention_threads == 512  # the refused value changed nothing
-    for name in ("short_context", "short_context_threads"):
-        monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))
-    rest = bench_variant.apply(["--short-context", "512", "--short-context-threads", "256",
-                                "bench"])  # fmt: skip
-    assert rest == ["bench"] and GpuBackend.short_context == 512
-    assert GpuBackend.short_context_threads == 256
-    with pytest.raises(SystemExit, match="--short-context-threads takes one of .*, not 96"):
-        bench_variant.apply(["--short-context-threads", "96", "bench"])
-    assert GpuBackend.short_context_threads == 256
+    flags = [x for name, v in numbers.items() for x in (f"--{name.replace('_', '-')}", str(v))]
+    assert bench_variant.apply([*flags, "bench"]) == ["bench"]
+    assert {name: getattr(GpuBackend, name) for name in numbers} == numbers
+    for flag, bad in (("--attention-threads", 100), ("--short-context-threads", 96)):
+        with pytest.raises(SystemExit, match=f"{flag} takes one of .*, not {bad}"):
+            bench_variant.apply([flag, str(bad), "bench"])
+    assert {name: getattr(GpuBackend, name) for name in numbers} == numbers  # none changed
 
 
 def test_kit_variant_runs_the_kit_on_cuda_with_the_variant_set(

@@ -130,7 +130,7 @@ LAYOUT_PARTS: tuple[str, ...] = KERNEL_PARTS[:5]
 ATTENTION_PARTS: tuple[str, ...] = KERNEL_PARTS[:6]
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=3)  # KERNEL_PARTS, LAYOUT_PARTS, ATTENTION_PARTS
 def kernel_source(parts: tuple[str, ...] = KERNEL_PARTS) -> str:
     """The one kernel source: the parts of ``kernels/`` joined, compiled as one unit."""
     folder = resources.files(__package__).joinpath("kernels")
