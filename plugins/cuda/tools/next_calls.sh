@@ -9,9 +9,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 5     # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 6     # carry [".whl"], about 500 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 7     # carry [".whl"], about 250 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 8     # carry [".whl"], about 560 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 5
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 8
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -20,9 +21,9 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the twenty-sixth session: the whole checks with the 16-bit path in the 4-bit layouts
-    # on by default (run 126 ran its gemv and greedy-id tests only)
-    N=5
+    # the twenty-eighth session: calls 5 and 6 in one (the short path measured, then the
+    # whole checks with it on the tree's defaults)
+    N=8
     echo "next_calls.sh auto: call $N"
 fi
 case $N in
@@ -84,6 +85,18 @@ case $N in
     CHECKVARS="$X" CHECKK='short_context+attention_bounded' bash $T setup models checksvar
     KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" bash $T kvars:smol
     ;;
+8)  # calls 6 and 5 in one lease's worth of time (the twenty-eighth session: three
+    # requests in a row found no machine): the 135M shape at batch 1 with short contexts
+    # as a context class twice beside the tree at 128 prompt tokens (contexts to 256),
+    # once at 384 (contexts to 512, the class's edge); then the whole kit and gpu_checks.py
+    # with it on the tree's defaults (a superset of call 5: the plain attention op and
+    # attention_bounded's other rows keep the default path). If the 135M shape gains and
+    # every check passes, short_context 512 becomes the default.
+    X='--short-context 512'
+    KBATCH=1 KVARS="--splits 32|$X|--splits 32|$X" bash $T setup models kvars:smol
+    KBATCH=1 KPROMPT=384 KVARS="--splits 32|$X" bash $T kvars:smol
+    CHECKVARS="$X" bash $T checksvar
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -97,7 +110,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|5|6|7|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|4|5|6|7|8|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
