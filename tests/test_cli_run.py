@@ -439,6 +439,28 @@ def test_bench_says_the_context_classes_its_graphs_are_keyed_by(tiny: Path) -> N
     )
 
 
+def test_bench_batches_say_the_context_classes_too(tiny: Path) -> None:
+    """`--batch` runs carry the classes in their JSON (none on cpu) and their graphs line:
+    a variant's JSON says whether its graphs were keyed by them."""
+    from vt.frontends.bench import BenchResult, _format_batches
+
+    args = ("--model", str(tiny), "--backend", "cpu", "--prompt-tokens", "8", "--gen-tokens", "4")
+    res = vt("bench", *args, "--batch", "1,2", "--repeat", "1", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert [r["context_classes"] for r in data["batch_runs"]] == [[]] * 4
+    for r in data["batch_runs"]:
+        r["ids"] = []  # the JSON leaves them out
+    assert "keyed by context class" not in _format_batches(BenchResult.model_validate(data))
+    for r in data["batch_runs"]:
+        r["context_classes"] = [256, 512]
+    (line,) = [
+        x for x in _format_batches(BenchResult.model_validate(data)).splitlines()
+        if x.startswith("graphs:")
+    ]  # fmt: skip
+    assert line.endswith("warm-up included; keyed by context class (positions: 256, 512)")
+
+
 def test_bench_says_each_repeats_prefill_rate_with_prefill_graphs(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -565,8 +587,10 @@ def test_bench_batch_takes_each_rate_from_its_best_repeat() -> None:
     second = _BatchTiming(decode_s=0.11, decode_tokens=100, e2e_s=0.16, tokens=128, steps=128,
                           ids=ids)  # fmt: skip
     runner = SimpleNamespace(readback="async_d2h", graphs=True, graphs_reason="",
-                             graph_stats={"captures": 2, "replays": 257})  # fmt: skip
+                             graph_stats={"captures": 2, "replays": 257},
+                             context_classes=(512,))  # fmt: skip
     run = _record_batch(True, runner, 1, 128, [first, second], {})
     assert run.decode_tok_s == pytest.approx(1000.0) and run.decode_s == 0.10
     assert run.e2e_tok_s == pytest.approx(800.0) and run.e2e_s == 0.16
     assert run.repeat == 2 and run.same_ids
+    assert run.context_classes == [512]  # the runner's, as a list

@@ -94,6 +94,7 @@ class BatchRun(BaseModel):
     graphs: bool = False
     graphs_reason: str = ""
     graph_stats: dict[str, int] = {}  # this batch size's share, its warm-up included
+    context_classes: list[int] = []  # as BenchRun's
 
 
 class BenchResult(BaseModel):
@@ -346,6 +347,7 @@ def _record_batch(
             k: v if k == "cached" else v - stats_before.get(k, 0)
             for k, v in runner.graph_stats.items()
         },
+        context_classes=list(runner.context_classes),
     )
 
 
@@ -452,9 +454,16 @@ def _format_batches(result: BenchResult) -> str:
         f"same greedy ids in every request and setting: {'yes' if result.same_ids else 'NO'}",
         *([] if result.same_ids else [_PARTED]),
         f"graphs: {'on' if runs[0].graphs else 'off'} ({runs[0].graphs_reason}); "
-        "replays and captures per batch size, warm-up included",
+        "replays and captures per batch size, warm-up included" + _classes(runs[0].context_classes),
     ]
     return "\n".join(lines)
+
+
+def _classes(bounds: list[int]) -> str:
+    """The graphs line's note of the backend's context classes; "" where it has none."""
+    if not bounds:
+        return ""
+    return f"; keyed by context class (positions: {', '.join(map(str, bounds))})"
 
 
 def _graphs_line(runs: list[BenchRun]) -> str:
@@ -468,9 +477,7 @@ def _graphs_line(runs: list[BenchRun]) -> str:
             for r in runs
         )
         line += f"; steps replayed: {replays}"
-        if first.context_classes:
-            bounds = ", ".join(map(str, first.context_classes))
-            line += f"; keyed by context class (positions: {bounds})"
+        line += _classes(first.context_classes)
         line += f"\n{first.prefill_graphs_reason}"
         if first.prefill_graphs:
             each = "; ".join(
