@@ -105,7 +105,7 @@ EOF"
             -- -o addopts='' -s ${CHECKK:+-k '${CHECKK//+/ or }'} $ROOT/plugins/cuda/tests/gpu_checks.py"
         ;;
     checks)
-        step gpu_checks 500 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -s -rfE \
+        step gpu_checks 570 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -s -rfE \
             plugins/cuda/tests/gpu_checks.py"
         ;;
     bench)
