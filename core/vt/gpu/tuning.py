@@ -217,10 +217,10 @@ class GpuTuning:
     #: a graph is never replayed past the bound; at one row, where attention is not
     #: launched overlapped (a query row narrower than ``overlap_attention_min_q``), it runs
     #: as one launch of ``short_context_threads`` threads a (row, KV group): no splits, no
-    #: combine (``attention_split`` from a module of its own, ``-DFA_THREADS``). What runs
-    #: 100-101 measured for every length (above) with a class: +6.9% at 128-256 positions on
-    #: the 135M shape, the losses past them out of reach. 0: off, one class
-    #: (``bench_variant.py --short-context N``; not yet measured in this form).
+    #: combine (``attention_split`` from a module of its own, ``-DFA_THREADS``). Built for
+    #: what runs 100-101 measured for every length (above): +6.9% at 128-256 positions on
+    #: the 135M shape. In this form (run 127, H100, 512 positions) it lost: -1.7% at 128-256
+    #: positions, -14.5% at 384-512. 0: off, one class (``bench_variant.py --short-context N``).
     short_context: int = 0
     short_context_threads: int = 512
     #: Output features a block of the deferred norm's projection (``matmul_psq_gemv*_q``:

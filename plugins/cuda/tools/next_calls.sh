@@ -22,7 +22,7 @@ nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
     # the twenty-eighth session: gpu_checks.py whole on the tree's defaults (runs 127-128
-    # were cut at their limits after 399 passed; the kit passed whole in run 128)
+    # were cut at their limits after 396 passed; the kit passed whole in run 128)
     N=5
     echo "next_calls.sh auto: call $N"
 fi
@@ -64,7 +64,7 @@ case $N in
     # (gemv_x16_min_rows 4, gemv_x16_layout_flags 0x100; run 125), among them the compact
     # layouts' bit checks on their one-path backend (run 126 failed them by design). The
     # kit passed whole on these defaults in run 128, whose gpu_checks.py was cut at the
-    # call's limit after 399 passed (its GPU part now takes about 370 s, then the cpu
+    # call's limit after 396 passed (its GPU part now takes about 370 s, then the cpu
     # comparisons compile numba's kernels): it gets the call to itself
     bash $T setup checks
     ;;
