@@ -88,3 +88,32 @@ def test_an_unwritable_home_builds_every_time(
     assert run(driver)[1] == b"CUBIN" and run(driver)[1] == b"CUBIN"
     assert driver.builds == 2
     assert list(tmp_path.iterdir()) == [tmp_path / "home"]  # no temporary file left
+
+
+def test_a_build_says_so_on_stderr_a_cached_load_does_not(
+    _home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A machine's first run compiles for tens of seconds: the user is told why, and where
+    the result is kept; the runs after it load the binary quietly."""
+    driver = Driver()
+    load_or_build("cuda", IDENTITY, driver.build, driver.load, announce="vt_kernels.cu")
+    first, ready = capsys.readouterr().err.splitlines()
+    assert first == (
+        f"vt: compiling cuda kernels vt_kernels.cu (first run only; kept in {_home / 'kernels'})..."
+    )
+    assert ready.startswith("vt: cuda kernels vt_kernels.cu ready in ") and ready.endswith(" s")
+    load_or_build("cuda", IDENTITY, driver.build, driver.load, announce="vt_kernels.cu")
+    assert capsys.readouterr().err == "" and driver.builds == 1
+    run(Driver(), (*IDENTITY[:-1], "other"))  # no name to announce: quiet
+    assert capsys.readouterr().err == ""
+
+
+def test_a_build_with_the_cache_off_says_every_run_compiles(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VT_KERNEL_CACHE", "0")
+    driver = Driver()
+    load_or_build("hip", IDENTITY, driver.build, driver.load, announce="vt_kernels.cu")
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "vt: compiling hip kernels vt_kernels.cu (VT_KERNEL_CACHE=0: every run)..."
+    )

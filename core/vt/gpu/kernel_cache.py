@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -63,9 +65,13 @@ def load_or_build(
     identity: Sequence[str],
     build: Callable[[], bytes],
     load: Callable[[bytes], M],
+    *,
+    announce: str = "",
 ) -> tuple[M, bytes]:
     """``(load(binary), binary)`` for the binary of ``identity``: the cached one where the
-    driver loads it, else ``build()``'s, which is then cached."""
+    driver loads it, else ``build()``'s, which is then cached. ``announce`` (the module's
+    name): a build says so on stderr, before and after, as a machine's first run compiles
+    for tens of seconds with nothing else to show."""
     path = cache_path(vendor, identity)
     binary = _read(path)
     if binary is not None:
@@ -73,7 +79,17 @@ def load_or_build(
             return load(binary), binary
         except GpuCallError:  # refused (a damaged file): built again and replaced below
             pass
+    start = time.perf_counter()
+    if announce:
+        why = f"first run only; kept in {path.parent}" if path else "VT_KERNEL_CACHE=0: every run"
+        _say(f"vt: compiling {vendor} kernels {announce} ({why})...")
     binary = build()
     module = load(binary)
     _write(path, binary)
+    if announce:
+        _say(f"vt: {vendor} kernels {announce} ready in {time.perf_counter() - start:.0f} s")
     return module, binary
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -356,6 +356,7 @@ class CudaRuntime(GpuRuntime):
             ("nvrtc", version, *key[1], key[2]),
             lambda: self._nvrtc_compile(source, name, opts),
             lambda binary: self.call("cuModuleLoadData", binary),
+            announce=name,
         )
         return module
 

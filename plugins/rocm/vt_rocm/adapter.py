@@ -389,6 +389,7 @@ class HipRuntime(GpuRuntime):
             ("hiprtc", version, *key[1], key[2]),
             lambda: self._hiprtc_compile(source, name, opts),
             lambda binary: self.call("hipModuleLoadData", binary),
+            announce=name,
         )
         return module
 
