@@ -117,3 +117,14 @@ def test_a_build_with_the_cache_off_says_every_run_compiles(
     assert capsys.readouterr().err.splitlines()[0] == (
         "vt: compiling hip kernels vt_kernels.cu (VT_KERNEL_CACHE=0: every run)..."
     )
+
+
+def test_a_build_that_could_not_be_kept_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "home").write_text("a file where the directory would go")
+    monkeypatch.setenv("VT_HOME", str(tmp_path / "home"))
+    driver = Driver()
+    load_or_build("cuda", IDENTITY, driver.build, driver.load, announce="vt_kernels.cu")
+    ready = capsys.readouterr().err.splitlines()[1]
+    assert ready.endswith(f" s (not kept: {tmp_path / 'home' / 'kernels'} could not be written)")

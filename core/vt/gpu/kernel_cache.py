@@ -44,9 +44,10 @@ def _read(path: Path | None) -> bytes | None:
         return None
 
 
-def _write(path: Path | None, binary: bytes) -> None:
+def _write(path: Path | None, binary: bytes) -> bool:
+    """Whether ``binary`` is now kept at ``path``."""
     if path is None:
-        return
+        return False
     tmp = ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,10 +55,12 @@ def _write(path: Path | None, binary: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(binary)
         os.replace(tmp, path)
+        return True
     except OSError:  # a read-only or full disk: compiled again next time
         if tmp:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        return False
 
 
 def load_or_build(
@@ -85,9 +88,10 @@ def load_or_build(
         _say(f"vt: compiling {vendor} kernels {announce} ({why})...")
     binary = build()
     module = load(binary)
-    _write(path, binary)
+    kept = _write(path, binary)
     if announce:
-        _say(f"vt: {vendor} kernels {announce} ready in {time.perf_counter() - start:.0f} s")
+        lost = f" (not kept: {path.parent} could not be written)" if path and not kept else ""
+        _say(f"vt: {vendor} kernels {announce} ready in {time.perf_counter() - start:.0f} s{lost}")
     return module, binary
 
 
