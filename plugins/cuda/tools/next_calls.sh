@@ -10,6 +10,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 6     # carry [".whl"], about 500 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 7     # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 8     # carry [".whl"], about 560 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 9     # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 5
@@ -106,6 +107,13 @@ case $N in
     KBATCH=1 KPROMPT=384 KVARS="--splits 32|$X" bash $T kvars:smol
     CHECKVARS="$X" bash $T checksvar
     ;;
+9)  # why run 127's short path (-1.7% at 128 prompt tokens) is not run 100's (+6.9%): the
+    # tree, run 100's form (the module of every kernel at 512 threads, one split at every
+    # length) and the short path, twice each, alternating, on the 135M shape at batch 1
+    A='--attention-threads 512 --splits 1'
+    X='--short-context 512'
+    KBATCH=1 KVARS="--splits 32|$A|$X|--splits 32|$A|$X" bash $T setup models kvars:smol
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -119,7 +127,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|5|6|7|8|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|4|5|6|7|8|9|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
