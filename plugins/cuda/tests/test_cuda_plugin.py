@@ -508,19 +508,29 @@ def _compiles(nvrtc: FakeNvrtc) -> int:
     return sum(1 for n, _ in nvrtc.calls if n == "nvrtcCompileProgram")
 
 
-def test_a_later_process_loads_the_kernels_from_vt_home(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_later_process_loads_the_kernels_from_vt_home(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """vt.gpu.kernel_cache: the first process compiles and keeps the cubin in
-    VT_HOME/kernels; the next (the per-process cache empty) loads it, no compile; another
-    NVRTC version compiles again; VT_KERNEL_CACHE=0 always compiles and keeps nothing."""
+    VT_HOME/kernels, saying so on stderr; the next (the per-process cache empty) loads it,
+    no compile, quietly; another NVRTC version compiles again; VT_KERNEL_CACHE=0 always
+    compiles and keeps nothing."""
     backend, _, nvrtc = make()
     backend.prepare()
     assert _compiles(nvrtc) == 1
     (kept,) = (Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin")
     assert kept.read_bytes() == b"FAKECUBN"
+    first, ready = capsys.readouterr().err.splitlines()[-2:]
+    assert (
+        first
+        == f"vt: compiling cuda kernels vt_kernels.cu (first run only; kept in {kept.parent})..."
+    )
+    assert ready.startswith("vt: cuda kernels vt_kernels.cu ready in ")
     CudaRuntime._cubins.clear()  # a new process
     later, driver, nvrtc = make()
     later.prepare()
     assert _compiles(nvrtc) == 0 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+    assert "vt: compiling" not in capsys.readouterr().err
     CudaRuntime._cubins.clear()
     upgraded, _, nvrtc = make()
     nvrtc.version = (13, 1)

@@ -245,15 +245,22 @@ def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> N
     assert rtc2.calls == [] and fake2.args("hipModuleLoadData") == [(b"HSACODE!",)]
 
 
-def test_a_later_process_loads_the_code_object_from_vt_home() -> None:
-    """vt.gpu.kernel_cache, keyed by hiprtcVersion: no second compile in a new process."""
+def test_a_later_process_loads_the_code_object_from_vt_home(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """vt.gpu.kernel_cache, keyed by hiprtcVersion: no second compile in a new process. The
+    compile says so on stderr, naming the module; the later load is quiet."""
     backend, _, rtc = make_rtc()
     backend.prepare()
     assert [c[0] for c in rtc.calls].count("hiprtcCompileProgram") == 1
+    assert capsys.readouterr().err.startswith(
+        "vt: compiling hip kernels vt_kernels.cu (first run only; kept in "
+    )
     later, fake, rtc = make_rtc()  # fresh: the per-process cache emptied
     later.prepare()
     assert [c[0] for c in rtc.calls] == ["hiprtcVersion"]
     assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)]
+    assert "vt: compiling" not in capsys.readouterr().err
 
 
 def test_a_hiprtc_compile_error_carries_the_log() -> None:
