@@ -104,6 +104,11 @@ EOF"
         step checksvar 600 "cd \$(mktemp -d) && python3 $ROOT/plugins/cuda/tools/kit_variant.py ${CHECKVARS:-} \
             -- -o addopts='' -s ${CHECKK:+-k '${CHECKK//+/ or }'} $ROOT/plugins/cuda/tests/gpu_checks.py"
         ;;
+    checksx)  # gpu_checks.py -k "$CHECKX" verbatim (spaces, not and parentheses kept), the
+        # step's limit CHECKLIMIT seconds (default 570): a half of the whole in a call
+        step gpu_checks-x ${CHECKLIMIT:-570} "python3 -m pytest -q -p no:cacheprovider -o addopts='' -s -rfE \
+            plugins/cuda/tests/gpu_checks.py -k \"\$CHECKX\""
+        ;;
     checks)
         step gpu_checks 570 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -s -rfE \
             plugins/cuda/tests/gpu_checks.py"
