@@ -1,14 +1,16 @@
 """vt against llama.cpp on one GPU, in one run: decode at batch 1, 8 and 32, and prefill.
 
     python benchmarks/gpu_vs_llama_cpp.py --llama-src llama-src.tar.xz [--build-dir DIR]
-        [--models smol,1b] [--backend cuda] [--out FILE] [--build-only] [--no-build]
+        [--models smol,1b] [--backend cuda] [--out FILE] [--build-only [--server]] [--no-build]
 
 Builds llama.cpp's ``llama-bench`` and ``llama-batched-bench`` with CUDA from the vendored
-tree of the llama-cpp-python sdist (``--llama-src``: that tree, or a tar of it; skipped when
-``--build-dir`` already holds them; ``--build-only`` stops there, so a build can run in the
-background while vt is measured), writes the random-weight GGUFs of the real shapes
-(``plugins/cuda/tools/write_shape.py``: SmolLM2-135M Q4_1 with a Q8_0 embedding, and
-Llama-3.2-1B Q8_0) unless they exist, then measures, alternating engines per model:
+tree of the llama-cpp-python sdist (``--llama-src``: that tree, or a tar of it; skipped
+when ``--build-dir`` already holds them; ``--build-only`` stops there, so a build can run
+in the background while vt is measured; with ``--server`` it then builds ``llama-server``
+too, for ``benchmarks/serve_vs_llama_server.py --backend cuda``), writes the random-weight
+GGUFs of the real shapes (``plugins/cuda/tools/write_shape.py``: SmolLM2-135M Q4_1 with a
+Q8_0 embedding, and Llama-3.2-1B Q8_0) unless they exist, then measures, alternating
+engines per model:
 
 - vt: ``vt bench --batch 1,8,32 --prompt-tokens 128 --gen-tokens 128 --repeat 2`` (aggregate
   decode tok/s per batch, async scheduling on) and ``vt bench --prompt-tokens 512
@@ -44,7 +46,7 @@ BATCHES = (1, 8, 32)
 CMAKE_FLAGS = [
     "-G", "Ninja", "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DGGML_NATIVE=ON",
     "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF", "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_SERVER=ON", "-DCMAKE_BUILD_TYPE=Release",  # built only when asked
 ]  # fmt: skip
 
 
@@ -60,11 +62,20 @@ def run(cmd: list[str], **kw: Any) -> str:
     return done.stdout
 
 
-def build_llama(src: Path, build: Path) -> tuple[Path, Path]:
-    """``llama-bench`` and ``llama-batched-bench`` under ``build``, built unless present."""
+def build_llama(src: Path, build: Path, server: bool = False) -> tuple[Path, Path]:
+    """``llama-bench`` and ``llama-batched-bench`` under ``build``, built unless present;
+    with ``server``, ``llama-server`` after them (the benches are ready first)."""
     bench, batched = build / "bin" / "llama-bench", build / "bin" / "llama-batched-bench"
-    if bench.exists() and batched.exists():
-        return bench, batched
+    if not (bench.exists() and batched.exists()):
+        _build(src, build, "llama-bench", "llama-batched-bench")
+    if server and not (build / "bin" / "llama-server").exists():
+        _build(src, build, "llama-server")
+    return bench, batched
+
+
+def _build(src: Path, build: Path, *targets: str) -> None:
+    """Configure ``build`` from ``src`` (a tree or a tar of one), then build ``targets``
+    with ninja."""
     tree = src
     if src.is_file():  # a tar of the vendored tree
         tree = build.parent / "llama-src"
@@ -75,9 +86,8 @@ def build_llama(src: Path, build: Path) -> tuple[Path, Path]:
     t0 = time.monotonic()
     run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS])
     jobs = str(os.cpu_count() or 4)
-    run(["ninja", "-C", str(build), "-j", jobs, "llama-bench", "llama-batched-bench"])
-    log(f"llama.cpp built in {time.monotonic() - t0:.0f} s")
-    return bench, batched
+    run(["ninja", "-C", str(build), "-j", jobs, *targets])
+    log(f"llama.cpp's {', '.join(targets)} built in {time.monotonic() - t0:.0f} s")
 
 
 def gpu_names() -> list[str]:
@@ -175,6 +185,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--build-only", action="store_true", help="build llama.cpp, then stop")
     ap.add_argument("--no-build", action="store_true", help="fail unless already built")
+    ap.add_argument("--server", action="store_true",
+                    help="also build llama-server (after the benches)")  # fmt: skip
     ap.add_argument("--vt-prefill-only", action="store_true",
                     help="vt's pp512 of each model only (no llama.cpp)")  # fmt: skip
     args = ap.parse_args()
@@ -192,7 +204,7 @@ def main() -> None:
     elif args.llama_src is None:
         raise SystemExit("--llama-src is needed to build llama.cpp")
     else:
-        bench, batched = build_llama(args.llama_src, args.build_dir)
+        bench, batched = build_llama(args.llama_src, args.build_dir, server=args.server)
     if args.build_only:
         return
     result: dict[str, Any] = {"device": gpu_names(), "vt": {}, "llama.cpp": {}, "ratios": {}}

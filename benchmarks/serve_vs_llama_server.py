@@ -1,13 +1,16 @@
-"""vt serve against llama-server on CPU: completion tokens/s with 1, 4 and 16 chat clients.
+"""vt serve against llama-server: completion tokens/s with 1, 4 and 16 chat clients.
 
     python benchmarks/serve_vs_llama_server.py [--model PATH] [--llama-server PATH]
         [--clients 1,4,16] [--max-tokens 64] [--requests-per-client 4] [--rounds 1]
         [--threads 2] [--slots 16] [--time-limit-s 300] [--vt-baseline CMD] [--out FILE]
+        [--backend cpu] [--llama-args ARGS]
 
-Starts ``vt serve --backend cpu --max-slots SLOTS`` and ``llama-server -t THREADS -np
-SLOTS`` on free loopback ports, both for the whole run (an idle server waits without
-using the CPU), waits for each one's ``GET /health``, then for each client count and
-round measures the two servers one after the other, the order flipped every time.
+Starts ``vt serve --backend BACKEND --max-slots SLOTS`` and ``llama-server -t THREADS -np
+SLOTS LLAMA_ARGS`` on free loopback ports (on a GPU: ``--backend cuda --llama-args='-ngl
+99'``, llama-server built with CUDA: ``gpu_vs_llama_cpp.py --build-only --server``), both
+for the whole run (an idle server waits without using the CPU), waits for each one's ``GET
+/health``, then for each client count and round measures the two servers one after the
+other, the order flipped every time.
 
 A measurement: N threads, each with its own official ``openai`` client, send chat
 completions (``temperature 0``, ``max_tokens``, ``ignore_eos`` so that both servers
@@ -58,6 +61,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpu_vs_llama_cpp import gpu_names
 from machine import busy_cpu_s, wait_quiet
 from openai import OpenAI
 
@@ -255,6 +259,42 @@ def find_binary(given: str | None, env: str, name: str) -> str:
     return str(Path(path).resolve())
 
 
+def server_commands(
+    args: argparse.Namespace, vt: list[str], llama: str, model: str
+) -> dict[str, tuple[str, list[str], int]]:
+    """Each server's (name, command line, port): vt serve on ``--backend``, llama-server
+    with ``--llama-args``, and the baseline vt where ``--vt-baseline`` names one."""
+    vt_port, llama_port = free_port(), free_port()
+    common = ["--max-model-len", str(args.ctx_per_slot), "--served-model-name", MODEL_NAME]
+    common += ["--log-level", "warning"]
+    servers = {
+        "vt": (
+            "vt",
+            [*vt, "serve", "--backend", args.backend, "--model", model, "--port", str(vt_port)]
+            + ["--max-slots", str(args.slots), *common],
+            vt_port,
+        ),
+        "llama_server": (
+            "llama-server",
+            [llama, "-m", model, "-t", str(args.threads), "-np", str(args.slots)]
+            + ["-c", str(args.slots * args.ctx_per_slot), "--host", "127.0.0.1"]
+            + ["--port", str(llama_port), "-a", MODEL_NAME, "--no-webui"]
+            + shlex.split(args.llama_args),
+            llama_port,
+        ),
+    }
+    if args.vt_baseline:
+        port = free_port()
+        servers["vt_baseline"] = (
+            "vt-baseline",
+            [*shlex.split(args.vt_baseline), "serve", "--backend", args.backend]
+            + ["--model", model, "--port", str(port), "--max-slots", str(args.slots), *common]
+            + shlex.split(args.vt_baseline_args),
+            port,
+        )
+    return servers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -284,6 +324,10 @@ def main() -> None:
     ap.add_argument("--quiet-wait-s", type=float, default=120, help="longest wait; 0: off")
     ap.add_argument("--request-timeout-s", type=float, default=600)
     ap.add_argument("--start-timeout-s", type=float, default=600)
+    ap.add_argument("--backend", default="cpu", help="vt serve's --backend (cpu)")
+    ap.add_argument(
+        "--llama-args", default="", help="extra llama-server options (on a GPU: '-ngl 99')"
+    )
     ap.add_argument("--label", default="", help="free text kept in the JSON (vt's commit)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args()
@@ -297,35 +341,10 @@ def main() -> None:
         model = pulled.stdout.strip().splitlines()[-1]
     levels = [int(c) for c in args.clients.split(",")]
 
-    vt_port, llama_port = free_port(), free_port()
     servers = {
-        "vt": Server(
-            "vt",
-            [*vt, "serve", "--backend", "cpu", "--model", model, "--port", str(vt_port)]
-            + ["--max-slots", str(args.slots), "--max-model-len", str(args.ctx_per_slot)]
-            + ["--served-model-name", MODEL_NAME, "--log-level", "warning"],
-            vt_port,
-        ),
-        "llama_server": Server(
-            "llama-server",
-            [llama, "-m", model, "-t", str(args.threads), "-np", str(args.slots)]
-            + ["-c", str(args.slots * args.ctx_per_slot), "--host", "127.0.0.1"]
-            + ["--port", str(llama_port), "-a", MODEL_NAME, "--no-webui"],
-            llama_port,
-        ),
+        name: Server(label, cmd, port)
+        for name, (label, cmd, port) in server_commands(args, vt, llama, model).items()
     }
-
-    if args.vt_baseline:
-        base_port = free_port()
-        servers["vt_baseline"] = Server(
-            "vt-baseline",
-            [*shlex.split(args.vt_baseline), "serve", "--backend", "cpu", "--model", model]
-            + ["--port", str(base_port), "--max-slots", str(args.slots)]
-            + ["--max-model-len", str(args.ctx_per_slot)]
-            + ["--served-model-name", MODEL_NAME, "--log-level", "warning"]
-            + shlex.split(args.vt_baseline_args),
-            base_port,
-        )
 
     def stop(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)  # unwinds to the finally below
@@ -381,6 +400,8 @@ def main() -> None:
     out = {
         "command": shlex.join(["python", "benchmarks/serve_vs_llama_server.py", *argv]),
         "label": args.label,
+        "backend": args.backend,
+        "device": None if args.backend == "cpu" else gpu_names(),
         "started_utc": started.isoformat(timespec="seconds"),
         "seconds": round((datetime.now(timezone.utc) - started).total_seconds()),
         "model": {"path": model, "file_bytes": Path(model).stat().st_size},

@@ -609,3 +609,58 @@ def test_torch_trace_without_a_cuda_device_says_so(
     monkeypatch.setattr(sys, "argv", ["torch_trace.py", str(tmp_path / "t.csv"), "bench"])
     with pytest.raises(SystemExit, match="PyTorch sees no CUDA device"):
         torch_trace.main()
+
+
+def test_build_builds_llama_server_after_the_benches_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--build-only --server``: the benches first (a side by side waiting for them is not
+    held up by the server), then llama-server; nothing already built is built again."""
+    (tmp_path / "src").mkdir()
+    build = tmp_path / "build"
+    ninja: list[list[str]] = []
+
+    def run(cmd: list[str]) -> str:
+        if cmd[0] == "ninja":
+            ninja.append(cmd[5:])
+            (build / "bin").mkdir(parents=True, exist_ok=True)
+            for target in cmd[5:]:
+                (build / "bin" / target).touch()
+        return ""
+
+    monkeypatch.setattr(bench, "run", run)
+    assert bench.build_llama(tmp_path / "src", build) == (
+        build / "bin" / "llama-bench",
+        build / "bin" / "llama-batched-bench",
+    )
+    assert ninja == [["llama-bench", "llama-batched-bench"]]
+    bench.build_llama(tmp_path / "src", build, server=True)
+    assert ninja[1:] == [["llama-server"]]
+    bench.build_llama(tmp_path / "src", build, server=True)
+    assert len(ninja) == 2
+    assert "-DLLAMA_BUILD_SERVER=ON" in bench.CMAKE_FLAGS
+
+
+def test_serve_bench_runs_vt_on_the_backend_and_llama_server_with_its_options() -> None:
+    """On a GPU: ``vt serve --backend cuda`` (the baseline too) against ``llama-server``
+    with ``-ngl 99``; on CPU, the defaults it always had."""
+    import argparse
+
+    import serve_vs_llama_server as serve
+
+    args = argparse.Namespace(
+        backend="cuda", llama_args="-ngl 99", slots=64, ctx_per_slot=1024, threads=8,
+        vt_baseline="/old/bin/vt", vt_baseline_args="--no-prefix-caching",
+    )  # fmt: skip
+    cmds = serve.server_commands(args, ["vt"], "/b/llama-server", "/m.gguf")
+    vt, llama, base = (cmds[n][1] for n in ("vt", "llama_server", "vt_baseline"))
+    assert vt[:4] == ["vt", "serve", "--backend", "cuda"]
+    assert vt[vt.index("--max-slots") + 1] == "64" and "/m.gguf" in vt
+    assert llama[-2:] == ["-ngl", "99"] and llama[llama.index("-c") + 1] == str(64 * 1024)
+    assert base[:4] == ["/old/bin/vt", "serve", "--backend", "cuda"]
+    assert base[-1] == "--no-prefix-caching"
+    assert len({cmds[n][2] for n in cmds}) == 3  # a port each
+    args.backend, args.llama_args, args.vt_baseline = "cpu", "", None
+    cmds = serve.server_commands(args, ["vt"], "/b/llama-server", "/m.gguf")
+    assert set(cmds) == {"vt", "llama_server"}
+    assert cmds["vt"][1][3] == "cpu" and cmds["llama_server"][1][-1] == "--no-webui"

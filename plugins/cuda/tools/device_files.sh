@@ -5,7 +5,8 @@
 #   bash plugins/cuda/tools/device_files.sh [OLD_COMMIT]     # from anywhere in the repo
 #
 # .whl/*.whl     cp312 wheels the device image lacks: pydantic (and its needs), gguf,
-#                nvmath-python (without it prefill runs on vt's own kernels, run 86)
+#                nvmath-python (without it prefill runs on vt's own kernels, run 86);
+#                vt serve's needs and the openai client (the servellama step)
 # .whl/old       core/ and plugins/ of OLD_COMMIT, for h200_checks.sh's baseline and
 #                batch_old steps (only when OLD_COMMIT is given)
 # .llama/llama-src.tar.xz
@@ -19,21 +20,33 @@ cd "$(git rev-parse --show-toplevel)"
 OLD=${1:-}
 
 mkdir -p .git/info .whl .llama
+plats=()
+for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+    manylinux2014_x86_64 manylinux1_x86_64; do
+    plats+=(--platform "$p")
+done
 for p in /.whl/ /.llama/; do
     grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
 done
 
 if ! ls .whl/nvmath_python-*.whl > /dev/null 2>&1; then
     echo "== device wheels -> .whl"
-    plats=()
-    for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
-        manylinux2014_x86_64 manylinux1_x86_64; do
-        plats+=(--platform "$p")
-    done
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp "${plats[@]}" -d .whl \
         pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 \
         typing-inspection==0.4.2 typing-extensions==4.16.0 gguf==0.19.0 nvmath-python==1.0.0
+fi
+
+if ! ls .whl/openai-*.whl > /dev/null 2>&1; then
+    # vt serve's needs and the official openai client, for h200_checks.sh's servellama step
+    # (the versions this machine's tests run; the image has click and numpy)
+    echo "== serving wheels -> .whl"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp "${plats[@]}" -d .whl \
+        starlette==1.10.0 uvicorn==0.55.0 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 \
+        idna==3.21 psutil==7.2.2 prometheus-client==0.26.0 threadpoolctl==3.8.0 \
+        tqdm==4.70.1 openai==3.63.0 httpx2==2.17.0 httpcore2==2.17.0 jiter==0.19.0 \
+        certifi==2026.5.20 truststore==0.10.5
 fi
 
 if [ -n "$OLD" ]; then

@@ -188,9 +188,10 @@ EOF"
         step "blasbatch-$m" 300 "python3 plugins/cuda/tools/bench_variant.py --blas-min-rows 8 $B --json > $OUT/batch-$m-blas8.json; \
             python3 $ROOT/plugins/cuda/tools/batch_table.py $OUT/batch-$m-blas8.json"
         ;;
-    llama_bg)  # build llama.cpp (CUDA) in the background, in its own session (outlives the call)
+    llama_bg)  # build llama.cpp (CUDA) in the background, in its own session (outlives the call);
+        # LLAMA_SERVER=1: llama-server too, after the benches (for servellama)
         setsid nohup python3 benchmarks/gpu_vs_llama_cpp.py --llama-src .llama/llama-src.tar.xz \
-            --build-only > /tmp/llama-build.log 2>&1 < /dev/null &
+            --build-only ${LLAMA_SERVER:+--server} > /tmp/llama-build.log 2>&1 < /dev/null &
         echo "llama.cpp build started in the background: /tmp/llama-build.log" | tee -a "$OUT/log.txt"
         ;;
     vsllama:*)  # wait (at most N s) for that build, then vt and llama.cpp side by side
@@ -198,6 +199,17 @@ EOF"
         w=${s#vsllama:}
         step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-bench && test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
             tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build ${VSMODELS:+--models $VSMODELS} --out $OUT/gpu_vs_llama_cpp.json"
+        ;;
+    servellama:*)  # wait (at most N s) for llama-server (llama_bg with LLAMA_SERVER=1), then
+        # vt serve --backend cuda against llama-server -ngl 99 on the 135M shape, 1, 4, 16 and
+        # 64 chat clients (SERVECLIENTS), 64 slots each (benchmarks/serve_vs_llama_server.py)
+        w=${s#servellama:}
+        step servellama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-server && break; sleep 1; done; \
+            tail -3 /tmp/llama-build.log; test -f /tmp/smol.gguf || python3 plugins/cuda/tools/write_shape.py /tmp/smol.gguf --shape 135m --weight-type Q4_1; \
+            python3 benchmarks/serve_vs_llama_server.py --backend cuda --llama-args='-ngl 99' \
+            --llama-server /tmp/llama-build/bin/llama-server --model /tmp/smol.gguf \
+            --clients ${SERVECLIENTS:-1,4,16,64} --slots 64 --threads 8 --rounds 2 --quiet-wait-s 20 \
+            --time-limit-s 60 --out $OUT/serve_vs_llama_server.json"
         ;;
     int8:*)  # decode batches of 8 and 32 on int8 activations from 8 rows (the default since run 23)
         m=${s#int8:}
