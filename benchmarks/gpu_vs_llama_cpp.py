@@ -47,6 +47,8 @@ CMAKE_FLAGS = [
     "-G", "Ninja", "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DGGML_NATIVE=ON",
     "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=ON", "-DCMAKE_BUILD_TYPE=Release",  # built only when asked
+    # llama-server without its web UI: the device reaches no registry (npm, Hugging Face)
+    "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
 ]  # fmt: skip
 
 

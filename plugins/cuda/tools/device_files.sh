@@ -59,13 +59,15 @@ if [ -n "$OLD" ]; then
     git worktree remove --force /tmp/vt-old-tree
 fi
 
-if [ ! -s .llama/llama-src.tar.xz ]; then
+# (a tar without scripts/ui-assets.cmake predates llama-server's build: made again)
+if ! tar -tJf .llama/llama-src.tar.xz scripts/ui-assets.cmake > /dev/null 2>&1; then
     echo "== llama.cpp's sources -> .llama/llama-src.tar.xz"
     tmp=$(mktemp -d)
     python3 -m pip download -q --no-binary :all: --no-deps -d "$tmp" llama-cpp-python==0.3.36
     tar -xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp"
     (cd "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp && tar -cJf "$OLDPWD/.llama/llama-src.tar.xz" \
-        CMakeLists.txt CMakePresets.json cmake ggml src include common tools vendor app LICENSE licenses)
+        CMakeLists.txt CMakePresets.json cmake ggml src include common tools vendor app LICENSE licenses \
+        scripts/ui-assets.cmake)
     rm -rf "$tmp"
 fi
 
