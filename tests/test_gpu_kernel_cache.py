@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vt.gpu import GpuCallError, load_or_build
+from vt.gpu import GpuCallError, load_or_build, read_or_build
 from vt.gpu.kernel_cache import cache_path
 
 IDENTITY = ("nvrtc", "13.0", "--gpu-architecture=sm_90", "-DVT_WARP=32", "abc123")
@@ -128,3 +128,29 @@ def test_a_build_that_could_not_be_kept_says_so(
     load_or_build("cuda", IDENTITY, driver.build, driver.load, announce="vt_kernels.cu")
     ready = capsys.readouterr().err.splitlines()[1]
     assert ready.endswith(f" s (not kept: {tmp_path / 'home' / 'kernels'} could not be written)")
+
+
+def test_read_or_build_builds_once_keeps_it_and_loads_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An adapter's prebuild (any thread, no driver call): the binary as load_or_build
+    would find or build it, announced the same way, never loaded."""
+    driver = Driver()
+    assert read_or_build("cuda", IDENTITY, driver.build, announce="vt_kernels.cu") == b"CUBIN"
+    assert driver.builds == 1 and driver.loads == []
+    assert capsys.readouterr().err.startswith("vt: compiling cuda kernels vt_kernels.cu (")
+    path = cache_path("cuda", IDENTITY)
+    assert path is not None and path.read_bytes() == b"CUBIN"
+    assert read_or_build("cuda", IDENTITY, Driver(b"OTHER").build) == b"CUBIN"  # read
+    assert capsys.readouterr().err == ""
+    assert run(driver) == ("module of b'CUBIN'", b"CUBIN") and driver.builds == 1
+
+
+def test_read_or_build_with_the_cache_off_builds_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VT_KERNEL_CACHE", "0")
+    driver = Driver()
+    read_or_build("hip", IDENTITY, driver.build)
+    read_or_build("hip", IDENTITY, driver.build)
+    assert driver.builds == 2

@@ -8,7 +8,7 @@ package imports no vendor library.
 from __future__ import annotations
 
 from .backend import MAX_HEAD_DIM, GpuBackend, GpuWeight, kernel_source
-from .kernel_cache import load_or_build
+from .kernel_cache import load_or_build, read_or_build
 from .runtime import GpuCallError, GpuRuntime, KernelArg, host_array, kernel_params
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "kernel_params",
     "kernel_source",
     "load_or_build",
+    "read_or_build",
 ]

@@ -16,7 +16,9 @@ weight upload, before any step) and cached per process and device.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -252,6 +254,10 @@ class GpuBackend(
         # short-context attention's; kernel name) -> function
         self._functions: dict[tuple[int | str | None, str], Any] = {}
         self._short_module: Any = None
+        # Modules building on helper threads (key: a layout, None for the module of every
+        # kernel), loaded where first launched or before a capture (_prebuild)
+        self._builds: dict[int | None, Future[None]] = {}
+        self._builder: ThreadPoolExecutor | None = None
         self._granularity: int | None = None
         self._lock = threading.Lock()
         self._scratch: list[tuple[str, Buffer]] = []
@@ -269,6 +275,7 @@ class GpuBackend(
 
     def close(self) -> None:
         """Forget the kernels and let the adapter release its context (idempotent)."""
+        self._stop_builds()
         while self._scratch:
             self._free(self._scratch.pop()[1])
         self._drop_copies()
@@ -320,23 +327,70 @@ class GpuBackend(
         as 16-bit codes (0: none do), by the module such a launch comes from."""
         return self._x16_rows(self._layout(weights))
 
+    def _module_source(self, layout: int | None) -> tuple[str, str, list[str]]:
+        """(source, name, options) of the module of every kernel (None) or of ``layout``'s."""
+        if layout is None:
+            return kernel_source(), "vt_kernels.cu", self.compile_options()
+        options = [*self.compile_options(layout), f"-DVT_Q_FLAGS={layout:#x}"]
+        return kernel_source(LAYOUT_PARTS), f"vt_kernels_q{layout:x}.cu", options
+
     def _module(self, layout: int | None = None) -> Any:
         """The module of every kernel, or (``layout``) of the quantized-weight kernels
-        compiled for that WT_Q layout."""
+        compiled for that WT_Q layout; one a helper thread is building is waited for (its
+        compile error raised here), then loaded."""
         with self._lock:
-            if layout is not None:
-                module = self._layout_modules.get(layout)
-                if module is None:
-                    options = [*self.compile_options(layout), f"-DVT_Q_FLAGS={layout:#x}"]
-                    source = kernel_source(LAYOUT_PARTS)
-                    module = self._rt.compile(source, f"vt_kernels_q{layout:x}.cu", options)
+            module = self._kernels if layout is None else self._layout_modules.get(layout)
+            if module is None:
+                build = self._builds.pop(layout, None)
+                if build is not None:
+                    build.result()
+                module = self._rt.compile(*self._module_source(layout))
+                if layout is None:
+                    self._kernels = module
+                else:
                     self._layout_modules[layout] = module
-                return module
-            if self._kernels is None:
-                self._kernels = self._rt.compile(
-                    kernel_source(), "vt_kernels.cu", self.compile_options()
-                )
-        return self._kernels
+            return module
+
+    def _prebuild(self, layout: int | None) -> None:
+        """Have ``layout``'s module (None: the module of every kernel) built on a helper
+        thread, once, while the weights go on uploading: a machine's first run compiled
+        them one after another (26 s, then 13-16 s a layout, on 2 cores), and nvrtc and
+        hiprtc release the GIL. Only the binary is built there; the module is loaded on
+        the launching thread, at its first launch or before a graph capture. Without
+        ``parallel_compile`` or a runtime ``prebuild``, compiled here and now."""
+        if not self.parallel_compile or type(self._rt).prebuild is GpuRuntime.prebuild:
+            self._module(layout)
+            return
+        with self._lock:
+            built = self._kernels if layout is None else self._layout_modules.get(layout)
+            if built is not None or layout in self._builds:
+                return
+            args = self._module_source(layout)  # a bad setting raises here, not on a helper
+            if self._builder is None:
+                workers = max(1, min(4, os.cpu_count() or 1))
+                self._builder = ThreadPoolExecutor(workers, thread_name_prefix="vt-kernels")
+            self._builds[layout] = self._builder.submit(self._rt.prebuild, *args)
+
+    def _load_builds(self) -> None:
+        """Load every module a helper thread is building (waiting for it): before a graph
+        capture, so that no module loads inside one."""
+        for layout in list(self._builds):
+            self._module(layout)
+
+    def _stop_builds(self) -> None:
+        """Wait for the helper threads' builds (their errors dropped: nothing will load
+        them) and let the threads go."""
+        with self._lock:
+            builds, self._builds = list(self._builds.values()), {}
+            builder, self._builder = self._builder, None
+        for build in builds:
+            build.exception()
+        if builder is not None:
+            builder.shutdown(wait=True)
+
+    def _begin_capture(self, stream: Stream) -> None:
+        self._load_builds()
+        super()._begin_capture(stream)
 
     def _short(self) -> Any:
         """The module of the short-context attention (``attention_split`` for blocks of
@@ -384,8 +438,10 @@ class GpuBackend(
         return (bound,) if bound else ()
 
     def prepare(self) -> None:
-        """Compile the kernels now (upload_weight does it too, before any step runs)."""
+        """Compile and load the kernels now, the modules helper threads are building among
+        them (upload_weight starts them, so a model's first step only waits for the rest)."""
         self._module()
+        self._load_builds()
         if self.context_classes:
             self._short()
 
@@ -427,9 +483,11 @@ class GpuBackend(
     # ---- weights
     def _upload_weight(self, tensor: WeightTensor) -> Weight:
         packed = W.pack(tensor, compact=self.compact_weights, layouts=dict(self.layout_overrides))
-        self.prepare()  # compile before the first step, never during one
+        self._prebuild(None)  # built while the weights upload: no step compiles
+        if self.context_classes:
+            self._short()
         if packed.kind == W.WT_Q and self.layout_kernels:
-            self._module(packed.layout)
+            self._prebuild(packed.layout)
         data = np.ascontiguousarray(packed.data).reshape(-1).view(np.uint8)
         at = -(-data.nbytes // 256) * 256
         total = at + (0 if packed.scales is None else packed.scales.nbytes)

@@ -1,12 +1,13 @@
 """Compiled kernel binaries kept on disk, so that only a machine's first process compiles.
 
 A runtime adapter's ``compile`` asks :func:`load_or_build` for the binary (a cubin, a HIP
-code object) of one identity: its vendor, its compiler's version, the architecture, the
-options and the source. A binary built for that identity before is read from
-``$VT_HOME/kernels/<vendor>-<digest>.bin``; else it is built and written there (atomically:
-a reader sees a whole file or none). A file the driver refuses to load (damaged) is
-built again and replaced. ``VT_KERNEL_CACHE=0`` turns the cache off; a directory that
-cannot be read or written leaves it off for that compile (the kernels still run).
+code object; its ``prebuild``, :func:`read_or_build`, on any thread) of one identity: its
+vendor, its compiler's version, the architecture, the options and the source. A binary
+built for that identity before is read from ``$VT_HOME/kernels/<vendor>-<digest>.bin``;
+else it is built and written there (atomically: a reader sees a whole file or none). A file
+the driver refuses to load (damaged) is built again and replaced. ``VT_KERNEL_CACHE=0``
+turns the cache off; a directory that cannot be read or written leaves it off for that
+compile (the kernels still run).
 """
 
 from __future__ import annotations
@@ -82,17 +83,44 @@ def load_or_build(
             return load(binary), binary
         except GpuCallError:  # refused (a damaged file): built again and replaced below
             pass
+    loaded: list[M] = []  # loaded before the binary is kept: a refused one is not
+    binary = _build_and_keep(vendor, path, build, lambda b: loaded.append(load(b)), announce)
+    return loaded[0], binary
+
+
+def read_or_build(
+    vendor: str, identity: Sequence[str], build: Callable[[], bytes], *, announce: str = ""
+) -> bytes:
+    """The binary of ``identity`` as :func:`load_or_build` finds or builds it, not loaded:
+    no driver call, so any thread may ask (a backend builds its modules in parallel, then
+    loads them where it launches). A cached file is returned unchecked; the adapter loads
+    it later and, where the driver refuses it, goes through :func:`load_or_build`."""
+    path = cache_path(vendor, identity)
+    binary = _read(path)
+    if binary is not None:
+        return binary
+    return _build_and_keep(vendor, path, build, lambda b: None, announce)
+
+
+def _build_and_keep(
+    vendor: str,
+    path: Path | None,
+    build: Callable[[], bytes],
+    check: Callable[[bytes], None],
+    announce: str,
+) -> bytes:
+    """``build()``'s binary, ``check``ed, then written to ``path``, announced where asked."""
     start = time.perf_counter()
     if announce:
         why = f"first run only; kept in {path.parent}" if path else "VT_KERNEL_CACHE=0: every run"
         _say(f"vt: compiling {vendor} kernels {announce} ({why})...")
     binary = build()
-    module = load(binary)
+    check(binary)
     kept = _write(path, binary)
     if announce:
         lost = f" (not kept: {path.parent} could not be written)" if path and not kept else ""
         _say(f"vt: {vendor} kernels {announce} ready in {time.perf_counter() - start:.0f} s{lost}")
-    return module, binary
+    return binary
 
 
 def _say(line: str) -> None:

@@ -166,6 +166,13 @@ class GpuRuntime(abc.ABC):
         the compiler's log when compilation fails.
         """
 
+    def prebuild(self, source: str, name: str, options: Sequence[str]) -> None:  # noqa: B027
+        """Optional: build the binary a later :meth:`compile` with the same arguments loads,
+        without loading it, so that compile only loads. Makes no driver call and may run on
+        any thread: :class:`GpuBackend` builds a model's modules in parallel while its
+        weights upload (the compilers release the GIL). The default builds nothing; compile
+        then builds as it always does. A compiler error may be raised here or by compile."""
+
     @abc.abstractmethod
     def get_function(self, module: Any, name: str) -> Any: ...
 

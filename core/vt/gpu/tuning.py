@@ -16,6 +16,12 @@ _FA_THREADS = 128
 class GpuTuning:
     """Kernel and path choices of the GPU backend (class attributes; see the module)."""
 
+    #: A model's kernel modules (the module of every kernel, one a weight layout) are
+    #: built on helper threads while its weights upload, where the runtime can
+    #: (``GpuRuntime.prebuild``), not one after another at upload: a machine's first run
+    #: (nothing in the kernel cache) waits for the longest build, not their sum. Loaded on
+    #: the launching thread, at a first launch or before a graph capture.
+    parallel_compile: bool = True
     #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one
     #: (every decode batch up to 32 rows reads each weight once through the warp kernels).
     tiled_min_rows: int = 64

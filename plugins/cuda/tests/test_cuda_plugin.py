@@ -30,6 +30,7 @@ from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc
 from vt.gpu import GpuBackend
 from vt.management import rules
 from vt.protocol.mixins import derive_capabilities
+from vt.testing.kernels_suite import weight_tensor
 from vt_cuda.adapter import CudaError, CudaRuntime
 from vt_cuda.backend import CudaBackend
 from vt_cuda.caps import ATTRIBUTES, DeviceProfile, capabilities_from_device
@@ -60,6 +61,7 @@ def make(profile: DeviceProfile = H200) -> tuple[CudaBackend, FakeDriver, FakeNv
 @pytest.fixture(autouse=True)
 def _fresh_cubin_cache() -> None:
     CudaRuntime._cubins.clear()
+    CudaRuntime._prebuilt.clear()
 
 
 # --------------------------------------------------------------------------- availability
@@ -570,6 +572,118 @@ def test_an_unwritable_vt_home_still_compiles_and_runs(
         backend, driver, nvrtc = make()
         backend.prepare()
         assert _compiles(nvrtc) == 1 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+
+
+def _threads_of(backend: CudaBackend, driver: FakeDriver, nvrtc: FakeNvrtc, meet: int = 0) -> dict:
+    """The threads nvrtc compiled on and the driver loaded modules on; the first ``meet``
+    compiles wait for each other (a BrokenBarrierError unless they run at once)."""
+    seen: dict[str, list[str]] = {"compiled": [], "loaded": []}
+    barrier = threading.Barrier(max(meet, 1), timeout=10)
+    compile_, load = nvrtc.nvrtcCompileProgram, driver.cuModuleLoadData
+
+    def compile_on(*args: Any) -> Any:
+        seen["compiled"].append(threading.current_thread().name)
+        if len(seen["compiled"]) <= meet:
+            barrier.wait()
+        return compile_(*args)
+
+    def load_on(*args: Any) -> Any:
+        seen["loaded"].append(threading.current_thread().name)
+        return load(*args)
+
+    nvrtc.nvrtcCompileProgram = compile_on  # type: ignore[method-assign]
+    driver.cuModuleLoadData = load_on  # type: ignore[attr-defined]
+    return seen
+
+
+def _upload_three(backend: CudaBackend) -> None:
+    """Weights of two layouts (Q4_1 twice): three modules with the module of every kernel."""
+    values = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    for name, wtype in (("a", "Q4_1"), ("b", "Q8_0"), ("c", "Q4_1")):
+        backend.upload_weight(weight_tensor(name, values, wtype)[0])
+
+
+def test_a_models_modules_build_at_once_on_helper_threads_and_load_where_launched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A machine's first run built the module of every kernel (26 s on 2 cores), then one a
+    weight layout (13-16 s each), one after another: now nvrtc builds them on helper
+    threads while the weights upload (two at once here), and the modules load on the
+    launching thread, none while uploading."""
+    monkeypatch.setattr("vt.gpu.backend.os.cpu_count", lambda: 4)
+    backend, driver, nvrtc = make()
+    seen = _threads_of(backend, driver, nvrtc, meet=2)
+    _upload_three(backend)
+    assert seen["loaded"] == []
+    backend.prepare()
+    assert len(seen["compiled"]) == 3
+    assert all(t.startswith("vt-kernels") for t in seen["compiled"]), seen
+    assert seen["loaded"] == [threading.current_thread().name] * 3
+    names = {a[0] for n, a in nvrtc.calls if n == "nvrtcCreateProgram"}
+    assert len(names) == 3 and b"vt_kernels.cu" in names  # and a module per layout
+    backend.prepare()  # loaded once
+    assert len(seen["loaded"]) == 3
+    backend.close()
+
+
+def test_modules_still_building_load_before_a_graph_capture_begins() -> None:
+    """A module load inside a stream capture could break it: begin_capture first waits for
+    the helper threads and loads their modules."""
+    backend, driver, nvrtc = make()
+    _upload_three(backend)
+    stream = backend.create_stream("decode")
+    backend.begin_capture(stream)
+    names = driver.names()
+    assert names.count("cuModuleLoadData") == 3
+    loads = [i for i, n in enumerate(names) if n == "cuModuleLoadData"]
+    assert max(loads) < names.index("cuStreamBeginCapture")
+    backend.end_capture(stream)
+    backend.close()
+
+
+def test_parallel_compile_off_compiles_each_module_at_its_first_upload() -> None:
+    backend, driver, nvrtc = make()
+    backend.parallel_compile = False  # type: ignore[attr-defined]
+    seen = _threads_of(backend, driver, nvrtc)
+    _upload_three(backend)
+    main = threading.current_thread().name
+    assert seen == {"compiled": [main] * 3, "loaded": [main] * 3}
+    backend.close()
+
+
+def test_a_helper_threads_compile_error_is_raised_where_its_module_is_needed() -> None:
+    """The upload goes on; prepare (or the first launch) raises nvrtc's error with its
+    log, and closing the backend after it raises nothing."""
+    backend, _, nvrtc = make()
+    nvrtc.compile_error = 'kernels.cu(7): error: identifier "x" is undefined'
+    _upload_three(backend)
+    with pytest.raises(CudaError, match='identifier "x" is undefined'):
+        backend.prepare()
+    backend.close()
+
+
+def test_a_damaged_cached_kernel_read_by_a_helper_thread_is_compiled_again() -> None:
+    backend, _, _ = make()
+    backend.parallel_compile = False  # type: ignore[attr-defined]
+    backend.prepare()
+    (kept,) = (Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin")
+    kept.write_bytes(b"damaged")
+    CudaRuntime._cubins.clear()  # a new process
+    later, driver, nvrtc = make()
+    load = driver.cuModuleLoadData
+
+    def refuse_damaged(binary: bytes) -> Any:
+        if binary == b"damaged":
+            return (CUresult.CUDA_ERROR_INVALID_IMAGE, None)
+        return load(binary)
+
+    driver.cuModuleLoadData = refuse_damaged  # type: ignore[attr-defined]
+    later.upload_weight(weight_tensor("w", np.ones((4, 32), np.float32), "F32")[0])
+    later.prepare()
+    assert _compiles(nvrtc) == 1
+    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]  # the damaged ones refused
+    assert kept.read_bytes() == b"FAKECUBN"
+    later.close()
 
 
 def test_a_compile_error_carries_the_compiler_log() -> None:

@@ -200,6 +200,12 @@ EOF"
         step vsllama 560 "for i in \$(seq $w); do test -x /tmp/llama-build/bin/llama-bench && test -x /tmp/llama-build/bin/llama-batched-bench && break; sleep 1; done; \
             tail -3 /tmp/llama-build.log; python3 benchmarks/gpu_vs_llama_cpp.py --no-build ${VSMODELS:+--models $VSMODELS} --out $OUT/gpu_vs_llama_cpp.json"
         ;;
+    firstload:*)  # a machine's first run (no kernel cache): model load and first token with
+        # the modules built one after another and on helper threads, twice each (first_load.py)
+        m=${s#firstload:}
+        step "firstload-$m" 400 "test -f /tmp/$m.gguf || python3 plugins/cuda/tools/write_shape.py /tmp/$m.gguf --shape 135m --weight-type Q4_1; \
+            python3 plugins/cuda/tools/first_load.py /tmp/$m.gguf --rounds 2 > $OUT/first_load-$m.json; tail -5 $OUT/first_load-$m.json"
+        ;;
     servellama:*)  # wait (at most N s) for llama-server (llama_bg with LLAMA_SERVER=1), then
         # vt serve --backend cuda against llama-server -ngl 99 on the 135M shape, 1, 4, 16 and
         # 64 chat clients (SERVECLIENTS), 64 slots each (benchmarks/serve_vs_llama_server.py)

@@ -11,7 +11,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 7     # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 8     # carry [".whl"], about 560 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 9     # carry [".whl"], about 150 s, any card
-#   bash plugins/cuda/tools/next_calls.sh 10    # carry [".whl"], about 250 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 10    # carry [".whl"], about 400 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 11    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 12    # carry [".whl", ".llama"], about 550 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
@@ -123,8 +123,10 @@ case $N in
     ;;
 10) # gpu_checks.py in two calls (runs 127-128 cut it at its limit after 396 of 416 passed):
     # first the 20 tests it never reached on the tree's defaults, the runner on cuda
-    # against cpu (greedy ids, prefill graphs, logprobs) and prefix caching, about 250 s
-    CHECKX="$OWED" bash $T setup checksx
+    # against cpu (greedy ids, prefill graphs, logprobs) and prefix caching, about 250 s,
+    # the kernels built on helper threads (parallel_compile, the twenty-ninth session);
+    # then a first run's load with and without it (about 150 s)
+    CHECKX="$OWED" bash $T setup checksx firstload:smol
     ;;
 11) # ... then the other 396 (call 10's complement; about 400 s on an H100)
     CHECKX="not ($OWED)" bash $T setup checksx

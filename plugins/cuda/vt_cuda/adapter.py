@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from vt import VmmError
-from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params, load_or_build
+from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params, load_or_build, read_or_build
 
 from .blas import INSTALL_HINT as BLAS_HINT
 from .blas import PRECISION as BLAS_PRECISION
@@ -341,24 +341,58 @@ class CudaRuntime(GpuRuntime):
     #: Compiled cubins per process: (arch, options, source digest) -> cubin bytes.
     _cubins: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
 
+    #: Binaries :meth:`prebuild` made, not yet loaded (one read from the disk cache may be
+    #: a file the driver refuses: :meth:`compile` then builds it again).
+    _prebuilt: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
+
     def compile(self, source: str, name: str, options: Sequence[str]) -> Any:
         """NVRTC to a cubin for this device's architecture (once per process, and kept in
         ``VT_HOME/kernels`` for the next: vt.gpu.kernel_cache), loaded as a module in this
         runtime's context."""
-        opts = (f"--gpu-architecture={self.profile.arch}", *options)
-        key = (self.profile.arch, opts, hashlib.sha256(source.encode()).hexdigest())
-        cubin = self._cubins.get(key)
-        if cubin is not None:
-            return self.call("cuModuleLoadData", cubin)
-        version = ".".join(str(v) for v in self.rtc("nvrtcVersion"))
+        key = self._key(source, options)
+        binary = self._cubins.get(key)
+        if binary is not None:
+            return self.call("cuModuleLoadData", binary)
+        binary = self._prebuilt.pop(key, None)
+        if binary is not None:
+            try:
+                module = self.call("cuModuleLoadData", binary)
+            except GpuCallError:  # a damaged cached file: built again below
+                pass
+            else:
+                self._cubins[key] = binary
+                return module
         module, self._cubins[key] = load_or_build(
             "cuda",
-            ("nvrtc", version, *key[1], key[2]),
-            lambda: self._nvrtc_compile(source, name, opts),
+            self._identity(key),
+            lambda: self._nvrtc_compile(source, name, key[1]),
             lambda binary: self.call("cuModuleLoadData", binary),
             announce=name,
         )
         return module
+
+    def prebuild(self, source: str, name: str, options: Sequence[str]) -> None:
+        """nvrtc's part of :meth:`compile` (or the disk cache's cubin), without loading it;
+        no driver call, so any thread may run it."""
+        key = self._key(source, options)
+        if key in self._cubins or key in self._prebuilt:
+            return
+        self._prebuilt[key] = read_or_build(
+            "cuda",
+            self._identity(key),
+            lambda: self._nvrtc_compile(source, name, key[1]),
+            announce=name,
+        )
+
+    def _key(self, source: str, options: Sequence[str]) -> tuple[str, tuple[str, ...], str]:
+        """(architecture, compiler options, the source's digest): a binary's key."""
+        opts = (f"--gpu-architecture={self.profile.arch}", *options)
+        return (self.profile.arch, opts, hashlib.sha256(source.encode()).hexdigest())
+
+    def _identity(self, key: tuple[str, tuple[str, ...], str]) -> tuple[str, ...]:
+        """The disk cache's identity of ``key``: the compiler's version with it."""
+        version = ".".join(str(v) for v in self.rtc("nvrtcVersion"))
+        return ("nvrtc", version, *key[1], key[2])
 
     def _nvrtc_compile(self, source: str, name: str, opts: Sequence[str]) -> bytes:
         prog = self.rtc("nvrtcCreateProgram", source.encode(), name.encode(), 0, [], [])

@@ -15,6 +15,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,7 @@ def make_rtc(
     fake.calls.clear()
     if fresh:
         HipRuntime._code_objects.clear()
+        HipRuntime._prebuilt.clear()
     return backend, fake, rtc
 
 
@@ -243,6 +245,23 @@ def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> N
     other, fake2, rtc2 = make_rtc(APU.model_copy(update={"warp_size": 64}), fresh=False)
     other.prepare()  # a second backend loads the cached code object: no second compile
     assert rtc2.calls == [] and fake2.args("hipModuleLoadData") == [(b"HSACODE!",)]
+
+
+def test_a_prebuilt_code_object_is_built_on_a_helper_thread_and_loaded_by_compile() -> None:
+    """GpuRuntime.prebuild: hiprtc's part on any thread (no HIP call there), so that the
+    module's compile on the launching thread only loads it."""
+    backend, fake, rtc = make_rtc()
+    runtime = backend.runtime
+    source, name, options = 'extern "C" __global__ void k() {}', "k.cu", ["-DVT_WARP=64"]
+    helper = threading.Thread(target=runtime.prebuild, args=(source, name, options))
+    helper.start()
+    helper.join()
+    assert [c[0] for c in rtc.calls].count("hiprtcCompileProgram") == 1
+    assert fake.calls == []  # no HIP call on the helper thread
+    runtime.prebuild(source, name, options)  # built once
+    runtime.compile(source, name, options)
+    assert [c[0] for c in rtc.calls].count("hiprtcCompileProgram") == 1
+    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)]
 
 
 def test_a_later_process_loads_the_code_object_from_vt_home(

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from vt import VmmError
-from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params, load_or_build
+from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params, load_or_build, read_or_build
 
 from .blas import PRECISION as BLAS_PRECISION
 from .blas import Hipblas, import_hipblas
@@ -375,23 +375,57 @@ class HipRuntime(GpuRuntime):
             return None
         return outputs[0] if len(outputs) == 1 else outputs
 
+    #: Binaries :meth:`prebuild` made, not yet loaded (one read from the disk cache may be
+    #: a file the driver refuses: :meth:`compile` then builds it again).
+    _prebuilt: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
+
     def compile(self, source: str, name: str, options: Sequence[str]) -> Any:
         """hiprtc to a code object for this device's architecture (once per process, and
         kept in ``VT_HOME/kernels`` for the next: vt.gpu.kernel_cache), loaded as a module."""
-        opts = (f"--offload-arch={self.arch()}", *options)
-        key = (self.arch(), opts, hashlib.sha256(source.encode()).hexdigest())
-        code = self._code_objects.get(key)
-        if code is not None:
-            return self.call("hipModuleLoadData", code)
-        version = ".".join(str(v) for v in self.rtc("hiprtcVersion"))
+        key = self._key(source, options)
+        binary = self._code_objects.get(key)
+        if binary is not None:
+            return self.call("hipModuleLoadData", binary)
+        binary = self._prebuilt.pop(key, None)
+        if binary is not None:
+            try:
+                module = self.call("hipModuleLoadData", binary)
+            except GpuCallError:  # a damaged cached file: built again below
+                pass
+            else:
+                self._code_objects[key] = binary
+                return module
         module, self._code_objects[key] = load_or_build(
             "hip",
-            ("hiprtc", version, *key[1], key[2]),
-            lambda: self._hiprtc_compile(source, name, opts),
+            self._identity(key),
+            lambda: self._hiprtc_compile(source, name, key[1]),
             lambda binary: self.call("hipModuleLoadData", binary),
             announce=name,
         )
         return module
+
+    def prebuild(self, source: str, name: str, options: Sequence[str]) -> None:
+        """hiprtc's part of :meth:`compile` (or the disk cache's code object), without loading it;
+        no driver call, so any thread may run it."""
+        key = self._key(source, options)
+        if key in self._code_objects or key in self._prebuilt:
+            return
+        self._prebuilt[key] = read_or_build(
+            "hip",
+            self._identity(key),
+            lambda: self._hiprtc_compile(source, name, key[1]),
+            announce=name,
+        )
+
+    def _key(self, source: str, options: Sequence[str]) -> tuple[str, tuple[str, ...], str]:
+        """(architecture, compiler options, the source's digest): a binary's key."""
+        opts = (f"--offload-arch={self.arch()}", *options)
+        return (self.arch(), opts, hashlib.sha256(source.encode()).hexdigest())
+
+    def _identity(self, key: tuple[str, tuple[str, ...], str]) -> tuple[str, ...]:
+        """The disk cache's identity of ``key``: the compiler's version with it."""
+        version = ".".join(str(v) for v in self.rtc("hiprtcVersion"))
+        return ("hiprtc", version, *key[1], key[2])
 
     def _hiprtc_compile(self, source: str, name: str, opts: Sequence[str]) -> bytes:
         rtc = self.hiprtc

@@ -1,0 +1,81 @@
+"""A machine's first run on a GPU: how long loading a model and its first token take with
+nothing in the kernel cache, the modules built one after another or on helper threads.
+
+    python plugins/cuda/tools/first_load.py MODEL.gguf [--backend cuda] [--rounds 2]
+
+Each round runs two fresh processes, ``GpuBackend.parallel_compile`` off then on (the
+order flipped every other round), each with ``VT_KERNEL_CACHE=0`` (every module built,
+none read from ``VT_HOME/kernels``) and ``VT_VERIFY=0``: ``vt.LLM(MODEL)`` (the weights
+upload; the kernels build) and one greedy token of a short prompt (where any module still
+building is waited for and loaded). Prints one JSON object: per process the seconds of
+both parts and their sum, and the mean of each setting's sums.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CHILD = """
+import json, sys, time
+t0 = time.perf_counter()
+import vt
+from vt.gpu import GpuBackend
+GpuBackend.parallel_compile = bool(int(sys.argv[1]))
+t1 = time.perf_counter()
+llm = vt.LLM(sys.argv[2], backend=sys.argv[3], max_slots=1)
+t2 = time.perf_counter()
+llm.generate(["Why is the sky blue?"], vt.SamplingParams(temperature=0.0, max_tokens=1))
+t3 = time.perf_counter()
+llm.close()
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t2}))
+"""
+
+
+def run(model: str, backend: str, parallel: bool) -> dict[str, float]:
+    env = {**os.environ, "VT_KERNEL_CACHE": "0", "VT_VERIFY": "0"}
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(int(parallel)), model, backend],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"first load failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = {k: round(v, 2) for k, v in out.items()}
+    out["load_and_first_token_s"] = round(out["load_s"] + out["first_token_s"], 2)
+    out["process_s"] = round(time.perf_counter() - t0, 2)
+    out["parallel_compile"] = parallel
+    print(json.dumps(out), file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    runs = []
+    for r in range(args.rounds):
+        for parallel in (False, True) if r % 2 == 0 else (True, False):
+            runs.append(run(args.model, args.backend, parallel))
+    mean = {
+        str(p): round(
+            sum(x["load_and_first_token_s"] for x in runs if x["parallel_compile"] is p)
+            / args.rounds,
+            2,
+        )
+        for p in (False, True)
+    }
+    print(json.dumps({"cpus": os.cpu_count(), "runs": runs, "mean_s": mean}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
