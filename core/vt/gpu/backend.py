@@ -256,7 +256,7 @@ class GpuBackend(
         self._short_module: Any = None
         # Modules building on helper threads (key: a layout, None for the module of every
         # kernel), loaded where first launched or before a capture (_prebuild)
-        self._builds: dict[int | None, Future[None]] = {}
+        self._builds: dict[int | None, tuple[Future[None], tuple[str, str, list[str]]]] = {}
         self._builder: ThreadPoolExecutor | None = None
         self._granularity: int | None = None
         self._lock = threading.Lock()
@@ -342,9 +342,11 @@ class GpuBackend(
             module = self._kernels if layout is None else self._layout_modules.get(layout)
             if module is None:
                 build = self._builds.pop(layout, None)
-                if build is not None:
-                    build.result()
-                module = self._rt.compile(*self._module_source(layout))
+                if build is None:
+                    module = self._rt.compile(*self._module_source(layout))
+                else:  # the options it was started with, as a compile at upload had
+                    build[0].result()
+                    module = self._rt.compile(*build[1])
                 if layout is None:
                     self._kernels = module
                 else:
@@ -369,7 +371,7 @@ class GpuBackend(
             if self._builder is None:
                 workers = max(1, min(4, os.cpu_count() or 1))
                 self._builder = ThreadPoolExecutor(workers, thread_name_prefix="vt-kernels")
-            self._builds[layout] = self._builder.submit(self._rt.prebuild, *args)
+            self._builds[layout] = (self._builder.submit(self._rt.prebuild, *args), args)
 
     def _load_builds(self) -> None:
         """Load every module a helper thread is building (waiting for it): before a graph
@@ -383,7 +385,7 @@ class GpuBackend(
         with self._lock:
             builds, self._builds = list(self._builds.values()), {}
             builder, self._builder = self._builder, None
-        for build in builds:
+        for build, _ in builds:
             build.exception()
         if builder is not None:
             builder.shutdown(wait=True)
