@@ -9,8 +9,9 @@ The core :class:`vt.Backend` checks every argument once (sizes against buffers, 
 against each op's signature, shapes against weights); the hooks here trust them and keep
 only what the GPU itself needs (kernel limits such as :data:`MAX_HEAD_DIM`, handles of
 this backend). An op enqueues one launch: no allocation, no host synchronisation, so a
-decode step can be captured in a graph. The kernel source is compiled on first use (at
-weight upload, before any step) and cached per process and device.
+decode step can be captured in a graph. The kernel source is compiled from the first
+weight upload on (on helper threads: ``GpuTuning.parallel_compile``), loaded before a
+model's first launch or graph capture, and cached per process and device.
 """
 
 from __future__ import annotations
@@ -485,7 +486,7 @@ class GpuBackend(
     # ---- weights
     def _upload_weight(self, tensor: WeightTensor) -> Weight:
         packed = W.pack(tensor, compact=self.compact_weights, layouts=dict(self.layout_overrides))
-        self._prebuild(None)  # built while the weights upload: no step compiles
+        self._prebuild(None)  # on helper threads while the weights go on uploading
         if self.context_classes:
             self._short()
         if packed.kind == W.WT_Q and self.layout_kernels:
