@@ -14,6 +14,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 10    # carry [".whl"], about 400 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 11    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 12    # carry [".whl", ".llama"], about 550 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 13    # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 10
@@ -137,6 +138,10 @@ case $N in
     # device; llama-server built here first (about 5 minutes on 16 cores)
     LLAMA_SERVER=1 bash $T setup llama_bg servellama:420
     ;;
+13) # the conformance kit alone on the tree's defaults (run 128: 217 passed in 88 s), every
+    # op and weight type through the kernels built on helper threads (about 150 s)
+    bash $T setup kit
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -150,7 +155,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|5|6|7|8|9|10|11|12|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|4|5|6|7|8|9|10|11|12|13|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
