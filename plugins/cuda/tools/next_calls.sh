@@ -15,6 +15,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 11    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 12    # carry [".whl", ".llama"], about 550 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 13    # carry [".whl"], about 150 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 14    # carry [".whl"], 13 then 10's checks, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 10
@@ -142,6 +143,12 @@ case $N in
     # op and weight type through the kernels built on helper threads (about 150 s)
     bash $T setup kit
     ;;
+14) # calls 13 then 10's checks in what a session's last few minutes leave (the
+    # twenty-ninth session: eight requests found no machine): the kit, then the 20
+    # gpu_checks.py tests runs 127-128 never reached, cut by the call's limit where it falls
+    bash $T setup kit
+    CHECKX="$OWED" bash $T checksx
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -155,7 +162,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|5|6|7|8|9|10|11|12|13|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|4|5|6|7|8|9|10|11|12|13|14|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
