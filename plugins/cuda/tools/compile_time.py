@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from first_load import alternate, child
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
@@ -52,40 +52,18 @@ print(json.dumps({"uploaded_s": t1 - t0, "ready_s": t2 - t0, "modules": modules}
 """
 
 
-def run(model: str, parallel: bool, site: list[str]) -> dict[str, object]:
-    done = subprocess.run(  # the child alone without the kernel cache
-        ["env", "VT_KERNEL_CACHE=0", sys.executable, "-c", CHILD, model, str(int(parallel)),
-         str(TESTS), *site],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(f"the compile run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    out = {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
-    out["parallel_compile"] = parallel
-    print(json.dumps(out), file=sys.stderr, flush=True)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--site", action="append", default=[], help="a site-packages with NVRTC")
     args = ap.parse_args()
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
     t0 = time.perf_counter()
-    runs = []
-    for r in range(args.rounds):
-        for parallel in (False, True) if r % 2 == 0 else (True, False):
-            runs.append(run(args.model, parallel, args.site))
-    mean = {
-        str(p): round(
-            sum(float(x["ready_s"]) for x in runs if x["parallel_compile"] is p) / args.rounds, 1
-        )
-        for p in (False, True)
-    }
+    runs, mean = alternate(
+        args.rounds,
+        lambda parallel: child(CHILD, args.model, str(int(parallel)), str(TESTS), *args.site),
+        "ready_s",
+    )
     result = {"model": args.model, "cpus": os.cpu_count(), "runs": runs, "mean_ready_s": mean}
     result["seconds"] = round(time.perf_counter() - t0)
     print(json.dumps(result, indent=1))

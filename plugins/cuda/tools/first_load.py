@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 CHILD = """
 import json, sys, time
@@ -36,22 +38,37 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - 
 """
 
 
-def run(model: str, backend: str, parallel: bool) -> dict[str, float]:
-    t0 = time.perf_counter()
+def child(code: str, *args: str) -> dict[str, Any]:
+    """The JSON object a fresh Python running ``code`` with ``args`` prints last, with the
+    kernel cache off (every module built)."""
     done = subprocess.run(  # the child alone without the kernel cache
-        ["env", "VT_KERNEL_CACHE=0", sys.executable, "-c", CHILD, str(int(parallel)), model,
-         backend],
+        ["env", "VT_KERNEL_CACHE=0", sys.executable, "-c", code, *args],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
-        raise SystemExit(f"first load failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    out = {k: round(v, 2) for k, v in out.items()}
-    out["load_and_first_token_s"] = round(out["load_s"] + out["first_token_s"], 2)
-    out["process_s"] = round(time.perf_counter() - t0, 2)
-    out["parallel_compile"] = parallel
-    print(json.dumps(out), file=sys.stderr, flush=True)
-    return out
+        raise SystemExit(f"the run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def alternate(
+    rounds: int, run: Callable[[bool], dict[str, Any]], key: str
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """``run(parallel_compile)`` off then on each round (the order flipped every other
+    round): every run, and the mean of ``key`` per setting."""
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {rounds}")
+    runs = []
+    for r in range(rounds):
+        for parallel in (False, True) if r % 2 == 0 else (True, False):
+            out = {**run(parallel), "parallel_compile": parallel}
+            print(json.dumps(out), file=sys.stderr, flush=True)
+            runs.append(out)
+    mean = {
+        str(p): round(sum(float(x[key]) for x in runs if x["parallel_compile"] is p) / rounds, 2)
+        for p in (False, True)
+    }
+    return runs, mean
 
 
 def main() -> None:
@@ -60,20 +77,15 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
-    runs = []
-    for r in range(args.rounds):
-        for parallel in (False, True) if r % 2 == 0 else (True, False):
-            runs.append(run(args.model, args.backend, parallel))
-    mean = {
-        str(p): round(
-            sum(x["load_and_first_token_s"] for x in runs if x["parallel_compile"] is p)
-            / args.rounds,
-            2,
-        )
-        for p in (False, True)
-    }
+
+    def run(parallel: bool) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        out = child(CHILD, str(int(parallel)), args.model, args.backend)
+        out["load_and_first_token_s"] = round(out["load_s"] + out["first_token_s"], 2)
+        out["process_s"] = round(time.perf_counter() - t0, 2)
+        return out
+
+    runs, mean = alternate(args.rounds, run, "load_and_first_token_s")
     print(json.dumps({"cpus": os.cpu_count(), "runs": runs, "mean_s": mean}, indent=1))
 
 
