@@ -154,3 +154,18 @@ def test_read_or_build_with_the_cache_off_builds_every_time(
     read_or_build("hip", IDENTITY, driver.build)
     read_or_build("hip", IDENTITY, driver.build)
     assert driver.builds == 2
+
+
+def test_a_prebuilt_binary_is_loaded_first_and_a_refused_one_built_again() -> None:
+    """``prebuilt`` (an adapter's read_or_build, unchecked) loads without a build or a
+    read; one the driver refuses falls back to the cache, then to a build that replaces it."""
+    driver = Driver(b"GOOD")
+    module, binary = load_or_build("cuda", IDENTITY, driver.build, driver.load, prebuilt=b"PRE")
+    assert (module, binary) == ("module of b'PRE'", b"PRE") and driver.builds == 0
+    read_or_build("cuda", IDENTITY, Driver(b"DAMAGED").build)  # a damaged file kept
+    driver.bad |= {b"DAMAGED"}
+    module, binary = load_or_build("cuda", IDENTITY, driver.build, driver.load, prebuilt=b"DAMAGED")
+    assert binary == b"GOOD" and driver.builds == 1
+    assert driver.loads == [b"PRE", b"DAMAGED", b"DAMAGED", b"GOOD"]
+    path = cache_path("cuda", IDENTITY)
+    assert path is not None and path.read_bytes() == b"GOOD"

@@ -71,18 +71,20 @@ def load_or_build(
     load: Callable[[bytes], M],
     *,
     announce: str = "",
+    prebuilt: bytes | None = None,
 ) -> tuple[M, bytes]:
-    """``(load(binary), binary)`` for the binary of ``identity``: the cached one where the
-    driver loads it, else ``build()``'s, which is then cached. ``announce`` (the module's
-    name): a build says so on stderr, before and after, as a machine's first run compiles
-    for tens of seconds with nothing else to show."""
+    """``(load(binary), binary)`` for the binary of ``identity``: ``prebuilt`` (what
+    :func:`read_or_build` gave, unchecked) or the cached one, where the driver loads it,
+    else ``build()``'s, which is then cached. ``announce`` (the module's name): a build
+    says so on stderr, before and after, as a machine's first run compiles for tens of
+    seconds with nothing else to show."""
     path = cache_path(vendor, identity)
-    binary = _read(path)
-    if binary is not None:
-        try:
-            return load(binary), binary
-        except GpuCallError:  # refused (a damaged file): built again and replaced below
-            pass
+    for binary in (prebuilt, _read(path)):
+        if binary is not None:
+            try:
+                return load(binary), binary
+            except GpuCallError:  # refused (a damaged file): built again and replaced below
+                pass
     loaded: list[M] = []  # loaded before the binary is kept: a refused one is not
     binary = _build_and_keep(vendor, path, build, lambda b: loaded.append(load(b)), announce)
     return loaded[0], binary

@@ -353,21 +353,13 @@ class CudaRuntime(GpuRuntime):
         binary = self._cubins.get(key)
         if binary is not None:
             return self.call("cuModuleLoadData", binary)
-        binary = self._prebuilt.pop(key, None)
-        if binary is not None:
-            try:
-                module = self.call("cuModuleLoadData", binary)
-            except GpuCallError:  # a damaged cached file: built again below
-                pass
-            else:
-                self._cubins[key] = binary
-                return module
         module, self._cubins[key] = load_or_build(
             "cuda",
             self._identity(key),
             lambda: self._nvrtc_compile(source, name, key[1]),
             lambda binary: self.call("cuModuleLoadData", binary),
             announce=name,
+            prebuilt=self._prebuilt.pop(key, None),
         )
         return module
 

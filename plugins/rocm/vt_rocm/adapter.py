@@ -386,21 +386,13 @@ class HipRuntime(GpuRuntime):
         binary = self._code_objects.get(key)
         if binary is not None:
             return self.call("hipModuleLoadData", binary)
-        binary = self._prebuilt.pop(key, None)
-        if binary is not None:
-            try:
-                module = self.call("hipModuleLoadData", binary)
-            except GpuCallError:  # a damaged cached file: built again below
-                pass
-            else:
-                self._code_objects[key] = binary
-                return module
         module, self._code_objects[key] = load_or_build(
             "hip",
             self._identity(key),
             lambda: self._hiprtc_compile(source, name, key[1]),
             lambda binary: self.call("hipModuleLoadData", binary),
             announce=name,
+            prebuilt=self._prebuilt.pop(key, None),
         )
         return module
 
