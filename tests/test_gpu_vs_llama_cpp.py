@@ -664,3 +664,25 @@ def test_serve_bench_runs_vt_on_the_backend_and_llama_server_with_its_options() 
     cmds = serve.server_commands(args, ["vt"], "/b/llama-server", "/m.gguf")
     assert set(cmds) == {"vt", "llama_server"}
     assert cmds["vt"][1][3] == "cpu" and cmds["llama_server"][1][-1] == "--no-webui"
+
+
+def test_first_load_alternates_the_compile_settings_and_means_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """first_load.py and compile_time.py: off then on, flipped every other round, a mean
+    per setting; fewer than one round is refused."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins/cuda/tools"))
+    import first_load
+
+    seen: list[bool] = []
+
+    def run(parallel: bool) -> dict:
+        seen.append(parallel)
+        return {"s": 2.0 if parallel else 4.0 + len(seen)}
+
+    runs, mean = first_load.alternate(2, run, "s")
+    assert seen == [False, True, True, False]
+    assert [r["parallel_compile"] for r in runs] == seen
+    assert mean == {"False": (5.0 + 8.0) / 2, "True": 2.0}
+    with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
+        first_load.alternate(0, run, "s")
