@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,11 +41,14 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - 
 
 def child(code: str, *args: str) -> dict[str, Any]:
     """The JSON object a fresh Python running ``code`` with ``args`` prints last, with the
-    kernel cache off (every module built)."""
-    done = subprocess.run(  # the child alone without the kernel cache
-        ["env", "VT_KERNEL_CACHE=0", sys.executable, "-c", code, *args],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    kernel cache off and an empty CUDA compute cache (every module built: NVRTC 13 keeps
+    what it compiled in ``~/.nv/ComputeCache`` and answers a second compile in 0.3 s)."""
+    with tempfile.TemporaryDirectory(prefix="vt-nv-") as nv:
+        done = subprocess.run(  # the child alone without either cache
+            ["env", "VT_KERNEL_CACHE=0", f"CUDA_CACHE_PATH={nv}", sys.executable, "-c", code,
+             *args],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"the run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
