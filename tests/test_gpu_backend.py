@@ -24,7 +24,16 @@ from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuBackend, GpuCallError, GpuWeight, kernel_source
 from vt.gpu import weights as W
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
-from vt.gpu.backend import LAYOUT_PARTS, RopeTable, _out_of_memory
+from vt.gpu.backend import (
+    KERNEL_PARTS,
+    LAYOUT_PARTS,
+    OTHER,
+    OTHER_PARTS,
+    RopeTable,
+    _out_of_memory,
+    is_other_kernel,
+    kernel_names,
+)
 from vt.management import rules
 from vt.management.audit import probe_graphs
 from vt.model import load_gguf
@@ -189,7 +198,7 @@ def test_close_forgets_the_kernels_and_closes_the_runtime() -> None:
     backend.close()
     assert rt.closed == 2
     backend.prepare()  # compiles again on a later use
-    assert len(rt.compiles) == 2
+    assert [name for name, _ in rt.compiles] == ["vt_kernels.cu", "vt_kernels_other.cu"] * 2
 
 
 # --------------------------------------------------------------------------- streams, events
@@ -481,20 +490,22 @@ def test_the_kernels_compile_once_with_the_warp_size() -> None:
     backend, rt = make(warp=64)
     backend.prepare()
     backend.prepare()
-    assert rt.compiles == [("vt_kernels.cu", ("-DVT_WARP=64", "-DVT_NORM_LATE=1"))]
+    opts = ("-DVT_WARP=64", "-DVT_NORM_LATE=1")
+    assert rt.compiles == [("vt_kernels.cu", opts), ("vt_kernels_other.cu", opts)]
 
 
 def test_norm_late_compiles_every_module_with_its_define() -> None:
     """GpuBackend.norm_late (or norm_fold_max_k) reaches the kernels as -DVT_NORM_LATE=1,
-    in the module of every kernel and in each layout's (the norm ops' gemv kernels are in
-    both); with both off, the bit-equal norm kernels compile without it."""
+    in the weights' module of every layout and in each layout's (the norm ops' gemv kernels
+    are in both), and the other kernels' (one set of options); with both off, the bit-equal
+    norm kernels compile without it."""
     for norm_late, fold, late in [(True, 0, ("-DVT_NORM_LATE=1",)), (False, 0, ())]:
         backend, rt = make()
         backend.norm_late, backend.norm_fold_max_k = norm_late, fold
         c = OpCase(backend)
         c.w("w", np.ones((16, 256), np.float32), "Q8_0")
         opts = ("-DVT_WARP=32", *late)
-        assert rt.compiles == [("vt_kernels.cu", opts),
+        assert rt.compiles == [("vt_kernels.cu", opts), ("vt_kernels_other.cu", opts),
                                ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00"))]  # fmt: skip
         backend.close()
     assert "VT_NORM_LATE" in kernel_source(LAYOUT_PARTS)
@@ -502,15 +513,15 @@ def test_norm_late_compiles_every_module_with_its_define() -> None:
 
 def test_gemv_x16_compiles_every_module_with_its_define() -> None:
     """GpuBackend.gemv_x16_min_rows (x as 16-bit codes in one-row gemv blocks of at least
-    that many weight rows) reaches the kernels as -DVT_GV_X16=N, in the module of every
-    kernel and in each layout's; 0, the default, compiles without it; a negative value is
-    refused by name before anything compiles."""
+    that many weight rows) reaches the kernels as -DVT_GV_X16=N, in the weights' module of
+    every layout and in each layout's; 0, the default, compiles without it; a negative value
+    is refused by name before anything compiles."""
     for rows, x16 in [(4, ("-DVT_GV_X16=4",)), (0, ())]:
         backend, rt = make()
         backend.gemv_x16_min_rows, backend.gemv_x16_layout_flags = rows, 0
         OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
         opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1", *x16)
-        assert rt.compiles == [("vt_kernels.cu", opts),
+        assert rt.compiles == [("vt_kernels.cu", opts), ("vt_kernels_other.cu", opts),
                                ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00"))]  # fmt: skip
         backend.close()
     assert "VT_GV_X16" in kernel_source(LAYOUT_PARTS)
@@ -524,9 +535,9 @@ def test_gemv_x16_compiles_every_module_with_its_define() -> None:
 
 def test_gemv_x16_layout_flags_keep_other_layouts_on_the_float_path() -> None:
     """gemv_x16_layout_flags 0x100 (Q_NIB): the 16-bit path compiles into the 4-bit layouts'
-    modules (Q4_1: 0x500) only; Q8_0's (0xc00) and the module of every kernel keep the float
-    path, and gemv_x16_rows says so per launch's weights; flags outside the Q_* flags, or
-    negative, are refused by name before anything compiles."""
+    modules (Q4_1: 0x500) only; Q8_0's (0xc00) and the weights' module of every layout keep
+    the float path, and gemv_x16_rows says so per launch's weights; flags outside the Q_*
+    flags, or negative, are refused by name before anything compiles."""
     backend, rt = make()
     backend.gemv_x16_min_rows, backend.gemv_x16_layout_flags = 2, 0x100
     c = OpCase(backend)
@@ -534,11 +545,11 @@ def test_gemv_x16_layout_flags_keep_other_layouts_on_the_float_path() -> None:
     b = c.w("b", np.ones((16, 256), np.float32), "Q4_1").handle
     opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")
     q4_1 = (*opts, "-DVT_GV_X16=2", "-DVT_Q_FLAGS=0x500")
-    assert rt.compiles == [("vt_kernels.cu", opts),
+    assert rt.compiles == [("vt_kernels.cu", opts), ("vt_kernels_other.cu", opts),
                            ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00")),
                            ("vt_kernels_q500.cu", q4_1)]  # fmt: skip
     assert (backend.gemv_x16_rows(a), backend.gemv_x16_rows(b)) == (0, 2)
-    assert backend.gemv_x16_rows(a, b) == backend.gemv_x16_rows() == 0  # every kernel's module
+    assert backend.gemv_x16_rows(a, b) == backend.gemv_x16_rows() == 0  # every layout's module
     backend.gemv_x16_layout_flags = 0
     assert (backend.gemv_x16_rows(a), backend.gemv_x16_rows(b), backend.gemv_x16_rows()) == (
         2, 2, 2,
@@ -613,12 +624,35 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
             assert name in signatures, name
 
 
+def test_each_kernel_comes_from_the_module_whose_parts_declare_it() -> None:
+    """The weights' module (LAYOUT_PARTS) and the other kernels' (OTHER_PARTS) share only
+    common.cu, so their kernels do not meet and together are every kernel of the source;
+    is_other_kernel routes each name (a macro's too: attention_tiled_h64r16) to the one
+    that declares it."""
+    other, other_prefixes = kernel_names(OTHER_PARTS)
+    weights, weight_prefixes = kernel_names(LAYOUT_PARTS)
+    every, every_prefixes = kernel_names(KERNEL_PARTS)
+    assert set(LAYOUT_PARTS) & set(OTHER_PARTS) == {"common.cu"}
+    assert set(LAYOUT_PARTS) | set(OTHER_PARTS) == set(KERNEL_PARTS)
+    assert other | weights == every and not other & weights
+    assert set(other_prefixes) | set(weight_prefixes) == set(every_prefixes)
+    assert {"attention_split", "attention_combine", "sample", "logprobs", "add"} <= other
+    assert {"rms_norm", "rope_kv_store", "qkv_rope_gemv_q", "quantize_rows"} <= weights
+    assert all(is_other_kernel(name) for name in other)
+    assert not any(is_other_kernel(name) for name in weights)
+    assert is_other_kernel("attention_tiled_h64r16")
+    for name in ("matmul_gemv2_q", "swiglu_mma4_q8a", "embedding_q", "dequantize_h_q"):
+        assert name.startswith(weight_prefixes) and not is_other_kernel(name)
+    assert "long long vt_kv_index(" in kernel_source(("common.cu",))  # for both modules
+
+
 @pytest.mark.parametrize("on", [True, False], ids=["layout-kernels", "run-time-flags"])
 def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
     """Each WT_Q layout compiles its module (LAYOUT_PARTS with -DVT_Q_FLAGS) once, when its
     first weight is uploaded; a launch reading weights of one layout takes its kernel from
-    that module, one mixing layouts (Q8_0, Q4_0, Q6_K) or reading none from the module of
-    every kernel. layout_kernels off: the one module, flags read at run time."""
+    that module, one mixing layouts (Q8_0, Q4_0, Q6_K) from the weights' module of every
+    layout, one reading no weight from the other kernels' module. layout_kernels off: the
+    weights' module of every layout, flags read at run time."""
     backend, rt = make()
     backend.layout_kernels = on
     c = OpCase(backend)
@@ -627,7 +661,7 @@ def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
           for name, rows, wtype in [("q", 16, "Q8_0"), ("k", 8, "Q4_0"), ("v", 8, "Q6_K"),
                                     ("k8", 8, "Q8_0"), ("v8", 8, "Q8_0")]}  # fmt: skip
     late = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")  # norm_fold_max_k's kernels
-    base = [("vt_kernels.cu", late)]
+    base = [("vt_kernels.cu", late), ("vt_kernels_other.cu", late)]
     layouts = [("c00", "0xc00"), ("f00", "0xf00"), ("800", "0x800")] if on else []
     x16 = {"f00": ("-DVT_GV_X16=4",)}  # the default: the 4-bit layouts (Q4_0) alone
     own = [(f"vt_kernels_q{name}.cu", (*late, *x16.get(name, ()), f"-DVT_Q_FLAGS={flags}"))
@@ -642,9 +676,9 @@ def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
     backend.launch("qkv", stream, q=q, k=k, v=v, x=x, wq=ws["q"], wk=ws["k"], wv=ws["v"])
     backend.launch("add", stream, out=q, a=q, b=q)
     modules = [launch.fn.split(":")[0] for launch in rt.launches]
-    every = backend._module()
+    every, other = backend._module(), backend._module(OTHER)
     q8 = backend._module(0xC00) if on else every
-    assert modules == [q8, q8, every, every]
+    assert modules == [q8, q8, every, other]
 
 
 MACRO_KERNELS = (
@@ -2617,29 +2651,30 @@ def test_attention_bounded_is_one_launch_at_one_row_within_short_context(
         name, options = rt.compiles[-1]
         assert name == "vt_attention_t512.cu" and "-DFA_THREADS=512" in options
         _launch_attention(backend, c, layout, rows, heads)
-        plain = rt.launches[1]  # the module of every kernel's attention_split
+        plain = rt.launches[1]  # the other kernels' module's attention_split
         assert plain.block == (128, 1, 1) and plain.fn.split(":")[0] != launch.fn.split(":")[0]
     else:
         assert kernels == ["attention_split", "attention_combine"]
         assert {launch.block for launch in rt.launches} == {(128, 1, 1)}
-        assert [name for name, _ in rt.compiles] == ["vt_kernels.cu"]
+        assert [name for name, _ in rt.compiles] == ["vt_kernels_other.cu"]
     backend.close()
 
 
 def test_short_context_compiles_its_module_once_and_only_where_it_differs() -> None:
     """prepare() compiles the short path's module where short_context is set; with
-    short_context_threads equal to attention_threads the module of every kernel serves;
+    short_context_threads equal to attention_threads the other kernels' module serves;
     bad settings are refused by name before anything compiles."""
+    modules = ["vt_kernels.cu", "vt_kernels_other.cu"]
     backend, rt = make()
     backend.short_context = 256
     backend.prepare()
     backend.prepare()
-    assert [name for name, _ in rt.compiles] == ["vt_kernels.cu", "vt_attention_t512.cu"]
+    assert [name for name, _ in rt.compiles] == [*modules, "vt_attention_t512.cu"]
     backend.close()
     backend, rt = make()
     backend.short_context, backend.short_context_threads = 256, 128
     backend.prepare()
-    assert [name for name, _ in rt.compiles] == ["vt_kernels.cu"]
+    assert [name for name, _ in rt.compiles] == modules
     backend.close()
     for attr, bad, match in (
         ("short_context", -1, r"short_context is -1; 0 \(off\)"),
@@ -2651,7 +2686,7 @@ def test_short_context_compiles_its_module_once_and_only_where_it_differs() -> N
         setattr(backend, attr, bad)
         with pytest.raises(ValueError, match=match):
             backend.prepare()
-        assert [name for name, _ in rt.compiles] in ([], ["vt_kernels.cu"])
+        assert [name for name, _ in rt.compiles] in ([], modules[:1], modules)
         backend.close()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -126,18 +127,50 @@ KERNEL_PARTS: tuple[str, ...] = (
 
 
 #: The parts with every kernel that reads a quantized weight: what a layout's own module
-#: (GpuBackend.layout_kernels) compiles.
+#: (GpuBackend.layout_kernels) compiles, and the weights' module of every layout.
 LAYOUT_PARTS: tuple[str, ...] = KERNEL_PARTS[:5]
-#: The parts up to attention's kernels (which use the matmul and rope_kv helpers): what the
-#: short-context attention's module (GpuBackend.short_context_threads) compiles.
-ATTENTION_PARTS: tuple[str, ...] = KERNEL_PARTS[:6]
+#: The other kernels' parts (attention, sampling, the elementwise ops): a module of their
+#: own, built beside the weights' (the two compile in about 16 s and 8 s, one unit in 26).
+OTHER_PARTS: tuple[str, ...] = (KERNEL_PARTS[0], *KERNEL_PARTS[5:])
+#: Attention's decode kernels alone: what the short-context attention's module
+#: (GpuBackend.short_context_threads) compiles.
+ATTENTION_PARTS: tuple[str, ...] = ("common.cu", "attention.cu")
+#: The module key of the other kernels (GpuBackend._module: None is the weights' module
+#: of every layout, an int a layout's own).
+OTHER = "other"
 
 
-@lru_cache(maxsize=3)  # KERNEL_PARTS, LAYOUT_PARTS, ATTENTION_PARTS
+@lru_cache(maxsize=4)  # KERNEL_PARTS, LAYOUT_PARTS, OTHER_PARTS, ATTENTION_PARTS
 def kernel_source(parts: tuple[str, ...] = KERNEL_PARTS) -> str:
-    """The one kernel source: the parts of ``kernels/`` joined, compiled as one unit."""
+    """The kernel source of ``parts`` of ``kernels/`` joined, compiled as one unit; all of
+    them (the default) are one valid unit too (the CPU emulation, ``sass_count.py``)."""
     folder = resources.files(__package__).joinpath("kernels")
     return "".join(folder.joinpath(part).read_text(encoding="utf-8") for part in parts)
+
+
+#: A kernel's name in an ``extern "C" __global__`` declaration (after launch-bound macros
+#: and ``__cluster_dims__(...)``), with what a macro pastes onto it (``attention_tiled_##S``).
+_KERNEL_NAME = re.compile(
+    r'extern\s+"C"\s+__global__\s+void\s+(?:[A-Z_][A-Z0-9_]*\s+|__\w+__\([^)]*\)\s+)*'
+    r"(\w+)((?:\s*##\s*\w+)*)\s*\("
+)
+
+
+@lru_cache(maxsize=3)  # KERNEL_PARTS, LAYOUT_PARTS, OTHER_PARTS
+def kernel_names(parts: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The kernels ``parts`` declare: (whole names, prefixes of names a macro completes)."""
+    found = _KERNEL_NAME.findall(kernel_source(parts))
+    return (
+        frozenset(name for name, pasted in found if not pasted),
+        tuple(sorted({name for name, pasted in found if pasted})),
+    )
+
+
+def is_other_kernel(name: str) -> bool:
+    """Whether kernel ``name`` lives in the other kernels' module (OTHER_PARTS), not the
+    weights'."""
+    names, prefixes = kernel_names(OTHER_PARTS)
+    return name in names or name.startswith(prefixes)
 
 
 @dataclass(eq=False)
@@ -249,15 +282,15 @@ class GpuBackend(
 
     def __init__(self, runtime: GpuRuntime) -> None:
         self._rt = runtime
-        self._kernels: Any = None
-        self._layout_modules: dict[int, Any] = {}
-        # (module: a layout, None for the module of every kernel, "short" for the
-        # short-context attention's; kernel name) -> function
+        # Loaded modules (key: None for the weights' kernels of every layout, a layout for
+        # that layout's own, OTHER for the other kernels)
+        self._modules: dict[int | str | None, Any] = {}
+        # (module key, or "short" for the short-context attention's; kernel name) -> function
         self._functions: dict[tuple[int | str | None, str], Any] = {}
         self._short_module: Any = None
-        # Modules building on helper threads (key: a layout, None for the module of every
-        # kernel), loaded where first launched or before a capture (_prebuild)
-        self._builds: dict[int | None, tuple[Future[None], tuple[str, str, list[str]]]] = {}
+        # Modules building on helper threads (by module key), loaded where first launched
+        # or before a capture (_prebuild)
+        self._builds: dict[int | str | None, tuple[Future[None], tuple[str, str, list[str]]]] = {}
         self._builder: ThreadPoolExecutor | None = None
         self._granularity: int | None = None
         self._lock = threading.Lock()
@@ -281,14 +314,15 @@ class GpuBackend(
             self._free(self._scratch.pop()[1])
         self._drop_copies()
         self._functions.clear()
-        self._kernels = self._short_module = None
-        self._layout_modules.clear()
+        self._modules.clear()
+        self._short_module = None
         self._rt.close()
 
     # ---- kernels: compiled once per process (the adapter caches the binary)
     def compile_options(self, layout: int | None = None) -> list[str]:
-        """nvrtc/hiprtc options of the module of every kernel, or (``layout``) of that
-        layout's module (less its ``-DVT_Q_FLAGS``); ValueError naming a bad setting."""
+        """nvrtc/hiprtc options of the weights' module of every layout and of the other
+        kernels', or (``layout``) of that layout's module (less its ``-DVT_Q_FLAGS``);
+        ValueError naming a bad setting."""
         late = ["-DVT_NORM_LATE=1"] if self.norm_late or self.norm_fold_max_k else []
         if self.attention_threads not in ATTENTION_THREADS:
             raise ValueError(
@@ -313,7 +347,7 @@ class GpuBackend(
 
     def _x16_rows(self, layout: int | None) -> int:
         """The fewest weight rows of a one-row gemv block that take x as 16-bit codes in
-        the module of ``layout`` (None: the module of every kernel); 0: none do."""
+        the module of ``layout`` (None: the weights' module of every layout); 0: none do."""
         rows, flags = self.gemv_x16_min_rows, self.gemv_x16_layout_flags
         if flags and (layout is None or layout & flags != flags):
             return 0
@@ -328,57 +362,58 @@ class GpuBackend(
         as 16-bit codes (0: none do), by the module such a launch comes from."""
         return self._x16_rows(self._layout(weights))
 
-    def _module_source(self, layout: int | None) -> tuple[str, str, list[str]]:
-        """(source, name, options) of the module of every kernel (None) or of ``layout``'s."""
-        if layout is None:
-            return kernel_source(), "vt_kernels.cu", self.compile_options()
-        options = [*self.compile_options(layout), f"-DVT_Q_FLAGS={layout:#x}"]
-        return kernel_source(LAYOUT_PARTS), f"vt_kernels_q{layout:x}.cu", options
+    def _module_source(self, key: int | str | None) -> tuple[str, str, list[str]]:
+        """(source, name, options) of the module ``key`` names (GpuBackend._module)."""
+        if key is None:
+            return kernel_source(LAYOUT_PARTS), "vt_kernels.cu", self.compile_options()
+        if key == OTHER:
+            return kernel_source(OTHER_PARTS), "vt_kernels_other.cu", self.compile_options()
+        if not isinstance(key, int):
+            raise ValueError(f"no kernel module {key!r}")
+        options = [*self.compile_options(key), f"-DVT_Q_FLAGS={key:#x}"]
+        return kernel_source(LAYOUT_PARTS), f"vt_kernels_q{key:x}.cu", options
 
-    def _module(self, layout: int | None = None) -> Any:
-        """The module of every kernel, or (``layout``) of the quantized-weight kernels
-        compiled for that WT_Q layout; one a helper thread is building is waited for (its
-        compile error raised here), then loaded."""
+    def _module(self, key: int | str | None = None) -> Any:
+        """The module ``key`` names: None the weights' kernels for every WT_Q layout (read
+        at run time), a layout the same compiled for that layout alone, OTHER the other
+        kernels (attention, sampling, the elementwise ops). One a helper thread is building
+        is waited for (its compile error raised here), then loaded."""
         with self._lock:
-            module = self._kernels if layout is None else self._layout_modules.get(layout)
+            module = self._modules.get(key)
             if module is None:
-                build = self._builds.pop(layout, None)
+                build = self._builds.pop(key, None)
                 if build is None:
-                    module = self._rt.compile(*self._module_source(layout))
+                    module = self._rt.compile(*self._module_source(key))
                 else:  # the options it was started with, as a compile at upload had
                     build[0].result()
                     module = self._rt.compile(*build[1])
-                if layout is None:
-                    self._kernels = module
-                else:
-                    self._layout_modules[layout] = module
+                self._modules[key] = module
             return module
 
-    def _prebuild(self, layout: int | None) -> None:
-        """Have ``layout``'s module (None: the module of every kernel) built on a helper
-        thread, once, while the weights go on uploading: a machine's first run compiled
-        them one after another (26 s, then 13-16 s a layout, on 2 cores), and nvrtc and
-        hiprtc release the GIL. Only the binary is built there; the module is loaded on
-        the launching thread, at its first launch or before a graph capture. Without
+    def _prebuild(self, key: int | str | None) -> None:
+        """Have ``key``'s module built on a helper thread, once, while the weights go on
+        uploading: a machine's first run compiled them one after another (54 s for the
+        135M shape's three modules on an H100's machine, run 134), and nvrtc and hiprtc
+        release the GIL. Only the binary is built there; the module is loaded on the
+        launching thread, at its first launch or before a graph capture. Without
         ``parallel_compile`` or a runtime ``prebuild``, compiled here and now."""
         if not self.parallel_compile or type(self._rt).prebuild is GpuRuntime.prebuild:
-            self._module(layout)
+            self._module(key)
             return
         with self._lock:
-            built = self._kernels if layout is None else self._layout_modules.get(layout)
-            if built is not None or layout in self._builds:
+            if key in self._modules or key in self._builds:
                 return
-            args = self._module_source(layout)  # a bad setting raises here, not on a helper
+            args = self._module_source(key)  # a bad setting raises here, not on a helper
             if self._builder is None:
-                workers = max(1, min(4, os.cpu_count() or 1))
+                workers = max(1, min(8, os.cpu_count() or 1))
                 self._builder = ThreadPoolExecutor(workers, thread_name_prefix="vt-kernels")
-            self._builds[layout] = (self._builder.submit(self._rt.prebuild, *args), args)
+            self._builds[key] = (self._builder.submit(self._rt.prebuild, *args), args)
 
     def _load_builds(self) -> None:
         """Load every module a helper thread is building (waiting for it): before a graph
         capture, so that no module loads inside one."""
-        for layout in list(self._builds):
-            self._module(layout)
+        for key in list(self._builds):
+            self._module(key)
 
     def _stop_builds(self) -> None:
         """Wait for the helper threads' builds (their errors dropped: nothing will load
@@ -397,11 +432,11 @@ class GpuBackend(
 
     def _short(self) -> Any:
         """The module of the short-context attention (``attention_split`` for blocks of
-        ``short_context_threads``): the module of every kernel where attention_threads is
+        ``short_context_threads``): the other kernels' module where attention_threads is
         the same, else ``ATTENTION_PARTS`` compiled with that ``-DFA_THREADS``."""
         threads = self._short_threads()
         if threads == self.attention_threads:
-            return self._module()
+            return self._module(OTHER)
         with self._lock:
             if self._short_module is None:
                 options = [o for o in self.compile_options() if not o.startswith("-DFA_THREADS")]
@@ -422,10 +457,16 @@ class GpuBackend(
         return threads
 
     def _fn(self, name: str, layout: int | None = None, short: bool = False) -> Any:
-        key = "short" if short else layout
+        """Kernel ``name`` from its module: the short-context attention's, ``layout``'s own,
+        or (None) the other kernels' or the weights' of every layout, by where it is."""
+        key: int | str | None = layout
+        if short:
+            key = "short"
+        elif layout is None and is_other_kernel(name):
+            key = OTHER
         fn = self._functions.get((key, name))
         if fn is None:
-            fn = self._rt.get_function(self._short() if short else self._module(layout), name)
+            fn = self._rt.get_function(self._short() if short else self._module(key), name)
             self._functions[key, name] = fn
         return fn
 
@@ -444,13 +485,15 @@ class GpuBackend(
         """Compile and load the kernels now, the modules helper threads are building among
         them (upload_weight starts them, so a model's first step only waits for the rest)."""
         self._module()
+        self._module(OTHER)
         self._load_builds()
         if self.context_classes:
             self._short()
 
     def _layout(self, weights: tuple[GpuWeight, ...]) -> int | None:
         """The WT_Q layout all of ``weights`` share, whose module a launch reading them
-        takes; None (the module of every kernel) for any other launch."""
+        takes; None (the weights' module of every layout, or the other kernels') for any
+        other launch."""
         if not self.layout_kernels or not weights or any(w.kind != W.WT_Q for w in weights):
             return None
         layouts = {w.layout for w in weights}
@@ -487,6 +530,7 @@ class GpuBackend(
     def _upload_weight(self, tensor: WeightTensor) -> Weight:
         packed = W.pack(tensor, compact=self.compact_weights, layouts=dict(self.layout_overrides))
         self._prebuild(None)  # on helper threads while the weights go on uploading
+        self._prebuild(OTHER)
         if self.context_classes:
             self._short()
         if packed.kind == W.WT_Q and self.layout_kernels:

@@ -16,11 +16,12 @@ _FA_THREADS = 128
 class GpuTuning:
     """Kernel and path choices of the GPU backend (class attributes; see the module)."""
 
-    #: A model's kernel modules (the module of every kernel, one a weight layout) are
-    #: built on helper threads while its weights upload, where the runtime can
-    #: (``GpuRuntime.prebuild``), not one after another at upload: a machine's first run
-    #: (nothing in the kernel cache) waits for the longest build, not their sum. Loaded on
-    #: the launching thread, at a first launch or before a graph capture.
+    #: A model's kernel modules (the weights' of every layout, the other kernels', one a
+    #: weight layout) are built on helper threads while its weights upload, where the
+    #: runtime can (``GpuRuntime.prebuild``), not one after another at upload: a machine's
+    #: first run (nothing in the kernel cache) waits for the longest build, not their sum
+    #: (run 134, an H100's machine: the 135M shape 54.1 s -> 27.8 s). Loaded on the
+    #: launching thread, at a first launch or before a graph capture.
     parallel_compile: bool = True
     #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one
     #: (every decode batch up to 32 rows reads each weight once through the warp kernels).
@@ -164,7 +165,8 @@ class GpuTuning:
     #: these ``Q_*`` flags (vt.gpu.weights) compile the 16-bit path; 0: every module. 0x100
     #: (``Q_NIB``): the 4-bit layouts on codes and the rest (Q8_0, Q5_K, Q6_K) on the float
     #: path, the form run 115's split asks for (the 135M shape's Q4_1 gained, the 1B shape's
-    #: Q8_0 lost). The module of every kernel (run-time layouts) then keeps the float path.
+    #: Q8_0 lost). The weights' module of every layout (run-time layouts) then keeps the
+    #: float path.
     #: Run 117 (H100, with 0x100): the 135M shape +1.4% (R = 2) and +2.0% (R = 4); runs
     #: 123-124 (H100, R = 4): +2.6% and +3.2%, the 1B Q8_0 shape 0.0%. Run 125 (H200, R =
     #: 4, ``next_calls.sh 4``): the 1B Q4_K_M shape (Q4_K on this path) +8.3%, the 135M

@@ -497,13 +497,15 @@ def test_kernels_compile_once_per_process_with_the_device_target() -> None:
     backend, driver, nvrtc = make()
     backend.prepare()
     backend.prepare()
-    (compile_call,) = [a for n, a in nvrtc.calls if n == "nvrtcCompileProgram"]
-    assert compile_call[1] == (b"--gpu-architecture=sm_90", b"-DVT_WARP=32", b"-DVT_NORM_LATE=1")
-    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+    programs = [a[0] for n, a in nvrtc.calls if n == "nvrtcCreateProgram"]
+    assert programs == [b"vt_kernels.cu", b"vt_kernels_other.cu"]  # the weights', the rest
+    compiles = [a[1] for n, a in nvrtc.calls if n == "nvrtcCompileProgram"]
+    assert compiles == [(b"--gpu-architecture=sm_90", b"-DVT_WARP=32", b"-DVT_NORM_LATE=1")] * 2
+    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
     other, driver2, nvrtc2 = make()
-    other.prepare()  # a second backend loads the cached cubin: no second compile
+    other.prepare()  # a second backend loads the cached cubins: no second compile
     assert not [n for n, _ in nvrtc2.calls if n == "nvrtcCompileProgram"]
-    assert driver2.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+    assert driver2.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
 
 
 def _compiles(nvrtc: FakeNvrtc) -> int:
@@ -519,47 +521,55 @@ def test_a_later_process_loads_the_kernels_from_vt_home(
     compiles and keeps nothing."""
     backend, _, nvrtc = make()
     backend.prepare()
-    assert _compiles(nvrtc) == 1
-    (kept,) = (Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin")
-    assert kept.read_bytes() == b"FAKECUBN"
-    first, ready = capsys.readouterr().err.splitlines()[-2:]
-    assert (
-        first
-        == f"vt: compiling cuda kernels vt_kernels.cu (first run only; kept in {kept.parent})..."
-    )
-    assert ready.startswith("vt: cuda kernels vt_kernels.cu ready in ")
+    assert _compiles(nvrtc) == 2  # the weights' module and the other kernels'
+    kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
+    assert len(kept) == 2 and {k.read_bytes() for k in kept} == {b"FAKECUBN"}
+    folder = kept[0].parent
+    lines = capsys.readouterr().err.splitlines()[-4:]  # prepare(): one module, then the other
+    for at, name in ((0, "vt_kernels.cu"), (2, "vt_kernels_other.cu")):
+        why = f"first run only; kept in {folder}"
+        assert lines[at] == f"vt: compiling cuda kernels {name} ({why})..."
+        assert lines[at + 1].startswith(f"vt: cuda kernels {name} ready in ")
     CudaRuntime._cubins.clear()  # a new process
     later, driver, nvrtc = make()
     later.prepare()
-    assert _compiles(nvrtc) == 0 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+    assert _compiles(nvrtc) == 0 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
     assert "vt: compiling" not in capsys.readouterr().err
     CudaRuntime._cubins.clear()
     upgraded, _, nvrtc = make()
     nvrtc.version = (13, 1)
     upgraded.prepare()
-    assert _compiles(nvrtc) == 1
-    assert len(list(kept.parent.glob("cuda-*.bin"))) == 2
+    assert _compiles(nvrtc) == 2
+    assert len(list(folder.glob("cuda-*.bin"))) == 4
     monkeypatch.setenv("VT_KERNEL_CACHE", "0")
     for _ in range(2):
         CudaRuntime._cubins.clear()
         off, _, nvrtc = make()
         off.prepare()
-        assert _compiles(nvrtc) == 1
-    assert len(list(kept.parent.glob("cuda-*.bin"))) == 2
+        assert _compiles(nvrtc) == 2
+    assert len(list(folder.glob("cuda-*.bin"))) == 4
 
 
 def test_a_cached_kernel_the_driver_refuses_is_compiled_again() -> None:
     backend, _, _ = make()
     backend.prepare()
-    (kept,) = (Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin")
-    kept.write_bytes(b"damaged")
+    kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
+    damaged = next(k for k in kept if k.read_bytes() == b"FAKECUBN")
+    damaged.write_bytes(b"damaged")  # one of the two modules' files
     CudaRuntime._cubins.clear()
     later, driver, nvrtc = make()
-    driver.fail["cuModuleLoadData"] = CUresult.CUDA_ERROR_INVALID_IMAGE  # the damaged file
+    load = driver.cuModuleLoadData
+
+    def refuse_damaged(binary: bytes) -> Any:
+        if binary == b"damaged":
+            return (CUresult.CUDA_ERROR_INVALID_IMAGE, None)
+        return load(binary)
+
+    driver.cuModuleLoadData = refuse_damaged  # type: ignore[attr-defined]
     later.prepare()
-    assert _compiles(nvrtc) == 1
-    assert [a[0] for a in driver.args("cuModuleLoadData")] == [b"damaged", b"FAKECUBN"]
-    assert kept.read_bytes() == b"FAKECUBN"  # replaced
+    assert _compiles(nvrtc) == 1  # the damaged module's alone
+    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
+    assert {k.read_bytes() for k in kept} == {b"FAKECUBN"}  # replaced
 
 
 def test_an_unwritable_vt_home_still_compiles_and_runs(
@@ -571,7 +581,8 @@ def test_an_unwritable_vt_home_still_compiles_and_runs(
         CudaRuntime._cubins.clear()
         backend, driver, nvrtc = make()
         backend.prepare()
-        assert _compiles(nvrtc) == 1 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]
+        assert _compiles(nvrtc) == 2
+        assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
 
 
 def _threads_of(backend: CudaBackend, driver: FakeDriver, nvrtc: FakeNvrtc, meet: int = 0) -> dict:
@@ -597,7 +608,8 @@ def _threads_of(backend: CudaBackend, driver: FakeDriver, nvrtc: FakeNvrtc, meet
 
 
 def _upload_three(backend: CudaBackend) -> None:
-    """Weights of two layouts (Q4_1 twice): three modules with the module of every kernel."""
+    """Weights of two layouts (Q4_1 twice): four modules with the weights' module of every
+    layout and the other kernels'."""
     values = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
     for name, wtype in (("a", "Q4_1"), ("b", "Q8_0"), ("c", "Q4_1")):
         backend.upload_weight(weight_tensor(name, values, wtype)[0])
@@ -606,10 +618,11 @@ def _upload_three(backend: CudaBackend) -> None:
 def test_a_models_modules_build_at_once_on_helper_threads_and_load_where_launched(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A machine's first run built the module of every kernel (26 s on 2 cores), then one a
-    weight layout (13-16 s each), one after another: now nvrtc builds them on helper
-    threads while the weights upload (two at once here), and the modules load on the
-    launching thread, none while uploading."""
+    """A machine's first run built the module of every kernel (26 s on an H100's machine),
+    then one a weight layout (13 s each), one after another: now nvrtc builds the weights'
+    module of every layout, the other kernels' and the layouts' on helper threads while the
+    weights upload (two at once here), and the modules load on the launching thread, none
+    while uploading."""
     monkeypatch.setattr("vt.gpu.backend.os.cpu_count", lambda: 4)
     backend, driver, nvrtc = make()
     seen = _threads_of(backend, driver, nvrtc, meet=2)
@@ -619,13 +632,14 @@ def test_a_models_modules_build_at_once_on_helper_threads_and_load_where_launche
     # when they compiled at upload): loaded, not compiled again
     backend.norm_late, backend.norm_fold_max_k = False, 0  # type: ignore[attr-defined]
     backend.prepare()
-    assert len(seen["compiled"]) == 3
+    assert len(seen["compiled"]) == 4
     assert all(t.startswith("vt-kernels") for t in seen["compiled"]), seen
-    assert seen["loaded"] == [threading.current_thread().name] * 3
+    assert seen["loaded"] == [threading.current_thread().name] * 4
     names = {a[0] for n, a in nvrtc.calls if n == "nvrtcCreateProgram"}
-    assert len(names) == 3 and b"vt_kernels.cu" in names  # and a module per layout
+    assert names == {b"vt_kernels.cu", b"vt_kernels_other.cu", b"vt_kernels_q500.cu",
+                     b"vt_kernels_qc00.cu"}  # fmt: skip
     backend.prepare()  # loaded once
-    assert len(seen["loaded"]) == 3
+    assert len(seen["loaded"]) == 4
     backend.close()
 
 
@@ -637,7 +651,7 @@ def test_modules_still_building_load_before_a_graph_capture_begins() -> None:
     stream = backend.create_stream("decode")
     backend.begin_capture(stream)
     names = driver.names()
-    assert names.count("cuModuleLoadData") == 3
+    assert names.count("cuModuleLoadData") == 4
     loads = [i for i, n in enumerate(names) if n == "cuModuleLoadData"]
     assert max(loads) < names.index("cuStreamBeginCapture")
     backend.end_capture(stream)
@@ -650,7 +664,7 @@ def test_parallel_compile_off_compiles_each_module_at_its_first_upload() -> None
     seen = _threads_of(backend, driver, nvrtc)
     _upload_three(backend)
     main = threading.current_thread().name
-    assert seen == {"compiled": [main] * 3, "loaded": [main] * 3}
+    assert seen == {"compiled": [main] * 4, "loaded": [main] * 4}
     backend.close()
 
 
@@ -669,8 +683,8 @@ def test_a_damaged_cached_kernel_read_by_a_helper_thread_is_compiled_again() -> 
     backend, _, _ = make()
     backend.parallel_compile = False  # type: ignore[attr-defined]
     backend.prepare()
-    (kept,) = (Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin")
-    kept.write_bytes(b"damaged")
+    kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
+    kept[0].write_bytes(b"damaged")  # one of the two modules' files
     CudaRuntime._cubins.clear()  # a new process
     later, driver, nvrtc = make()
     load = driver.cuModuleLoadData
@@ -684,8 +698,8 @@ def test_a_damaged_cached_kernel_read_by_a_helper_thread_is_compiled_again() -> 
     later.upload_weight(weight_tensor("w", np.ones((4, 32), np.float32), "F32")[0])
     later.prepare()
     assert _compiles(nvrtc) == 1
-    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)]  # the damaged ones refused
-    assert kept.read_bytes() == b"FAKECUBN"
+    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2  # the damaged one refused
+    assert {k.read_bytes() for k in kept} == {b"FAKECUBN"}
     later.close()
 
 

@@ -46,7 +46,7 @@ with load_gguf(sys.argv[1]) as model:
     t1 = time.perf_counter()
     backend.prepare()
 t2 = time.perf_counter()
-modules = 1 + len(backend._layout_modules)
+modules = len(backend._modules)
 backend.close()
 print(json.dumps({"uploaded_s": t1 - t0, "ready_s": t2 - t0, "modules": modules}))
 """

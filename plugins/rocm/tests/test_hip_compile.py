@@ -49,8 +49,9 @@ STEP_KERNELS = {
 
 
 def _programs(warp: int, layouts: bool, x16: int | None = None) -> list[tuple[str, str, list[str]]]:
-    """(source, name, options) of every hiprtc compile the plugin asks for: the module of
-    every kernel and, with ``layouts``, one per quantized-weight layout (``x16``:
+    """(source, name, options) of every hiprtc compile the plugin asks for: the weights'
+    module of every layout, the other kernels' and, with ``layouts``, one per
+    quantized-weight layout (``x16``:
     ``GpuBackend.gemv_x16_min_rows`` in every module; None: the defaults, 16-bit codes of
     x in the 4-bit layouts' modules)."""
     HipRuntime._code_objects.clear()
@@ -68,7 +69,7 @@ def _programs(warp: int, layouts: bool, x16: int | None = None) -> list[tuple[st
         HipRuntime._code_objects.clear()
     sources = [args for name, args in rtc.calls if name == "hiprtcCreateProgram"]
     options = [args[2] for name, args in rtc.calls if name == "hiprtcCompileProgram"]
-    assert len(sources) == len(options) == 1 + (len(set(LAYOUTS.values())) if layouts else 0)
+    assert len(sources) == len(options) == 2 + (len(set(LAYOUTS.values())) if layouts else 0)
     return [
         (src.decode(), name.decode(), [o.decode() for o in opts])
         for (src, name, *_), opts in zip(sources, options, strict=True)
@@ -102,14 +103,15 @@ def _hipcc(tmp: Path, warp: int, program: tuple[str, str, list[str]]) -> set[str
 
 
 def test_every_kernel_compiles_for_wave64_and_wave32(tmp_path: Path) -> None:
-    """The module of every kernel, as the plugin asks hiprtc for it, compiles for a wave64
-    and a wave32 target and holds the same kernels on both: every ``__global__`` the source
-    names outright (the CUDA-only cluster kernel aside) and what a decode step launches."""
-    jobs = [(warp, _programs(warp, layouts=False)[0]) for warp in TARGETS]
+    """The weights' module of every layout and the other kernels', each alone as the plugin
+    asks hiprtc for it, compile for a wave64 and a wave32 target and together hold the
+    same kernels on both: every ``__global__`` the source names outright (the CUDA-only
+    cluster kernel aside) and what a decode step launches."""
+    jobs = [(warp, program) for warp in TARGETS for program in _programs(warp, layouts=False)]
+    assert [p[1] for _, p in jobs] == ["vt_kernels.cu", "vt_kernels_other.cu"] * 2
     with ThreadPoolExecutor(2) as pool:
-        kernels = dict(
-            zip(TARGETS, pool.map(lambda job: _hipcc(tmp_path, *job), jobs), strict=True)
-        )
+        found = list(pool.map(lambda job: _hipcc(tmp_path, *job), jobs))
+    kernels = {warp: found[2 * i] | found[2 * i + 1] for i, warp in enumerate(TARGETS)}
     assert kernels[64] == kernels[32]
     named = set(re.findall(r"__global__\s+void\s+(?:__cluster_dims__\([^)]*\)\s+)?(\w+)\s*\(",
                            kernel_source()))  # fmt: skip
@@ -123,7 +125,7 @@ def test_every_weight_layout_module_compiles(tmp_path: Path) -> None:
     Q4_1, Q4_K, Q5_K, Q6_K's layouts) as the defaults ask (the 4-bit layouts with 16-bit
     codes of x, ``-DVT_GV_X16``) compile for the wave64 target, each holding the one-row
     gemv kernels the decode step launches."""
-    programs = _programs(64, layouts=True)[1:]
+    programs = _programs(64, layouts=True)[2:]
     assert {p[1] for p in programs} == {f"vt_kernels_q{v:x}.cu" for v in LAYOUTS.values()}
     x16 = {p[1] for p in programs if "-DVT_GV_X16=4" in p[2]}
     nibbles = ("Q4_0", "Q4_1", "Q4_K")  # the layouts with Q_NIB

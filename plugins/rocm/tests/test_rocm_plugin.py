@@ -238,13 +238,14 @@ def make_rtc(
 def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> None:
     backend, fake, rtc = make_rtc(APU.model_copy(update={"warp_size": 64}))
     backend.prepare()
-    ((_, (prog, n, opts)),) = [c for c in rtc.calls if c[0] == "hiprtcCompileProgram"]
-    assert opts == [b"--offload-arch=gfx942", b"-DVT_WARP=64", b"-DVT_NORM_LATE=1"] and n == 3
+    compiles = [c[1] for c in rtc.calls if c[0] == "hiprtcCompileProgram"]
+    opts = [b"--offload-arch=gfx942", b"-DVT_WARP=64", b"-DVT_NORM_LATE=1"]
+    assert compiles == [("prog", 3, opts)] * 2  # the weights' module, the other kernels'
     assert rtc.calls[-1] == ("hiprtcDestroyProgram", ("prog",))
-    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)]
+    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)] * 2
     other, fake2, rtc2 = make_rtc(APU.model_copy(update={"warp_size": 64}), fresh=False)
-    other.prepare()  # a second backend loads the cached code object: no second compile
-    assert rtc2.calls == [] and fake2.args("hipModuleLoadData") == [(b"HSACODE!",)]
+    other.prepare()  # a second backend loads the cached code objects: no second compile
+    assert rtc2.calls == [] and fake2.args("hipModuleLoadData") == [(b"HSACODE!",)] * 2
 
 
 def test_a_prebuilt_code_object_is_built_on_a_helper_thread_and_loaded_by_compile() -> None:
@@ -271,14 +272,14 @@ def test_a_later_process_loads_the_code_object_from_vt_home(
     compile says so on stderr, naming the module; the later load is quiet."""
     backend, _, rtc = make_rtc()
     backend.prepare()
-    assert [c[0] for c in rtc.calls].count("hiprtcCompileProgram") == 1
-    assert capsys.readouterr().err.startswith(
-        "vt: compiling hip kernels vt_kernels.cu (first run only; kept in "
-    )
+    assert [c[0] for c in rtc.calls].count("hiprtcCompileProgram") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vt: compiling hip kernels vt_kernels.cu (first run only; kept in ")
+    assert "vt: compiling hip kernels vt_kernels_other.cu (first run only; kept in " in err
     later, fake, rtc = make_rtc()  # fresh: the per-process cache emptied
     later.prepare()
-    assert [c[0] for c in rtc.calls] == ["hiprtcVersion"]
-    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)]
+    assert [c[0] for c in rtc.calls] == ["hiprtcVersion"] * 2
+    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)] * 2
     assert "vt: compiling" not in capsys.readouterr().err
 
 

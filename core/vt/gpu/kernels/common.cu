@@ -332,3 +332,14 @@ __device__ float vt_block_sum_warps(float v, float* red) {
     return r;
 }
 
+// Shared by the weights' kernels and the other module's (attention): the two modules
+// compile apart (GpuBackend: each part's kernels build on their own helper thread).
+struct alignas(16) vt_f4 {
+    float x, y, z, w;
+};
+
+// Element (pos, slot, layer, kv, head, d) of the position-major cache (vt.KVLayout).
+__device__ __forceinline__ long long vt_kv_index(int pos, int slot, int layer, int kv,
+                                                 int n_slots, int n_layers, int row) {
+    return ((((long long)pos * n_slots + slot) * n_layers + layer) * 2 + kv) * row;
+}

@@ -15,9 +15,6 @@ template <int CH>  // CH int8 codes in one load
 struct alignas(CH) vt_codes {
     vt_u32 w[CH / 4];
 };
-struct alignas(16) vt_f4 {
-    float x, y, z, w;
-};
 
 // CH (4, 8 or 16) codes of a WT_Q weight from value index at (a multiple of CH), as int8
 // codes, in one load: CH bytes of int8 codes, or the nibbles that hold them (VT_Q_NIB: a

@@ -30,12 +30,6 @@ extern "C" __global__ void rope(float* x, const int* positions, int n, int n_hea
 
 // ------------------------------------------------------------------------ KV cache
 
-// Element (pos, slot, layer, kv, head, d) of the position-major cache (vt.KVLayout).
-__device__ __forceinline__ long long vt_kv_index(int pos, int slot, int layer, int kv,
-                                                 int n_slots, int n_layers, int row) {
-    return ((((long long)pos * n_slots + slot) * n_layers + layer) * 2 + kv) * row;
-}
-
 // cache[positions[i], slots[i], layer, 0|1] = k[i] | v[i]; rows with an out-of-range slot
 // or position are skipped (the backend checks host-visible inputs before launching).
 extern "C" __global__ void kv_store(float* cache, const float* k, const float* v,
