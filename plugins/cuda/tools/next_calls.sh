@@ -16,9 +16,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 12    # carry [".whl", ".llama"], about 550 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 13    # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 14    # carry [".whl"], 13 then 10's checks, any card
+#   bash plugins/cuda/tools/next_calls.sh 15    # carry [".whl"], about 220 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 10
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 15
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -27,10 +28,9 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the twenty-ninth session: gpu_checks.py on the tree's defaults in two calls, its
-    # last 20 tests first (runs 127-128 were cut at their limits after 396 passed; the
-    # kit passed whole in run 128)
-    N=10
+    # the thirtieth session: the kernels in two modules, their first device run (the
+    # checks passed whole on the one module of every kernel in runs 129-130)
+    N=15
     echo "next_calls.sh auto: call $N"
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -149,6 +149,12 @@ case $N in
     bash $T setup kit
     CHECKX="$OWED" bash $T checksx
     ;;
+15) # the kernels in two modules (the weights' and the other kernels', the thirtieth
+    # session): the kit on them, then a machine's first run of the 135M shape cold (an
+    # empty CUDA compute cache: NVRTC 13 answers repeats from it, run 134), both ways,
+    # twice; run 134 measured 54.1 s and 27.8 s with the one module of every kernel
+    bash $T setup kit firstload:smol
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -162,7 +168,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|5|6|7|8|9|10|11|12|13|14|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
