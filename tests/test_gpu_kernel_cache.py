@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from vt.gpu import GpuCallError, load_or_build, read_or_build
+from vt.gpu import Binaries, GpuCallError, load_or_build, read_or_build
 from vt.gpu.kernel_cache import cache_path
 
 IDENTITY = ("nvrtc", "13.0", "--gpu-architecture=sm_90", "-DVT_WARP=32", "abc123")
@@ -169,3 +170,33 @@ def test_a_prebuilt_binary_is_loaded_first_and_a_refused_one_built_again() -> No
     assert driver.loads == [b"PRE", b"DAMAGED", b"DAMAGED", b"GOOD"]
     path = cache_path("cuda", IDENTITY)
     assert path is not None and path.read_bytes() == b"GOOD"
+
+
+def test_a_process_binaries_load_again_without_a_build_and_take_a_prebuild_once() -> None:
+    """Binaries (an adapter's compile and prebuild): the options reach the build with the
+    architecture's first and make the disk identity with the compiler's name and version;
+    a second load of a key builds nothing, nor reads the disk; a prebuild is built once and
+    taken by the next load; clear() forgets both, as a new process would."""
+    built: list[tuple[str, ...]] = []
+    loads: list[bytes] = []
+
+    def build(options: Sequence[str]) -> bytes:
+        built.append(tuple(options))
+        return b"BIN" + str(len(built)).encode()
+
+    binaries = Binaries("cuda")
+    key = Binaries.key("sm_90", "--gpu-architecture=sm_90", "src", ["-DVT_WARP=32"])
+    assert key[:2] == ("sm_90", ("--gpu-architecture=sm_90", "-DVT_WARP=32"))
+    compiler = lambda: ("nvrtc", "13.0")  # noqa: E731
+    load = lambda binary: loads.append(binary) or binary.decode()  # noqa: E731
+    assert binaries.load(key, compiler, build, load) == "BIN1"
+    assert binaries.load(key, compiler, build, load) == "BIN1" and len(built) == 1
+    path = cache_path("cuda", ("nvrtc", "13.0", *key[1], key[2]))
+    assert path is not None and path.read_bytes() == b"BIN1"
+    other = Binaries.key("sm_90", "--gpu-architecture=sm_90", "another source", [])
+    binaries.prebuild(other, compiler, build)
+    binaries.prebuild(other, compiler, build)  # once
+    assert built == [key[1], other[1]] and loads == [b"BIN1", b"BIN1"]
+    assert binaries.load(other, compiler, build, load) == "BIN2" and len(built) == 2
+    binaries.clear()
+    assert binaries.built == binaries.prebuilt == {}

@@ -8,11 +8,12 @@ package imports no vendor library.
 from __future__ import annotations
 
 from .backend import MAX_HEAD_DIM, GpuBackend, GpuWeight, kernel_source
-from .kernel_cache import load_or_build, read_or_build
+from .kernel_cache import Binaries, load_or_build, read_or_build
 from .runtime import GpuCallError, GpuRuntime, KernelArg, host_array, kernel_params
 
 __all__ = [
     "MAX_HEAD_DIM",
+    "Binaries",
     "GpuBackend",
     "GpuCallError",
     "GpuRuntime",

@@ -1,8 +1,9 @@
 """Compiled kernel binaries kept on disk, so that only a machine's first process compiles.
 
-A runtime adapter's ``compile`` asks :func:`load_or_build` for the binary (a cubin, a HIP
-code object; its ``prebuild``, :func:`read_or_build`, on any thread) of one identity: its
-vendor, its compiler's version, the architecture, the options and the source. A binary
+A runtime adapter's ``compile`` asks its :class:`Binaries` (this process's binaries of one
+vendor), which asks :func:`load_or_build` for the binary (a cubin, a HIP code object; its
+``prebuild``, :func:`read_or_build`, on any thread) of one identity: its vendor, its
+compiler's version, the architecture, the options and the source. A binary
 built for that identity before is read from ``$VT_HOME/kernels/<vendor>-<digest>.bin``;
 else it is built and written there (atomically: a reader sees a whole file or none). A file
 the driver refuses to load (damaged) is built again and replaced. ``VT_KERNEL_CACHE=0``
@@ -26,6 +27,8 @@ from .. import envs
 from .runtime import GpuCallError
 
 M = TypeVar("M")
+#: A binary's key in a process: (architecture, compiler options, the source's digest).
+Key = tuple[str, tuple[str, ...], str]
 
 
 def cache_path(vendor: str, identity: Sequence[str]) -> Path | None:
@@ -127,3 +130,66 @@ def _build_and_keep(
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+class Binaries:
+    """One vendor's compiled binaries in this process, shared by its runtimes: those loaded
+    before (a later ``compile`` loads them again without building) and those
+    :meth:`prebuild` made, not yet loaded. An adapter's ``compile`` and ``prebuild`` are
+    :meth:`load` and :meth:`prebuild` with its compiler's calls."""
+
+    def __init__(self, vendor: str) -> None:
+        self.vendor = vendor
+        self.built: dict[Key, bytes] = {}
+        self.prebuilt: dict[Key, bytes] = {}
+
+    def clear(self) -> None:
+        """Forget every binary (as a new process would start)."""
+        self.built.clear()
+        self.prebuilt.clear()
+
+    @staticmethod
+    def key(arch: str, arch_option: str, source: str, options: Sequence[str]) -> Key:
+        """``source``'s key for ``arch``: the compiler's options, ``arch_option`` first."""
+        return (arch, (arch_option, *options), hashlib.sha256(source.encode()).hexdigest())
+
+    def load(
+        self,
+        key: Key,
+        compiler: Callable[[], Sequence[str]],
+        build: Callable[[Sequence[str]], bytes],
+        load: Callable[[bytes], M],
+        *,
+        announce: str = "",
+    ) -> M:
+        """The module of ``key``: its binary from this process, a :meth:`prebuild`, the disk
+        cache or ``build(options)``, loaded. ``compiler()``: the compiler's name and
+        version, for the disk cache's identity."""
+        binary = self.built.get(key)
+        if binary is not None:
+            return load(binary)
+        module, self.built[key] = load_or_build(
+            self.vendor,
+            (*compiler(), *key[1], key[2]),
+            lambda: build(key[1]),
+            load,
+            announce=announce,
+            prebuilt=self.prebuilt.pop(key, None),
+        )
+        return module
+
+    def prebuild(
+        self,
+        key: Key,
+        compiler: Callable[[], Sequence[str]],
+        build: Callable[[Sequence[str]], bytes],
+        *,
+        announce: str = "",
+    ) -> None:
+        """The compiler's part of :meth:`load` (or the disk cache's file), kept for it, not
+        loaded: no driver call, so any thread may run it."""
+        if key in self.built or key in self.prebuilt:
+            return
+        self.prebuilt[key] = read_or_build(
+            self.vendor, (*compiler(), *key[1], key[2]), lambda: build(key[1]), announce=announce
+        )

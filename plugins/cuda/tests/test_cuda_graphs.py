@@ -19,7 +19,7 @@ from vt_cuda.caps import capabilities_from_device
 
 @pytest.fixture(autouse=True)
 def _fresh_cubin_cache() -> None:
-    CudaRuntime._cubins.clear()
+    CudaRuntime.binaries.clear()
 
 
 def make() -> tuple[CudaBackend, FakeDriver]:

@@ -60,8 +60,7 @@ def make(profile: DeviceProfile = H200) -> tuple[CudaBackend, FakeDriver, FakeNv
 
 @pytest.fixture(autouse=True)
 def _fresh_cubin_cache() -> None:
-    CudaRuntime._cubins.clear()
-    CudaRuntime._prebuilt.clear()
+    CudaRuntime.binaries.clear()
 
 
 # --------------------------------------------------------------------------- availability
@@ -530,12 +529,12 @@ def test_a_later_process_loads_the_kernels_from_vt_home(
         why = f"first run only; kept in {folder}"
         assert lines[at] == f"vt: compiling cuda kernels {name} ({why})..."
         assert lines[at + 1].startswith(f"vt: cuda kernels {name} ready in ")
-    CudaRuntime._cubins.clear()  # a new process
+    CudaRuntime.binaries.clear()  # a new process
     later, driver, nvrtc = make()
     later.prepare()
     assert _compiles(nvrtc) == 0 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
     assert "vt: compiling" not in capsys.readouterr().err
-    CudaRuntime._cubins.clear()
+    CudaRuntime.binaries.clear()
     upgraded, _, nvrtc = make()
     nvrtc.version = (13, 1)
     upgraded.prepare()
@@ -543,7 +542,7 @@ def test_a_later_process_loads_the_kernels_from_vt_home(
     assert len(list(folder.glob("cuda-*.bin"))) == 4
     monkeypatch.setenv("VT_KERNEL_CACHE", "0")
     for _ in range(2):
-        CudaRuntime._cubins.clear()
+        CudaRuntime.binaries.clear()
         off, _, nvrtc = make()
         off.prepare()
         assert _compiles(nvrtc) == 2
@@ -556,7 +555,7 @@ def test_a_cached_kernel_the_driver_refuses_is_compiled_again() -> None:
     kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
     damaged = next(k for k in kept if k.read_bytes() == b"FAKECUBN")
     damaged.write_bytes(b"damaged")  # one of the two modules' files
-    CudaRuntime._cubins.clear()
+    CudaRuntime.binaries.clear()
     later, driver, nvrtc = make()
     load = driver.cuModuleLoadData
 
@@ -578,7 +577,7 @@ def test_an_unwritable_vt_home_still_compiles_and_runs(
     (tmp_path / "home").write_text("a file where the directory would go")
     monkeypatch.setenv("VT_HOME", str(tmp_path / "home"))
     for _ in range(2):
-        CudaRuntime._cubins.clear()
+        CudaRuntime.binaries.clear()
         backend, driver, nvrtc = make()
         backend.prepare()
         assert _compiles(nvrtc) == 2
@@ -685,7 +684,7 @@ def test_a_damaged_cached_kernel_read_by_a_helper_thread_is_compiled_again() -> 
     backend.prepare()
     kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
     kept[0].write_bytes(b"damaged")  # one of the two modules' files
-    CudaRuntime._cubins.clear()  # a new process
+    CudaRuntime.binaries.clear()  # a new process
     later, driver, nvrtc = make()
     load = driver.cuModuleLoadData
 

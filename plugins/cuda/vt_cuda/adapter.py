@@ -11,7 +11,6 @@ made current on each thread that calls in: the engine may call from more than on
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 from collections.abc import Sequence
@@ -19,7 +18,8 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from vt import VmmError
-from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params, load_or_build, read_or_build
+from vt.gpu import Binaries, GpuCallError, GpuRuntime, host_array, kernel_params
+from vt.gpu.kernel_cache import Key
 
 from .blas import INSTALL_HINT as BLAS_HINT
 from .blas import PRECISION as BLAS_PRECISION
@@ -338,53 +338,37 @@ class CudaRuntime(GpuRuntime):
         self.call("cuMemAddressFree", ptr, nbytes)
 
     # ---- kernels
-    #: Compiled cubins per process: (arch, options, source digest) -> cubin bytes.
-    _cubins: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
-
-    #: Binaries :meth:`prebuild` made, not yet loaded (one read from the disk cache may be
-    #: a file the driver refuses: :meth:`compile` then builds it again).
-    _prebuilt: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
+    #: This process's cubins (vt.gpu.kernel_cache), shared by every CudaRuntime.
+    binaries: ClassVar[Binaries] = Binaries("cuda")
 
     def compile(self, source: str, name: str, options: Sequence[str]) -> Any:
         """NVRTC to a cubin for this device's architecture (once per process, and kept in
         ``VT_HOME/kernels`` for the next: vt.gpu.kernel_cache), loaded as a module in this
         runtime's context."""
-        key = self._key(source, options)
-        binary = self._cubins.get(key)
-        if binary is not None:
-            return self.call("cuModuleLoadData", binary)
-        module, self._cubins[key] = load_or_build(
-            "cuda",
-            self._identity(key),
-            lambda: self._nvrtc_compile(source, name, key[1]),
+        return self.binaries.load(
+            self._key(source, options),
+            self._compiler,
+            lambda opts: self._nvrtc_compile(source, name, opts),
             lambda binary: self.call("cuModuleLoadData", binary),
             announce=name,
-            prebuilt=self._prebuilt.pop(key, None),
         )
-        return module
 
     def prebuild(self, source: str, name: str, options: Sequence[str]) -> None:
         """nvrtc's part of :meth:`compile` (or the disk cache's cubin), without loading it;
         no driver call, so any thread may run it."""
-        key = self._key(source, options)
-        if key in self._cubins or key in self._prebuilt:
-            return
-        self._prebuilt[key] = read_or_build(
-            "cuda",
-            self._identity(key),
-            lambda: self._nvrtc_compile(source, name, key[1]),
+        self.binaries.prebuild(
+            self._key(source, options),
+            self._compiler,
+            lambda opts: self._nvrtc_compile(source, name, opts),
             announce=name,
         )
 
-    def _key(self, source: str, options: Sequence[str]) -> tuple[str, tuple[str, ...], str]:
-        """(architecture, compiler options, the source's digest): a binary's key."""
-        opts = (f"--gpu-architecture={self.profile.arch}", *options)
-        return (self.profile.arch, opts, hashlib.sha256(source.encode()).hexdigest())
+    def _key(self, source: str, options: Sequence[str]) -> Key:
+        arch = self.profile.arch
+        return Binaries.key(arch, f"--gpu-architecture={arch}", source, options)
 
-    def _identity(self, key: tuple[str, tuple[str, ...], str]) -> tuple[str, ...]:
-        """The disk cache's identity of ``key``: the compiler's version with it."""
-        version = ".".join(str(v) for v in self.rtc("nvrtcVersion"))
-        return ("nvrtc", version, *key[1], key[2])
+    def _compiler(self) -> tuple[str, str]:
+        return ("nvrtc", ".".join(str(v) for v in self.rtc("nvrtcVersion")))
 
     def _nvrtc_compile(self, source: str, name: str, opts: Sequence[str]) -> bytes:
         prog = self.rtc("nvrtcCreateProgram", source.encode(), name.encode(), 0, [], [])

@@ -54,7 +54,7 @@ def _programs(warp: int, layouts: bool, x16: int | None = None) -> list[tuple[st
     quantized-weight layout (``x16``:
     ``GpuBackend.gemv_x16_min_rows`` in every module; None: the defaults, 16-bit codes of
     x in the 4-bit layouts' modules)."""
-    HipRuntime._code_objects.clear()
+    HipRuntime.binaries.clear()
     fake, rtc = FakeHip(APU.model_copy(update={"warp_size": warp})), FakeHiprtc()
     backend = RocmBackend(HipRuntime(fake, hiprtc=rtc), platform=APU.platform)
     if x16 is not None:
@@ -66,7 +66,7 @@ def _programs(warp: int, layouts: bool, x16: int | None = None) -> list[tuple[st
                 backend._module(layout)
     finally:
         backend.close()
-        HipRuntime._code_objects.clear()
+        HipRuntime.binaries.clear()
     sources = [args for name, args in rtc.calls if name == "hiprtcCreateProgram"]
     options = [args[2] for name, args in rtc.calls if name == "hiprtcCompileProgram"]
     assert len(sources) == len(options) == 2 + (len(set(LAYOUTS.values())) if layouts else 0)

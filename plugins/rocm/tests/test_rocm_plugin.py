@@ -230,8 +230,7 @@ def make_rtc(
     backend = RocmBackend(HipRuntime(fake, hiprtc=rtc), platform=profile.platform)
     fake.calls.clear()
     if fresh:
-        HipRuntime._code_objects.clear()
-        HipRuntime._prebuilt.clear()
+        HipRuntime.binaries.clear()
     return backend, fake, rtc
 
 

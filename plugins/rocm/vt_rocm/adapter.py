@@ -10,7 +10,6 @@ GpuBackend, shared with the CUDA backend.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import os
 import sys
@@ -19,7 +18,8 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from vt import VmmError
-from vt.gpu import GpuCallError, GpuRuntime, host_array, kernel_params, load_or_build, read_or_build
+from vt.gpu import Binaries, GpuCallError, GpuRuntime, host_array, kernel_params
+from vt.gpu.kernel_cache import Key
 
 from .blas import PRECISION as BLAS_PRECISION
 from .blas import Hipblas, import_hipblas
@@ -354,8 +354,8 @@ class HipRuntime(GpuRuntime):
         self.call("hipMemAddressFree", ptr, nbytes)
 
     # ---- kernels: hiprtc
-    #: Compiled code objects per process: (arch, options, source digest) -> bytes.
-    _code_objects: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
+    #: This process's code objects (vt.gpu.kernel_cache), shared by every HipRuntime.
+    binaries: ClassVar[Binaries] = Binaries("hip")
 
     @property
     def hiprtc(self) -> Any:
@@ -375,49 +375,33 @@ class HipRuntime(GpuRuntime):
             return None
         return outputs[0] if len(outputs) == 1 else outputs
 
-    #: Binaries :meth:`prebuild` made, not yet loaded (one read from the disk cache may be
-    #: a file the driver refuses: :meth:`compile` then builds it again).
-    _prebuilt: ClassVar[dict[tuple[str, tuple[str, ...], str], bytes]] = {}
-
     def compile(self, source: str, name: str, options: Sequence[str]) -> Any:
         """hiprtc to a code object for this device's architecture (once per process, and
         kept in ``VT_HOME/kernels`` for the next: vt.gpu.kernel_cache), loaded as a module."""
-        key = self._key(source, options)
-        binary = self._code_objects.get(key)
-        if binary is not None:
-            return self.call("hipModuleLoadData", binary)
-        module, self._code_objects[key] = load_or_build(
-            "hip",
-            self._identity(key),
-            lambda: self._hiprtc_compile(source, name, key[1]),
+        return self.binaries.load(
+            self._key(source, options),
+            self._compiler,
+            lambda opts: self._hiprtc_compile(source, name, opts),
             lambda binary: self.call("hipModuleLoadData", binary),
             announce=name,
-            prebuilt=self._prebuilt.pop(key, None),
         )
-        return module
 
     def prebuild(self, source: str, name: str, options: Sequence[str]) -> None:
-        """hiprtc's part of :meth:`compile` (or the disk cache's code object), without loading it;
-        no driver call, so any thread may run it."""
-        key = self._key(source, options)
-        if key in self._code_objects or key in self._prebuilt:
-            return
-        self._prebuilt[key] = read_or_build(
-            "hip",
-            self._identity(key),
-            lambda: self._hiprtc_compile(source, name, key[1]),
+        """hiprtc's part of :meth:`compile` (or the disk cache's code object), without
+        loading it; no driver call, so any thread may run it."""
+        self.binaries.prebuild(
+            self._key(source, options),
+            self._compiler,
+            lambda opts: self._hiprtc_compile(source, name, opts),
             announce=name,
         )
 
-    def _key(self, source: str, options: Sequence[str]) -> tuple[str, tuple[str, ...], str]:
-        """(architecture, compiler options, the source's digest): a binary's key."""
-        opts = (f"--offload-arch={self.arch()}", *options)
-        return (self.arch(), opts, hashlib.sha256(source.encode()).hexdigest())
+    def _key(self, source: str, options: Sequence[str]) -> Key:
+        arch = self.arch()
+        return Binaries.key(arch, f"--offload-arch={arch}", source, options)
 
-    def _identity(self, key: tuple[str, tuple[str, ...], str]) -> tuple[str, ...]:
-        """The disk cache's identity of ``key``: the compiler's version with it."""
-        version = ".".join(str(v) for v in self.rtc("hiprtcVersion"))
-        return ("hiprtc", version, *key[1], key[2])
+    def _compiler(self) -> tuple[str, str]:
+        return ("hiprtc", ".".join(str(v) for v in self.rtc("hiprtcVersion")))
 
     def _hiprtc_compile(self, source: str, name: str, opts: Sequence[str]) -> bytes:
         rtc = self.hiprtc
