@@ -686,3 +686,27 @@ def test_first_load_alternates_the_compile_settings_and_means_each(
     assert mean == {"False": (5.0 + 8.0) / 2, "True": 2.0}
     with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
         first_load.alternate(0, run, "s")
+
+
+def test_first_load_child_runs_with_empty_caches_and_reads_each_modules_compile() -> None:
+    """first_load.child: the child has vt's kernel cache off and an empty CUDA compute cache
+    of its own (NVRTC 13 answers repeats from it: run 134), and each module's announced
+    compile time comes back beside the child's JSON; a failed child names its error."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins/cuda/tools"))
+    import first_load
+
+    code = (
+        "import json, os, sys\n"
+        "print('vt: compiling cuda kernels a.cu (VT_KERNEL_CACHE=0: every run)...', "
+        "file=sys.stderr)\n"
+        "print('vt: cuda kernels a.cu ready in 16 s', file=sys.stderr)\n"
+        "print('vt: cuda kernels b_other.cu ready in 8 s', file=sys.stderr)\n"
+        "nv = os.environ['CUDA_CACHE_PATH']\n"
+        "print(json.dumps({'load_s': 1.23456, 'cache': os.environ['VT_KERNEL_CACHE'], "
+        "'nv_empty': os.path.isdir(nv) and not os.listdir(nv), 'arg': sys.argv[1]}))\n"
+    )
+    out = first_load.child(code, "x")
+    assert out == {"load_s": 1.23, "cache": "0", "nv_empty": True, "arg": "x",
+                   "modules_s": {"a.cu": 16, "b_other.cu": 8}}  # fmt: skip
+    with pytest.raises(SystemExit, match=r"the run failed \(1\):[\s\S]*ZeroDivisionError"):
+        first_load.child("1 / 0")

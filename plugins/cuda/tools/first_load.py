@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,8 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - 
 def child(code: str, *args: str) -> dict[str, Any]:
     """The JSON object a fresh Python running ``code`` with ``args`` prints last, with the
     kernel cache off and an empty CUDA compute cache (every module built: NVRTC 13 keeps
-    what it compiled in ``~/.nv/ComputeCache`` and answers a second compile in 0.3 s)."""
+    what it compiled in ``~/.nv/ComputeCache`` and answers a second compile in 0.3 s), and
+    ``modules_s``: each module's compile seconds, as its stderr announced them."""
     with tempfile.TemporaryDirectory(prefix="vt-nv-") as nv:
         done = subprocess.run(  # the child alone without either cache
             ["env", "VT_KERNEL_CACHE=0", f"CUDA_CACHE_PATH={nv}", sys.executable, "-c", code,
@@ -52,7 +54,14 @@ def child(code: str, *args: str) -> dict[str, Any]:
     if done.returncode != 0:
         raise SystemExit(f"the run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
+    out = {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
+    # each module's compile, as vt.gpu.kernel_cache announces it (whole seconds)
+    out["modules_s"] = {m: int(t) for m, t in _READY.findall(done.stderr)}
+    return out
+
+
+#: vt.gpu.kernel_cache's line after a module's build.
+_READY = re.compile(r"^vt: \w+ kernels (\S+) ready in (\d+) s", re.M)
 
 
 def alternate(

@@ -16,7 +16,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 12    # carry [".whl", ".llama"], about 550 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 13    # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 14    # carry [".whl"], 13 then 10's checks, any card
-#   bash plugins/cuda/tools/next_calls.sh 15    # carry [".whl"], about 220 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 15    # carry [".whl"], about 380 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 15
@@ -150,10 +150,11 @@ case $N in
     CHECKX="$OWED" bash $T checksx
     ;;
 15) # the kernels in two modules (the weights' and the other kernels', the thirtieth
-    # session): the kit on them, then a machine's first run of the 135M shape cold (an
-    # empty CUDA compute cache: NVRTC 13 answers repeats from it, run 134), both ways,
-    # twice; run 134 measured 54.1 s and 27.8 s with the one module of every kernel
-    bash $T setup kit firstload:smol
+    # session): a machine's first run of the 135M shape cold (an empty CUDA compute
+    # cache: NVRTC 13 answers repeats from it, run 134), both ways, twice, with each
+    # module's compile seconds (run 134: 54.1 s and 27.8 s with the one module of every
+    # kernel); then the kit on them again (run 135 passed it, 217 tests)
+    bash $T setup firstload:smol kit
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
