@@ -549,13 +549,13 @@ def test_a_later_process_loads_the_kernels_from_vt_home(
     assert len(list(folder.glob("cuda-*.bin"))) == 4
 
 
-def test_a_cached_kernel_the_driver_refuses_is_compiled_again() -> None:
-    backend, _, _ = make()
-    backend.prepare()
+def _one_kept_cubin_damaged() -> tuple[list[Path], CudaBackend, FakeDriver, FakeNvrtc]:
+    """The two modules' cubins a first process kept, one of them overwritten with bytes
+    the driver refuses, and a new process's backend."""
+    make()[0].prepare()
     kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
-    damaged = next(k for k in kept if k.read_bytes() == b"FAKECUBN")
-    damaged.write_bytes(b"damaged")  # one of the two modules' files
-    CudaRuntime.binaries.clear()
+    kept[0].write_bytes(b"damaged")
+    CudaRuntime.binaries.clear()  # a new process
     later, driver, nvrtc = make()
     load = driver.cuModuleLoadData
 
@@ -565,6 +565,11 @@ def test_a_cached_kernel_the_driver_refuses_is_compiled_again() -> None:
         return load(binary)
 
     driver.cuModuleLoadData = refuse_damaged  # type: ignore[attr-defined]
+    return kept, later, driver, nvrtc
+
+
+def test_a_cached_kernel_the_driver_refuses_is_compiled_again() -> None:
+    kept, later, driver, nvrtc = _one_kept_cubin_damaged()
     later.prepare()
     assert _compiles(nvrtc) == 1  # the damaged module's alone
     assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
@@ -679,21 +684,7 @@ def test_a_helper_threads_compile_error_is_raised_where_its_module_is_needed() -
 
 
 def test_a_damaged_cached_kernel_read_by_a_helper_thread_is_compiled_again() -> None:
-    backend, _, _ = make()
-    backend.parallel_compile = False  # type: ignore[attr-defined]
-    backend.prepare()
-    kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
-    kept[0].write_bytes(b"damaged")  # one of the two modules' files
-    CudaRuntime.binaries.clear()  # a new process
-    later, driver, nvrtc = make()
-    load = driver.cuModuleLoadData
-
-    def refuse_damaged(binary: bytes) -> Any:
-        if binary == b"damaged":
-            return (CUresult.CUDA_ERROR_INVALID_IMAGE, None)
-        return load(binary)
-
-    driver.cuModuleLoadData = refuse_damaged  # type: ignore[attr-defined]
+    kept, later, driver, nvrtc = _one_kept_cubin_damaged()
     later.upload_weight(weight_tensor("w", np.ones((4, 32), np.float32), "F32")[0])
     later.prepare()
     assert _compiles(nvrtc) == 1
