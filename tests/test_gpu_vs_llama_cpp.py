@@ -5,6 +5,8 @@ the other cells only fill the shape."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -710,3 +712,18 @@ def test_first_load_child_runs_with_empty_caches_and_reads_each_modules_compile(
                    "modules_s": {"a.cu": 16, "b_other.cu": 8}}  # fmt: skip
     with pytest.raises(SystemExit, match=r"the run failed \(1\):[\s\S]*ZeroDivisionError"):
         first_load.child("1 / 0")
+
+
+def test_h200_checks_cmd_runs_a_command_with_the_steps_environment(tmp_path: Path) -> None:
+    """h200_checks.sh cmd: $CMD with what every step has (the carried wheels on PYTHONPATH,
+    VT_HOME), logged, its status in summary.txt; without CMD it says what is missing."""
+    script = Path(__file__).resolve().parents[1] / "plugins/cuda/tools/h200_checks.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "CMD": 'echo "$PYTHONPATH $VT_HOME"'}
+    env.pop("VT_HOME", None)
+    done = subprocess.run(["bash", str(script), "cmd"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "/tmp/site" in done.stdout and "/tmp/vt-home" in done.stdout
+    assert (tmp_path / "summary.txt").read_text().startswith("cmd rc=0 ")
+    del env["CMD"]
+    done = subprocess.run(["bash", str(script), "cmd"], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "set CMD to the command" in done.stderr

@@ -32,6 +32,9 @@
 # kernels NCUK names (default: attention's decode pair) at batch 1 (ncu_table.py). nsys:MODEL:
 # Nsight Systems' trace of a batch-1 bench, each kernel's share of a replayed step (nsys_steps.py);
 # trace:MODEL: the same through PyTorch's profiler (torch_trace.py), where nsys is missing.
+# cmd: the shell command in $CMD, limited to CMDLIMIT seconds (300), with the environment
+# every step has (the carried wheels on PYTHONPATH, VT_HOME): a probe written on the spot
+# (two of run 134's commands ran the image's Python without the wheels and failed).
 # Logs go to $OUT (default /tmp/vt-gpu-out): log.txt (everything), summary.txt (one line
 # per step: status, seconds), cuda-matrix.md, profile.json, bench-*.json. pydantic and gguf
 # (missing from the device image) travel as cp312 wheels in .whl (docs/gpu.md).
@@ -108,6 +111,9 @@ EOF"
         # step's limit CHECKLIMIT seconds (default 570): a half of the whole in a call
         step gpu_checks-x ${CHECKLIMIT:-570} "python3 -m pytest -q -p no:cacheprovider -o addopts='' -s -rfE \
             plugins/cuda/tests/gpu_checks.py -k \"\$CHECKX\""
+        ;;
+    cmd)
+        step cmd "${CMDLIMIT:-300}" "${CMD:?cmd: set CMD to the command}"
         ;;
     checks)
         step gpu_checks 570 "python3 -m pytest -q -p no:cacheprovider -o addopts='' -s -rfE \
