@@ -390,15 +390,17 @@ class GpuBackend(
                 self._modules[key] = module
             return module
 
-    def _prebuild(self, key: int | str | None) -> None:
+    def _prebuild(self, key: int | str | None, lazy: bool = False) -> None:
         """Have ``key``'s module built on a helper thread, once, while the weights go on
         uploading: a machine's first run compiled them one after another (54 s for the
         135M shape's three modules on an H100's machine, run 134), and nvrtc and hiprtc
         release the GIL. Only the binary is built there; the module is loaded on the
         launching thread, at its first launch or before a graph capture. Without
-        ``parallel_compile`` or a runtime ``prebuild``, compiled here and now."""
+        ``parallel_compile`` or a runtime ``prebuild``, compiled here and now (``lazy``:
+        left to its first launch)."""
         if not self.parallel_compile or type(self._rt).prebuild is GpuRuntime.prebuild:
-            self._module(key)
+            if not lazy:
+                self._module(key)
             return
         with self._lock:
             if key in self._modules or key in self._builds:
@@ -458,16 +460,22 @@ class GpuBackend(
 
     def _fn(self, name: str, layout: int | None = None, short: bool = False) -> Any:
         """Kernel ``name`` from its module: the short-context attention's, ``layout``'s own,
-        or (None) the other kernels' or the weights' of every layout, by where it is."""
-        key: int | str | None = layout
-        if short:
-            key = "short"
-        elif layout is None and is_other_kernel(name):
-            key = OTHER
-        fn = self._functions.get((key, name))
+        or (None) the other kernels' or the weights' of every layout, by where it is (found
+        once a name: every launch asks)."""
+        asked = "short" if short else layout
+        fn = self._functions.get((asked, name))
         if fn is None:
-            fn = self._rt.get_function(self._short() if short else self._module(key), name)
-            self._functions[key, name] = fn
+            if short:
+                module = self._short()
+            elif layout is None:
+                # the first kernel a backend launches before any upload (a verification
+                # probe) starts its sibling module too, as an upload does
+                self._prebuild(None, lazy=True)
+                self._prebuild(OTHER, lazy=True)
+                module = self._module(OTHER if is_other_kernel(name) else None)
+            else:
+                module = self._module(layout)
+            fn = self._functions[asked, name] = self._rt.get_function(module, name)
         return fn
 
     @property

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import vt
+import vt.gpu.backend as backend_module
 import vt_cuda
 import vt_cuda.adapter as adapter
 from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc
@@ -644,6 +645,31 @@ def test_a_models_modules_build_at_once_on_helper_threads_and_load_where_launche
                      b"vt_kernels_qc00.cu"}  # fmt: skip
     backend.prepare()  # loaded once
     assert len(seen["loaded"]) == 4
+    backend.close()
+
+
+def test_a_first_launch_before_any_upload_starts_both_kernel_modules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A verification probe's launch comes before any upload: its module's first need
+    starts the sibling module on a helper thread too (both build at once, as at upload),
+    and loads only its own; which module holds a kernel is asked once a name."""
+    monkeypatch.setattr("vt.gpu.backend.os.cpu_count", lambda: 4)
+    backend, driver, nvrtc = make()
+    seen = _threads_of(backend, driver, nvrtc, meet=2)
+    asked: list[str] = []
+    route = backend_module.is_other_kernel
+    monkeypatch.setattr(backend_module, "is_other_kernel", lambda n: asked.append(n) or route(n))
+    stream = backend.create_stream("decode")
+    a = vt.Tensor.of(backend.alloc(64), np.float32, 1, 16)
+    for _ in range(3):
+        backend.launch("add", stream, out=a, a=a, b=a)
+    backend.synchronize(stream)
+    assert sorted(seen["compiled"]) == ["vt-kernels_0", "vt-kernels_1"]
+    assert seen["loaded"] == [threading.current_thread().name]  # the other kernels' alone
+    assert asked == ["add"]
+    backend.prepare()  # the weights' module was built meanwhile: loaded, not compiled again
+    assert len(seen["compiled"]) == 2 and len(seen["loaded"]) == 2
     backend.close()
 
 
