@@ -24,13 +24,12 @@ from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuBackend, GpuCallError, GpuWeight, kernel_source
 from vt.gpu import weights as W
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
-from vt.gpu.backend import (
+from vt.gpu.backend import RopeTable, _out_of_memory
+from vt.gpu.modules import (
     KERNEL_PARTS,
     LAYOUT_PARTS,
     OTHER,
     OTHER_PARTS,
-    RopeTable,
-    _out_of_memory,
     is_other_kernel,
     kernel_names,
 )

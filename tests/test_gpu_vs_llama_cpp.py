@@ -88,7 +88,7 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from vt.gpu import GpuBackend
-    from vt.gpu import backend as backend_module
+    from vt.gpu import modules as gpu_modules
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins/cuda/tools"))
     import bench_variant  # noqa: PLC0415
@@ -97,7 +97,7 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
                  "blas_inputs", "blas_min_rows", "compact_weights",
                  "layout_kernels"):  # fmt: skip
         monkeypatch.setattr(GpuBackend, name, getattr(GpuBackend, name))  # restored after
-    monkeypatch.setattr(backend_module, "kernel_source", lambda parts=(): f"int x{len(parts)};")
+    monkeypatch.setattr(gpu_modules, "kernel_source", lambda parts=(): f"int x{len(parts)};")
     monkeypatch.setattr(GpuBackend, "overlap_launches", GpuBackend.overlap_launches)
     rest = bench_variant.apply(
         ["--int8-rows", "8", "--splits", "4", "--int8-mma", "0", "--no-fused", "--blas-f16",
@@ -107,12 +107,12 @@ def test_bench_variant_sets_the_named_variant_and_passes_the_rest_on(
     assert rest == ["bench", "--batch", "1"]
     assert not GpuBackend.overlap_launches
     assert not GpuBackend.compact_weights and not GpuBackend.layout_kernels
-    parts = backend_module.KERNEL_PARTS
-    assert backend_module.kernel_source(("a.cu",)) == "#define VT_X 2\nint x1;"  # each source
+    parts = gpu_modules.KERNEL_PARTS
+    assert gpu_modules.kernel_source(("a.cu",)) == "#define VT_X 2\nint x1;"  # each source
     assert (GpuBackend.int8_min_rows, GpuBackend.attention_max_splits) == (8, 4)
     assert GpuBackend.int8_mma is False and GpuBackend.native_fused == frozenset()
     assert (GpuBackend.blas_inputs, GpuBackend.blas_min_rows) == ("f16", 99)
-    assert backend_module.kernel_source() == f"#define VT_X 2\nint x{len(parts)};"
+    assert gpu_modules.kernel_source() == f"#define VT_X 2\nint x{len(parts)};"
     monkeypatch.setattr(GpuBackend, "attention_last_block_combine", True)
     monkeypatch.setattr(GpuBackend, "attention_cluster", False)
     GpuBackend.native_fused = frozenset({"qkv", "swiglu", "qkv_rope_kv_store"})

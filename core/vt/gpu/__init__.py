@@ -7,8 +7,9 @@ package imports no vendor library.
 
 from __future__ import annotations
 
-from .backend import MAX_HEAD_DIM, GpuBackend, GpuWeight, kernel_source
+from .backend import MAX_HEAD_DIM, GpuBackend, GpuWeight
 from .kernel_cache import Binaries, load_or_build, read_or_build
+from .modules import kernel_source
 from .runtime import GpuCallError, GpuRuntime, KernelArg, host_array, kernel_params
 
 __all__ = [

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import vt
-import vt.gpu.backend as backend_module
+import vt.gpu.modules as gpu_modules
 import vt_cuda
 import vt_cuda.adapter as adapter
 from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc
@@ -628,7 +628,7 @@ def test_a_models_modules_build_at_once_on_helper_threads_and_load_where_launche
     module of every layout, the other kernels' and the layouts' on helper threads while the
     weights upload (two at once here), and the modules load on the launching thread, none
     while uploading."""
-    monkeypatch.setattr("vt.gpu.backend.os.cpu_count", lambda: 4)
+    monkeypatch.setattr("vt.gpu.modules.os.cpu_count", lambda: 4)
     backend, driver, nvrtc = make()
     seen = _threads_of(backend, driver, nvrtc, meet=2)
     _upload_three(backend)
@@ -654,12 +654,12 @@ def test_a_first_launch_before_any_upload_starts_both_kernel_modules(
     """A verification probe's launch comes before any upload: its module's first need
     starts the sibling module on a helper thread too (both build at once, as at upload),
     and loads only its own; which module holds a kernel is asked once a name."""
-    monkeypatch.setattr("vt.gpu.backend.os.cpu_count", lambda: 4)
+    monkeypatch.setattr("vt.gpu.modules.os.cpu_count", lambda: 4)
     backend, driver, nvrtc = make()
     seen = _threads_of(backend, driver, nvrtc, meet=2)
     asked: list[str] = []
-    route = backend_module.is_other_kernel
-    monkeypatch.setattr(backend_module, "is_other_kernel", lambda n: asked.append(n) or route(n))
+    route = gpu_modules.is_other_kernel
+    monkeypatch.setattr(gpu_modules, "is_other_kernel", lambda n: asked.append(n) or route(n))
     stream = backend.create_stream("decode")
     a = vt.Tensor.of(backend.alloc(64), np.float32, 1, 16)
     for _ in range(3):

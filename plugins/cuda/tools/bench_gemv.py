@@ -98,7 +98,7 @@ def bench_matrix(cp: Any, mod: Any, stream: Any, name: str, n: int, k: int,
 
 def main() -> int:
     import cupy as cp
-    from vt.gpu.backend import kernel_source
+    from vt.gpu.modules import kernel_source
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="1b,smol", help="comma-separated: 1b, smol")

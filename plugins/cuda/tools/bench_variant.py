@@ -123,18 +123,17 @@ from typing import Any
 
 from vt.frontends import cli
 from vt.gpu import GpuBackend
-from vt.gpu import backend as backend_module
-from vt.gpu.backend import ATTENTION_THREADS
+from vt.gpu import modules as gpu_modules
 
 
 def _define(name: str, value: str) -> None:
     """``#define name value`` ahead of the kernel sources the backend compiles."""
-    source = backend_module.kernel_source
+    source = gpu_modules.kernel_source
 
-    def defined(parts: tuple[str, ...] = backend_module.KERNEL_PARTS) -> str:
+    def defined(parts: tuple[str, ...] = gpu_modules.KERNEL_PARTS) -> str:
         return f"#define {name} {value}\n" + source(parts)
 
-    backend_module.kernel_source = defined  # type: ignore[assignment]
+    gpu_modules.kernel_source = defined  # type: ignore[assignment]
 
 
 def _skip(prefix: str) -> None:
@@ -212,9 +211,9 @@ def apply(args: list[str]) -> list[str]:
         if flag in valued and len(args) < 2:
             raise SystemExit(f"bench_variant: {flag} needs a value")
         threads = ("--attention-threads", "--short-context-threads")
-        if flag in threads and args[1] not in map(str, ATTENTION_THREADS):
+        if flag in threads and args[1] not in map(str, gpu_modules.ATTENTION_THREADS):
             raise SystemExit(
-                f"bench_variant: {flag} takes one of {ATTENTION_THREADS}, not {args[1]}"
+                f"bench_variant: {flag} takes one of {gpu_modules.ATTENTION_THREADS}, not {args[1]}"
             )
         if flag in _NUMBERS:
             setattr(GpuBackend, _NUMBERS[flag], int(args[1]))

@@ -92,7 +92,7 @@ def registers(log: str, kernel: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vt.gpu.backend import kernel_source  # noqa: PLC0415
+    from vt.gpu.modules import kernel_source  # noqa: PLC0415
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("kernel", help="the kernel's name, e.g. swiglu_gemv2_q")

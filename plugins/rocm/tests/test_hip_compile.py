@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from fake_hip import APU, FakeHip, FakeHiprtc
-from vt.gpu.backend import kernel_source
+from vt.gpu.modules import kernel_source
 from vt.gpu.weights import LAYOUTS
 from vt_rocm.adapter import HipRuntime
 from vt_rocm.backend import RocmBackend
