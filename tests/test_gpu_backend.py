@@ -27,10 +27,9 @@ from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
 from vt.gpu.backend import RopeTable, _out_of_memory
 from vt.gpu.modules import (
     KERNEL_PARTS,
-    LAYOUT_PARTS,
-    OTHER,
-    OTHER_PARTS,
-    is_other_kernel,
+    MODULE_GROUPS,
+    WEIGHT_GROUPS,
+    group_of,
     kernel_names,
 )
 from vt.management import rules
@@ -38,6 +37,22 @@ from vt.management.audit import probe_graphs
 from vt.model import load_gguf
 from vt.protocol.mixins import derive_capabilities
 from vt.testing.tiny import write_tiny_gguf
+
+#: The modules of every layout, in the order a backend starts them.
+EVERY = [f"vt_{group}.cu" for group in MODULE_GROUPS]
+#: The weights' groups' every-layout modules' parts, joined.
+WEIGHT_SOURCE = "".join(kernel_source(MODULE_GROUPS[group]) for group in WEIGHT_GROUPS)
+
+
+def every(opts: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    """The compiles of every group's module of every layout, with ``opts``."""
+    return [(name, opts) for name in EVERY]
+
+
+def own(layout: int, opts: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    """The compiles of ``layout``'s modules (the weights' groups), with ``opts``."""
+    return [(f"vt_{group}_q{layout:x}.cu", (*opts, f"-DVT_Q_FLAGS={layout:#x}"))
+            for group in WEIGHT_GROUPS]  # fmt: skip
 
 
 def lg(wtype: str) -> int:
@@ -197,7 +212,7 @@ def test_close_forgets_the_kernels_and_closes_the_runtime() -> None:
     backend.close()
     assert rt.closed == 2
     backend.prepare()  # compiles again on a later use
-    assert [name for name, _ in rt.compiles] == ["vt_kernels.cu", "vt_kernels_other.cu"] * 2
+    assert [name for name, _ in rt.compiles] == EVERY * 2
 
 
 # --------------------------------------------------------------------------- streams, events
@@ -490,7 +505,7 @@ def test_the_kernels_compile_once_with_the_warp_size() -> None:
     backend.prepare()
     backend.prepare()
     opts = ("-DVT_WARP=64", "-DVT_NORM_LATE=1")
-    assert rt.compiles == [("vt_kernels.cu", opts), ("vt_kernels_other.cu", opts)]
+    assert rt.compiles == every(opts)
 
 
 def test_norm_late_compiles_every_module_with_its_define() -> None:
@@ -504,10 +519,9 @@ def test_norm_late_compiles_every_module_with_its_define() -> None:
         c = OpCase(backend)
         c.w("w", np.ones((16, 256), np.float32), "Q8_0")
         opts = ("-DVT_WARP=32", *late)
-        assert rt.compiles == [("vt_kernels.cu", opts), ("vt_kernels_other.cu", opts),
-                               ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00"))]  # fmt: skip
+        assert rt.compiles == every(opts) + own(0xC00, opts)
         backend.close()
-    assert "VT_NORM_LATE" in kernel_source(LAYOUT_PARTS)
+    assert "VT_NORM_LATE" in WEIGHT_SOURCE
 
 
 def test_gemv_x16_compiles_every_module_with_its_define() -> None:
@@ -520,10 +534,9 @@ def test_gemv_x16_compiles_every_module_with_its_define() -> None:
         backend.gemv_x16_min_rows, backend.gemv_x16_layout_flags = rows, 0
         OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
         opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1", *x16)
-        assert rt.compiles == [("vt_kernels.cu", opts), ("vt_kernels_other.cu", opts),
-                               ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00"))]  # fmt: skip
+        assert rt.compiles == every(opts) + own(0xC00, opts)
         backend.close()
-    assert "VT_GV_X16" in kernel_source(LAYOUT_PARTS)
+    assert "VT_GV_X16" in WEIGHT_SOURCE
     backend, rt = make()
     backend.gemv_x16_min_rows = -1
     with pytest.raises(ValueError, match=r"gemv_x16_min_rows is -1; 0 \(never\) or"):
@@ -543,10 +556,8 @@ def test_gemv_x16_layout_flags_keep_other_layouts_on_the_float_path() -> None:
     a = c.w("a", np.ones((16, 256), np.float32), "Q8_0").handle
     b = c.w("b", np.ones((16, 256), np.float32), "Q4_1").handle
     opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")
-    q4_1 = (*opts, "-DVT_GV_X16=2", "-DVT_Q_FLAGS=0x500")
-    assert rt.compiles == [("vt_kernels.cu", opts), ("vt_kernels_other.cu", opts),
-                           ("vt_kernels_qc00.cu", (*opts, "-DVT_Q_FLAGS=0xc00")),
-                           ("vt_kernels_q500.cu", q4_1)]  # fmt: skip
+    q4_1 = (*opts, "-DVT_GV_X16=2")
+    assert rt.compiles == every(opts) + own(0xC00, opts) + own(0x500, q4_1)
     assert (backend.gemv_x16_rows(a), backend.gemv_x16_rows(b)) == (0, 2)
     assert backend.gemv_x16_rows(a, b) == backend.gemv_x16_rows() == 0  # every layout's module
     backend.gemv_x16_layout_flags = 0
@@ -584,10 +595,7 @@ def test_a_layout_override_uploads_and_compiles_that_layout() -> None:
     backend.layout_overrides = (("Q8_0", 0x800),)
     w = OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
     assert w.handle.layout == 0x800
-    assert rt.compiles[-1] == (
-        "vt_kernels_q800.cu",
-        ("-DVT_WARP=32", "-DVT_NORM_LATE=1", "-DVT_Q_FLAGS=0x800"),
-    )
+    assert rt.compiles[-3:] == own(0x800, ("-DVT_WARP=32", "-DVT_NORM_LATE=1"))
 
 
 def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
@@ -624,34 +632,45 @@ def test_every_kernel_the_backend_launches_is_in_the_one_source() -> None:
 
 
 def test_each_kernel_comes_from_the_module_whose_parts_declare_it() -> None:
-    """The weights' module (LAYOUT_PARTS) and the other kernels' (OTHER_PARTS) share only
-    common.cu, so their kernels do not meet and together are every kernel of the source;
-    is_other_kernel routes each name (a macro's too: attention_tiled_h64r16) to the one
-    that declares it."""
-    other, other_prefixes = kernel_names(OTHER_PARTS)
-    weights, weight_prefixes = kernel_names(LAYOUT_PARTS)
-    every, every_prefixes = kernel_names(KERNEL_PARTS)
-    assert set(LAYOUT_PARTS) & set(OTHER_PARTS) == {"common.cu"}
-    assert set(LAYOUT_PARTS) | set(OTHER_PARTS) == set(KERNEL_PARTS)
-    assert other | weights == every and not other & weights
-    assert set(other_prefixes) | set(weight_prefixes) == set(every_prefixes)
-    assert {"attention_split", "attention_combine", "sample", "logprobs", "add"} <= other
-    assert {"rms_norm", "rope_kv_store", "qkv_rope_gemv_q", "quantize_rows"} <= weights
-    assert all(is_other_kernel(name) for name in other)
-    assert not any(is_other_kernel(name) for name in weights)
-    assert is_other_kernel("attention_tiled_h64r16")
-    for name in ("matmul_gemv2_q", "swiglu_mma4_q8a", "embedding_q", "dequantize_h_q"):
-        assert name.startswith(weight_prefixes) and not is_other_kernel(name)
-    assert "long long vt_kv_index(" in kernel_source(("common.cu",))  # for both modules
+    """The groups' parts together are the whole source; every kernel of it is declared by
+    one group only, and group_of routes each name (a macro's too: attention_tiled_h64r16)
+    to that group; a name no group declares is refused by name."""
+    every_names, every_prefixes = kernel_names(KERNEL_PARTS)
+    assert set().union(*MODULE_GROUPS.values()) == set(KERNEL_PARTS)
+    declared: dict[str, list[str]] = {}
+    for group, parts in MODULE_GROUPS.items():
+        assert parts[0] == "common.cu"
+        assert [p for p in KERNEL_PARTS if p in parts] == list(parts)  # the source's order
+        names, prefixes = kernel_names(parts)
+        for name in (*names, *prefixes):
+            declared.setdefault(name, []).append(group)
+        assert all(group_of(name) == group for name in names)
+    assert set(declared) == set(every_names) | set(every_prefixes)
+    assert {name: groups for name, groups in declared.items() if len(groups) > 1} == {}
+    expect = {
+        "rows": ["rms_norm", "embedding_q", "dequantize_h_q", "dequantize16_q", "matmul_small4_q",
+                 "matmul_small4_q8a", "matmul_tiled_q"],
+        "gemv": ["matmul_gemv2_q", "swiglu_psq_gemv1_q", "qkv_rope_psq_gemv_q", "rope_kv_store"],
+        "int8": ["quantize_rows", "quantize_norm_rows", "swiglu_mma4_q8a", "qkv_mma1_q8a"],
+        "attention": ["attention_split", "attention_combine", "sample", "logprobs", "add"],
+        "attention_tiled": ["attention_tiled_h64r16"],
+    }  # fmt: skip
+    assert {group: [group_of(name) for name in names] for group, names in expect.items()} == {
+        group: [group] * len(names) for group, names in expect.items()
+    }
+    with pytest.raises(ValueError, match="no kernel module declares a kernel 'no_such'"):
+        group_of("no_such")
+    assert "long long vt_kv_index(" in kernel_source(("common.cu",))  # for several groups
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["layout-kernels", "run-time-flags"])
 def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
-    """Each WT_Q layout compiles its module (LAYOUT_PARTS with -DVT_Q_FLAGS) once, when its
-    first weight is uploaded; a launch reading weights of one layout takes its kernel from
-    that module, one mixing layouts (Q8_0, Q4_0, Q6_K) from the weights' module of every
-    layout, one reading no weight from the other kernels' module. layout_kernels off: the
-    weights' module of every layout, flags read at run time."""
+    """Each WT_Q layout compiles its modules (WEIGHT_GROUPS' parts with -DVT_Q_FLAGS) once,
+    when its first weight is uploaded; a launch reading weights of one layout takes its
+    kernel from that layout's module of the kernel's group, one mixing layouts (Q8_0, Q4_0,
+    Q6_K) from the group's module of every layout, one reading no weight likewise (the
+    attention group's). layout_kernels off: the modules of every layout, flags read at run
+    time."""
     backend, rt = make()
     backend.layout_kernels = on
     c = OpCase(backend)
@@ -660,13 +679,11 @@ def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
           for name, rows, wtype in [("q", 16, "Q8_0"), ("k", 8, "Q4_0"), ("v", 8, "Q6_K"),
                                     ("k8", 8, "Q8_0"), ("v8", 8, "Q8_0")]}  # fmt: skip
     late = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")  # norm_fold_max_k's kernels
-    base = [("vt_kernels.cu", late), ("vt_kernels_other.cu", late)]
-    layouts = [("c00", "0xc00"), ("f00", "0xf00"), ("800", "0x800")] if on else []
-    x16 = {"f00": ("-DVT_GV_X16=4",)}  # the default: the 4-bit layouts (Q4_0) alone
-    own = [(f"vt_kernels_q{name}.cu", (*late, *x16.get(name, ()), f"-DVT_Q_FLAGS={flags}"))
-           for name, flags in layouts]  # fmt: skip
-    assert rt.compiles == base + own
-    assert "attention_split" not in kernel_source(LAYOUT_PARTS)  # only the weights' kernels
+    x16 = ("-DVT_GV_X16=4",)  # the default: the 4-bit layouts (Q4_0) alone
+    layouts = own(0xC00, late) + own(0xF00, (*late, *x16)) + own(0x800, late) if on else []
+    assert rt.compiles == every(late) + layouts
+    weights = set().union(*(kernel_names(MODULE_GROUPS[group])[0] for group in WEIGHT_GROUPS))
+    assert "attention_split" not in weights  # only the weights' kernels
     stream = backend.create_stream()
     x = c.t("x", F32, 1, 256)
     q, k, v = c.t("q", F32, 1, 16), c.t("k", F32, 1, 8), c.t("v", F32, 1, 8)
@@ -675,9 +692,9 @@ def test_launches_of_one_layout_take_that_layouts_module(on: bool) -> None:
     backend.launch("qkv", stream, q=q, k=k, v=v, x=x, wq=ws["q"], wk=ws["k"], wv=ws["v"])
     backend.launch("add", stream, out=q, a=q, b=q)
     modules = [launch.fn.split(":")[0] for launch in rt.launches]
-    every, other = backend._module(), backend._module(OTHER)
-    q8 = backend._module(0xC00) if on else every
-    assert modules == [q8, q8, every, other]
+    gemv, attention = backend._module(("gemv", None)), backend._module(("attention", None))
+    q8 = backend._module(("gemv", 0xC00)) if on else gemv
+    assert modules == [q8, q8, gemv, attention]
 
 
 MACRO_KERNELS = (
@@ -1190,7 +1207,7 @@ def test_norm_fold_max_k_folds_the_norm_only_into_short_rows_at_one_row() -> Non
                 params=vt.RopeParams(8), scratch=c.t("s", F32, n, k),
             )  # fmt: skip
             kernels = [launch.kernel for launch in rt.launches]
-            assert rt.compiles[0] == ("vt_kernels.cu", ("-DVT_WARP=32", "-DVT_NORM_LATE=1"))
+            assert rt.compiles[0] == ("vt_rows.cu", ("-DVT_WARP=32", "-DVT_NORM_LATE=1"))
             if n == 1 and k <= 1024:
                 assert kernels == ["swiglu_norm_gemv2_q", "qkv_rope_norm_gemv_q"]
             elif n == 1:
@@ -2650,20 +2667,20 @@ def test_attention_bounded_is_one_launch_at_one_row_within_short_context(
         name, options = rt.compiles[-1]
         assert name == "vt_attention_t512.cu" and "-DFA_THREADS=512" in options
         _launch_attention(backend, c, layout, rows, heads)
-        plain = rt.launches[1]  # the other kernels' module's attention_split
+        plain = rt.launches[1]  # the attention group's module's attention_split
         assert plain.block == (128, 1, 1) and plain.fn.split(":")[0] != launch.fn.split(":")[0]
     else:
         assert kernels == ["attention_split", "attention_combine"]
         assert {launch.block for launch in rt.launches} == {(128, 1, 1)}
-        assert [name for name, _ in rt.compiles] == ["vt_kernels_other.cu"]
+        assert [name for name, _ in rt.compiles] == ["vt_attention.cu"]
     backend.close()
 
 
 def test_short_context_compiles_its_module_once_and_only_where_it_differs() -> None:
     """prepare() compiles the short path's module where short_context is set; with
-    short_context_threads equal to attention_threads the other kernels' module serves;
+    short_context_threads equal to attention_threads the attention group's module serves;
     bad settings are refused by name before anything compiles."""
-    modules = ["vt_kernels.cu", "vt_kernels_other.cu"]
+    modules = EVERY
     backend, rt = make()
     backend.short_context = 256
     backend.prepare()

@@ -727,3 +727,32 @@ def test_h200_checks_cmd_runs_a_command_with_the_steps_environment(tmp_path: Pat
     del env["CMD"]
     done = subprocess.run(["bash", str(script), "cmd"], env=env, capture_output=True, text=True)
     assert done.returncode != 0 and "set CMD to the command" in done.stderr
+
+
+def test_sass_same_compares_listings_without_labels_and_numbered_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sass_same.py's listings: each kernel's instructions with addresses, labels and
+    nvrtc's numbered internal names taken out, so the same code in two units compares
+    equal, and a changed instruction does not."""
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parent.parent / "plugins/cuda/tools")
+    import sass_same  # noqa: PLC0415
+
+    def unit(label: int, internal: int, op: str) -> str:
+        return (
+            '\t.section\t.text.add,"ax",@progbits\n'
+            ".text.add:\n"
+            f"        /*0000*/                   {op} R1, R2, R3 ;\n"
+            f"        /*0010*/                   BRA `(.L_x_{label}) ;\n"
+            f"        /*0020*/                   CALL.REL.NOINC `($__internal_{internal}_$x) ;\n"
+            f".L_x_{label}:\n"
+            "//--------------------- .text.next --------------------------\n"
+            '\t.section\t.text.next,"ax",@progbits\n'
+            ".text.next:\n"
+            "        /*0000*/                   EXIT ;\n"
+        )
+
+    a, b = sass_same.listings(unit(12, 7, "FADD")), sass_same.listings(unit(99, 17, "FADD"))
+    assert a == b and set(a) == {"add", "next"}
+    assert a["add"] == ["FADD R1, R2, R3 ;", "BRA `(L) ;", "CALL.REL.NOINC `($__internal_$x) ;"]
+    assert sass_same.listings(unit(12, 7, "FMUL"))["add"] != a["add"]

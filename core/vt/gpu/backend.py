@@ -44,7 +44,7 @@ from ..protocol.mixins import (
 )
 from ..protocol.ops import FUSED_OPS, get_op
 from . import weights as W
-from .modules import OTHER, GpuModules
+from .modules import GpuModules
 from .resources import GpuResources, _Reservation
 from .runtime import GpuCallError, GpuRuntime
 
@@ -275,12 +275,11 @@ class GpuBackend(
     # ---- weights
     def _upload_weight(self, tensor: WeightTensor) -> Weight:
         packed = W.pack(tensor, compact=self.compact_weights, layouts=dict(self.layout_overrides))
-        self._prebuild(None)  # on helper threads while the weights go on uploading
-        self._prebuild(OTHER)
+        self._prebuild_every_layout()  # on helper threads while the weights go on uploading
         if self.context_classes:
             self._short()
         if packed.kind == W.WT_Q and self.layout_kernels:
-            self._prebuild(packed.layout)
+            self._prebuild_layout(packed.layout)
         data = np.ascontiguousarray(packed.data).reshape(-1).view(np.uint8)
         at = -(-data.nbytes // 256) * 256
         total = at + (0 if packed.scales is None else packed.scales.nbytes)

@@ -27,11 +27,15 @@ if TYPE_CHECKING:
 ATTENTION_THREADS = (128, 256, 512)
 
 #: The kernel source's parts (``kernels/`` beside this module), in the order they join:
-#: ``common.cu`` first (macros and helpers every other part uses).
+#: ``common.cu`` first (macros and helpers every other part uses). All of them are one
+#: valid unit (the CPU emulation, ``sass_count.py``); a kernel module compiles a group.
 KERNEL_PARTS: tuple[str, ...] = (
     "common.cu",
     "embedding_norm.cu",
     "matmul.cu",
+    "matmul_small.cu",
+    "matmul_gemv.cu",
+    "matmul_int8.cu",
     "blas_copies.cu",
     "rope_kv.cu",
     "attention.cu",
@@ -41,25 +45,38 @@ KERNEL_PARTS: tuple[str, ...] = (
     "logprobs.cu",
 )
 
-
-#: The parts with every kernel that reads a quantized weight: what a layout's own module
-#: (GpuBackend.layout_kernels) compiles, and the weights' module of every layout.
-LAYOUT_PARTS: tuple[str, ...] = KERNEL_PARTS[:5]
-#: The other kernels' parts (attention, sampling, the elementwise ops): a module of their
-#: own, built beside the weights' (the two compile in about 16 s and 8 s, one unit in 26).
-OTHER_PARTS: tuple[str, ...] = (KERNEL_PARTS[0], *KERNEL_PARTS[5:])
+#: The kernel modules' groups of parts, built side by side on helper threads (a unit of
+#: every kernel took 26 s to compile on an H100's machine, the two halves of the thirtieth
+#: session 21 s and 11 s; NVRTC 12.9 here: the weights' kernels 14.6 s as one unit, 5.1,
+#: 5.2 and 4.9 s as the three groups below). A kernel comes from the first group whose
+#: parts declare it.
+MODULE_GROUPS: dict[str, tuple[str, ...]] = {
+    # embedding, norms, dequantized copies, 2-7 rows, tiled matmuls without a BLAS
+    "rows": ("common.cu", "embedding_norm.cu", "matmul.cu", "matmul_small.cu", "blas_copies.cu"),
+    # one row: the gemv kernels, the qkv gemv with RoPE and the KV store, RoPE alone
+    "gemv": ("common.cu", "matmul.cu", "matmul_gemv.cu", "rope_kv.cu"),
+    # int8 activations: quantize_rows, the dp4a and mma kernels
+    "int8": ("common.cu", "matmul.cu", "matmul_int8.cu"),
+    # decode attention, sampling, logprobs, the elementwise ops
+    "attention": ("common.cu", "attention.cu", "elementwise.cu", "sample.cu", "logprobs.cu"),
+    # prefill attention
+    "attention_tiled": ("common.cu", "attention_tiled.cu"),
+}
+#: The groups whose kernels read quantized weights: each compiles once for every layout
+#: (read at run time) and once per WT_Q layout a model has (GpuBackend.layout_kernels).
+WEIGHT_GROUPS: tuple[str, ...] = ("rows", "gemv", "int8")
 #: Attention's decode kernels alone: what the short-context attention's module
 #: (GpuBackend.short_context_threads) compiles.
 ATTENTION_PARTS: tuple[str, ...] = ("common.cu", "attention.cu")
-#: The module key of the other kernels (GpuBackend._module: None is the weights' module
-#: of every layout, an int a layout's own).
-OTHER = "other"
+#: A kernel module: (group, layout), the layout None for the module of every layout (and
+#: for the groups outside WEIGHT_GROUPS).
+ModuleKey = tuple[str, "int | None"]
 
 
-@lru_cache(maxsize=4)  # KERNEL_PARTS, LAYOUT_PARTS, OTHER_PARTS, ATTENTION_PARTS
+@lru_cache(maxsize=16)  # KERNEL_PARTS, MODULE_GROUPS' parts, ATTENTION_PARTS
 def kernel_source(parts: tuple[str, ...] = KERNEL_PARTS) -> str:
     """The kernel source of ``parts`` of ``kernels/`` joined, compiled as one unit; all of
-    them (the default) are one valid unit too (the CPU emulation, ``sass_count.py``)."""
+    them (the default) are one valid unit too."""
     folder = resources.files(__package__).joinpath("kernels")
     return "".join(folder.joinpath(part).read_text(encoding="utf-8") for part in parts)
 
@@ -72,7 +89,7 @@ _KERNEL_NAME = re.compile(
 )
 
 
-@lru_cache(maxsize=3)  # KERNEL_PARTS, LAYOUT_PARTS, OTHER_PARTS
+@lru_cache(maxsize=16)  # KERNEL_PARTS, MODULE_GROUPS' parts
 def kernel_names(parts: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
     """The kernels ``parts`` declare: (whole names, prefixes of names a macro completes)."""
     found = _KERNEL_NAME.findall(kernel_source(parts))
@@ -82,11 +99,15 @@ def kernel_names(parts: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...
     )
 
 
-def is_other_kernel(name: str) -> bool:
-    """Whether kernel ``name`` lives in the other kernels' module (OTHER_PARTS), not the
-    weights'."""
-    names, prefixes = kernel_names(OTHER_PARTS)
-    return name in names or name.startswith(prefixes)
+@lru_cache(maxsize=512)
+def group_of(name: str) -> str:
+    """The group of the module kernel ``name`` comes from (MODULE_GROUPS' first group whose
+    parts declare it); ValueError naming it where none does."""
+    for group, parts in MODULE_GROUPS.items():
+        names, prefixes = kernel_names(parts)
+        if name in names or name.startswith(prefixes):
+            return group
+    raise ValueError(f"no kernel module declares a kernel {name!r} (vt.gpu.modules)")
 
 
 class GpuModules(GpuTuning):
@@ -96,15 +117,15 @@ class GpuModules(GpuTuning):
     _rt: GpuRuntime
 
     def _init_modules(self) -> None:
-        # Loaded modules (key: None for the weights' kernels of every layout, a layout for
-        # that layout's own, OTHER for the other kernels)
-        self._modules: dict[int | str | None, Any] = {}
-        # (module key, or "short" for the short-context attention's; kernel name) -> function
+        # Loaded modules, by ModuleKey
+        self._modules: dict[ModuleKey, Any] = {}
+        # (the launch's layout, or "short" for the short-context attention's; kernel name)
+        # -> function
         self._functions: dict[tuple[int | str | None, str], Any] = {}
         self._short_module: Any = None
         # Modules building on helper threads (by module key), loaded where first launched
         # or before a capture (_prebuild)
-        self._builds: dict[int | str | None, tuple[Future[None], tuple[str, str, list[str]]]] = {}
+        self._builds: dict[ModuleKey, tuple[Future[None], tuple[str, str, list[str]]]] = {}
         self._builder: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -116,9 +137,8 @@ class GpuModules(GpuTuning):
         self._short_module = None
 
     def compile_options(self, layout: int | None = None) -> list[str]:
-        """nvrtc/hiprtc options of the weights' module of every layout and of the other
-        kernels', or (``layout``) of that layout's module (less its ``-DVT_Q_FLAGS``);
-        ValueError naming a bad setting."""
+        """nvrtc/hiprtc options of the modules of every layout, or (``layout``) of that
+        layout's modules (less their ``-DVT_Q_FLAGS``); ValueError naming a bad setting."""
         late = ["-DVT_NORM_LATE=1"] if self.norm_late or self.norm_fold_max_k else []
         if self.attention_threads not in ATTENTION_THREADS:
             raise ValueError(
@@ -158,22 +178,21 @@ class GpuModules(GpuTuning):
         as 16-bit codes (0: none do), by the module such a launch comes from."""
         return self._x16_rows(self._layout(weights))
 
-    def _module_source(self, key: int | str | None) -> tuple[str, str, list[str]]:
+    def _module_source(self, key: ModuleKey) -> tuple[str, str, list[str]]:
         """(source, name, options) of the module ``key`` names (GpuBackend._module)."""
-        if key is None:
-            return kernel_source(LAYOUT_PARTS), "vt_kernels.cu", self.compile_options()
-        if key == OTHER:
-            return kernel_source(OTHER_PARTS), "vt_kernels_other.cu", self.compile_options()
-        if not isinstance(key, int):
+        group, layout = key
+        parts = MODULE_GROUPS.get(group)
+        if parts is None or (layout is not None and group not in WEIGHT_GROUPS):
             raise ValueError(f"no kernel module {key!r}")
-        options = [*self.compile_options(key), f"-DVT_Q_FLAGS={key:#x}"]
-        return kernel_source(LAYOUT_PARTS), f"vt_kernels_q{key:x}.cu", options
+        if layout is None:
+            return kernel_source(parts), f"vt_{group}.cu", self.compile_options()
+        options = [*self.compile_options(layout), f"-DVT_Q_FLAGS={layout:#x}"]
+        return kernel_source(parts), f"vt_{group}_q{layout:x}.cu", options
 
-    def _module(self, key: int | str | None = None) -> Any:
-        """The module ``key`` names: None the weights' kernels for every WT_Q layout (read
-        at run time), a layout the same compiled for that layout alone, OTHER the other
-        kernels (attention, sampling, the elementwise ops). One a helper thread is building
-        is waited for (its compile error raised here), then loaded."""
+    def _module(self, key: ModuleKey) -> Any:
+        """The module ``key`` names: a group's kernels for every WT_Q layout (read at run
+        time, the layout None) or compiled for one layout alone. One a helper thread is
+        building is waited for (its compile error raised here), then loaded."""
         with self._lock:
             module = self._modules.get(key)
             if module is None:
@@ -186,14 +205,13 @@ class GpuModules(GpuTuning):
                 self._modules[key] = module
             return module
 
-    def _prebuild(self, key: int | str | None, lazy: bool = False) -> None:
+    def _prebuild(self, key: ModuleKey, lazy: bool = False) -> None:
         """Have ``key``'s module built on a helper thread, once, while the weights go on
-        uploading: a machine's first run compiled them one after another (54 s for the
-        135M shape's three modules on an H100's machine, run 134), and nvrtc and hiprtc
-        release the GIL. Only the binary is built there; the module is loaded on the
-        launching thread, at its first launch or before a graph capture. Without
-        ``parallel_compile`` or a runtime ``prebuild``, compiled here and now (``lazy``:
-        left to its first launch)."""
+        uploading: a machine's first run compiled them one after another (57 s for the
+        135M shape on an H100's machine, run 136), and nvrtc and hiprtc release the GIL.
+        Only the binary is built there; the module is loaded on the launching thread, at
+        its first launch or before a graph capture. Without ``parallel_compile`` or a
+        runtime ``prebuild``, compiled here and now (``lazy``: left to its first launch)."""
         if not self.parallel_compile or type(self._rt).prebuild is GpuRuntime.prebuild:
             if not lazy:
                 self._module(key)
@@ -203,9 +221,19 @@ class GpuModules(GpuTuning):
                 return
             args = self._module_source(key)  # a bad setting raises here, not on a helper
             if self._builder is None:
-                workers = max(1, min(8, os.cpu_count() or 1))
+                workers = max(1, min(16, os.cpu_count() or 1))
                 self._builder = ThreadPoolExecutor(workers, thread_name_prefix="vt-kernels")
             self._builds[key] = (self._builder.submit(self._rt.prebuild, *args), args)
+
+    def _prebuild_every_layout(self, lazy: bool = False) -> None:
+        """Start every group's module of every layout (``_prebuild``)."""
+        for group in MODULE_GROUPS:
+            self._prebuild((group, None), lazy)
+
+    def _prebuild_layout(self, layout: int) -> None:
+        """Start the weights' groups' modules of ``layout`` (``_prebuild``)."""
+        for group in WEIGHT_GROUPS:
+            self._prebuild((group, layout))
 
     def _load_builds(self) -> None:
         """Load every module a helper thread is building (waiting for it): before a graph
@@ -230,11 +258,11 @@ class GpuModules(GpuTuning):
 
     def _short(self) -> Any:
         """The module of the short-context attention (``attention_split`` for blocks of
-        ``short_context_threads``): the other kernels' module where attention_threads is
-        the same, else ``ATTENTION_PARTS`` compiled with that ``-DFA_THREADS``."""
+        ``short_context_threads``): the attention group's module where attention_threads
+        is the same, else ``ATTENTION_PARTS`` compiled with that ``-DFA_THREADS``."""
         threads = self._short_threads()
         if threads == self.attention_threads:
-            return self._module(OTHER)
+            return self._module(("attention", None))
         with self._lock:
             if self._short_module is None:
                 options = [o for o in self.compile_options() if not o.startswith("-DFA_THREADS")]
@@ -255,38 +283,36 @@ class GpuModules(GpuTuning):
         return threads
 
     def _fn(self, name: str, layout: int | None = None, short: bool = False) -> Any:
-        """Kernel ``name`` from its module: the short-context attention's, ``layout``'s own,
-        or (None) the other kernels' or the weights' of every layout, by where it is (found
-        once a name: every launch asks)."""
+        """Kernel ``name`` from its module: the short-context attention's, else its group's
+        (``group_of``) for ``layout`` (None, or a group outside WEIGHT_GROUPS: the module
+        of every layout); found once a (layout, name)."""
         asked = "short" if short else layout
         fn = self._functions.get((asked, name))
         if fn is None:
             if short:
                 module = self._short()
-            elif layout is None:
-                # the first kernel a backend launches before any upload (a verification
-                # probe) starts its sibling module too, as an upload does
-                self._prebuild(None, lazy=True)
-                self._prebuild(OTHER, lazy=True)
-                module = self._module(OTHER if is_other_kernel(name) else None)
             else:
-                module = self._module(layout)
+                group = group_of(name)
+                if layout is None:
+                    # the first kernel a backend launches before any upload (a verification
+                    # probe) starts the other groups' modules too, as an upload does
+                    self._prebuild_every_layout(lazy=True)
+                module = self._module((group, layout if group in WEIGHT_GROUPS else None))
             fn = self._functions[asked, name] = self._rt.get_function(module, name)
         return fn
 
     def prepare(self) -> None:
         """Compile and load the kernels now, the modules helper threads are building among
         them (upload_weight starts them, so a model's first step only waits for the rest)."""
-        self._module()
-        self._module(OTHER)
+        for group in MODULE_GROUPS:
+            self._module((group, None))
         self._load_builds()
         if self.context_classes:
             self._short()
 
     def _layout(self, weights: tuple[GpuWeight, ...]) -> int | None:
         """The WT_Q layout all of ``weights`` share, whose module a launch reading them
-        takes; None (the weights' module of every layout, or the other kernels') for any
-        other launch."""
+        takes; None (the modules of every layout) for any other launch."""
         if not self.layout_kernels or not weights or any(w.kind != W.WT_Q for w in weights):
             return None
         layouts = {w.layout for w in weights}

@@ -16,12 +16,13 @@ _FA_THREADS = 128
 class GpuTuning:
     """Kernel and path choices of the GPU backend (class attributes; see the module)."""
 
-    #: A model's kernel modules (the weights' of every layout, the other kernels', one a
-    #: weight layout) are built on helper threads while its weights upload, where the
-    #: runtime can (``GpuRuntime.prebuild``), not one after another at upload: a machine's
-    #: first run (nothing in the kernel cache) waits for the longest build, not their sum
-    #: (run 134, an H100's machine: the 135M shape 54.1 s -> 27.8 s). Loaded on the
-    #: launching thread, at a first launch or before a graph capture.
+    #: A model's kernel modules (``vt.gpu.modules``: each group's of every layout, the
+    #: weights' groups' per layout) are built on helper threads while its weights upload,
+    #: where the runtime can (``GpuRuntime.prebuild``), not one after another at upload: a
+    #: machine's first run (nothing in the kernel cache) waits for the longest build, not
+    #: their sum (run 134, an H100's machine: the 135M shape 54.1 s -> 27.8 s; run 136, the
+    #: kernels in two groups: 57.1 s -> 21.1 s). Loaded on the launching thread, at a first
+    #: launch or before a graph capture.
     parallel_compile: bool = True
     #: Batches of at least this many rows use the tiled matmul, smaller ones the warp one
     #: (every decode batch up to 32 rows reads each weight once through the warp kernels).
@@ -298,8 +299,8 @@ class GpuTuning:
     #: scales); the same values, another layout.
     layout_overrides: tuple[tuple[str, int], ...] = ()
     #: Launches whose quantized weights share one layout run kernels compiled for it
-    #: (``LAYOUT_PARTS`` with ``-DVT_Q_FLAGS``: the layout's branches resolved by the
-    #: compiler), a module per layout, compiled when its first weight is uploaded; others
+    #: (``WEIGHT_GROUPS``' parts with ``-DVT_Q_FLAGS``: the layout's branches resolved by
+    #: the compiler), modules per layout, compiled when its first weight is uploaded; others
     #: (weights of two layouts, e.g. Q4_K_M's q and v) read the flags at run time. False:
     #: every launch on the run-time kernels (a tool's "before"; docs/gpu.md run 49: they
     #: cost 3-10%).

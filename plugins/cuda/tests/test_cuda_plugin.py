@@ -29,6 +29,7 @@ import vt_cuda
 import vt_cuda.adapter as adapter
 from fake_cuda import H200, CUresult, FakeDriver, FakeNvrtc
 from vt.gpu import GpuBackend
+from vt.gpu.modules import MODULE_GROUPS, WEIGHT_GROUPS
 from vt.management import rules
 from vt.protocol.mixins import derive_capabilities
 from vt.testing.kernels_suite import weight_tensor
@@ -492,20 +493,24 @@ def test_vmm_on_a_device_without_it_names_the_attribute() -> None:
 
 # --------------------------------------------------------------------------- kernels
 
+#: prepare()'s modules: every group's of every layout, in order
+EVERY = [f"vt_{group}.cu".encode() for group in MODULE_GROUPS]
+N = len(EVERY)
+
 
 def test_kernels_compile_once_per_process_with_the_device_target() -> None:
     backend, driver, nvrtc = make()
     backend.prepare()
     backend.prepare()
     programs = [a[0] for n, a in nvrtc.calls if n == "nvrtcCreateProgram"]
-    assert programs == [b"vt_kernels.cu", b"vt_kernels_other.cu"]  # the weights', the rest
+    assert programs == EVERY
     compiles = [a[1] for n, a in nvrtc.calls if n == "nvrtcCompileProgram"]
-    assert compiles == [(b"--gpu-architecture=sm_90", b"-DVT_WARP=32", b"-DVT_NORM_LATE=1")] * 2
-    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
+    assert compiles == [(b"--gpu-architecture=sm_90", b"-DVT_WARP=32", b"-DVT_NORM_LATE=1")] * N
+    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * N
     other, driver2, nvrtc2 = make()
     other.prepare()  # a second backend loads the cached cubins: no second compile
     assert not [n for n, _ in nvrtc2.calls if n == "nvrtcCompileProgram"]
-    assert driver2.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
+    assert driver2.args("cuModuleLoadData") == [(b"FAKECUBN",)] * N
 
 
 def _compiles(nvrtc: FakeNvrtc) -> int:
@@ -521,37 +526,37 @@ def test_a_later_process_loads_the_kernels_from_vt_home(
     compiles and keeps nothing."""
     backend, _, nvrtc = make()
     backend.prepare()
-    assert _compiles(nvrtc) == 2  # the weights' module and the other kernels'
+    assert _compiles(nvrtc) == N  # each group's module of every layout
     kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
-    assert len(kept) == 2 and {k.read_bytes() for k in kept} == {b"FAKECUBN"}
+    assert len(kept) == N and {k.read_bytes() for k in kept} == {b"FAKECUBN"}
     folder = kept[0].parent
-    lines = capsys.readouterr().err.splitlines()[-4:]  # prepare(): one module, then the other
-    for at, name in ((0, "vt_kernels.cu"), (2, "vt_kernels_other.cu")):
+    lines = capsys.readouterr().err.splitlines()[-2 * N :]  # prepare(): one after another
+    for at, name in enumerate(EVERY):
         why = f"first run only; kept in {folder}"
-        assert lines[at] == f"vt: compiling cuda kernels {name} ({why})..."
-        assert lines[at + 1].startswith(f"vt: cuda kernels {name} ready in ")
+        assert lines[2 * at] == f"vt: compiling cuda kernels {name.decode()} ({why})..."
+        assert lines[2 * at + 1].startswith(f"vt: cuda kernels {name.decode()} ready in ")
     CudaRuntime.binaries.clear()  # a new process
     later, driver, nvrtc = make()
     later.prepare()
-    assert _compiles(nvrtc) == 0 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
+    assert _compiles(nvrtc) == 0 and driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * N
     assert "vt: compiling" not in capsys.readouterr().err
     CudaRuntime.binaries.clear()
     upgraded, _, nvrtc = make()
     nvrtc.version = (13, 1)
     upgraded.prepare()
-    assert _compiles(nvrtc) == 2
-    assert len(list(folder.glob("cuda-*.bin"))) == 4
+    assert _compiles(nvrtc) == N
+    assert len(list(folder.glob("cuda-*.bin"))) == 2 * N
     monkeypatch.setenv("VT_KERNEL_CACHE", "0")
     for _ in range(2):
         CudaRuntime.binaries.clear()
         off, _, nvrtc = make()
         off.prepare()
-        assert _compiles(nvrtc) == 2
-    assert len(list(folder.glob("cuda-*.bin"))) == 4
+        assert _compiles(nvrtc) == N
+    assert len(list(folder.glob("cuda-*.bin"))) == 2 * N
 
 
 def _one_kept_cubin_damaged() -> tuple[list[Path], CudaBackend, FakeDriver, FakeNvrtc]:
-    """The two modules' cubins a first process kept, one of them overwritten with bytes
+    """The modules' cubins a first process kept, one of them overwritten with bytes
     the driver refuses, and a new process's backend."""
     make()[0].prepare()
     kept = sorted((Path(os.environ["VT_HOME"]) / "kernels").glob("cuda-*.bin"))
@@ -573,7 +578,7 @@ def test_a_cached_kernel_the_driver_refuses_is_compiled_again() -> None:
     kept, later, driver, nvrtc = _one_kept_cubin_damaged()
     later.prepare()
     assert _compiles(nvrtc) == 1  # the damaged module's alone
-    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
+    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * N
     assert {k.read_bytes() for k in kept} == {b"FAKECUBN"}  # replaced
 
 
@@ -586,8 +591,8 @@ def test_an_unwritable_vt_home_still_compiles_and_runs(
         CudaRuntime.binaries.clear()
         backend, driver, nvrtc = make()
         backend.prepare()
-        assert _compiles(nvrtc) == 2
-        assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2
+        assert _compiles(nvrtc) == N
+        assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * N
 
 
 def _threads_of(backend: CudaBackend, driver: FakeDriver, nvrtc: FakeNvrtc, meet: int = 0) -> dict:
@@ -613,8 +618,8 @@ def _threads_of(backend: CudaBackend, driver: FakeDriver, nvrtc: FakeNvrtc, meet
 
 
 def _upload_three(backend: CudaBackend) -> None:
-    """Weights of two layouts (Q4_1 twice): four modules with the weights' module of every
-    layout and the other kernels'."""
+    """Weights of two layouts (Q4_1 twice): the weights' groups' modules of each layout
+    beside every group's of every layout."""
     values = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
     for name, wtype in (("a", "Q4_1"), ("b", "Q8_0"), ("c", "Q4_1")):
         backend.upload_weight(weight_tensor(name, values, wtype)[0])
@@ -624,10 +629,10 @@ def test_a_models_modules_build_at_once_on_helper_threads_and_load_where_launche
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A machine's first run built the module of every kernel (26 s on an H100's machine),
-    then one a weight layout (13 s each), one after another: now nvrtc builds the weights'
-    module of every layout, the other kernels' and the layouts' on helper threads while the
-    weights upload (two at once here), and the modules load on the launching thread, none
-    while uploading."""
+    then one a weight layout (13 s each), one after another: now nvrtc builds every group's
+    module of every layout and the weights' groups' of each layout on helper threads while
+    the weights upload (two at once here), and the modules load on the launching thread,
+    none while uploading."""
     monkeypatch.setattr("vt.gpu.modules.os.cpu_count", lambda: 4)
     backend, driver, nvrtc = make()
     seen = _threads_of(backend, driver, nvrtc, meet=2)
@@ -637,39 +642,40 @@ def test_a_models_modules_build_at_once_on_helper_threads_and_load_where_launche
     # when they compiled at upload): loaded, not compiled again
     backend.norm_late, backend.norm_fold_max_k = False, 0  # type: ignore[attr-defined]
     backend.prepare()
-    assert len(seen["compiled"]) == 4
+    own = {f"vt_{g}_q{layout}.cu".encode() for g in WEIGHT_GROUPS for layout in ("500", "c00")}
+    assert len(seen["compiled"]) == N + len(own)
     assert all(t.startswith("vt-kernels") for t in seen["compiled"]), seen
-    assert seen["loaded"] == [threading.current_thread().name] * 4
+    assert seen["loaded"] == [threading.current_thread().name] * (N + len(own))
     names = {a[0] for n, a in nvrtc.calls if n == "nvrtcCreateProgram"}
-    assert names == {b"vt_kernels.cu", b"vt_kernels_other.cu", b"vt_kernels_q500.cu",
-                     b"vt_kernels_qc00.cu"}  # fmt: skip
+    assert names == set(EVERY) | own
     backend.prepare()  # loaded once
-    assert len(seen["loaded"]) == 4
+    assert len(seen["loaded"]) == N + len(own)
     backend.close()
 
 
-def test_a_first_launch_before_any_upload_starts_both_kernel_modules(
+def test_a_first_launch_before_any_upload_starts_every_kernel_module(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A verification probe's launch comes before any upload: its module's first need
-    starts the sibling module on a helper thread too (both build at once, as at upload),
-    and loads only its own; which module holds a kernel is asked once a name."""
+    starts every group's module of every layout on helper threads (they build at once, as
+    at upload), and loads only its own; which group holds a kernel is asked once a name."""
     monkeypatch.setattr("vt.gpu.modules.os.cpu_count", lambda: 4)
     backend, driver, nvrtc = make()
     seen = _threads_of(backend, driver, nvrtc, meet=2)
     asked: list[str] = []
-    route = gpu_modules.is_other_kernel
-    monkeypatch.setattr(gpu_modules, "is_other_kernel", lambda n: asked.append(n) or route(n))
+    route = gpu_modules.group_of
+    monkeypatch.setattr(gpu_modules, "group_of", lambda n: asked.append(n) or route(n))
     stream = backend.create_stream("decode")
     a = vt.Tensor.of(backend.alloc(64), np.float32, 1, 16)
     for _ in range(3):
         backend.launch("add", stream, out=a, a=a, b=a)
     backend.synchronize(stream)
-    assert sorted(seen["compiled"]) == ["vt-kernels_0", "vt-kernels_1"]
-    assert seen["loaded"] == [threading.current_thread().name]  # the other kernels' alone
+    assert len(seen["compiled"]) == N
+    assert all(t.startswith("vt-kernels") for t in seen["compiled"]), seen
+    assert seen["loaded"] == [threading.current_thread().name]  # the attention group's alone
     assert asked == ["add"]
-    backend.prepare()  # the weights' module was built meanwhile: loaded, not compiled again
-    assert len(seen["compiled"]) == 2 and len(seen["loaded"]) == 2
+    backend.prepare()  # the others were built meanwhile: loaded, not compiled again
+    assert len(seen["compiled"]) == N and len(seen["loaded"]) == N
     backend.close()
 
 
@@ -681,7 +687,7 @@ def test_modules_still_building_load_before_a_graph_capture_begins() -> None:
     stream = backend.create_stream("decode")
     backend.begin_capture(stream)
     names = driver.names()
-    assert names.count("cuModuleLoadData") == 4
+    assert names.count("cuModuleLoadData") == N + 2 * len(WEIGHT_GROUPS)
     loads = [i for i, n in enumerate(names) if n == "cuModuleLoadData"]
     assert max(loads) < names.index("cuStreamBeginCapture")
     backend.end_capture(stream)
@@ -694,7 +700,8 @@ def test_parallel_compile_off_compiles_each_module_at_its_first_upload() -> None
     seen = _threads_of(backend, driver, nvrtc)
     _upload_three(backend)
     main = threading.current_thread().name
-    assert seen == {"compiled": [main] * 4, "loaded": [main] * 4}
+    modules = N + 2 * len(WEIGHT_GROUPS)
+    assert seen == {"compiled": [main] * modules, "loaded": [main] * modules}
     backend.close()
 
 
@@ -714,7 +721,7 @@ def test_a_damaged_cached_kernel_read_by_a_helper_thread_is_compiled_again() -> 
     later.upload_weight(weight_tensor("w", np.ones((4, 32), np.float32), "F32")[0])
     later.prepare()
     assert _compiles(nvrtc) == 1
-    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * 2  # the damaged one refused
+    assert driver.args("cuModuleLoadData") == [(b"FAKECUBN",)] * N  # the damaged one refused
     assert {k.read_bytes() for k in kept} == {b"FAKECUBN"}
     later.close()
 
@@ -725,7 +732,7 @@ def test_a_compile_error_carries_the_compiler_log() -> None:
     with pytest.raises(CudaError) as info:
         backend.prepare()
     message = str(info.value)
-    assert message.startswith("nvrtcCompileProgram('vt_kernels.cu', --gpu-architecture=sm_90")
+    assert message.startswith("nvrtcCompileProgram('vt_rows.cu', --gpu-architecture=sm_90")
     assert "NVRTC_ERROR_COMPILATION (6)" in message
     assert 'identifier "x" is undefined' in message
     assert nvrtc.calls[-1][0] == "nvrtcDestroyProgram"  # the program is freed on failure

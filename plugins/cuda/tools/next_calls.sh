@@ -17,9 +17,11 @@
 #   bash plugins/cuda/tools/next_calls.sh 13    # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 14    # carry [".whl"], 13 then 10's checks, any card
 #   bash plugins/cuda/tools/next_calls.sh 15    # carry [".whl"], about 380 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 16    # carry [".whl"], about 330 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 17    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 15
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 16
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -28,9 +30,9 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirtieth session: the kernels in two modules, their first device run (the
-    # checks passed whole on the one module of every kernel in runs 129-130)
-    N=15
+    # the thirty-first session: the kernels in five groups, their first device run (runs
+    # 136-138 passed the kit and gpu_checks.py whole on the two modules before them)
+    N=16
     echo "next_calls.sh auto: call $N"
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -156,6 +158,17 @@ case $N in
     # kernel); then the kit on them again (run 135 passed it, 217 tests)
     bash $T setup firstload:smol kit
     ;;
+16) # the kernels in five groups of parts (vt.gpu.modules.MODULE_GROUPS, the thirty-first
+    # session; every kernel's machine code as in runs 136-138's two modules, sass_same.py):
+    # a machine's first run of the 135M shape cold, both ways, twice, with each module's
+    # compile seconds (run 136, two groups: 57.1 s and 21.1 s, waiting on the 19-21 s of the
+    # weights' module of every layout), then the kit on them
+    bash $T setup firstload:smol kit
+    ;;
+17) # gpu_checks.py's greedy ids on cuda against cpu, prefill graphs, logprobs and prefix
+    # caching on the five groups (call 10's checks; then call 11 for the other 396)
+    CHECKX="$OWED" bash $T setup checksx
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -169,7 +182,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|3|4|5|6|7|8|9|10|11|12|13|14|15|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|17|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac

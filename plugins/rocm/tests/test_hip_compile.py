@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from fake_hip import APU, FakeHip, FakeHiprtc
-from vt.gpu.modules import kernel_source
+from vt.gpu.modules import MODULE_GROUPS, WEIGHT_GROUPS, kernel_source
 from vt.gpu.weights import LAYOUTS
 from vt_rocm.adapter import HipRuntime
 from vt_rocm.backend import RocmBackend
@@ -49,9 +49,9 @@ STEP_KERNELS = {
 
 
 def _programs(warp: int, layouts: bool, x16: int | None = None) -> list[tuple[str, str, list[str]]]:
-    """(source, name, options) of every hiprtc compile the plugin asks for: the weights'
-    module of every layout, the other kernels' and, with ``layouts``, one per
-    quantized-weight layout (``x16``:
+    """(source, name, options) of every hiprtc compile the plugin asks for: every group's
+    module of every layout and, with ``layouts``, the weights' groups' per quantized-weight
+    layout (``x16``:
     ``GpuBackend.gemv_x16_min_rows`` in every module; None: the defaults, 16-bit codes of
     x in the 4-bit layouts' modules)."""
     HipRuntime.binaries.clear()
@@ -63,13 +63,15 @@ def _programs(warp: int, layouts: bool, x16: int | None = None) -> list[tuple[st
         backend.prepare()
         if layouts:
             for layout in sorted(set(LAYOUTS.values())):
-                backend._module(layout)
+                for group in WEIGHT_GROUPS:
+                    backend._module((group, layout))
     finally:
         backend.close()
         HipRuntime.binaries.clear()
     sources = [args for name, args in rtc.calls if name == "hiprtcCreateProgram"]
     options = [args[2] for name, args in rtc.calls if name == "hiprtcCompileProgram"]
-    assert len(sources) == len(options) == 2 + (len(set(LAYOUTS.values())) if layouts else 0)
+    per_layout = len(WEIGHT_GROUPS) * len(set(LAYOUTS.values())) if layouts else 0
+    assert len(sources) == len(options) == len(MODULE_GROUPS) + per_layout
     return [
         (src.decode(), name.decode(), [o.decode() for o in opts])
         for (src, name, *_), opts in zip(sources, options, strict=True)
@@ -103,15 +105,16 @@ def _hipcc(tmp: Path, warp: int, program: tuple[str, str, list[str]]) -> set[str
 
 
 def test_every_kernel_compiles_for_wave64_and_wave32(tmp_path: Path) -> None:
-    """The weights' module of every layout and the other kernels', each alone as the plugin
-    asks hiprtc for it, compile for a wave64 and a wave32 target and together hold the
-    same kernels on both: every ``__global__`` the source names outright (the CUDA-only
+    """Every group's module of every layout, each alone as the plugin asks hiprtc for it,
+    compiles for a wave64 and a wave32 target, and together they hold the same kernels on
+    both: every ``__global__`` the source names outright (the CUDA-only
     cluster kernel aside) and what a decode step launches."""
     jobs = [(warp, program) for warp in TARGETS for program in _programs(warp, layouts=False)]
-    assert [p[1] for _, p in jobs] == ["vt_kernels.cu", "vt_kernels_other.cu"] * 2
+    n = len(MODULE_GROUPS)
+    assert [p[1] for _, p in jobs] == [f"vt_{group}.cu" for group in MODULE_GROUPS] * 2
     with ThreadPoolExecutor(2) as pool:
         found = list(pool.map(lambda job: _hipcc(tmp_path, *job), jobs))
-    kernels = {warp: found[2 * i] | found[2 * i + 1] for i, warp in enumerate(TARGETS)}
+    kernels = {warp: set().union(*found[n * i : n * (i + 1)]) for i, warp in enumerate(TARGETS)}
     assert kernels[64] == kernels[32]
     named = set(re.findall(r"__global__\s+void\s+(?:__cluster_dims__\([^)]*\)\s+)?(\w+)\s*\(",
                            kernel_source()))  # fmt: skip
@@ -124,12 +127,12 @@ def test_every_weight_layout_module_compiles(tmp_path: Path) -> None:
     """The quantized-weight kernels compiled per layout (``-DVT_Q_FLAGS``: Q8_0, Q4_0,
     Q4_1, Q4_K, Q5_K, Q6_K's layouts) as the defaults ask (the 4-bit layouts with 16-bit
     codes of x, ``-DVT_GV_X16``) compile for the wave64 target, each holding the one-row
-    gemv kernels the decode step launches."""
-    programs = _programs(64, layouts=True)[2:]
-    assert {p[1] for p in programs} == {f"vt_kernels_q{v:x}.cu" for v in LAYOUTS.values()}
+    gemv kernels the decode step launches (its gemv group's module)."""
+    programs = [p for p in _programs(64, layouts=True) if p[1].startswith("vt_gemv_q")]
+    assert {p[1] for p in programs} == {f"vt_gemv_q{v:x}.cu" for v in LAYOUTS.values()}
     x16 = {p[1] for p in programs if "-DVT_GV_X16=4" in p[2]}
     nibbles = ("Q4_0", "Q4_1", "Q4_K")  # the layouts with Q_NIB
-    assert x16 == {f"vt_kernels_q{LAYOUTS[t]:x}.cu" for t in LAYOUTS if t.name in nibbles}
+    assert x16 == {f"vt_gemv_q{LAYOUTS[t]:x}.cu" for t in LAYOUTS if t.name in nibbles}
     with ThreadPoolExecutor(2) as pool:
         found = list(pool.map(lambda p: _hipcc(tmp_path, 64, p), programs))
     for (_, name, _), kernels in zip(programs, found, strict=True):
@@ -140,7 +143,7 @@ def test_the_gemvs_on_16_bit_codes_compile(tmp_path: Path) -> None:
     """With ``gemv_x16_min_rows`` set (``-DVT_GV_X16``: x as 16-bit codes, the HIP branch's
     plain two-way products) the Q8_0 layout's module compiles for wave64 and wave32 with
     the one-row gemv kernels."""
-    q8 = f"vt_kernels_q{next(v for t, v in LAYOUTS.items() if t.name == 'Q8_0'):x}.cu"
+    q8 = f"vt_gemv_q{next(v for t, v in LAYOUTS.items() if t.name == 'Q8_0'):x}.cu"
     jobs = []
     for warp in TARGETS:
         program = next(p for p in _programs(warp, layouts=True, x16=1) if p[1] == q8)

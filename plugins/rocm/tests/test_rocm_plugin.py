@@ -38,6 +38,7 @@ from fake_hip import (
     hipStreamCaptureMode,
 )
 from vt.gpu import GpuBackend, GpuRuntime
+from vt.gpu.modules import MODULE_GROUPS
 from vt.management import rules
 from vt.protocol.mixins import derive_capabilities
 from vt_rocm.adapter import HipError, HipRuntime
@@ -239,12 +240,13 @@ def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> N
     backend.prepare()
     compiles = [c[1] for c in rtc.calls if c[0] == "hiprtcCompileProgram"]
     opts = [b"--offload-arch=gfx942", b"-DVT_WARP=64", b"-DVT_NORM_LATE=1"]
-    assert compiles == [("prog", 3, opts)] * 2  # the weights' module, the other kernels'
+    n = len(MODULE_GROUPS)
+    assert compiles == [("prog", 3, opts)] * n  # each group's module of every layout
     assert rtc.calls[-1] == ("hiprtcDestroyProgram", ("prog",))
-    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)] * 2
+    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)] * n
     other, fake2, rtc2 = make_rtc(APU.model_copy(update={"warp_size": 64}), fresh=False)
     other.prepare()  # a second backend loads the cached code objects: no second compile
-    assert rtc2.calls == [] and fake2.args("hipModuleLoadData") == [(b"HSACODE!",)] * 2
+    assert rtc2.calls == [] and fake2.args("hipModuleLoadData") == [(b"HSACODE!",)] * n
 
 
 def test_a_prebuilt_code_object_is_built_on_a_helper_thread_and_loaded_by_compile() -> None:
@@ -271,24 +273,25 @@ def test_a_later_process_loads_the_code_object_from_vt_home(
     compile says so on stderr, naming the module; the later load is quiet."""
     backend, _, rtc = make_rtc()
     backend.prepare()
-    assert [c[0] for c in rtc.calls].count("hiprtcCompileProgram") == 2
+    n = len(MODULE_GROUPS)
+    assert [c[0] for c in rtc.calls].count("hiprtcCompileProgram") == n
     err = capsys.readouterr().err
-    assert err.startswith("vt: compiling hip kernels vt_kernels.cu (first run only; kept in ")
-    assert "vt: compiling hip kernels vt_kernels_other.cu (first run only; kept in " in err
+    assert err.startswith("vt: compiling hip kernels vt_rows.cu (first run only; kept in ")
+    assert "vt: compiling hip kernels vt_attention.cu (first run only; kept in " in err
     later, fake, rtc = make_rtc()  # fresh: the per-process cache emptied
     later.prepare()
-    assert [c[0] for c in rtc.calls] == ["hiprtcVersion"] * 2
-    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)] * 2
+    assert [c[0] for c in rtc.calls] == ["hiprtcVersion"] * n
+    assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)] * n
     assert "vt: compiling" not in capsys.readouterr().err
 
 
 def test_a_hiprtc_compile_error_carries_the_log() -> None:
     backend, _, rtc = make_rtc()
-    rtc.compile_error = "vt_kernels.cu:9:1: error: unknown type name 'x'"
+    rtc.compile_error = "vt_rows.cu:9:1: error: unknown type name 'x'"
     with pytest.raises(HipError) as info:
         backend.prepare()
     message = str(info.value)
-    assert message.startswith("hiprtcCompileProgram('vt_kernels.cu', --offload-arch=gfx1100")
+    assert message.startswith("hiprtcCompileProgram('vt_rows.cu', --offload-arch=gfx1100")
     assert "HIPRTC_ERROR_COMPILATION (6)" in message and "unknown type name 'x'" in message
     assert rtc.calls[-1][0] == "hiprtcDestroyProgram"
 

@@ -76,41 +76,6 @@
 #define FA_HALVES(cond) for (int half = 0; half < 2 && (cond); ++half)
 #endif
 
-// min(v) over the block (every thread gets it); red holds a value per warp.
-__device__ __forceinline__ int vt_block_min_int(int v, int* red) {
-    for (int m = VT_WARP / 2; m > 0; m >>= 1) v = min(v, (int)VT_SHFL_XOR(v, m));
-    if (threadIdx.x % VT_WARP == 0) red[threadIdx.x / VT_WARP] = v;
-    __syncthreads();
-    int r = red[0];
-    for (int w = 1; w < (int)(blockDim.x / VT_WARP); ++w) r = min(r, red[w]);
-    __syncthreads();  // red[] is reused by the next reduction
-    return r;
-}
-
-// Many rows (prefill) go to two kernels, split by tiles of `tile` consecutive rows:
-// attention_tiled takes a tile whose valid rows belong to at most two sequences (slots),
-// attention_split (+ attention_combine) the rows of every other tile (decode rows of many
-// sequences beside a prefill chunk: one tiled block would take them one pass each). Both
-// decide from the same device data by this function, so each row is written once. A
-// barrier: every thread of the block calls it, and gets the same answer. tile == 0: no
-// tiled launch, every row is split's.
-__device__ bool vt_tile_is_tiled(const int* slots, const int* positions, int n, int n_slots,
-                                 int max_len, int i0, int tile, int* red) {
-    if (tile <= 0) return false;
-    int lo = 0x7fffffff, hi = 0x7fffffff;  // min slot, -(max slot)
-    for (int r = threadIdx.x; r < tile && i0 + r < n; r += blockDim.x) {
-        int s = slots[i0 + r], p = positions[i0 + r];
-        if (s >= 0 && s < n_slots && p >= 0 && p < max_len) lo = min(lo, s), hi = min(hi, -s);
-    }
-    lo = vt_block_min_int(lo, red);
-    hi = -vt_block_min_int(hi, red);
-    int third = 1;  // 0 where a valid row's slot is strictly between the two
-    for (int r = threadIdx.x; r < tile && i0 + r < n; r += blockDim.x) {
-        int s = slots[i0 + r], p = positions[i0 + r];
-        if (s > lo && s < hi && p >= 0 && p < max_len) third = 0;
-    }
-    return vt_block_min_int(third, red) == 1;
-}
 // out[oh] (oh = row * n_heads + head) from attention_split's `splits` partials, by the
 // whole block (FA_THREADS threads; wt and red: FA_THREADS floats of shared memory each):
 // attention_combine's. Thread s reads split s's max and sum, so the weights exp(m_s - max)

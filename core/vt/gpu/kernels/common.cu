@@ -343,3 +343,62 @@ __device__ __forceinline__ long long vt_kv_index(int pos, int slot, int layer, i
                                                  int n_slots, int n_layers, int row) {
     return ((((long long)pos * n_slots + slot) * n_layers + layer) * 2 + kv) * row;
 }
+
+// rms_norm's first RN_KEEP values of x a thread, kept in registers for its second pass
+// (embedding_norm.cu; quantize_norm_rows too, matmul_int8.cu).
+#define RN_KEEP 8
+// rms_norm's scale 1 / sqrt(mean(x**2) + eps) of the row xr (dim values), with its values
+// t, t + blockDim.x, ... (the first RN_KEEP) read into keep; the sums in rms_norm's order,
+// so every kernel that calls it (quantize_norm_rows too) has rms_norm's bits.
+__device__ __forceinline__ float vt_rn_scale(const float* xr, int dim, float eps,
+                                             float (&keep)[RN_KEEP], float* red) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i) {
+        int d = threadIdx.x + i * blockDim.x;
+        keep[i] = d < dim ? xr[d] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i)
+        if (threadIdx.x + i * blockDim.x < dim) ss = __fadd_rn(ss, __fmul_rn(keep[i], keep[i]));
+    for (int d = threadIdx.x + RN_KEEP * blockDim.x; d < dim; d += blockDim.x)
+        ss = __fadd_rn(ss, __fmul_rn(xr[d], xr[d]));
+    ss = vt_block_sum_warps(ss, red);
+    return 1.0f / sqrtf(ss / (float)dim + eps);
+}
+
+// min(v) over the block (every thread gets it); red holds a value per warp.
+__device__ __forceinline__ int vt_block_min_int(int v, int* red) {
+    for (int m = VT_WARP / 2; m > 0; m >>= 1) v = min(v, (int)VT_SHFL_XOR(v, m));
+    if (threadIdx.x % VT_WARP == 0) red[threadIdx.x / VT_WARP] = v;
+    __syncthreads();
+    int r = red[0];
+    for (int w = 1; w < (int)(blockDim.x / VT_WARP); ++w) r = min(r, red[w]);
+    __syncthreads();  // red[] is reused by the next reduction
+    return r;
+}
+
+// Many rows (prefill) go to two kernels, split by tiles of `tile` consecutive rows:
+// attention_tiled takes a tile whose valid rows belong to at most two sequences (slots),
+// attention_split (+ attention_combine) the rows of every other tile (decode rows of many
+// sequences beside a prefill chunk: one tiled block would take them one pass each). Both
+// decide from the same device data by this function, so each row is written once. A
+// barrier: every thread of the block calls it, and gets the same answer. tile == 0: no
+// tiled launch, every row is split's.
+__device__ bool vt_tile_is_tiled(const int* slots, const int* positions, int n, int n_slots,
+                                 int max_len, int i0, int tile, int* red) {
+    if (tile <= 0) return false;
+    int lo = 0x7fffffff, hi = 0x7fffffff;  // min slot, -(max slot)
+    for (int r = threadIdx.x; r < tile && i0 + r < n; r += blockDim.x) {
+        int s = slots[i0 + r], p = positions[i0 + r];
+        if (s >= 0 && s < n_slots && p >= 0 && p < max_len) lo = min(lo, s), hi = min(hi, -s);
+    }
+    lo = vt_block_min_int(lo, red);
+    hi = -vt_block_min_int(hi, red);
+    int third = 1;  // 0 where a valid row's slot is strictly between the two
+    for (int r = threadIdx.x; r < tile && i0 + r < n; r += blockDim.x) {
+        int s = slots[i0 + r], p = positions[i0 + r];
+        if (s > lo && s < hi && p >= 0 && p < max_len) third = 0;
+    }
+    return vt_block_min_int(third, red) == 1;
+}

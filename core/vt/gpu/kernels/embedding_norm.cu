@@ -74,27 +74,6 @@ extern "C" __global__ void bias_add(float* out, const float* bias, int n, int m)
 // first RN_KEEP values of x in registers for the second pass (one read of x from memory
 // for rows of up to RN_KEEP * blockDim values: 2048 with 256 threads), and the weights it
 // needs for them, read together with x; sums in the same order either way.
-#define RN_KEEP 8
-// rms_norm's scale 1 / sqrt(mean(x**2) + eps) of the row xr (dim values), with its values
-// t, t + blockDim.x, ... (the first RN_KEEP) read into keep; the sums in rms_norm's order,
-// so every kernel that calls it (quantize_norm_rows too) has rms_norm's bits.
-__device__ __forceinline__ float vt_rn_scale(const float* xr, int dim, float eps,
-                                             float (&keep)[RN_KEEP], float* red) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < RN_KEEP; ++i) {
-        int d = threadIdx.x + i * blockDim.x;
-        keep[i] = d < dim ? xr[d] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < RN_KEEP; ++i)
-        if (threadIdx.x + i * blockDim.x < dim) ss = __fadd_rn(ss, __fmul_rn(keep[i], keep[i]));
-    for (int d = threadIdx.x + RN_KEEP * blockDim.x; d < dim; d += blockDim.x)
-        ss = __fadd_rn(ss, __fmul_rn(xr[d], xr[d]));
-    ss = vt_block_sum_warps(ss, red);
-    return 1.0f / sqrtf(ss / (float)dim + eps);
-}
-
 // Launched overlapped (common.cu): w is read before vt_grid_wait, x after.
 extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, int n, int dim,
                                     float eps) {

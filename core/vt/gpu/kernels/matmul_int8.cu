@@ -1,0 +1,382 @@
+
+// --------------------------------------------- int8 activations: quantize_rows, dp4a
+
+__device__ __forceinline__ void vt_q8a_block(unsigned char* out, int n, int K, int r, int bc,
+                                             float v) {
+    int lane = threadIdx.x % 32;
+    float amax = fabsf(v), s = v;
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, VT_SHFL_XOR(amax, m));
+    for (int m = 8; m > 0; m >>= 1) s += VT_SHFL_XOR(s, m);  // over each 16 lanes
+    float dx = amax / 127.0f;
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    unsigned char* row = out + (long long)r * vt_q8a_stride(K);
+    row[bc * 32 + lane] = (unsigned char)(vt_i8)(int)rintf(v * inv);
+    if ((lane & 15) == 0) {
+        int h = 2 * bc + lane / 16;  // the block of 16
+        ((float*)(row + K + K / 8))[h] = s;
+        if (lane == 0) ((float*)(row + K))[bc] = dx;
+        vt_f2* pairs = vt_q8a_pairs(out, n, K);
+        pairs[(long long)h * vt_q8a_n8(n) + r] = {dx, s};
+    }
+}
+
+// x[n, K] float32 -> packed int8 rows for the WT_Q8A decode kernels (see vt_q8a_stride),
+// then, after the n rows, the int8 mma kernels' pairs (vt_q8a_pairs): a group of 32 lanes
+// per block of 32 values, a lane per value (the max and the sums by shuffles); grid
+// (ceil(K / 256), n), 256 threads.
+// Launched overlapped with GpuBackend.overlap_mma (common.cu): x read after vt_grid_wait.
+extern "C" __global__ void quantize_rows(unsigned char* out, const float* x, int n, int K) {
+    vt_launch_dependents();
+    int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= K / 32) return;  // the whole warp: every shuffle keeps its warp
+    int r = blockIdx.y;
+    vt_grid_wait();
+    vt_q8a_block(out, n, K, r, b, x[(long long)r * K + b * 32 + threadIdx.x % 32]);
+}
+
+// rms_norm then quantize_rows in one launch (GpuBackend.norm_quantize: the norm ops at
+// 8-64 rows, before their int8 mma kernels): a block of blockDim threads (a multiple of
+// 32) per row computes the scale and each value as rms_norm does, with the same sums in
+// the same order (vt_rn_scale, rms_norm's own), so the values
+// are its bits; a warp's 32 consecutive values (t, t + blockDim, ...) are then one block
+// of 32, quantized as quantize_rows quantizes it (the same shuffles): out holds the bytes
+// those two launches leave. K % 32 == 0. Launched overlapped with GpuBackend.overlap_mma:
+// the norm's weights read before vt_grid_wait, x after.
+// gridDim.y > 1 (GpuBackend.norm_quantize_values): block (r, c) packs only chunk c of the
+// row's blocks of 32 (ceil(K / 32 / gridDim.y) of them), each block computing the row's
+// scale itself (the same sums: the same bits), so the quantization's shuffles are spread
+// over gridDim.y blocks.
+extern "C" __global__ void quantize_norm_rows(unsigned char* out, const float* x,
+                                              const float* w, int n, int K, float eps) {
+    __shared__ float red[256];
+    int t = threadIdx.x, bd = blockDim.x, r = blockIdx.x;
+    int per = (K / 32 + gridDim.y - 1) / gridDim.y * 32, lo = blockIdx.y * per;
+    int hi = min(lo + per, K);
+    const float* xr = x + (long long)r * K;
+    float keep[RN_KEEP], wk[RN_KEEP];
+    vt_launch_dependents();
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i) {
+        int d = t + i * bd;
+        wk[i] = d >= lo && d < hi ? w[d] : 0.0f;
+    }
+    vt_grid_wait();
+    float scale = vt_rn_scale(xr, K, eps, keep, red);
+    // A warp's 32 values are one block of 32, all in the chunk or none (per % 32 == 0,
+    // K % 32 == 0), so every shuffle has its whole warp.
+#pragma unroll
+    for (int i = 0; i < RN_KEEP; ++i) {
+        int d = t + i * bd, d0 = d - t % 32;
+        if (d0 >= lo && d0 < hi) vt_q8a_block(out, n, K, r, d / 32, (keep[i] * scale) * wk[i]);
+    }
+    for (int d = t + RN_KEEP * bd; d - t % 32 < hi; d += bd)
+        if (d - t % 32 >= lo) vt_q8a_block(out, n, K, r, d / 32, (xr[d] * scale) * w[d]);
+}
+
+// ------------------------------------------------------------------------ int8 mma
+//
+// Decode steps of 8-64 rows on int8 activations, on the tensor cores: mma.sync
+// m16n8k32 (weights in blocks of 32) or m16n8k16 (blocks of 16: Q6_K) with s8 inputs and
+// s32 sums, sm_80 and later. A block computes 16 output features (of one weight; of the
+// gate and the up weight for swiglu) for every row of x, in NT tiles of 8 rows, its
+// WARPS warps taking the K blocks in turn (U blocks a warp in one go, their loads issued
+// together), so each weight byte is read from memory once for all rows; the warps' sums
+// meet in shared memory (a fixed order) for the epilogue. Per K block of 32 (16) values the
+// integer sum of codes is scaled as the dp4a path scales it: scale_w * dx * isum +
+// offset_w * sum(x) (x's sums over the block from quantize_rows), accumulated in float32.
+// Weights are the A operand (16 feature rows), x the B operand (8 rows): a lane (g, t) =
+// (lane / 4, lane % 4) holds A rows g and g + 8 and B row g; K is permuted within a block
+// (the dot product does not care) so that a lane's share of a row is one 8-byte (4-byte)
+// load: logical 4-byte units t and 4 + t of the PTX fragment are bytes [8t, 8t + 8).
+// Without sm_80 (older NVIDIA parts, HIP: no AMD GPU here, never run) vt_mma_* compute the
+// same sums from warp shuffles and 4-way dot products; the host picks these kernels only
+// where the tensor cores have them (GpuBackend.int8_mma).
+#if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define VT_MMA_NATIVE 1
+#endif
+
+// c[4] += A (16 x 16, a[2]: rows g and g + 8, unit t) B (16 x 8, b[0]: column g, unit t).
+__device__ __forceinline__ void vt_mma_k16(int* c, const vt_u32* a, const vt_u32* b) {
+#ifdef VT_MMA_NATIVE
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+#else
+    int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        int ga = g * 4 + s, n0 = 8 * t + s, n1 = 8 * t + 4 + s;
+        int a0 = (int)VT_SHFL32((int)a[0], ga), a1 = (int)VT_SHFL32((int)a[1], ga);
+        int b0 = (int)VT_SHFL32((int)b[0], n0), b1 = (int)VT_SHFL32((int)b[0], n1);
+        c[0] = vt_dot4(a0, b0, c[0]);
+        c[1] = vt_dot4(a0, b1, c[1]);
+        c[2] = vt_dot4(a1, b0, c[2]);
+        c[3] = vt_dot4(a1, b1, c[3]);
+    }
+#endif
+}
+
+// c[4] += A (16 x 32, a[4]) B (32 x 8, b[2]): PTX's fragments of mma.m16n8k32 .s8: a[0] row
+// g units t, a[1] row g + 8 unit t, a[2] row g unit 4 + t, a[3] row g + 8 unit 4 + t; b[0]
+// column g unit t, b[1] unit 4 + t; c[0], c[1] row g columns 2t, 2t + 1, c[2], c[3] row g + 8.
+// Without the instruction: units t and 4 + t as two k16 products (integer sums: the same).
+__device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32* b) {
+#ifdef VT_MMA_NATIVE
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    vt_mma_k16(c, a + 2, b + 1);
+    vt_mma_k16(c, a, b);
+#endif
+}
+
+// K blocks a warp loads in one go: more for fewer tiles of x (less work a block, so more
+// loads in flight to cover the memory's latency), within the registers. (A tool may
+// define them before the source: bench_variant.py --kdefine.)
+#ifndef VT_MMA_U1
+#define VT_MMA_U1 4  // 1 or 2 tiles of 8 rows
+#endif
+#ifndef VT_MMA_U4
+#define VT_MMA_U4 4  // 4 tiles (17-32 rows); 2 until run 57 (matmul_mma4_q8a +30% on Q8_0)
+#endif
+#ifndef VT_MMA_U8
+#define VT_MMA_U8 1
+#endif
+#define MMA_U(NT) ((NT) >= 8 ? VT_MMA_U8 : (NT) >= 4 ? VT_MMA_U4 : VT_MMA_U1)
+#ifndef VT_MMA_SKIP_ZERO
+#define VT_MMA_SKIP_ZERO 1  // since run 119 (docs/gpu.md, twenty-fourth session)
+#endif
+
+// acc[m][j][e] += this warp's K blocks, of blocks [kb_lo, kb_hi), of weight m's rows (ra,
+// rb) against x's tile j (weight m in layout lgs[m]; every weight's blocks KB values).
+template <int KB, int MT, int NT, int WARPS>
+__device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* const* wd,
+                                            const float* const* ws, const int* lgs, long long ra,
+                                            long long rb, const unsigned char* x, int n, int K,
+                                            int kb_lo, int kb_hi) {
+    constexpr int CW = KB / 4;  // a lane's codes of a row per K block: 8 (k32) or 4 (k16)
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int g = lane >> 2, t = lane & 3;
+    long long rs = vt_q8a_stride(K);
+    int n8 = vt_q8a_n8(n);
+    const vt_f2* pairs = vt_q8a_pairs((unsigned char*)x, n, K);
+    constexpr int U = MMA_U(NT);
+    bool waited = false;
+    // VT_MMA_SKIP_ZERO (1 by default; run 116 alone: the 1B shape +3% to +4% at batches 8 and
+    // 32, the 135M shape within noise, H100): where every weight's layout has
+    // scales alone (VT_Q_ONE: Q8_0, Q4_0; known at compile time in a layout's module), the
+    // + offset * sum(x) term is + 0 * a finite sum, which changes no sum (as
+    // VT_GV_SKIP_ZERO's argument), so it and the second pair load of x's sums are left
+    // out; the product is kept unfused with the sum (__fmul_rn), as before: the same bits.
+    bool one = VT_MMA_SKIP_ZERO != 0;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) one = one && (VT_QF(lgs[m]) & VT_Q_ONE);
+    for (int kb0 = kb_lo + warp * U; kb0 < kb_hi; kb0 += WARPS * U) {
+        vt_u32 a[U][MT][4];
+        vt_f2 sa[U][MT], sb[U][MT];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int kb = min(kb0 + u, kb_hi - 1);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
+                int lg = lgs[m];
+                if (KB == 32) {
+                    vt_codes<8> va = vt_qcodes<8>(wd[m], lg, ia + t * CW);
+                    vt_codes<8> vb = vt_qcodes<8>(wd[m], lg, ib + t * CW);
+                    a[u][m][0] = va.w[0], a[u][m][2] = va.w[1];
+                    a[u][m][1] = vb.w[0], a[u][m][3] = vb.w[1];
+                } else {
+                    a[u][m][0] = vt_qcodes<4>(wd[m], lg, ia + t * CW).w[0];
+                    a[u][m][1] = vt_qcodes<4>(wd[m], lg, ib + t * CW).w[0];
+                }
+                sa[u][m] = vt_qso(ws[m], lg, ia >> VT_Q_LG(lg));
+                sb[u][m] = vt_qso(ws[m], lg, ib >> VT_Q_LG(lg));
+            }
+        }
+        if (!waited) vt_grid_wait(), waited = true;  // the first weights on their way: x next
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int kb = kb0 + u;
+            if (kb < kb_hi) {  // the same for the whole warp
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const unsigned char* xb = x + (long long)min(j * 8 + g, n - 1) * rs;
+                    vt_u32 b[2];
+                    if (KB == 32) {
+                        vt_codes<8> vx = *(const vt_codes<8>*)(xb + kb * KB + t * CW);
+                        b[0] = vx.w[0], b[1] = vx.w[1];
+                    } else {
+                        b[0] = *(const vt_u32*)(xb + kb * KB + t * CW);
+                    }
+                    // x rows 2t and 2t + 1 of the tile: their scale and sum over the block
+                    const vt_f4* pr = (const vt_f4*)(pairs + (long long)(kb * KB / 16) * n8 +
+                                                     j * 8 + 2 * t);  // fmt: skip
+                    vt_f4 p0 = pr[0];
+                    float dx[2] = {p0.x, p0.z}, xs[2] = {p0.y, p0.w};
+                    if (KB == 32 && !one) {
+                        vt_f4 p1 = pr[n8 / 2];  // the second block of 16
+                        xs[0] += p1.y, xs[1] += p1.w;
+                    }
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        int c[4] = {0, 0, 0, 0};
+                        if (KB == 32) vt_mma_k32(c, a[u][m], b);
+                        else vt_mma_k16(c, a[u][m], b);
+                        if (one) {  // scales alone: the offsets' + 0 * sum(x) left out
+                            acc[m][j][0] += __fmul_rn(sa[u][m].x * dx[0], (float)c[0]);
+                            acc[m][j][1] += __fmul_rn(sa[u][m].x * dx[1], (float)c[1]);
+                            acc[m][j][2] += __fmul_rn(sb[u][m].x * dx[0], (float)c[2]);
+                            acc[m][j][3] += __fmul_rn(sb[u][m].x * dx[1], (float)c[3]);
+                            continue;
+                        }
+                        acc[m][j][0] += sa[u][m].x * dx[0] * (float)c[0] + sa[u][m].y * xs[0];
+                        acc[m][j][1] += sa[u][m].x * dx[1] * (float)c[1] + sa[u][m].y * xs[1];
+                        acc[m][j][2] += sb[u][m].x * dx[0] * (float)c[2] + sb[u][m].y * xs[0];
+                        acc[m][j][3] += sb[u][m].x * dx[1] * (float)c[3] + sb[u][m].y * xs[1];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// MODE 0: out = x @ W.T (+ bias) (+ residual: out may alias it); 1: out = silu(x @ G.T) *
+// (x @ U.T) (weights 0 and 1, the same block size, each in its own layout); 2: q, k, v of
+// weights 0, 1, 2 over N0 + N1 + N2 features (the host checks N0 and N1 are multiples of
+// 16, so a block's 16 features are one weight's). x: quantize_rows's packed rows.
+// K split (gridDim.y = S > 1, GpuBackend.mma_split_blocks): block (b, s) sums the K blocks
+// of slice s (ceil(K blocks / S) each) and writes its warps' sums to part[b][s]; the last
+// of the S blocks of b to finish (counts[b], zero before, left zero) adds the slices' sums
+// in order s = 0..S-1 and runs the epilogue. The same sums whichever block is last, not
+// the unsplit kernel's bits (its warps' sums over the whole K, then added): within the
+// kit's bounds, as every int8 path is. Launched overlapped (GpuBackend.overlap_mma), a
+// warp's first K blocks of weights are on their way before vt_grid_wait; x, the residual
+// and the split's scratch are read after it.
+template <int MODE, int NT>
+__device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* x,
+                          const vt_i8* w0, const float* s0, int lg0, const float* b0,
+                          const vt_i8* w1, const float* s1, int lg1, const float* b1,
+                          const vt_i8* w2, const float* s2, int lg2, const float* b2,
+                          const float* residual, int n, int N0, int N1, int N2, int K,
+                          float* part, int* counts) {
+    constexpr int MT = MODE == 1 ? 2 : 1;
+    constexpr int E = MT * NT * 4;
+    constexpr int WARPS = E <= 32 ? 8 : 4;  // the host launches 32 * WARPS threads
+    int f = blockIdx.x * 16;
+    const vt_i8* wd[MT];
+    const float* ws[MT];
+    int lgs[MT];
+    int N = N0;
+    float* out = o0;
+    const float* bias = b0;
+    wd[0] = w0, ws[0] = s0, lgs[0] = lg0;
+    if (MODE == 1) wd[MT - 1] = w1, ws[MT - 1] = s1, lgs[MT - 1] = lg1;
+    if (MODE == 2 && f >= N0 + N1) {
+        f -= N0 + N1, wd[0] = w2, ws[0] = s2, lgs[0] = lg2, N = N2, out = o2, bias = b2;
+    } else if (MODE == 2 && f >= N0) {
+        f -= N0, wd[0] = w1, ws[0] = s1, lgs[0] = lg1, N = N1, out = o1, bias = b1;
+    }
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int g = lane >> 2;
+    long long ra = min(f + g, N - 1), rb = min(f + g + 8, N - 1);
+    vt_launch_dependents();
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
+    int S = (int)gridDim.y, kb_all = VT_Q_LG(lgs[0]) == 5 ? K / 32 : K / 16;
+    int per = (kb_all + S - 1) / S, kb_lo = min((int)blockIdx.y * per, kb_all);
+    int kb_hi = min(kb_lo + per, kb_all);
+    if (VT_Q_LG(lgs[0]) == 5)
+        vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
+    else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
+    vt_grid_wait();  // a warp without K blocks waits here, before the epilogue's reads
+    __shared__ float red[WARPS][E][32];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[warp][(m * NT + j) * 4 + e][lane] = acc[m][j][e];
+    __syncthreads();
+    constexpr int PE = NT * 4 * 32;  // a block's sums a weight: part[b][s][m][PE]
+    const float* all = S > 1 ? part + (long long)blockIdx.x * S * MT * PE : part;
+    if (S > 1) {  // this slice's sums out; the last of the block's slices goes on
+        float* mine = part + ((long long)blockIdx.x * S + blockIdx.y) * MT * PE;
+        for (int it = threadIdx.x; it < PE; it += WARPS * 32) {
+            int L = it % 32, e = (it / 32) % 4, j = it / 128;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                float s = 0.0f;
+                for (int w = 0; w < WARPS; ++w) s += red[w][(m * NT + j) * 4 + e][L];
+                mine[m * PE + it] = s;
+            }
+        }
+        if (!vt_last_block(counts + blockIdx.x, S)) return;
+    }
+    for (int it = threadIdx.x; it < PE; it += WARPS * 32) {
+        int L = it % 32, e = (it / 32) % 4, j = it / 128;
+        int o = f + (L >> 2) + 8 * (e >> 1), row = j * 8 + 2 * (L & 3) + (e & 1);
+        float v[MT];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            float s = 0.0f;
+            if (S > 1) {
+                for (int z = 0; z < S; ++z) s += vt_ld_l2(all + ((long long)z * MT + m) * PE + it);
+            } else {
+                for (int w = 0; w < WARPS; ++w) s += red[w][(m * NT + j) * 4 + e][L];
+            }
+            v[m] = s;
+        }
+        if (row < n && o < N) {
+            long long at = (long long)row * N + o;
+            if (MODE == 1) {
+                float gv = v[0], uv = v[MT - 1];
+                float denom = __fadd_rn(expf(-gv), 1.0f);
+                out[at] = __fdiv_rn(__fmul_rn(gv, uv), denom);
+            } else {
+                float val = bias ? v[0] + bias[o] : v[0];
+                out[at] = residual ? __fadd_rn(residual[at], val) : val;
+            }
+        }
+    }
+}
+
+// Per NO (tiles of 8 rows: 1, 2, 4, 8): matmul_mma1_q8a, swiglu_mma2_q8a, qkv_mma4_q8a, ...
+// with the arguments of the matching *_small kernels less rpb.
+#define VT_DECODE_MMA(SUFFIX, NO)                                                             \
+    extern "C" __global__ void matmul_mma##NO##_##SUFFIX(                                     \
+        float* out, const unsigned char* x, const vt_i8* data, const float* sm, int lg_block, \
+        const float* bias, const float* residual, int n, int N, int K, float* part,           \
+        int* counts) {                                                                         \
+        vt_mma_op<0, NO>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
+                         data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts);     \
+    }                                                                                          \
+    extern "C" __global__ void swiglu_mma##NO##_##SUFFIX(                                     \
+        float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
+        const vt_i8* udata, const float* usm, int ulg, int n, int N, int K, float* part,      \
+        int* counts) {                                                                         \
+        vt_mma_op<1, NO>(out, out, out, x, gdata, gsm, glg, 0, udata, usm, ulg, 0, udata, usm, \
+                         ulg, 0, 0, n, N, 0, 0, K, part, counts);                              \
+    }                                                                                          \
+    extern "C" __global__ void qkv_mma##NO##_##SUFFIX(                                        \
+        float* q, float* k, float* v, const unsigned char* x, const vt_i8* wq,                \
+        const float* sq, int lgq, const float* bq, const vt_i8* wk, const float* sk, int lgk, \
+        const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
+        int Nq, int Nk, int Nv, int K, float* part, int* counts) {                             \
+        vt_mma_op<2, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
+                         Nq, Nk, Nv, K, part, counts);                                         \
+    }
+VT_DECODE_MMA(q8a, 1)
+VT_DECODE_MMA(q8a, 2)
+VT_DECODE_MMA(q8a, 4)
+VT_DECODE_MMA(q8a, 8)
