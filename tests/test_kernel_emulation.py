@@ -118,6 +118,24 @@ def test_emulation_refuses_flags_that_are_not_layout_flags(flags: str) -> None:
     assert "emulated checks passed" not in run.stdout
 
 
+def test_the_emulation_joins_every_kernel_part_it_emulates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The emulation's parts are the kernel parts but elementwise.cu and logprobs.cu (which
+    it does not emulate), each once, common.cu first: a part added or split shows here, not
+    as the slow suite's g++ error."""
+    from vt.gpu.modules import KERNEL_PARTS  # noqa: PLC0415
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.syspath_prepend(str(EMULATE.parent))
+    import emulate_kernels  # noqa: PLC0415
+
+    parts = list(emulate_kernels.PARTS)
+    assert parts[0] == "common.cu" and len(set(parts)) == len(parts)
+    assert set(KERNEL_PARTS) - set(parts) == {"elementwise.cu", "logprobs.cu"}
+    assert set(parts) <= set(KERNEL_PARTS)
+
+
 def test_emulator_runs_each_launch_on_its_modules_defines(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

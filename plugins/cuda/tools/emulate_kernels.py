@@ -308,8 +308,9 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
 """
 
 PARTS = (
-    "common.cu", "embedding_norm.cu", "matmul.cu", "rope_kv.cu", "attention.cu",
-    "attention_tiled.cu", "blas_copies.cu", "sample.cu",
+    "common.cu", "embedding_norm.cu", "matmul.cu", "matmul_small.cu", "matmul_gemv.cu",
+    "matmul_int8.cu", "rope_kv.cu", "attention.cu", "attention_tiled.cu", "blas_copies.cu",
+    "sample.cu",
 )  # fmt: skip
 
 
