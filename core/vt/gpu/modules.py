@@ -47,9 +47,9 @@ KERNEL_PARTS: tuple[str, ...] = (
 
 #: The kernel modules' groups of parts, built side by side on helper threads (a unit of
 #: every kernel took 26 s to compile on an H100's machine, the two halves of the thirtieth
-#: session 21 s and 11 s; NVRTC 12.9 here: the weights' kernels 14.6 s as one unit, 5.1,
-#: 5.2 and 4.9 s as the three groups below). A kernel comes from the first group whose
-#: parts declare it.
+#: session 21 s and 11 s; NVRTC 12.9 here: the weights' kernels 15.4 s as one unit, 4.8,
+#: 4.7 and 5.0 s as the three groups below; benchmarks/results-compile_groups.json). A
+#: kernel comes from the first group whose parts declare it.
 MODULE_GROUPS: dict[str, tuple[str, ...]] = {
     # embedding, norms, dequantized copies, 2-7 rows, tiled matmuls without a BLAS
     "rows": ("common.cu", "embedding_norm.cu", "matmul.cu", "matmul_small.cu", "blas_copies.cu"),
