@@ -36,7 +36,7 @@ SETTINGS = ((32, 16), (256, 16), (16, 15), (32, 8), (256, 8))
 
 
 def _pow2_codes(part: np.ndarray) -> np.ndarray:
-    """``part`` (float32 blocks, last axis) rounded as ``vt_x16`` (kernels/matmul.cu)
+    """``part`` (float32 blocks, last axis) rounded as ``vt_x16`` (kernels/matmul_gemv.cu)
     rounds 16 values: ``m`` the power of two 2^(141 - e), ``e`` the biased exponent of the
     largest ``|x|`` bumped within 2^-15 of the next, clamped to [15, 254]; ``rint(x m) / m``."""
     bits = np.abs(part).view(np.uint32).max(axis=-1, keepdims=True)

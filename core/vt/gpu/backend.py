@@ -56,7 +56,7 @@ _THREADS = 256
 _SAMPLE_THREADS = 512
 _ARGMAX_THREADS = 256  # ARGMAX_THREADS in kernels/sample.cu
 _MAX_BLOCKS = 65535
-#: Rows of x per pass of the decode-path matmul kernels (MM_R in kernels/matmul.cu).
+#: Rows of x per pass of the decode-path matmul kernels (MM_R in kernels/matmul_small.cu).
 MM_R = 8
 #: Query heads per block of attention_split (FA_MAXG in attention.cu).
 _FA_MAXG = 8
@@ -126,7 +126,7 @@ class GpuWeight:
 
 
 def _mma_threads(weights: int, tiles: int) -> int:
-    """Threads of a block of the int8 mma kernels (WARPS in matmul.cu's vt_mma_op: 8 warps
+    """Threads of a block of the int8 mma kernels (WARPS in matmul_int8.cu's vt_mma_op: 8 warps
     while a lane's sums, weights * tiles * 4, fit 32 floats of shared memory each, else 4)."""
     return 32 * (8 if weights * tiles * 4 <= 32 else 4)
 

@@ -98,7 +98,7 @@ class GpuTuning:
     #: bits; within the kit's bounds. 0: never (``bench_variant.py --mma-split N``).
     #: Runs 116-120 (H100; docs/gpu.md, twenty-fourth session): 512 with
     #: ``norm_quantize_values`` 256, ``overlap_mma`` and ``VT_MMA_SKIP_ZERO`` (kernels/
-    #: matmul.cu), the four on by default together: batches 8 and 32 +15% and +7.5% on the
+    #: matmul_int8.cu), the four on by default together: batches 8 and 32 +15% and +7.5% on the
     #: 1B shape, +17% and +8.5% on the 135M shape; ``mma_split_min_k`` 256 took the 1B
     #: shape's batch 8 to +20% but cost the 135M shape's batch 32 15% (its K = 576 split).
     mma_split_blocks: int = 512
@@ -150,7 +150,7 @@ class GpuTuning:
     gemv_long_threads: int = 256
     #: One-row gemv blocks of at least this many weight rows (swiglu's two features:
     #: four; the long rows and the output projection: four) take x as 16-bit integer codes
-    #: with integer dot products (``VT_GV_X16`` in kernels/matmul.cu, compiled in): each
+    #: with integer dot products (``VT_GV_X16`` in kernels/matmul_gemv.cu, compiled in): each
     #: thread rounds its 16 values of a pass once, under a power-of-two scale, for all its
     #: rows, so a weight value costs about two instructions where the exact dequantization
     #: costs four to five (sass_count.py: ``matmul_gemv4_q``'s pass 127 against 273).
@@ -175,7 +175,7 @@ class GpuTuning:
     #: the H100 in run 123); run 126: its gemv and greedy-id checks on the H200.
     gemv_x16_layout_flags: int = 0x100
     #: The norm ops' gemv kernels (where ``native_fused`` has them) sum x's squares beside
-    #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul.cu)
+    #: their products and scale the sums at the end (``VT_NORM_LATE``, kernels/matmul_gemv.cu)
     #: rather than normalising x first as ``rms_norm`` rounds it: no serial phase in the
     #: block, not bit-equal to the two launches (within the kit's tolerances). Set before
     #: the first launch. Run 57 (with both norm ops native, ``bench_variant.py --norm-late

@@ -62,7 +62,7 @@ typedef signed char vt_i8;
 #define VT_QF(lg) (lg)
 #endif
 // Not a stored format: WT_Q weights against int8 activations (the decode kernels' x is then
-// vt_quantize_rows's packed rows, not float32; see matmul.cu).
+// vt_quantize_rows's packed rows, not float32; see matmul_int8.cu).
 #define WT_Q8A 4
 
 // ------------------------------------------------------------------------ overlapped launches

@@ -95,7 +95,7 @@ extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
 
 
 // qkv then rope_kv_store for one row (the qkv_rope_kv_store op at batch 1), on the gemv
-// kernels' block (vt_gv_rows, matmul.cu; the host's checks as for qkv_gemv*_q): a block per
+// kernels' block (vt_gv_rows, matmul_gemv.cu; the host's checks as for qkv_gemv*_q): a block per
 // rotated pair of q or k features ((2i, 2i + 1), neox (i, i + head_dim / 2), of one head)
 // or per two consecutive v features. Thread 0 adds the biases, rotates the pair as
 // rope_kv_store does (the same roundings) and stores it into q, k or v and, for k and v,
