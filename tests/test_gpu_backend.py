@@ -661,6 +661,12 @@ def test_each_kernel_comes_from_the_module_whose_parts_declare_it() -> None:
     with pytest.raises(ValueError, match="no kernel module declares a kernel 'no_such'"):
         group_of("no_such")
     assert "long long vt_kv_index(" in kernel_source(("common.cu",))  # for several groups
+    backend, rt = make()  # a module key no group makes (a layout's attention) is refused
+    for key in (("attention", 0x500), ("no_such", None)):
+        with pytest.raises(ValueError, match=re.escape(f"no kernel module {key!r}")):
+            backend._module(key)
+    assert rt.compiles == []
+    backend.close()
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["layout-kernels", "run-time-flags"])
