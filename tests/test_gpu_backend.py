@@ -1849,6 +1849,64 @@ def test_int8_activations_by_the_weights_size(op: str, big_rows: int, n: int, in
     backend.close()
 
 
+@pytest.mark.parametrize("blas", [False, True])
+@pytest.mark.parametrize("first", [None, True, False])
+@pytest.mark.parametrize("op", ["matmul", "swiglu", "qkv", "rms_norm_swiglu"])
+def test_int8_steps_of_64_rows_stay_on_the_mma_kernels_without_a_blas(
+    blas: bool, first: bool | None, op: str
+) -> None:
+    """int8_mma_first: a step of 64 rows (a decode batch of 33-64, its bucket) that int8
+    activations apply to takes the mma kernels' 8 tiles where the BLAS or tiled path would
+    take it: by default (None) only without a BLAS (the tiled kernel ran the 1B shape's
+    batch 64 at 1,108 tok/s, run 146), True with one too, False never. 65 rows, and
+    weights too small for int8, keep the BLAS or tiled path."""
+    backend, rt = make(blas="fake BLAS") if blas else make()
+    assert backend.int8_mma_first is None
+    backend.int8_mma, backend.int8_mma_first = True, first
+    rng = np.random.default_rng(3)
+    big = backend.upload_weight(
+        weight_tensor("w", rng.standard_normal((1 << 12, 64)).astype(np.float32), "Q8_0")
+    )  # 256K values: int8 applies
+    small = backend.upload_weight(weight_tensor("s", np.ones((32, 64), np.float32), "Q8_0"))
+    norm = backend.upload_weight(weight_tensor("n", np.ones(64, np.float32), "F32"))
+    stream = backend.create_stream()
+
+    def kernels(n: int, w: vt.Weight) -> list[str]:
+        rows = w.handle.rows
+        x = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+        outs = [vt.Tensor.of(backend.alloc(n * rows * 4), F32, n, rows) for _ in range(3)]
+        rt.launches.clear()
+        if op == "matmul":
+            backend.launch("matmul", stream, out=outs[0], x=x, weight=w)
+        elif op == "swiglu":
+            backend.launch("swiglu", stream, out=outs[0], x=x, gate=w, up=w,
+                           scratch_gate=outs[1], scratch_up=outs[2])  # fmt: skip
+        elif op == "qkv":
+            backend.launch("qkv", stream, q=outs[0], k=outs[1], v=outs[2], x=x, wq=w, wk=w,
+                           wv=w)  # fmt: skip
+        else:
+            normed = vt.Tensor.of(backend.alloc(n * 64 * 4), F32, n, 64)
+            backend.launch("rms_norm_swiglu", stream, out=outs[0], x=x, norm=norm, eps=1e-5,
+                           gate=w, up=w, scratch=normed, scratch_gate=outs[1],
+                           scratch_up=outs[2])  # fmt: skip
+        return [launch.kernel for launch in rt.launches]
+
+    mma = first is True or (first is None and not blas)
+    got = kernels(64, big)
+    if mma:
+        quantize = "quantize_norm_rows" if op == "rms_norm_swiglu" else "quantize_rows"
+        fused = {"matmul": "matmul", "rms_norm_swiglu": "swiglu"}.get(op, op)
+        assert got == [quantize, f"{fused}_mma8_q8a"], got
+    else:
+        assert not any(k.endswith("_q8a") for k in got), got
+        assert ("gemm" in got) == blas and ("matmul_tiled_q" in got) == (not blas), got
+    for n, w in ((65, big), (64, small)):  # past the mma kernels' rows; float32 activations
+        got = kernels(n, w)
+        assert not any(k.endswith("_q8a") for k in got), (n, got)
+        assert ("gemm" in got) == blas and ("matmul_tiled_q" in got) == (not blas), (n, got)
+    backend.close()
+
+
 def test_matmul_picks_the_tiled_kernel_for_many_rows() -> None:
     backend, rt = make()
     weight = backend.upload_weight(weight_tensor("w", np.ones((37, 96), np.float32), "Q4_1"))

@@ -412,14 +412,15 @@ class GpuBackend(
         n = x.shape[0]
         if n == 0:
             return
-        if n >= self.blas_min_rows and self._rt.blas():
+        first = self._mma_first(x, w)
+        if n >= self.blas_min_rows and self._rt.blas() and not first:
             self._blas_matmul(stream, out, x, w, bias, residual)
             return
         out_f, in_f = w.rows, w.cols
         res = P(0) if residual is None else self._ptr(residual)
         args = [self._ptr(out), self._ptr(x), P(w.data), P(w.scales), I32(w.qarg), P(bias),
                 res, I32(n), I32(out_f), I32(in_f)]  # fmt: skip
-        if n >= self.tiled_min_rows:
+        if n >= self.tiled_min_rows and not first:
             grid = (-(-out_f // 64), -(-n // 64), 1)
             self._kernel(f"matmul_tiled_{w.suffix}", grid, 256, stream, *args, weights=(w,))
         elif (gv := self._gemv(x, w))[0]:
@@ -481,6 +482,18 @@ class GpuBackend(
             return 0
         return 1 << (-(-n // 8) - 1).bit_length()
 
+    def _mma_first(self, x: Tensor, *ws: GpuWeight) -> bool:
+        """Whether a step of ``x``'s rows against ``ws`` that the BLAS or tiled path would
+        take (``blas_min_rows``, ``tiled_min_rows``) stays on the int8 mma kernels
+        (``int8_mma_first``): at most their 64 rows, int8 activations, tensor cores."""
+        n = x.shape[0]
+        first = self.int8_mma_first
+        if n < min(self.blas_min_rows, self.tiled_min_rows) or n > 64 or first is False:
+            return False
+        if first is None and self._rt.blas():
+            return False
+        return self._int8_applies(x, *ws) and self._mma_tiles(n) > 0
+
     def _int8_applies(self, x: Tensor, *ws: GpuWeight) -> bool:
         """Whether a step of ``x``'s rows against ``ws`` takes int8 activations: at least
         ``int8_min_rows`` rows, quantized weights with blocks of 16 or 32 (K a multiple of
@@ -522,7 +535,7 @@ class GpuBackend(
         if (
             not self.norm_quantize
             or nw.kind != W.WT_F32
-            or n >= self.tiled_min_rows
+            or (n >= self.tiled_min_rows and not self._mma_first(x, *ws))
             or len({w.kind for w in ws}) > 1
             or not self._int8_applies(x, *ws)
         ):
@@ -715,7 +728,8 @@ class GpuBackend(
         n, dim = x.shape
         if n == 0:
             return
-        if n >= self.tiled_min_rows or g.kind != u.kind:
+        first = g.lg_block == u.lg_block and self._mma_first(x, g, u)
+        if (n >= self.tiled_min_rows and not first) or g.kind != u.kind:
             self._matmul(stream, scratch_gate, x, g)
             self._matmul(stream, scratch_up, x, u)
             self.op_silu_mul(stream, out, scratch_gate, scratch_up)
@@ -763,7 +777,8 @@ class GpuBackend(
         n, dim = x.shape
         if n == 0:
             return
-        if n >= self.tiled_min_rows or len({w.kind for w in ws}) > 1:
+        first = self._mma_first(x, *ws) and self._qkv_mma_tiles(n, ws) > 0
+        if (n >= self.tiled_min_rows and not first) or len({w.kind for w in ws}) > 1:
             for out, w, b in zip((q, k, v), ws, bs, strict=True):
                 self._matmul(stream, out, x, w, b)
             return

@@ -74,6 +74,12 @@ class GpuTuning:
     #: with s8 inputs, every weight byte read once for all rows) instead of dp4a
     #: (``*_small*_q8a``). None: where the device has them (NVIDIA sm_80 and later).
     int8_mma: bool | None = None
+    #: Int8 steps of ``blas_min_rows`` or ``tiled_min_rows`` rows and more, up to the mma
+    #: kernels' 64 (8 tiles: a decode batch of 33-64 requests, padded to its bucket of 64),
+    #: stay on the mma kernels: True always; None only where the runtime has no BLAS (the
+    #: tiled kernel took those steps: run 146, H100, the 1B shape at batch 64 1,108 tok/s
+    #: against 14,172 at batch 32); False never (steps of 64 rows on the BLAS or tiled path).
+    int8_mma_first: bool | None = None
     #: The norm ops (``rms_norm_swiglu``, ``rms_norm_qkv_rope_kv_store``) at steps that take
     #: the int8 mma kernels normalise and quantize x in one launch (``quantize_norm_rows``:
     #: the bytes ``rms_norm`` then ``quantize_rows`` leave) instead of two: a launch less a

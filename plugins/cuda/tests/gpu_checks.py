@@ -281,21 +281,22 @@ def test_blas_copies_are_bit_exact(cuda: Any, wtype: str) -> None:
 
 
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
-@pytest.mark.parametrize("n", [8, 17, 32, 63])
+@pytest.mark.parametrize("n", [8, 17, 32, 63, 64])
 @pytest.mark.parametrize("mma", [True, False])
 def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int, mma: bool) -> None:
     """Int8 activations (GpuBackend.int8_min_rows, int8_min_values; lowered here to take
     these small weights), on the tensor cores (int8_mma) or dp4a: matmul (with the
     residual), swiglu and qkv of decode batches, within the kit's bounds. Features 80, 80
-    and 72: whole tiles of 16 and a partial one (qkv's v, the third matmul)."""
+    and 72: whole tiles of 16 and a partial one (qkv's v, the third matmul). 64 rows: the
+    mma kernels' 8 full tiles (int8_mma_first; dp4a leaves them to the BLAS path)."""
     k_in = 512 if wtype.endswith("_K") else 96
     rows = (80, 80, 72)
     rng = np.random.default_rng(n)
     mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wtype)
             for i, r in enumerate(rows)]  # fmt: skip
     x = rng.standard_normal((n, k_in)).astype(np.float32)
-    saved = cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma
-    cuda.int8_min_rows, cuda.int8_min_values = 8, 0
+    saved = cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.int8_mma_first
+    cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma_first = 8, 0, True
     cuda.int8_mma = mma  # forced on, the kernels' shuffle branch runs where sm_80 is missing
     io = IO(cuda)
     ws = [cuda.upload_weight(t) for t, _ in mats]
@@ -327,7 +328,7 @@ def test_int8_activation_decode_kernels(cuda: Any, wtype: str, n: int, mma: bool
             got = io.get(o.buffer, np.float32, (n, r))
             assert nmse(got, R.matmul(x, ref)) <= kernel_tolerance("qkv", wtype)
     finally:
-        cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = saved
+        cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.int8_mma_first = saved
         for w in ws:
             cuda.free_weight(w)
         io.close()

@@ -25,7 +25,10 @@ rows or more on int8 activations (``GpuBackend.int8_min_rows``; a huge N: float3
 activations everywhere); ``--int8-values N``: int8 activations only where the op's largest
 weight has N values or more (``GpuBackend.int8_min_values``; 0: every quantized weight);
 ``--int8-mma 0|1``: int8 steps on the dp4a kernels (0) or the tensor-core ones (1;
-``GpuBackend.int8_mma``, by default where the device has them); ``--kdefine NAME=VALUE``:
+``GpuBackend.int8_mma``, by default where the device has them); ``--int8-mma-first
+0|1``: int8 steps of 64 rows on the BLAS or tiled path (0) or the mma kernels (1;
+``GpuBackend.int8_mma_first``, by default the mma kernels only without a BLAS);
+``--kdefine NAME=VALUE``:
 ``#define NAME VALUE`` before the kernel source (e.g. ``VT_MMA_U4=4``: the int8 mma
 kernels' K blocks a warp loads in one go);
 ``--blas-keep F``: the BLAS path keeps its weight copies within fraction F of the
@@ -205,7 +208,7 @@ def apply(args: list[str]) -> list[str]:
     """Set the variant the leading options name; returns the rest (``vt``'s command line)."""
     valued = (*_NUMBERS, *_FLAGS, "--blas-keep", "--blas-lt", "--int8-mma", "--kdefine",
              "--skip-kernel", "--layout", "--drop-fused", "--add-fused", "--last-block-combine",
-             "--attention-cluster")  # fmt: skip
+             "--attention-cluster", "--int8-mma-first")  # fmt: skip
     while args:
         flag = args[0]
         if flag in valued and len(args) < 2:
@@ -232,6 +235,8 @@ def apply(args: list[str]) -> list[str]:
             Cublas.use_lt = bool(int(args[1]))
         elif flag == "--int8-mma":
             GpuBackend.int8_mma = bool(int(args[1]))
+        elif flag == "--int8-mma-first":
+            GpuBackend.int8_mma_first = bool(int(args[1]))
         elif flag == "--kdefine":
             name, _, value = args[1].partition("=")
             _define(name, value)
