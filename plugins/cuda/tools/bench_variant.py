@@ -164,6 +164,7 @@ def _backend_classes() -> list[type[GpuBackend]]:
 #: Options taking an integer, and the ``GpuBackend`` attribute each sets.
 _NUMBERS = {
     "--blas-min-rows": "blas_min_rows",
+    "--blas-f16-values": "blas_f16_min_values",
     "--splits": "attention_max_splits",
     "--min-split": "attention_min_split",
     "--attention-heads": "attention_max_group",
