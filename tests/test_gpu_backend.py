@@ -24,7 +24,7 @@ from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuBackend, GpuCallError, GpuWeight, kernel_source
 from vt.gpu import weights as W
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
-from vt.gpu.backend import RopeTable, _mma_threads, _out_of_memory
+from vt.gpu.backend import RopeTable, _out_of_memory
 from vt.gpu.modules import (
     KERNEL_PARTS,
     MODULE_GROUPS,
@@ -2351,48 +2351,6 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
         else:
             assert value == scalars.pop(name), name
     assert scalars == {}
-
-
-@pytest.mark.parametrize(("n", "tiles"), [(8, 1), (32, 4), (64, 8)])
-def test_mma_row_groups_put_32_features_in_a_block(n: int, tiles: int) -> None:
-    """mma_row_groups 2: the int8 mma matmul and qkv on ``*_mmaw*_q8a``, a block per 32
-    features (each x fragment serving two weight rows), the kernels' signatures those of
-    the 16-feature ones; qkv keeps 16 where q's or k's rows are not whole 32s (a block
-    would straddle two weights); any other setting is refused by name."""
-    signatures = kernel_signatures()
-    for base in ("matmul_mma", "qkv_mma"):
-        assert signatures[f"{base}w"] == signatures[base]
-        assert f"\nVT_DECODE_MMAW(q8a, {tiles})\n" in kernel_source()
-    backend, rt = make()
-    backend.int8_mma, backend.int8_min_values, backend.mma_row_groups = True, 0, 2
-    backend.mma_split_blocks = 0  # one block a feature group (the split: its own test)
-    backend.int8_mma_first = True  # 64 rows too
-    c = OpCase(backend)
-    rng = np.random.default_rng(4)
-
-    def w(name: str, rows: int) -> vt.Weight:
-        return c.w(name, rng.standard_normal((rows, 64)).astype(np.float32), "Q8_0")
-
-    x = c.t("x", F32, n, 64)
-    stream = backend.create_stream()
-    backend.launch("matmul", stream, out=c.t("out", F32, n, 72), x=x, weight=w("m", 72))
-    backend.launch("qkv", stream, q=c.t("q", F32, n, 64), k=c.t("k", F32, n, 32),
-                   v=c.t("v", F32, n, 8), x=x, wq=w("wq", 64), wk=w("wk", 32),
-                   wv=w("wv", 8))  # fmt: skip
-    backend.launch("qkv", stream, q=c.t("q2", F32, n, 32), k=c.t("k2", F32, n, 16),
-                   v=c.t("v2", F32, n, 8), x=x, wq=w("wq2", 32), wk=w("wk2", 16),
-                   wv=w("wv2", 8))  # fmt: skip
-    got = [(la.kernel, la.grid, la.block) for la in rt.launches if la.kernel != "quantize_rows"]
-    threads = _mma_threads(2, tiles)
-    assert got == [
-        (f"matmul_mmaw{tiles}_q8a", (3, 1, 1), (threads, 1, 1)),  # 72 features: 3 blocks
-        (f"qkv_mmaw{tiles}_q8a", (4, 1, 1), (threads, 1, 1)),  # 104: 2 + 1 + 1
-        (f"qkv_mma{tiles}_q8a", (4, 1, 1), (_mma_threads(1, tiles), 1, 1)),  # 56 in 16s
-    ]
-    backend.mma_row_groups = 3
-    with pytest.raises(ValueError, match="mma_row_groups is 3"):
-        backend.launch("matmul", stream, out=c.t("o3", F32, n, 72), x=x, weight=w("m3", 72))
-    backend.close()
 
 
 @pytest.mark.parametrize(

@@ -433,11 +433,9 @@ class GpuBackend(
             if xq:
                 args = [args[0], P(xq), *args[2:]]
             if xq and (nt := self._mma_tiles(n)):
-                rg = self._mma_row_groups()
-                grid, split = self._mma_split(stream, -(-out_f // (16 * rg)), in_f, rg, nt)
-                self._kernel(f"matmul_mma{'w' if rg == 2 else ''}{nt}_q8a", grid,
-                             _mma_threads(rg, nt), stream, *args, *split,
-                             weights=(w,))  # fmt: skip
+                grid, split = self._mma_split(stream, -(-out_f // 16), in_f, 1, nt)
+                self._kernel(f"matmul_mma{nt}_q8a", grid, _mma_threads(1, nt), stream, *args,
+                             *split, weights=(w,))  # fmt: skip
                 return
             grid, rpb, no = self._small_grid(n, out_f)
             self._kernel(f"matmul_small{no}_{suffix}", grid, _THREADS, stream, *args, I32(rpb),
@@ -455,8 +453,8 @@ class GpuBackend(
     def _mma_split(
         self, stream: Stream, blocks: int, k: int, weights: int, nt: int
     ) -> tuple[tuple[int, int, int], list[Any]]:
-        """The grid of an int8 mma launch of ``blocks`` blocks over K = ``k`` (``weights``
-        a block: 2 for swiglu's gate and up, or mma_row_groups; ``nt`` tiles of 8 rows), K split as
+        """The grid of an int8 mma launch of ``blocks`` 16-feature blocks over K = ``k``
+        (``weights`` a block: 2 for swiglu; ``nt`` tiles of 8 rows), K split as
         ``mma_split_blocks`` says, and its last arguments: the slices' partial sums and the
         blocks' counters (zero, as the kernel leaves them), or two nulls unsplit."""
         s = 1
@@ -472,16 +470,6 @@ class GpuBackend(
         part = self._scratch_at_least(sums, slot="mma split partial sums")
         counts = self._scratch_at_least(4 * blocks, slot="mma split counts", zero_on=stream)
         return (blocks, s, 1), [P(part), P(counts)]
-
-    def _mma_row_groups(self) -> int:
-        """``mma_row_groups`` (1 or 2); ValueError naming any other."""
-        rg = self.mma_row_groups
-        if rg not in (1, 2):
-            raise ValueError(
-                f"GpuBackend.mma_row_groups is {rg!r}; the int8 mma kernels take 1 or 2 row "
-                "groups of 16 features a block"
-            )
-        return rg
 
     def _mma_tiles(self, n: int) -> int:
         """Tiles of 8 rows (1, 2, 4 or 8) for an int8 step of n rows on the tensor-core
@@ -824,15 +812,10 @@ class GpuBackend(
         self, stream: Stream, qkv: tuple[Tensor, Tensor, Tensor], xq: int,
         ws: list[GpuWeight], per_weight: list[Any], n: int, dim: int, nt: int,
     ) -> None:  # fmt: skip
-        """``qkv_mma{nt}_q8a`` of x packed at ``xq`` (``per_weight``: _qkv_weight_args);
-        ``qkv_mmaw{nt}_q8a`` with ``mma_row_groups`` 2 where q's and k's rows are whole 32s."""
-        rg = self._mma_row_groups()
-        if ws[0].rows % 32 or ws[1].rows % 32:
-            rg = 1  # a block of 32 features would straddle two weights
-        total = sum(w.rows for w in ws)
-        grid, split = self._mma_split(stream, -(-total // (16 * rg)), dim, rg, nt)
+        """``qkv_mma{nt}_q8a`` of x packed at ``xq`` (``per_weight``: _qkv_weight_args)."""
+        grid, split = self._mma_split(stream, -(-sum(w.rows for w in ws) // 16), dim, 1, nt)
         self._kernel(
-            f"qkv_mma{'w' if rg == 2 else ''}{nt}_q8a", grid, _mma_threads(rg, nt), stream,
+            f"qkv_mma{nt}_q8a", grid, _mma_threads(1, nt), stream,
             *(self._ptr(t) for t in qkv), P(xq), *per_weight, I32(n),
             *(I32(w.rows) for w in ws), I32(dim), *split, weights=tuple(ws),
         )  # fmt: skip

@@ -109,13 +109,6 @@ class GpuTuning:
     #: shape's batch 8 to +20% but cost the 135M shape's batch 32 15% (its K = 576 split).
     mma_split_blocks: int = 512
     mma_split_min_k: int = 1024
-    #: Row groups of 16 features a block of the int8 mma matmul and qkv kernels (1 or 2;
-    #: ``*_mmaw*_q8a`` at 2, where q's and k's rows are whole 32s): at 2 each x fragment
-    #: a warp loads serves two weight rows' products, as swiglu's serves gate and up. A
-    #: block's x reads (L2) are about n / 11 times its weight bytes at 1: run 97's batch-32
-    #: profile had the 1B shape's o and down projections at 0.5 TB/s, swiglu at 1.0. With
-    #: at most 32 rows each output's sums are 1's (the same warps, the same order).
-    mma_row_groups: int = 1
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Steps of one row against quantized weights (K a multiple of 16, 16-byte aligned)

@@ -400,68 +400,6 @@ def test_mma_split_k_within_the_kits_bound(cuda: Any, wtype: str, n: int) -> Non
 
 
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
-@pytest.mark.parametrize("n", [8, 32, 64])
-def test_mma_row_groups_give_the_16_feature_blocks_bits(cuda: Any, wtype: str, n: int) -> None:
-    """mma_row_groups 2 (``matmul_mmaw*``, ``qkv_mmaw*``: 32 features a block, each x
-    fragment serving two weight rows): matmul_add and qkv at int8 mma rows give the bits of
-    the 16-feature blocks up to 32 rows (the same warps summing in the same order), K split
-    or not; at 64 rows (4 warps a block, not 8) within the kit's bound of the reference.
-    Features 80 (two blocks and a half), q 64, k 32, v 24; K = 1,024, split in 4 slices."""
-    k_in, rows = 1024, (80, 64, 32, 24)
-    rng = np.random.default_rng(n + 7 * len(wtype))
-    mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wtype)
-            for i, r in enumerate(rows)]  # fmt: skip
-    x = rng.standard_normal((n, k_in)).astype(np.float32)
-    res = rng.standard_normal((n, rows[0])).astype(np.float32)
-    saved = (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.mma_split_blocks,
-             cuda.mma_split_min_k, cuda.mma_row_groups, cuda.int8_mma_first)  # fmt: skip
-    cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = 8, 0, True
-    cuda.mma_split_min_k, cuda.int8_mma_first = 256, True
-    io = IO(cuda)
-    ws = [cuda.upload_weight(t) for t, _ in mats]
-    try:
-        stream = cuda.create_stream()
-        xb = f32(io.put(x), n, k_in)
-        got: dict[tuple[int, int], list[np.ndarray]] = {}
-        for split in (0, 1):
-            for rg in (1, 2):
-                cuda.mma_row_groups = rg
-                # 4 slices at either width: blocks * 4 within the setting, not * 8
-                blocks = -(-rows[0] // (16 * rg))
-                cuda.mma_split_blocks = blocks * 4 if split else 0
-                out = f32(io.empty(4 * n * rows[0]), n, rows[0])
-                qkv = [f32(io.empty(4 * n * r), n, r) for r in rows[1:]]
-                names: list[str] = []
-                with recording(cuda, names):
-                    cuda.launch("matmul_add", stream, out=out, x=xb, weight=ws[0],
-                                residual=f32(io.put(res), n, rows[0]),
-                                scratch=f32(io.empty(4 * n * rows[0]), n, rows[0]))  # fmt: skip
-                    if split:  # qkv's 120 features: 8 or 4 blocks, 4 slices each
-                        cuda.mma_split_blocks = -(-120 // (16 * rg)) * 4
-                    cuda.launch("qkv", stream, q=qkv[0], k=qkv[1], v=qkv[2], x=xb, wq=ws[1],
-                                wk=ws[2], wv=ws[3])  # fmt: skip
-                cuda.synchronize(stream)
-                kinds = [name.split("_")[1] for name in names if "_mma" in name]
-                assert kinds == [f"mma{'w' if rg == 2 else ''}{-(-n // 8)}"] * 2, names
-                got[split, rg] = [io.get(out.buffer, np.float32, (n, rows[0])),
-                                  *(io.get(t.buffer, np.float32, (n, r))
-                                    for t, r in zip(qkv, rows[1:], strict=True))]  # fmt: skip
-        want = [R.matmul(x, mats[0][1]) + res, *(R.matmul(x, ref) for _, ref in mats[1:])]
-        for split in (0, 1):
-            for i, (a, b) in enumerate(zip(got[split, 1], got[split, 2], strict=True)):
-                if n <= 32:
-                    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
-                op = "matmul_add" if i == 0 else "qkv"
-                assert nmse(b, want[i]) <= kernel_tolerance(op, wtype), (split, i)
-    finally:
-        (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.mma_split_blocks,
-         cuda.mma_split_min_k, cuda.mma_row_groups, cuda.int8_mma_first) = saved  # fmt: skip
-        for w in ws:
-            cuda.free_weight(w)
-        io.close()
-
-
-@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("then", ["swiglu", "qkv"])
 @pytest.mark.parametrize("n", [8, 33])
 def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) -> None:

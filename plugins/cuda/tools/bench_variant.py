@@ -28,8 +28,7 @@ weight has N values or more (``GpuBackend.int8_min_values``; 0: every quantized 
 ``GpuBackend.int8_mma``, by default where the device has them); ``--int8-mma-first
 0|1``: int8 steps of 64 rows on the BLAS or tiled path (0) or the mma kernels (1;
 ``GpuBackend.int8_mma_first``, by default the mma kernels only without a BLAS);
-``--mma-row-groups 1|2``: the int8 mma matmul and qkv kernels on blocks of 16 or 32
-features (``GpuBackend.mma_row_groups``); ``--kdefine NAME=VALUE``:
+``--kdefine NAME=VALUE``:
 ``#define NAME VALUE`` before the kernel source (e.g. ``VT_MMA_U4=4``: the int8 mma
 kernels' K blocks a warp loads in one go);
 ``--blas-keep F``: the BLAS path keeps its weight copies within fraction F of the
@@ -189,7 +188,6 @@ _NUMBERS = {
     "--mma-split": "mma_split_blocks",
     "--norm-quantize-values": "norm_quantize_values",
     "--mma-split-k": "mma_split_min_k",
-    "--mma-row-groups": "mma_row_groups",
     "--gemv-unroll-k": "gemv_unroll_min_k",
     "--norm-fold-k": "norm_fold_max_k",
     "--gemv-threads": "gemv_threads",

@@ -190,18 +190,6 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
             P(const vt_i8*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),          \
             P(const vt_i8*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),        \
             P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(float*, 21),        \
-            P(int*, 22)); }); return 1; }                                                     \
-    if (!std::strcmp(name, "matmul_mmaw" #NO "_q8a")) { vt_grid(g, block, [=] {               \
-        matmul_mmaw##NO##_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),   \
-            P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7), \
-            P(int, 8), P(int, 9), P(float*, 10), P(int*, 11)); }); return 1; }                \
-    if (!std::strcmp(name, "qkv_mmaw" #NO "_q8a")) { vt_grid(g, block, [=] {                  \
-        qkv_mmaw##NO##_q8a(P(float*, 0), P(float*, 1), P(float*, 2),                          \
-            P(const unsigned char*, 3),                                                       \
-            P(const vt_i8*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),            \
-            P(const vt_i8*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),          \
-            P(const vt_i8*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),        \
-            P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(float*, 21),        \
             P(int*, 22)); }); return 1; }
 // the batch-1 gemv kernels, per features a block
 #define GEMV(GV)                                                                              \
@@ -648,13 +636,6 @@ def main() -> None:
                 label = f"int8 mma {wtype} n={n}"
                 if wanted(label):
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
-                    ran += 1
-                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
-        for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
-            for n in (8, 32, 64):
-                label = f"mma row groups {wtype} n={n}"
-                if wanted(label):
-                    checks.test_mma_row_groups_give_the_16_feature_blocks_bits(backend, wtype, n)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):

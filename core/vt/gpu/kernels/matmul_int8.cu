@@ -152,15 +152,13 @@ __device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32
 #define VT_MMA_SKIP_ZERO 1  // since run 119 (docs/gpu.md, twenty-fourth session)
 #endif
 
-// acc[m][j][e] += this warp's K blocks, of blocks [kb_lo, kb_hi), of weight m's rows
-// (ra[m], rb[m]) against x's tile j (weight m in layout lgs[m]; every weight's blocks KB
-// values). Each x fragment loaded serves the MT weights' (or row groups') products.
+// acc[m][j][e] += this warp's K blocks, of blocks [kb_lo, kb_hi), of weight m's rows (ra,
+// rb) against x's tile j (weight m in layout lgs[m]; every weight's blocks KB values).
 template <int KB, int MT, int NT, int WARPS>
 __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* const* wd,
-                                            const float* const* ws, const int* lgs,
-                                            const long long* ra, const long long* rb,
-                                            const unsigned char* x, int n, int K, int kb_lo,
-                                            int kb_hi) {
+                                            const float* const* ws, const int* lgs, long long ra,
+                                            long long rb, const unsigned char* x, int n, int K,
+                                            int kb_lo, int kb_hi) {
     constexpr int CW = KB / 4;  // a lane's codes of a row per K block: 8 (k32) or 4 (k16)
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int g = lane >> 2, t = lane & 3;
@@ -186,8 +184,7 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
             int kb = min(kb0 + u, kb_hi - 1);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                long long ia = ra[m] * K + (long long)kb * KB;
-                long long ib = rb[m] * K + (long long)kb * KB;
+                long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
                 int lg = lgs[m];
                 if (KB == 32) {
                     vt_codes<8> va = vt_qcodes<8>(wd[m], lg, ia + t * CW);
@@ -260,22 +257,18 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
 // the unsplit kernel's bits (its warps' sums over the whole K, then added): within the
 // kit's bounds, as every int8 path is. Launched overlapped (GpuBackend.overlap_mma), a
 // warp's first K blocks of weights are on their way before vt_grid_wait; x, the residual
-// and the split's scratch are read after it. RG (MODE 0 and 2): row groups of 16 features
-// a block (GpuBackend.mma_row_groups): with 2, each x fragment a warp loads serves two
-// weight rows' mma, as swiglu's serves gate and up (a block's x reads, from L2, are
-// about n / 11 times its weight bytes at RG 1); q's and k's features then in whole 32s.
-// Each output's sums are RG 1's where the warps are as many (NT <= 4: the same bits).
-template <int MODE, int NT, int RG>
+// and the split's scratch are read after it.
+template <int MODE, int NT>
 __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* x,
                           const vt_i8* w0, const float* s0, int lg0, const float* b0,
                           const vt_i8* w1, const float* s1, int lg1, const float* b1,
                           const vt_i8* w2, const float* s2, int lg2, const float* b2,
                           const float* residual, int n, int N0, int N1, int N2, int K,
                           float* part, int* counts) {
-    constexpr int MT = MODE == 1 ? 2 : RG;
+    constexpr int MT = MODE == 1 ? 2 : 1;
     constexpr int E = MT * NT * 4;
     constexpr int WARPS = E <= 32 ? 8 : 4;  // the host launches 32 * WARPS threads
-    int f = blockIdx.x * 16 * (MODE == 1 ? 1 : RG);
+    int f = blockIdx.x * 16;
     const vt_i8* wd[MT];
     const float* ws[MT];
     int lgs[MT];
@@ -289,17 +282,9 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     } else if (MODE == 2 && f >= N0) {
         f -= N0, wd[0] = w1, ws[0] = s1, lgs[0] = lg1, N = N1, out = o1, bias = b1;
     }
-#pragma unroll
-    for (int m = 1; m < MT; ++m)  // a weight's further row groups
-        if (MODE != 1) wd[m] = wd[0], ws[m] = ws[0], lgs[m] = lgs[0];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int g = lane >> 2;
-    long long ra[MT], rb[MT];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        int fm = MODE == 1 ? f : f + 16 * m;
-        ra[m] = min(fm + g, N - 1), rb[m] = min(fm + g + 8, N - 1);
-    }
+    long long ra = min(f + g, N - 1), rb = min(f + g + 8, N - 1);
     vt_launch_dependents();
     float acc[MT][NT][4];
 #pragma unroll
@@ -352,21 +337,14 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
             }
             v[m] = s;
         }
-        if (MODE == 1) {
-            if (row < n && o < N) {
-                long long at = (long long)row * N + o;
+        if (row < n && o < N) {
+            long long at = (long long)row * N + o;
+            if (MODE == 1) {
                 float gv = v[0], uv = v[MT - 1];
                 float denom = __fadd_rn(expf(-gv), 1.0f);
                 out[at] = __fdiv_rn(__fmul_rn(gv, uv), denom);
-            }
-            continue;
-        }
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {  // row group m: features o + 16 m
-            int om = o + 16 * m;
-            if (row < n && om < N) {
-                long long at = (long long)row * N + om;
-                float val = bias ? v[m] + bias[om] : v[m];
+            } else {
+                float val = bias ? v[0] + bias[o] : v[0];
                 out[at] = residual ? __fadd_rn(residual[at], val) : val;
             }
         }
@@ -380,14 +358,14 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         float* out, const unsigned char* x, const vt_i8* data, const float* sm, int lg_block, \
         const float* bias, const float* residual, int n, int N, int K, float* part,           \
         int* counts) {                                                                         \
-        vt_mma_op<0, NO, 1>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
+        vt_mma_op<0, NO>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
                          data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts);     \
     }                                                                                          \
     extern "C" __global__ void swiglu_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
         const vt_i8* udata, const float* usm, int ulg, int n, int N, int K, float* part,      \
         int* counts) {                                                                         \
-        vt_mma_op<1, NO, 1>(out, out, out, x, gdata, gsm, glg, 0, udata, usm, ulg, 0, udata, usm, \
+        vt_mma_op<1, NO>(out, out, out, x, gdata, gsm, glg, 0, udata, usm, ulg, 0, udata, usm, \
                          ulg, 0, 0, n, N, 0, 0, K, part, counts);                              \
     }                                                                                          \
     extern "C" __global__ void qkv_mma##NO##_##SUFFIX(                                        \
@@ -395,34 +373,10 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         const float* sq, int lgq, const float* bq, const vt_i8* wk, const float* sk, int lgk, \
         const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
         int Nq, int Nk, int Nv, int K, float* part, int* counts) {                             \
-        vt_mma_op<2, NO, 1>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
+        vt_mma_op<2, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
                          Nq, Nk, Nv, K, part, counts);                                         \
     }
 VT_DECODE_MMA(q8a, 1)
 VT_DECODE_MMA(q8a, 2)
 VT_DECODE_MMA(q8a, 4)
 VT_DECODE_MMA(q8a, 8)
-
-// The same on blocks of 32 features (RG 2: GpuBackend.mma_row_groups): matmul_mmaw4_q8a,
-// qkv_mmaw8_q8a, ... with the arguments of the kernels above.
-#define VT_DECODE_MMAW(SUFFIX, NO)                                                            \
-    extern "C" __global__ void matmul_mmaw##NO##_##SUFFIX(                                    \
-        float* out, const unsigned char* x, const vt_i8* data, const float* sm, int lg_block, \
-        const float* bias, const float* residual, int n, int N, int K, float* part,           \
-        int* counts) {                                                                         \
-        vt_mma_op<0, NO, 2>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block,   \
-                            bias, data, sm, lg_block, bias, residual, n, N, 0, 0, K, part,    \
-                            counts);                                                           \
-    }                                                                                          \
-    extern "C" __global__ void qkv_mmaw##NO##_##SUFFIX(                                       \
-        float* q, float* k, float* v, const unsigned char* x, const vt_i8* wq,                \
-        const float* sq, int lgq, const float* bq, const vt_i8* wk, const float* sk, int lgk, \
-        const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
-        int Nq, int Nk, int Nv, int K, float* part, int* counts) {                             \
-        vt_mma_op<2, NO, 2>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0,  \
-                            n, Nq, Nk, Nv, K, part, counts);                                   \
-    }
-VT_DECODE_MMAW(q8a, 1)
-VT_DECODE_MMAW(q8a, 2)
-VT_DECODE_MMAW(q8a, 4)
-VT_DECODE_MMAW(q8a, 8)
