@@ -1,6 +1,6 @@
 """Greedy ids of a float64 forward whose matmul inputs are quantized as the cpu kernels do.
 
-    python benchmarks/act_quant_vs_float64.py [--tokens 16] [--json out.json]
+    python benchmarks/act_quant_vs_float64.py [--tokens 16] [--floats] [--json out.json]
 
 The integer decode kernels (``vt_cpu.kernels.q8``) quantize each matmul's activation row
 to blocks of 32 values (Q8_0, Q4_0, Q4_1) or 256 (the K-quants: one scale a super-block)
@@ -64,9 +64,29 @@ def quantize(x: np.ndarray, block: int, bits: int) -> np.ndarray:
     return out.astype(np.float64)
 
 
-def forward(model, tokens: list[int], f64, block: int = 0, bits: int = 0) -> np.ndarray:  # noqa: ANN001
+#: The GPU BLAS path's inputs (GpuBackend.blas_inputs): x and the weight's copy both
+#: rounded to TF32 (float32 less 13 mantissa bits, to nearest) or to IEEE half.
+FLOATS = ("tf32", "f16")
+
+
+def round_float(x: np.ndarray, kind: str) -> np.ndarray:
+    """``x`` (float64) rounded as the BLAS path feeds the tensor cores: ``kind`` "f16"
+    (float32, then half: |x| past 65504 is inf) or "tf32"."""
+    x32 = x.astype(np.float32)
+    if kind == "f16":
+        with np.errstate(over="ignore"):
+            return x32.astype(np.float16).astype(np.float64)
+    b = x32.view(np.uint32).astype(np.uint64)
+    b = ((b + 0x0FFF + ((b >> 13) & 1)) & 0xFFFFE000).astype(np.uint32)
+    return b.view(np.float32).astype(np.float64)
+
+
+def forward(
+    model, tokens: list[int], f64, block: int = 0, bits: int = 0, fl: str = ""
+) -> np.ndarray:  # noqa: ANN001
     """``tests/model_support.numpy_forward`` with each matmul's input rounded by
-    :func:`quantize` (``block`` 0: exact)."""
+    :func:`quantize` (``block`` 0: exact), or (``fl``) its input and weight by
+    :func:`round_float`."""
     from vt import reference as R
 
     c = model.config
@@ -75,6 +95,8 @@ def forward(model, tokens: list[int], f64, block: int = 0, bits: int = 0) -> np.
     pos = np.arange(n)
 
     def mm(x: np.ndarray, name: str) -> np.ndarray:
+        if fl:
+            return round_float(x, fl) @ _rounded(model, name, fl, f64).T
         return (quantize(x, block, bits) if block else x) @ f64(model, name).T
 
     def rms(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -102,10 +124,18 @@ def forward(model, tokens: list[int], f64, block: int = 0, bits: int = 0) -> np.
     return mm(rms(x, f64(model, "output_norm.weight")), out_name)
 
 
+@functools.cache
+def _rounded(model, name: str, kind: str, f64) -> np.ndarray:  # noqa: ANN001
+    return round_float(f64(model, name), kind)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=16, help="greedy ids a prompt")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument(
+        "--floats", action="store_true", help="the BLAS path's inputs: x and weights in TF32, f16"
+    )
     args = ap.parse_args()
 
     import model_support
@@ -127,12 +157,13 @@ def main() -> None:
             ids.append(int(np.argmax(forward(model, ids, f64)[-1])))
         seqs.append((rec["prompt"], len(rec["prompt_ids"]), ids))
     results: dict = {"tokens_per_prompt": args.tokens, "prompts": len(seqs), "settings": {}}
-    for block, bits in SETTINGS:
-        name = "16-bit per 16, a power of two" if bits == 15 else f"{bits}-bit per {block}"
+    wanted = [(0, 0, kind) for kind in FLOATS] if args.floats else []
+    for block, bits, fl in wanted or [(block, bits, "") for block, bits in SETTINGS]:
+        name = fl or ("16-bit per 16, a power of two" if bits == 15 else f"{bits}-bit per {block}")
         differ, margins, followed = 0, [], 0
         for prompt, n_prompt, ids in seqs:
             want = forward(model, ids[:-1], f64)[n_prompt - 1 :]
-            got = forward(model, ids[:-1], f64, block, bits)[n_prompt - 1 :]
+            got = forward(model, ids[:-1], f64, block, bits, fl)[n_prompt - 1 :]
             bad = np.nonzero(np.argmax(got, axis=-1) != np.argmax(want, axis=-1))[0]
             differ += len(bad)
             followed += int(len(bad) == 0)

@@ -1674,17 +1674,18 @@ def test_the_blas_path_with_half_inputs(wtype: str) -> None:
 @pytest.mark.parametrize(
     ("inputs", "rows", "want"),
     [
-        ("auto", 1 << 14, "dequantize16_h_q"),  # 1 << 20 values: half inputs
-        ("auto", (1 << 14) - 1, "dequantize16_q"),  # one row fewer: TF32
+        ("auto", 1 << 11, "dequantize16_h_q"),  # 1 << 17 values: half inputs
+        ("auto", (1 << 11) - 1, "dequantize16_q"),  # one row fewer: TF32
         ("tf32", 1 << 14, "dequantize16_q"),
         ("f16", 40, "dequantize16_h_q"),
     ],
 )
 def test_half_inputs_by_the_weights_size(inputs: str, rows: int, want: str) -> None:
     """The default, blas_inputs="auto": half inputs for weights of blas_f16_min_values
-    values or more (the 1B shape's), TF32 for smaller ones (the 135M shape's, host-bound)."""
+    (128K) values or more (the 1B shape's, the 135M shape's but k and v), TF32 for smaller
+    ones (the tiny test models': at most 77K values)."""
     backend, rt = make(blas="fake BLAS")
-    assert backend.blas_inputs == "auto" and backend.blas_f16_min_values == 1 << 20
+    assert backend.blas_inputs == "auto" and backend.blas_f16_min_values == 1 << 17
     backend.blas_inputs = inputs
     values = np.ones((rows, 64), np.float32)
     weight = backend.upload_weight(weight_tensor("w", values, "Q8_0"))

@@ -34,10 +34,15 @@ class GpuTuning:
     #: copies, TF32 products), "f16" (IEEE half copies of the weight and of x: twice the
     #: tensor-core rate, half the bytes; |x| above 65504 becomes inf, as in llama.cpp's
     #: cuBLAS path), or "auto": f16 for weights of at least ``blas_f16_min_values`` values,
-    #: TF32 below (there the half copy of x, a launch per matmul, costs the host more than
-    #: the half GEMM saves: docs/gpu.md, runs 17-18).
+    #: TF32 below. 128K values since the thirty-second session (1M before, where the half
+    #: copy of x, a launch a matmul, cost an eager prefill's host more than it saved: runs
+    #: 17-18): with steps replayed as graphs, the 135M shape's projections (331K-885K
+    #: values) in half ran its decode batch of 64 at +12% and its pp512 at +2.5% (run 151,
+    #: H100); a float64 forward of the default model with every matmul's x and weight in
+    #: half keeps its greedy ids (benchmarks/act_quant_vs_float64.py --floats: 192 of 192).
+    #: The tiny test models' weights (at most 77K values) stay TF32.
     blas_inputs: str = "auto"
-    blas_f16_min_values: int = 1 << 20
+    blas_f16_min_values: int = 1 << 17
     #: The BLAS path keeps its float32 or half copy of a weight for later matmuls instead of
     #: making it again each time (a launch and a pass over the weight per matmul per
     #: prefill chunk: 210 launches of a 512-token chunk of the 135M shape, whose prefill is
