@@ -186,6 +186,39 @@ def test_greedy_continuation_and_max_tokens(readback: str) -> None:
     assert runner.freed == [0]
 
 
+@pytest.mark.parametrize("readback", ["host_view", "sync", "async_d2h"])
+@pytest.mark.parametrize("stop", [[], ["t9"]])
+def test_a_final_only_request_has_one_output_with_everything(readback: str, stop: list) -> None:
+    """final_only (LLM.generate, vt bench, a non-streaming answer): step() returns the
+    request's output once, finished, with what an every-step request's last output has
+    (ids, the stop-trimmed text, the reason) and all of it as its delta; num_generated
+    says its progress in between, and names an id the engine does not hold."""
+    engine, _ = _engine(readback)
+    params = SamplingParams(temperature=0.0, max_tokens=6, stop=stop)
+    every = engine.add_request([5, 6], params)
+    final = engine.add_request([5, 6], params, final_only=True)
+    outs: dict[str, list] = {every: [], final: []}
+    progress = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            outs[out.request_id].append(out)
+        if not outs[final]:
+            progress.append(engine.num_generated(final))
+    assert len(outs[final]) == 1 and outs[final][0].finished
+    assert len(outs[every]) > 1
+    a, b = outs[every][-1], outs[final][0]
+    assert (b.ids, b.text, b.finish_reason, b.stop_reason) == (
+        a.ids, a.text, a.finish_reason, a.stop_reason
+    )  # fmt: skip
+    assert b.text == ("t7 t8 " if stop else "t7 t8 t9 t10 t11 t12 ")
+    assert b.delta_ids == b.ids and b.delta_text == b.text
+    assert progress == sorted(progress) and progress[-1] < len(b.ids)
+    with pytest.raises(KeyError, match="no request 'nope'"):
+        engine.num_generated("nope")
+    with pytest.raises(KeyError, match=final):  # finished and returned
+        engine.num_generated(final)
+
+
 def test_async_overlaps_one_step_and_sync_does_not() -> None:
     engine, runner = _engine("async_d2h")
     engine.add_request([5], GREEDY)

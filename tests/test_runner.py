@@ -183,6 +183,9 @@ INVALID = [
     ([SeqChunk(slot=0, start_pos=0, token_ids=[1], top_p=1.5)], "top_p"),
     ([SeqChunk(slot=0, start_pos=0, token_ids=[1], seed=2**32)], "seed"),
     ([SeqChunk(slot=0, start_pos=0, token_ids=[1], counter=-1)], "counter"),
+    # settings a slot's earlier rows passed are not checked again; their types count too
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1], top_k=False)], "top_k"),
+    ([SeqChunk(slot=0, start_pos=0, token_ids=[1], temperature=float("nan"))], "temperature"),
     (["not a chunk"], "expected SeqChunk"),
 ]
 

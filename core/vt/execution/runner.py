@@ -264,6 +264,10 @@ class ModelRunner:
         self._seq_len = [0] * max_slots
         # (output slot of the previous step, {kv slot: its index among that step's samples})
         self._prev: tuple[Any, dict[int, int]] | None = None
+        # Per slot, the sampling settings (with their types) _check_sampling last passed:
+        # a request's rows repeat them every step, and their checks were a fifth of a
+        # decode row's host time (benchmarks/engine_host.py).
+        self._sampling_ok: dict[int, tuple[Any, ...]] = {}
         self._in = _InputLayout.for_sizes(max_batch_tokens, self.max_rows)
 
         self.graph: LlamaGraph | None = None
@@ -652,16 +656,21 @@ class ModelRunner:
         params = raw[lay.params : lay.params + SAMPLE_PARAMS_DTYPE.itemsize * s].view(
             SAMPLE_PARAMS_DTYPE
         )
-        for chunk, row0, tok in zip(plan.chunks, plan.row0, plan.ids, strict=True):
-            m = chunk.n_tokens
+        if plan.decode:  # a row a chunk, rows in the chunks' order: one write an array
             # from_previous rows get their id device-side after this copy lands
-            ids[row0 : row0 + m] = 0 if tok is None else tok
-            pos[row0 : row0 + m] = np.arange(chunk.start_pos, chunk.start_pos + m)
-            slots[row0 : row0 + m] = chunk.slot
-        for j, k in enumerate(plan.sampled):
-            c = plan.chunks[k]
-            rows[j] = plan.row0[k] + c.n_tokens - 1
-            params[j] = (c.temperature, c.top_p, c.top_k, c.seed, c.counter)
+            ids[:real] = [0 if tok is None else tok[0] for tok in plan.ids]
+            pos[:real] = [c.start_pos for c in plan.chunks]
+            slots[:real] = [c.slot for c in plan.chunks]
+        else:
+            for chunk, row0, tok in zip(plan.chunks, plan.row0, plan.ids, strict=True):
+                m = chunk.n_tokens
+                ids[row0 : row0 + m] = 0 if tok is None else tok
+                pos[row0 : row0 + m] = np.arange(chunk.start_pos, chunk.start_pos + m)
+                slots[row0 : row0 + m] = chunk.slot
+        if plan.sampled:
+            picked = [plan.chunks[k] for k in plan.sampled]
+            rows[:s_real] = [plan.row0[k] + plan.chunks[k].n_tokens - 1 for k in plan.sampled]
+            params[:s_real] = [(c.temperature, c.top_p, c.top_k, c.seed, c.counter) for c in picked]
         if plan.pad is not None:
             ids[real:], pos[real:], slots[real:] = 0, plan.pad[1], plan.pad[0]
         if s > s_real:
@@ -775,7 +784,13 @@ class ModelRunner:
                 f"slot {slot}: positions up to {end - 1} exceed max_model_len={self.max_model_len}"
             )
         if c.sample:
-            _check_sampling(c)
+            t, p, k, seed = c.temperature, c.top_p, c.top_k, c.seed
+            key = (type(t), t, type(p), p, type(k), k, type(seed), seed)
+            if self._sampling_ok.get(slot) != key:
+                _check_sampling(c)
+                self._sampling_ok[slot] = key
+            elif not _is_int(c.counter) or not 0 <= c.counter <= _U32_MAX:
+                _check_sampling(c)  # the one setting that changes every step: its error
         if c.logprobs is not None:
             if not self.logprobs_enabled:
                 raise InvalidStepError(

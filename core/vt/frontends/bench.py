@@ -266,7 +266,7 @@ def _complete(
 ) -> RequestOutput:
     if max_tokens is not None:
         params = params.model_copy(update={"max_tokens": max_tokens})
-    rid = engine.add_request(prompt, params)
+    rid = engine.add_request(prompt, params, final_only=True)
     while True:
         for out in engine.step():
             if out.request_id == rid and out.finished:
@@ -290,7 +290,8 @@ def _batch(
     if max_tokens:
         params = params.model_copy(update={"max_tokens": max_tokens})
     t0 = time.perf_counter()
-    rids = [engine.add_request(prompt, params) for _ in range(batch)]
+    # final_only, as LLM.generate adds its requests: one output a request, at its end
+    rids = [engine.add_request(prompt, params, final_only=True) for _ in range(batch)]
     made = dict.fromkeys(rids, 0)
     ids: dict[str, list[int]] = {}
     start: tuple[float, int] | None = None  # (time, tokens) once every request has one
@@ -301,10 +302,13 @@ def _batch(
         for out in outs:
             if out.request_id in made:
                 made[out.request_id] = len(out.ids)
-                if out.finished:
-                    ids[out.request_id] = list(out.ids)
-        if start is None and all(made.values()):
-            start = (time.perf_counter(), sum(made.values()))
+                ids[out.request_id] = list(out.ids)
+        if start is None:
+            for rid in made:
+                if rid not in ids:
+                    made[rid] = engine.num_generated(rid)
+            if all(made.values()):
+                start = (time.perf_counter(), sum(made.values()))
     t1 = time.perf_counter()
     total = sum(made.values())
     decode_s = t1 - start[0] if start is not None and t1 > start[0] else None

@@ -214,7 +214,7 @@ class LLM:
         finals: dict[str, RequestOutput] = {}
         try:
             for ids, text, p in zip(prompt_ids, texts, params, strict=True):
-                rids.append(self.engine.add_request(ids, p, prompt=text))
+                rids.append(self.engine.add_request(ids, p, prompt=text, final_only=True))
             wanted = set(rids)
             while len(finals) < len(rids):
                 for out in self.engine.step():

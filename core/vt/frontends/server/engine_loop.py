@@ -238,8 +238,9 @@ class EngineLoop:
             for i, prompt in enumerate(group.prompts):
                 rid = f"{group.request_id}-{i}"
                 self.engine.add_request(
-                    prompt.ids, group.params, request_id=rid, prompt=prompt.text
-                )
+                    prompt.ids, group.params, request_id=rid, prompt=prompt.text,
+                    final_only=group.finals_only,
+                )  # fmt: skip
                 added.append(rid)
         except Exception as exc:  # noqa: BLE001 - handed to the request, the loop goes on
             for rid in added:  # all prompts of a request run, or none
