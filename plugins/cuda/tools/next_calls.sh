@@ -19,9 +19,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 15    # carry [".whl"], about 380 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 16    # carry [".whl"], about 330 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 17    # carry [".whl"], about 250 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 18    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 16
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 18
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -30,9 +31,9 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-first session: the kernels in five groups, their first device run (runs
-    # 136-138 passed the kit and gpu_checks.py whole on the two modules before them)
-    N=16
+    # the thirty-second session: decode batches 1-256 with final-only engine outputs and
+    # half BLAS inputs from 128K values (run 146 measured them before)
+    N=18
     echo "next_calls.sh auto: call $N"
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -164,6 +165,12 @@ case $N in
     # compile seconds (run 136, two groups: 57.1 s and 21.1 s, waiting on the 19-21 s of the
     # weights' module of every layout), then the kit on them
     bash $T setup firstload:smol kit
+    ;;
+18) # decode batches 1-256 on the three shapes (run 146's table, before: the engine built an
+    # output for every request every step, about 30 us of host a request at 64-256 rows;
+    # the 135M shape's weights went to cuBLAS in TF32), one process a shape
+    KBATCH=1,8,16,32,64,128,256 bash $T setup models model_q4km kvars:1b kvars:smol \
+        kvars:1b-q4km
     ;;
 17) # gpu_checks.py's greedy ids on cuda against cpu, prefill graphs, logprobs and prefix
     # caching on the five groups (call 10's checks; then call 11 for the other 396)
