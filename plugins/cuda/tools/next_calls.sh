@@ -20,6 +20,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 16    # carry [".whl"], about 330 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 17    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 18    # carry [".whl"], about 200 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 19    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 18
@@ -171,6 +172,13 @@ case $N in
     # the 135M shape's weights went to cuBLAS in TF32), one process a shape
     KBATCH=1,8,16,32,64,128,256 bash $T setup models model_q4km kvars:1b kvars:smol \
         kvars:1b-q4km
+    ;;
+19) # steps of 33-64 rows on the int8 mma kernels' 8 tiles against cuBLAS (run 147: the mma
+    # kernels the slower, 14,280 against 22,644 tok/s on the 1B shape at batch 64), with
+    # twice the K blocks a warp loads at once (VT_MMA_U8 2: 96 registers as 1 for matmul
+    # and qkv, sass_count.py; measured in run 25 only at batches that take 1-4 tiles)
+    X='--int8-mma-first 1'
+    KBATCH=32,48,64 KVARS="|$X|$X --kdefine VT_MMA_U8=2" bash $T setup models kvars:1b kvars:smol
     ;;
 17) # gpu_checks.py's greedy ids on cuda against cpu, prefill graphs, logprobs and prefix
     # caching on the five groups (call 10's checks; then call 11 for the other 396)
