@@ -23,19 +23,23 @@
 #   bash plugins/cuda/tools/next_calls.sh 19    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 18
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: calls 18 and 19, about 400 s
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/../../.."
 T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
     # the thirty-second session: decode batches 1-256 with final-only engine outputs and
-    # half BLAS inputs from 128K values (run 146 measured them before)
-    N=18
-    echo "next_calls.sh auto: call $N"
+    # half BLAS inputs from 128K values (run 146 measured them before), then the mma
+    # kernels' 8 tiles against cuBLAS: calls 18 and 19 in one device call (about 400 s)
+    echo "next_calls.sh auto: calls 18 and 19"
+    bash "$SELF" 18
+    bash "$SELF" 19
+    exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
 OWED='equal_cpu or overlap_mma_gives or graph_replay_gives or prefill_graph_replay'
@@ -197,7 +201,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|17|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|19|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
