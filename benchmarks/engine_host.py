@@ -21,30 +21,10 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-def _run(engine, batch: int, params, final_only: bool) -> float:  # noqa: ANN001
-    """Microseconds per request per decode step: from the step after which every request
-    has an id to the last, over the ids generated in it."""
-    rids = [engine.add_request([1, 2, 3, 4], params, final_only=final_only) for _ in range(batch)]
-    start: tuple[float, int] | None = None
-    done: dict[str, int] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = len(out.ids)
-        if start is None:
-            counts = [done.get(r) or engine.num_generated(r) for r in rids]
-            if all(counts):
-                start = (time.perf_counter(), sum(counts))
-    t1 = time.perf_counter()
-    assert start is not None and len(done) == batch
-    return (t1 - start[0]) / (sum(done.values()) - start[1]) * 1e6
 
 
 def main() -> None:
@@ -57,6 +37,7 @@ def main() -> None:
 
     from fake_gpu import make
     from vt.execution.runner import ModelRunner
+    from vt.frontends.bench import _batch
     from vt.frontends.engine import Engine
     from vt.frontends.sampling import SamplingParams
     from vt.model import Tokenizer, load_gguf
@@ -72,8 +53,12 @@ def main() -> None:
                 engine = Engine(r, Tokenizer.from_model(model), prefix_caching=False)
                 row = {}
                 for final_only in (False, True):
-                    best = min(_run(engine, batch, params, final_only) for _ in range(a.repeat))
-                    row["final_only" if final_only else "every_step"] = round(best, 2)
+                    # vt bench's batch run: from the step after which every request has an
+                    # id to the last, over the ids generated in it
+                    runs = [_batch(engine, batch, [1, 2, 3, 4], params, final_only=final_only)
+                            for _ in range(a.repeat)]  # fmt: skip
+                    best = min(r.decode_s / r.decode_tokens for r in runs if r.decode_s)
+                    row["final_only" if final_only else "every_step"] = round(best * 1e6, 2)
                 results["us_per_request_step"][str(batch)] = row
                 print(f"batch {batch}: {row}", file=sys.stderr, flush=True)
             backend.close()

@@ -44,7 +44,21 @@ def _deliveries(llm: vt.LLM, finals_only: bool) -> list[Delivery]:
 
 
 def test_a_non_streaming_request_gets_only_its_final_outputs(llm: vt.LLM) -> None:
-    finals = _deliveries(llm, finals_only=True)
+    built: list = []  # what the engine's steps returned (on the engine thread)
+    step = llm.engine.step
+
+    def recording() -> list:
+        outs = step()
+        built.extend(outs)
+        return outs
+
+    llm.engine.step = recording
+    try:
+        finals = _deliveries(llm, finals_only=True)
+        # added final_only: the engine built no output before each request finished
+        assert len(built) == 2 and all(o.finished for o in built)
+    finally:
+        del llm.engine.step
     streamed = _deliveries(llm, finals_only=False)
     assert finals[0].accepted and len(finals) == 3  # accepted, then one final per prompt
     assert all(d.output.finished for d in finals[1:])

@@ -59,6 +59,30 @@ def test_batched_generation_equals_one_at_a_time(cpu) -> None:
     assert [o.prompt for o in together] == PROMPTS
 
 
+def test_generate_takes_one_output_a_request_and_stream_one_a_step(cpu) -> None:
+    """generate and chat add their requests final_only: the engine builds no output for
+    them before they finish (host work a large batch waits on); stream gets one a step."""
+    seen: list[RequestOutput] = []
+    step = cpu.engine.step
+
+    def recording() -> list[RequestOutput]:
+        outs = step()
+        seen.extend(outs)
+        return outs
+
+    cpu.engine.step = recording
+    try:
+        cpu.generate(PROMPTS, LONG)
+        cpu.chat([{"role": "user", "content": "Hi"}], LONG)
+        assert len(seen) == len(PROMPTS) + 1 and all(o.finished for o in seen)
+        seen.clear()
+        list(cpu.stream("Hello world!", LONG))
+        assert len(seen) > 1 and not seen[0].finished
+    finally:
+        del cpu.engine.step
+    assert cpu.engine.step == step
+
+
 def test_one_sampling_params_per_prompt(cpu) -> None:
     params = [vt.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (1, 5)]
     outs = cpu.generate(PROMPTS[:2], params)

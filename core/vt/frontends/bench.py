@@ -284,14 +284,15 @@ class _BatchTiming:
 
 
 def _batch(
-    engine: Engine, batch: int, prompt: list[int], params: SamplingParams, max_tokens: int = 0
-) -> _BatchTiming:
-    """``batch`` requests of ``prompt`` added at once and stepped to the end."""
+    engine: Engine, batch: int, prompt: list[int], params: SamplingParams, max_tokens: int = 0,
+    final_only: bool = True,
+) -> _BatchTiming:  # fmt: skip
+    """``batch`` requests of ``prompt`` added at once and stepped to the end; by default
+    ``final_only``, as LLM.generate adds its requests (one output a request, at its end)."""
     if max_tokens:
         params = params.model_copy(update={"max_tokens": max_tokens})
     t0 = time.perf_counter()
-    # final_only, as LLM.generate adds its requests: one output a request, at its end
-    rids = [engine.add_request(prompt, params, final_only=True) for _ in range(batch)]
+    rids = [engine.add_request(prompt, params, final_only=final_only) for _ in range(batch)]
     made = dict.fromkeys(rids, 0)
     ids: dict[str, list[int]] = {}
     start: tuple[float, int] | None = None  # (time, tokens) once every request has one
@@ -302,7 +303,8 @@ def _batch(
         for out in outs:
             if out.request_id in made:
                 made[out.request_id] = len(out.ids)
-                ids[out.request_id] = list(out.ids)
+                if out.finished:
+                    ids[out.request_id] = list(out.ids)
         if start is None:
             for rid in made:
                 if rid not in ids:
