@@ -13,12 +13,21 @@ of a tiny model run to ``--gen-tokens`` ids, with every output a step (streaming
 with ``stream``) and ``final_only`` (``LLM.generate``, ``vt bench``, a non-streaming
 answer); the best of ``--repeat`` runs, microseconds per request per decode step. Prints
 JSON.
+
+On a real backend (``--backend cuda --model PATH``; async scheduling on, as ``vt bench``
+starts) the figure is the whole step's, the GPU's time and the host's overlapped, so at
+batches where it matches the fake backend's the host sets the pace. ``--profile N`` adds
+each setting's N functions of most own time (cProfile over one more run; microseconds a
+request a step, so the two settings and the two backends compare line by line): where the
+host's time goes, and how long it waits on the GPU (the readback's wait).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import sys
 import tempfile
 from pathlib import Path
@@ -27,38 +36,90 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+def profile_rows(prof: cProfile.Profile, request_steps: int, top: int) -> list[dict]:
+    """The ``top`` functions by own time, microseconds a request a step."""
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "calls": calls,
+            "own_us": round(own / request_steps * 1e6, 3),
+            "cum_us": round(cum / request_steps * 1e6, 3),
+        }
+        for (file, line, name), (_, calls, own, cum, _) in rows
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", default="64,256", help="batch sizes, comma-separated")
     ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--backend", default="fake", help="fake (the tests' fake GPU, the default) or a vt backend"
+    )
+    ap.add_argument("--model", help="a GGUF file (default: a tiny model written for the run)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="top N functions")
     a = ap.parse_args()
     batches = [int(b) for b in a.batch.split(",")]
 
     from fake_gpu import make
     from vt.execution.runner import ModelRunner
-    from vt.frontends.bench import _batch
+    from vt.frontends.bench import _batch, bench_prompt
     from vt.frontends.engine import Engine
     from vt.frontends.sampling import SamplingParams
+    from vt.management.registry import create_backend
     from vt.model import Tokenizer, load_gguf
     from vt.testing.tiny import write_tiny_gguf
 
     params = SamplingParams(max_tokens=a.gen_tokens, temperature=0.0, ignore_eos=True)
-    results: dict = {"gen_tokens": a.gen_tokens, "repeat": a.repeat, "us_per_request_step": {}}
+    results: dict = {
+        "backend": a.backend,
+        "model": a.model or "tiny",
+        "prompt_tokens": a.prompt_tokens,
+        "gen_tokens": a.gen_tokens,
+        "repeat": a.repeat,
+        "us_per_request_step": {},
+        "profile": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_tiny_gguf(Path(tmp) / "tiny.gguf", context_length=a.gen_tokens + 16)
+        length = a.prompt_tokens + a.gen_tokens + 16
+        path = (
+            Path(a.model)
+            if a.model
+            else write_tiny_gguf(Path(tmp) / "t.gguf", context_length=length)
+        )
         for batch in batches:
-            backend, _ = make()
-            with load_gguf(path) as model, ModelRunner(backend, model, max_slots=batch) as r:
-                engine = Engine(r, Tokenizer.from_model(model), prefix_caching=False)
+            backend = make()[0] if a.backend == "fake" else create_backend(a.backend)[0]
+            with (
+                load_gguf(path) as model,
+                ModelRunner(backend, model, max_slots=batch, max_model_len=length) as r,
+            ):
+                tokenizer = Tokenizer.from_model(model)
+                prompt = bench_prompt(tokenizer, a.prompt_tokens)
+                engine = Engine(r, tokenizer, prefix_caching=False)
+                _batch(engine, batch, prompt, params, 4)  # graphs captured, kernels loaded
                 row = {}
                 for final_only in (False, True):
+                    key = "final_only" if final_only else "every_step"
                     # vt bench's batch run: from the step after which every request has an
                     # id to the last, over the ids generated in it
-                    runs = [_batch(engine, batch, [1, 2, 3, 4], params, final_only=final_only)
+                    runs = [_batch(engine, batch, prompt, params, final_only=final_only)
                             for _ in range(a.repeat)]  # fmt: skip
                     best = min(r.decode_s / r.decode_tokens for r in runs if r.decode_s)
-                    row["final_only" if final_only else "every_step"] = round(best * 1e6, 2)
+                    row[key] = round(best * 1e6, 2)
+                    if a.profile:
+                        prof = cProfile.Profile()
+                        prof.enable()
+                        t = _batch(engine, batch, prompt, params, final_only=final_only)
+                        prof.disable()
+                        # every request and step of the run, prefill too: the run's total
+                        steps = max(1, t.tokens)
+                        results["profile"].setdefault(str(batch), {})[key] = profile_rows(
+                            prof, steps, a.profile
+                        )
                 results["us_per_request_step"][str(batch)] = row
                 print(f"batch {batch}: {row}", file=sys.stderr, flush=True)
             backend.close()

@@ -26,6 +26,7 @@
 # plans, AB_ROUNDS (3) rounds (bench_ab.py; $OUT/ab.json). pgraph:MODELS: pp512 with prefill
 # steps replayed as graphs and eager, alternating (bench_ab.py; $OUT/pgraph.json).
 # kitvar: the conformance kit with the bench_variant.py flags in KITVARS (kit_variant.py).
+# enghost:MODEL: benchmarks/engine_host.py on cuda, profiled (EHBATCH batches).
 # model_q4km: /tmp/1b-q4km.gguf (the 1B shape in Q4_K_M) for kvars:1b-q4km.
 # checksvar: the kit and gpu_checks.py (CHECKK: a -k expression, + for " or ") with the
 # flags in CHECKVARS, in one process. ncu:MODEL: Nsight Compute's time, throughputs and stall reasons of the
@@ -146,6 +147,14 @@ EOF"
     models)
         step models 200 "python3 plugins/cuda/tools/write_shape.py /tmp/smol.gguf --shape 135m --weight-type Q4_1 \
             && python3 plugins/cuda/tools/write_shape.py /tmp/1b.gguf --shape 1b --weight-type Q8_0"
+        ;;
+    enghost:*)  # the engine's time a request a decode step at EHBATCH (32,64,128,256), every
+        # step's output and final-only, with each setting's top functions (engine_host.py
+        # --profile): whether the host sets the pace at large batches, and where it goes
+        m=${s#enghost:}
+        step "enghost-$m" 300 "python3 benchmarks/engine_host.py --backend cuda --model /tmp/$m.gguf \
+            --batch ${EHBATCH:-32,64,128,256} --prompt-tokens 128 --gen-tokens 128 --repeat 2 \
+            --profile 30 > $OUT/enghost-$m.json && tail -c 300 $OUT/enghost-$m.json"
         ;;
     model_q4km)  # the 1B shape in Q4_K_M as gpu_vs_llama_cpp.py writes it (kvars:1b-q4km)
         step model_q4km 200 "python3 plugins/cuda/tools/write_shape.py /tmp/1b-q4km.gguf --shape 1b --weight-type Q4_K_M"

@@ -21,9 +21,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 17    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 18    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 19    # carry [".whl"], about 200 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: calls 18 and 19, about 400 s
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: calls 18 and 20, about 450 s
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -34,11 +35,11 @@ nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
     # the thirty-second session: decode batches 1-256 with final-only engine outputs and
-    # half BLAS inputs from 128K values (run 146 measured them before), then the mma
-    # kernels' 8 tiles against cuBLAS: calls 18 and 19 in one device call (about 400 s)
-    echo "next_calls.sh auto: calls 18 and 19"
+    # half BLAS inputs from 128K values (run 146 measured them before), then where the
+    # host's time goes at those batches: calls 18 and 20 in one device call (about 450 s)
+    echo "next_calls.sh auto: calls 18 and 20"
     bash "$SELF" 18
-    bash "$SELF" 19
+    bash "$SELF" 20
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -184,6 +185,11 @@ case $N in
     X='--int8-mma-first 1'
     KBATCH=32,48,64 KVARS="|$X|$X --kdefine VT_MMA_U8=2" bash $T setup models kvars:1b kvars:smol
     ;;
+20) # the engine's time a request a step at batches 32-256 on both shapes, every step's
+    # output against final-only, profiled (engine_host.py --profile): run 146 had the
+    # 135M and 1B steps take the same time at 64-256 rows, about 30-44 us a request
+    bash $T setup models enghost:smol enghost:1b
+    ;;
 17) # gpu_checks.py's greedy ids on cuda against cpu, prefill graphs, logprobs and prefix
     # caching on the five groups (call 10's checks; then call 11 for the other 396)
     CHECKX="$OWED" bash $T setup checksx
@@ -201,7 +207,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|19|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|20|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
