@@ -177,6 +177,16 @@ case $N in
     # the 135M shape's weights went to cuBLAS in TF32), one process a shape
     KBATCH=1,8,16,32,64,128,256 bash $T setup models model_q4km kvars:1b kvars:smol \
         kvars:1b-q4km
+    # the same 128 and 256 requests prefilled in steps of 8,192 tokens, not 512: with 512
+    # the last of 256 requests gets its first id 64 steps after the first, so the timed
+    # window's last 64 steps run fewer rows (llama-batched-bench prefills every prompt first)
+    O=${OUT:-/tmp/vt-gpu-out}
+    for m in 1b smol; do
+        CMD="vt bench --backend cuda --model /tmp/$m.gguf --batch 128,256 --prompt-tokens 128 \
+            --gen-tokens 128 --repeat 2 --max-batch-tokens 8192 --json > /tmp/mbt-$m.json \
+            && python3 plugins/cuda/tools/batch_table.py /tmp/mbt-$m.json \
+            && tar -rf $O/kvars.tar -C /tmp mbt-$m.json" bash $T cmd
+    done
     ;;
 19) # steps of 33-64 rows on the int8 mma kernels' 8 tiles against cuBLAS (run 147: the mma
     # kernels the slower, 14,280 against 22,644 tok/s on the 1B shape at batch 64), with
