@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 
 import pytest
-from vt.frontends.engine import Engine, RequestError
+from vt.frontends.engine import Engine, RequestError, RequestOutput, Timings
 from vt.frontends.sampling import SamplingParams
 
 VOCAB = 64
@@ -381,6 +381,27 @@ def test_timings_are_reported() -> None:
     assert t.prompt_tokens == 3 and t.generated_tokens == 5
     assert t.prefill_tok_s is not None and t.prefill_tok_s > 0
     assert t.decode_tok_s is not None and t.decode_tok_s > 0
+
+
+def test_every_output_is_a_whole_model_of_its_own() -> None:
+    """Each step's output has every field set (none left at a default the engine forgot),
+    round-trips through model_dump, and shares no list with another output: a caller may
+    keep or change one without touching the next."""
+    engine, _ = _engine()
+    rid = engine.add_request([1, 2, 3], GREEDY)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert len(outs) == 5 and [len(o.ids) for o in outs] == [1, 2, 3, 4, 5]
+    for out in outs:
+        assert out.model_fields_set == set(RequestOutput.model_fields)
+        assert out.timings.model_fields_set == set(Timings.model_fields)
+        assert RequestOutput.model_validate(out.model_dump()) == out
+    assert outs[-1].timings.generated_tokens == 5 and outs[0].timings.generated_tokens == 1
+    outs[0].ids.append(99)
+    outs[1].delta_ids.append(99)
+    assert outs[2].ids == [4, 5, 6] and outs[2].delta_ids == [6]
+    assert outs[-1].request_id == rid and outs[-1].finished
 
 
 def test_runner_error_aborts_everything_and_engine_recovers() -> None:
