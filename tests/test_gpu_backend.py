@@ -24,7 +24,7 @@ from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuBackend, GpuCallError, GpuWeight, kernel_source
 from vt.gpu import weights as W
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
-from vt.gpu.backend import RopeTable, _out_of_memory
+from vt.gpu.backend import RopeTable, _out_of_memory, rope_table
 from vt.gpu.modules import (
     KERNEL_PARTS,
     MODULE_GROUPS,
@@ -2435,15 +2435,20 @@ def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
     kernels = [launch.kernel for launch in rt.launches]
     few = ["rms_norm", "swiglu_small2_q", "rms_norm", "qkv_small4_q", "rope_kv_store"]
     if on:
-        assert kernels == ["quantize_norm_rows", "swiglu_mma1_q8a", "quantize_norm_rows",
-                           "qkv_mma1_q8a", "rope_kv_store", *few]  # fmt: skip
+        assert kernels == [
+            "quantize_norm_rows",
+            "swiglu_mma1_q8a",
+            "quantize_norm_rows",
+            "qkv_rope_mma1_q8a",
+            *few,
+        ]  # fmt: skip (mma_rope: RoPE inside)
         packed = rt.launches[0]
         names = [name for _, name in kernel_signatures()["quantize_norm_rows"]]
         assert names == ["out", "x", "w", "n", "K", "eps"]
         assert packed.grid == (8, 1, 1) and packed.block == (256, 1, 1)
         assert packed.args[1:5] == [xs[0], norm.handle.data, 8, 64]
         assert rt.launches[1].args[1] == packed.args[0]  # swiglu_mma reads the packed rows
-        qkv_names = [name for _, name in kernel_signatures()["qkv_mma"]]
+        qkv_names = [name for _, name in kernel_signatures()["qkv_rope_mma"]]
         qkv = rt.launches[3]
         assert qkv.args[qkv_names.index("x")] == rt.launches[2].args[0]
         assert qkv.args[qkv_names.index("bq")] == bq.handle.data  # q's bias, k's and v's none
@@ -2461,6 +2466,58 @@ def test_norm_quantize_packs_the_normed_rows_in_one_launch(on: bool) -> None:
     else:
         assert kernels == ["rms_norm", "quantize_rows", "swiglu_mma1_q8a", "rms_norm",
                            "quantize_rows", "qkv_mma1_q8a", "rope_kv_store", *few]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "setting, style, fused",
+    [(True, "normal", True), (True, "neox", False), (False, "normal", False)],
+    ids=["default", "neox", "off"],
+)
+def test_mma_rope_puts_rope_and_the_kv_store_in_the_qkv_launch(
+    setting: bool, style: str, fused: bool
+) -> None:
+    """mma_rope (on by default): at int8 mma rows rms_norm_qkv_rope_kv_store is
+    quantize_norm_rows then qkv_rope_mma*_q8a, which takes qkv_mma's arguments then
+    rope_kv_store's positions, slots, cache, head_dim, the layout's sizes, the layer and the
+    RoPE table, K split as qkv_mma's; NeoX's pairs (features i and i + head_dim / 2, two
+    of the kernel's 16-feature blocks) and the setting off keep qkv_mma then rope_kv_store."""
+    assert GpuBackend.mma_rope
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values, backend.mma_rope = True, 0, setting
+    backend.mma_split_blocks = 64  # 4 blocks of 16 features: K = 2,048 in 2 slices of 1,024
+    c = OpCase(backend)
+    rng = np.random.default_rng(5)
+    ws = {n: c.w(n, rng.standard_normal((rows, 2048)).astype(np.float32), "Q8_0")
+          for n, rows in (("q", 32), ("k", 16), ("v", 16))}  # fmt: skip
+    layout = vt.KVLayout(n_layers=3, n_slots=8, max_len=6, n_kv_heads=1, head_dim=16)
+    params = vt.RopeParams(16, style=vt.RopeStyle(style))
+    stream = backend.create_stream()
+    backend.launch("rms_norm_qkv_rope_kv_store", stream, q=c.t("q", F32, 9, 32),
+                   k=c.t("k", F32, 9, 16), v=c.t("v", F32, 9, 16), x=c.t("x", F32, 9, 2048),
+                   norm=c.w("norm", np.ones(2048, np.float32)), eps=1e-5, wq=ws["q"],
+                   wk=ws["k"], wv=ws["v"], positions=c.t("positions", I32, 9),
+                   slots=c.t("slots", I32, 9), cache=c.t("cache", F32, *layout.shape),
+                   layout=layout, layer=2, n_heads=2, params=params,
+                   scratch=c.t("s", F32, 9, 2048))  # fmt: skip
+    kernels = [launch.kernel for launch in rt.launches]
+    if not fused:
+        assert kernels == ["quantize_norm_rows", "qkv_mma2_q8a", "rope_kv_store"]
+        backend.close()
+        return
+    assert kernels == ["quantize_norm_rows", "qkv_rope_mma2_q8a"]
+    launch = rt.launches[1]
+    names = [n for _, n in kernel_signatures()["qkv_rope_mma"]]
+    assert names[:23] == [n for _, n in kernel_signatures()["qkv_mma"]]
+    arg = dict(zip(names, launch.args, strict=True))
+    assert launch.grid == (4, 2, 1) and launch.block == (256, 1, 1)
+    assert arg["x"] == rt.launches[0].args[0]  # the packed rows
+    for name in ("q", "k", "v", "positions", "slots", "cache"):
+        assert arg[name] == c.addresses[name], name
+    sizes = ("n", "Nq", "Nk", "Nv", "K", "head_dim", "n_slots", "n_layers", "max_len", "layer")
+    assert [arg[n] for n in sizes] == [9, 32, 16, 16, 2048, 16, 8, 3, 6, 2]
+    assert arg["part"] and arg["counts"]  # K split: the slices' scratch
+    assert list(arg["table"].inv) == list(rope_table(params).inv)
+    backend.close()
 
 
 def test_int8_mma_falls_back_to_dp4a_where_a_block_would_straddle_weights() -> None:
@@ -2541,7 +2598,7 @@ def test_overlap_mma_launches_the_int8_batch_kernels_overlapped(on: bool) -> Non
     """overlap_mma (on by default since run 119): at int8 mma rows quantize_norm_rows,
     quantize_rows and the mma kernels go through ``launch_overlapped`` (each calls
     vt_grid_wait before reading what the kernel before it wrote; an mma warp after its first
-    weights); rope_kv_store stays plain. Off: all plain."""
+    weights; qkv_rope_mma reads positions and slots after its wait too). Off: all plain."""
     assert GpuBackend.overlap_mma
     backend, rt = make()
     backend.int8_mma, backend.int8_min_values, backend.overlap_mma = True, 0, on
@@ -2569,9 +2626,9 @@ def test_overlap_mma_launches_the_int8_batch_kernels_overlapped(on: bool) -> Non
                    scratch_gate=c.t("sg", F32, 8, 16),
                    scratch_up=c.t("su", F32, 8, 16))  # fmt: skip
     kernels = [launch.kernel for launch in rt.launches]
-    assert kernels == ["quantize_norm_rows", "qkv_mma1_q8a", "rope_kv_store", "quantize_rows",
+    assert kernels == ["quantize_norm_rows", "qkv_rope_mma1_q8a", "quantize_rows",
                        "matmul_mma1_q8a", "quantize_norm_rows", "swiglu_mma1_q8a"]  # fmt: skip
-    assert overlapped == ([k for k in kernels if k != "rope_kv_store"] if on else [])
+    assert overlapped == (kernels if on else [])
     source = kernel_source()
     for name in ("void quantize_rows(", "void quantize_norm_rows(", "void vt_mma_loop("):
         body = source[source.index(name) :]

@@ -88,7 +88,7 @@ class InvalidStepError(RunnerError, ValueError):
     """A step's chunks are invalid; nothing was enqueued and no state changed."""
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqChunk:
     """One sequence's share of a step.
 

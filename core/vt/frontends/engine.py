@@ -150,7 +150,7 @@ class _StopStrings:
 _NO_STOPS = _StopStrings([])
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Request:
     id: str
     prompt_ids: list[int]

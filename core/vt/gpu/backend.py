@@ -162,7 +162,14 @@ _OVERLAP = (
 #: kernel prefetches its K and V rows into L2 before its wait.
 _OVERLAP_ATTENTION = ("attention_split", "attention_combine")
 #: The int8 batch kernels, overlapped where GpuBackend.overlap_mma says.
-_OVERLAP_MMA = ("quantize_rows", "quantize_norm_rows", "matmul_mma", "swiglu_mma", "qkv_mma")
+_OVERLAP_MMA = (
+    "quantize_rows",
+    "quantize_norm_rows",
+    "matmul_mma",
+    "swiglu_mma",
+    "qkv_mma",
+    "qkv_rope_mma",
+)
 #: The fused ops that fold rms_norm into their gemv kernels (GpuBackend.norm_fold_max_k).
 _NORM_OPS = frozenset({"rms_norm_swiglu", "rms_norm_qkv_rope_kv_store"})
 
@@ -880,13 +887,31 @@ class GpuBackend(
         self, stream: Stream, a: dict[str, Any], norm: GpuWeight, ws: list[GpuWeight], nt: int
     ) -> None:
         """rms_norm_qkv_rope_kv_store at int8 rows (``norm_quantize``): x normalised and
-        quantized in one launch, the projections on ``qkv_mma{nt}_q8a``, then
+        quantized in one launch, then the projections, RoPE and the KV store on
+        ``qkv_rope_mma{nt}_q8a`` (``mma_rope``), or on ``qkv_mma{nt}_q8a`` then
         ``rope_kv_store`` (the op's decomposition without rms_norm's and quantize_rows'
-        launches: the same bits)."""
+        launches: the same bits either way)."""
+        op = "rms_norm_qkv_rope_kv_store"
         x: Tensor = a["x"]
         n, dim = x.shape
         _, xq = self._int8_x(stream, x, *ws, norm=norm, eps=a["eps"])
-        per_weight = _qkv_weight_args(ws, self._qkv_biases(a, "rms_norm_qkv_rope_kv_store"))
+        per_weight = _qkv_weight_args(ws, self._qkv_biases(a, op))
+        params: RopeParams = a["params"]
+        layout: KVLayout = a["layout"]
+        # (k and v are each n_kv_heads * head_dim wide: the op's checks)
+        if self.mma_rope and params.style != RopeStyle.neox and params.head_dim % 2 == 0:
+            table = rope_table(params)
+            self._head_dim(layout, op)
+            grid, split = self._mma_split(stream, -(-sum(w.rows for w in ws) // 16), dim, 1, nt)
+            self._kernel(
+                f"qkv_rope_mma{nt}_q8a", grid, _mma_threads(1, nt), stream,
+                *(self._ptr(a[t]) for t in ("q", "k", "v")), P(xq), *per_weight, I32(n),
+                *(I32(w.rows) for w in ws), I32(dim), *split, self._ptr(a["positions"]),
+                self._ptr(a["slots"]), self._ptr(a["cache"]), I32(params.head_dim),
+                I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len),
+                I32(a["layer"]), table, weights=tuple(ws),
+            )  # fmt: skip
+            return
         self._qkv_mma(stream, (a["q"], a["k"], a["v"]), xq, ws, per_weight, n, dim, nt)
         rope = get_op("rope_kv_store").args
         self._dispatch_part("rope_kv_store", stream, **{arg.name: a[arg.name] for arg in rope})

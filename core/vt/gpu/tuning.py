@@ -94,6 +94,13 @@ class GpuTuning:
     #: Run 108 (H100): the 135M shape +4.1% to +4.5% at batches 8 and 32, the 1B shape
     #: within 0.3%, the same bits; ``bench_variant.py --norm-quantize 0`` turns it off.
     norm_quantize: bool = True
+    #: At int8 mma rows, ``rms_norm_qkv_rope_kv_store``'s projections, RoPE and KV store in
+    #: one launch (``qkv_rope_mma*_q8a``: rope_kv_store's work in the mma kernel's epilogue,
+    #: its bits) where the rotated pairs are (2i, 2i + 1) (Llama's GGUF order; NeoX's pairs
+    #: span two of the kernel's 16-feature blocks); False:
+    #: ``qkv_mma*_q8a`` then ``rope_kv_store``. One launch fewer a layer at batches 8-64
+    #: (``bench_variant.py --mma-rope 0|1``).
+    mma_rope: bool = True
     #: Values a block of ``quantize_norm_rows`` packs: a row's blocks of 32 spread over
     #: K // this many blocks, each computing the row's scale itself (the same bits); 0: a
     #: block a row. Run 113: 4.4 us a call at K = 2,048 against ``rms_norm``'s 2.6, the

@@ -406,8 +406,9 @@ def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) ->
     """norm_quantize: rms_norm_swiglu and rms_norm_qkv_rope_kv_store at int8 mma rows with
     x normalised and packed in one launch (quantize_norm_rows) leave the bits of rms_norm,
     quantize_rows and the mma kernel (act; q, k, v and the cache), within the kit's bound
-    of the reference; so does a row packed over 8 blocks (norm_quantize_values 64). K = 512
-    (two of rms_norm's values a thread), rows of x scaled apart."""
+    of the reference; so does a row packed over 8 blocks (norm_quantize_values 64), and
+    qkv's RoPE and KV store in the mma launch (mma_rope, the default) or apart
+    (rope_kv_store). K = 512 (two of rms_norm's values a thread), rows of x scaled apart."""
     k_in = 512
     rng = np.random.default_rng(n + len(then))
 
@@ -429,17 +430,21 @@ def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) ->
     cache0 = rng.standard_normal(layout.shape).astype(np.float32)
     positions = rng.integers(0, 8, n).astype(np.int32)
     saved = (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.norm_quantize,
-             cuda.norm_quantize_values)  # fmt: skip
+             cuda.norm_quantize_values, cuda.mma_rope)  # fmt: skip
     cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = 8, 0, True
     io = IO(cuda)
     ws = {k: cuda.upload_weight(t) for k, (t, _) in mats.items()}
     nw = cuda.upload_weight(norm_t)
-    launched: dict[int, list[str]] = {-1: [], 0: [], 64: []}
-    got: dict[int, dict[str, np.ndarray]] = {}
+    # (norm_quantize, norm_quantize_values, mma_rope): off; a row a block; 64 values a
+    # block; RoPE and the KV store in their own launch
+    settings = {"off": (False, 0, True), "row": (True, 0, True), "64": (True, 64, True),
+                "rope apart": (True, 0, False)}  # fmt: skip
+    launched: dict[str, list[str]] = {key: [] for key in settings}
+    got: dict[str, dict[str, np.ndarray]] = {}
     try:
         stream = cuda.create_stream()
-        for on in (-1, 0, 64):  # off; a row a block; 64 values a block
-            cuda.norm_quantize, cuda.norm_quantize_values = on >= 0, max(on, 0)
+        for on, setting in settings.items():
+            cuda.norm_quantize, cuda.norm_quantize_values, cuda.mma_rope = setting
             args: dict[str, Any] = {k: f32(io.empty(4 * s[0] * s[1]), *s) for k, s in outs.items()}
             if then == "swiglu":
                 args |= {
@@ -458,12 +463,19 @@ def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) ->
             got[on] = {k: io.get(args[k].buffer, np.float32, s) for k, s in outs.items()}
             if then != "swiglu":
                 got[on]["cache"] = io.get(args["cache"].buffer, np.float32, layout.shape)
-        assert launched[0][0] == launched[64][0] == "quantize_norm_rows"
-        assert launched[-1][:2] == ["rms_norm", "quantize_rows"]
-        assert launched[0][1:] == launched[64][1:] == launched[-1][2:]
-        for on in (0, 64):
+        assert launched["off"][:2] == ["rms_norm", "quantize_rows"]
+        assert launched["row"] == launched["64"]
+        assert launched["row"][0] == launched["rope apart"][0] == "quantize_norm_rows"
+        assert launched["rope apart"][1:] == launched["off"][2:]
+        mma = launched["off"][2]
+        if then == "qkv":
+            assert launched["off"][3:] == ["rope_kv_store"]
+            assert launched["row"][1:] == [mma.replace("qkv_", "qkv_rope_")]
+        else:
+            assert launched["row"][1:] == [mma]
+        for on in ("row", "64", "rope apart"):
             for name, value in got[on].items():
-                np.testing.assert_array_equal(value, got[-1][name], err_msg=f"{name} {on}")
+                np.testing.assert_array_equal(value, got["off"][name], err_msg=f"{name} {on}")
         want = {k: np.zeros(s, np.float32) for k, s in outs.items()}
         refs: dict[str, Any] = {k: ref for k, (_, ref) in mats.items()}
         if then != "swiglu":
@@ -473,11 +485,11 @@ def test_norm_quantize_at_int8_rows(cuda: Any, wtype: str, then: str, n: int) ->
                      "params": vt.RopeParams(64)}  # fmt: skip
         vt.OPS[op].reference({**want, "x": x, "norm": norm_ref, "eps": 1e-5, **refs})
         bound = kernel_tolerance(op, wtype)
-        for name, value in got[0].items():
+        for name, value in got["row"].items():
             assert nmse(value, want[name]) <= bound, name
     finally:
         (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.norm_quantize,
-         cuda.norm_quantize_values) = saved  # fmt: skip
+         cuda.norm_quantize_values, cuda.mma_rope) = saved  # fmt: skip
         for weight in (*ws.values(), nw):
             cuda.free_weight(weight)
         io.close()

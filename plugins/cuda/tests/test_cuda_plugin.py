@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -670,6 +671,11 @@ def test_a_first_launch_before_any_upload_starts_every_kernel_module(
     for _ in range(3):
         backend.launch("add", stream, out=a, a=a, b=a)
     backend.synchronize(stream)
+    # the launch waited for its own module only: with fewer helper threads than modules the
+    # last builds may not have begun yet (a failure in session 32's suite, not reproduced)
+    deadline = time.monotonic() + 10
+    while len(seen["compiled"]) < N and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert len(seen["compiled"]) == N
     assert all(t.startswith("vt-kernels") for t in seen["compiled"]), seen
     assert seen["loaded"] == [threading.current_thread().name]  # the attention group's alone

@@ -75,6 +75,9 @@ the end instead of normalising x first (``GpuBackend.norm_late``);
 quantize x in one launch, ``quantize_norm_rows`` (``GpuBackend.norm_quantize``, on since
 run 108); ``--norm-quantize-values N``: its blocks pack N values each, a row over K // N
 blocks (``GpuBackend.norm_quantize_values``, 256 since run 119; 0: a row a block);
+``--mma-rope 0|1``: there, qkv's RoPE and KV store in the epilogue of its mma launch
+(``qkv_rope_mma*_q8a``, ``GpuBackend.mma_rope``, on since the thirty-third session) or in
+``rope_kv_store`` after it (0);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
 (``GpuBackend.mma_split_blocks``, 512 since run 119, 0: never; ``mma_split_min_k``, 1024);
@@ -185,6 +188,7 @@ _NUMBERS = {
     "--overlap-mma": "overlap_mma",
     "--norm-late": "norm_late",
     "--norm-quantize": "norm_quantize",
+    "--mma-rope": "mma_rope",
     "--mma-split": "mma_split_blocks",
     "--norm-quantize-values": "norm_quantize_values",
     "--mma-split-k": "mma_split_min_k",

@@ -190,7 +190,16 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
             P(const vt_i8*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),          \
             P(const vt_i8*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),        \
             P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(float*, 21),        \
-            P(int*, 22)); }); return 1; }
+            P(int*, 22)); }); return 1; }                                                      \
+    if (!std::strcmp(name, "qkv_rope_mma" #NO "_q8a")) { vt_grid(g, block, [=] {              \
+        qkv_rope_mma##NO##_q8a(P(float*, 0), P(float*, 1), P(float*, 2),                      \
+            P(const unsigned char*, 3), P(const vt_i8*, 4), P(const float*, 5), P(int, 6),    \
+            P(const float*, 7), P(const vt_i8*, 8), P(const float*, 9), P(int, 10),           \
+            P(const float*, 11), P(const vt_i8*, 12), P(const float*, 13), P(int, 14),        \
+            P(const float*, 15), P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20),  \
+            P(float*, 21), P(int*, 22), P(const int*, 23), P(const int*, 24), P(float*, 25),   \
+            P(int, 26), P(int, 27), P(int, 28), P(int, 29), P(int, 30), P(RopeTable, 31));     \
+        }); return 1; }
 // the batch-1 gemv kernels, per features a block
 #define GEMV(GV)                                                                              \
     if (!std::strcmp(name, "matmul_gemv" #GV "_q")) { vt_grid(g, block, [=] {                \
@@ -647,11 +656,13 @@ def main() -> None:
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for then in ("swiglu", "qkv"):
             for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
-                label = f"norm quantize {then} {wtype}"
-                if wanted(label):
-                    checks.test_norm_quantize_at_int8_rows(backend, wtype, then, 8)
-                    ran += 1
-                    print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+                # qkv at 33 rows too: qkv_rope_mma8's epilogue, 8 tiles of x
+                for n in (8, 33) if then == "qkv" and wtype == "Q8_0" else (8,):
+                    label = f"norm quantize {then} {wtype} n={n}"
+                    if wanted(label):
+                        checks.test_norm_quantize_at_int8_rows(backend, wtype, then, n)
+                        ran += 1
+                        print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for k_in in (96, 4608):
                 for gv in (1, 2, 4):

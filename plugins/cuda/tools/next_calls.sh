@@ -22,6 +22,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 18    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 19    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: calls 18 and 20, about 450 s
@@ -195,6 +196,13 @@ case $N in
     X='--int8-mma-first 1'
     KBATCH=32,48,64 KVARS="|$X|$X --kdefine VT_MMA_U8=2" bash $T setup models kvars:1b kvars:smol
     ;;
+21) # the thirty-third session's qkv_rope_mma (GpuBackend.mma_rope: qkv's RoPE and KV store
+    # in the int8 mma launch's epilogue, one launch fewer a layer at batches 8-64): its
+    # bits against qkv_mma then rope_kv_store on the GPU (8 and 33 rows, four layouts, and
+    # the int8 and split checks beside it), then decode batches 8-64 with it on, off, on
+    bash $T setup models checksk:norm_quantize+int8_activation+mma_split
+    KBATCH=8,16,32,64 KVARS='--mma-rope 1|--mma-rope 0|--mma-rope 1' bash $T kvars:smol kvars:1b
+    ;;
 20) # the engine's time a request a step at batches 32-256 on both shapes, every step's
     # output against final-only, profiled (engine_host.py --profile): run 146 had the
     # 135M and 1B steps take the same time at 64-256 rows, about 30-44 us a request
@@ -217,7 +225,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|20|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|21|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac

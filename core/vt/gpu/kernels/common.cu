@@ -338,6 +338,21 @@ struct alignas(16) vt_f4 {
     float x, y, z, w;
 };
 
+// RoPE: per-pair inverse frequencies, already divided by the linear factor, in float64
+// (the reference computes theta in float64); passed by value so a step uploads nothing.
+#define ROPE_MAX_PAIRS 128
+struct RopeTable {
+    double inv[ROPE_MAX_PAIRS];
+};
+
+// The pair (a, b) rotated by the angle whose cosine and sine are c and s, each product and
+// sum rounded as the reference's float32 (rope_kv_store, qkv_rope_mma*).
+__device__ __forceinline__ void vt_rope_pair(float a, float b, float c, float s, float* ra,
+                                             float* rb) {
+    *ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *rb = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
 // Element (pos, slot, layer, kv, head, d) of the position-major cache (vt.KVLayout).
 __device__ __forceinline__ long long vt_kv_index(int pos, int slot, int layer, int kv,
                                                  int n_slots, int n_layers, int row) {

@@ -246,10 +246,21 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
     }
 }
 
+// What MODE 3's epilogue needs for RoPE and the KV store (rope_kv_store's arguments).
+struct VtRopeKv {
+    const int* positions;
+    const int* slots;
+    float* cache;
+    int head_dim, n_slots, n_layers, max_len, layer;
+};
+
 // MODE 0: out = x @ W.T (+ bias) (+ residual: out may alias it); 1: out = silu(x @ G.T) *
 // (x @ U.T) (weights 0 and 1, the same block size, each in its own layout); 2: q, k, v of
 // weights 0, 1, 2 over N0 + N1 + N2 features (the host checks N0 and N1 are multiples of
-// 16, so a block's 16 features are one weight's). x: quantize_rows's packed rows.
+// 16, so a block's 16 features are one weight's); 3: 2, then rope_kv_store's work in the
+// epilogue (pairs (2i, 2i + 1) only: the host checks the style), q and k rotated and k
+// and v stored into the cache, with rope_kv_store's roundings: its bits, one launch fewer.
+// x: quantize_rows's packed rows.
 // K split (gridDim.y = S > 1, GpuBackend.mma_split_blocks): block (b, s) sums the K blocks
 // of slice s (ceil(K blocks / S) each) and writes its warps' sums to part[b][s]; the last
 // of the S blocks of b to finish (counts[b], zero before, left zero) adds the slices' sums
@@ -264,7 +275,8 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
                           const vt_i8* w1, const float* s1, int lg1, const float* b1,
                           const vt_i8* w2, const float* s2, int lg2, const float* b2,
                           const float* residual, int n, int N0, int N1, int N2, int K,
-                          float* part, int* counts) {
+                          float* part, int* counts, const VtRopeKv* rk = nullptr,
+                          const RopeTable* table = nullptr) {
     constexpr int MT = MODE == 1 ? 2 : 1;
     constexpr int E = MT * NT * 4;
     constexpr int WARPS = E <= 32 ? 8 : 4;  // the host launches 32 * WARPS threads
@@ -277,10 +289,13 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     const float* bias = b0;
     wd[0] = w0, ws[0] = s0, lgs[0] = lg0;
     if (MODE == 1) wd[MT - 1] = w1, ws[MT - 1] = s1, lgs[MT - 1] = lg1;
-    if (MODE == 2 && f >= N0 + N1) {
+    int kind = 0;  // MODE 2 and 3: the block's weight, 0 q, 1 k, 2 v
+    if (MODE >= 2 && f >= N0 + N1) {
         f -= N0 + N1, wd[0] = w2, ws[0] = s2, lgs[0] = lg2, N = N2, out = o2, bias = b2;
-    } else if (MODE == 2 && f >= N0) {
+        kind = 2;
+    } else if (MODE >= 2 && f >= N0) {
         f -= N0, wd[0] = w1, ws[0] = s1, lgs[0] = lg1, N = N1, out = o1, bias = b1;
+        kind = 1;
     }
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int g = lane >> 2;
@@ -337,6 +352,27 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
             }
             v[m] = s;
         }
+        if (MODE == 3) {
+            // the pair's other feature (o ^ 1) is lane ^ 4's, in the same iteration (within
+            // a wave64's half on HIP too)
+            float val = bias && o < N ? v[0] + bias[o] : v[0];
+            float other = VT_SHFL_XOR(val, 4);
+            if (row >= n || o >= N) continue;
+            int pos = rk->positions[row], slot = rk->slots[row];
+            if (kind < 2) {
+                double theta = (double)pos * table->inv[(o % rk->head_dim) >> 1];
+                float c = (float)cos(theta), sn = (float)sin(theta), ra, rb;
+                bool even = (o & 1) == 0;
+                vt_rope_pair(even ? val : other, even ? other : val, c, sn, &ra, &rb);
+                val = even ? ra : rb;
+            }
+            out[(long long)row * N + o] = val;
+            if (kind == 0 || slot < 0 || slot >= rk->n_slots || pos < 0 || pos >= rk->max_len)
+                continue;  // an out-of-range slot or position is not stored (as kv_store)
+            rk->cache[vt_kv_index(pos, slot, rk->layer, kind - 1, rk->n_slots, rk->n_layers,
+                                  N1) + o] = val;  // fmt: skip
+            continue;
+        }
         if (row < n && o < N) {
             long long at = (long long)row * N + o;
             if (MODE == 1) {
@@ -376,7 +412,25 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         vt_mma_op<2, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
                          Nq, Nk, Nv, K, part, counts);                                         \
     }
+// qkv_mma then rope_kv_store in one launch (MODE 3): the arguments of both, less
+// rope_kv_store's q, k, v, n, n_heads, n_kv and neox (pairs (2i, 2i + 1) only).
+#define VT_DECODE_MMA_ROPE(SUFFIX, NO)                                                        \
+    extern "C" __global__ void qkv_rope_mma##NO##_##SUFFIX(                                   \
+        float* q, float* k, float* v, const unsigned char* x, const vt_i8* wq,                \
+        const float* sq, int lgq, const float* bq, const vt_i8* wk, const float* sk, int lgk, \
+        const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
+        int Nq, int Nk, int Nv, int K, float* part, int* counts, const int* positions,        \
+        const int* slots, float* cache, int head_dim, int n_slots, int n_layers, int max_len, \
+        int layer, RopeTable table) {                                                          \
+        VtRopeKv rk = {positions, slots, cache, head_dim, n_slots, n_layers, max_len, layer};  \
+        vt_mma_op<3, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
+                         Nq, Nk, Nv, K, part, counts, &rk, &table);                            \
+    }
 VT_DECODE_MMA(q8a, 1)
 VT_DECODE_MMA(q8a, 2)
 VT_DECODE_MMA(q8a, 4)
 VT_DECODE_MMA(q8a, 8)
+VT_DECODE_MMA_ROPE(q8a, 1)
+VT_DECODE_MMA_ROPE(q8a, 2)
+VT_DECODE_MMA_ROPE(q8a, 4)
+VT_DECODE_MMA_ROPE(q8a, 8)

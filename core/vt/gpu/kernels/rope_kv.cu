@@ -1,11 +1,6 @@
 // ------------------------------------------------------------------------ rope
 
-// Per-pair inverse frequencies, already divided by the linear factor, in float64 (the
-// reference computes theta in float64); passed by value so a step uploads nothing.
-#define ROPE_MAX_PAIRS 128
-struct RopeTable {
-    double inv[ROPE_MAX_PAIRS];
-};
+// RopeTable and vt_rope_pair: common.cu (the int8 group's qkv_rope_mma kernels rotate too).
 
 // x[n, n_heads, head_dim] rotated in place. neox: pairs (i, i + d/2); else (2i, 2i+1).
 extern "C" __global__ void rope(float* x, const int* positions, int n, int n_heads,
@@ -22,9 +17,7 @@ extern "C" __global__ void rope(float* x, const int* positions, int n, int n_hea
         float* v = x + rh * head_dim;
         int ia = neox ? i : 2 * i;
         int ib = neox ? i + half : 2 * i + 1;
-        float a = v[ia], b = v[ib];
-        v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        v[ib] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        vt_rope_pair(v[ia], v[ib], c, s, &v[ia], &v[ib]);
     }
 }
 
@@ -74,9 +67,8 @@ extern "C" __global__ void rope_kv_store(float* q, float* k, const float* v,
                           : k + (long long)row * row_w + (long long)kh * head_dim;
         int ia = neox ? i : 2 * i;
         int ib = neox ? i + half : 2 * i + 1;
-        float a = vec[ia], b = vec[ib];
-        float ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        float rb = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        float ra, rb;
+        vt_rope_pair(vec[ia], vec[ib], c, s, &ra, &rb);
         vec[ia] = ra;
         vec[ib] = rb;
         if (!is_q) {
@@ -139,11 +131,7 @@ __device__ void vt_qkv_rope_gemv(
     vt_gv_rows<2, NORM, VtNoop, VT_GV_UNROLL, PSQ>(w, x, K, s, nw, eps, VtNoop(), np);
     if (threadIdx.x != 0) return;
     float a = bias ? s[0] + ba : s[0], c = bias ? s[1] + bb : s[1];
-    if (kind < 2) {
-        float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));
-        float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(c, cs));
-        a = ra, c = rb;
-    }
+    if (kind < 2) vt_rope_pair(a, c, cs, sn, &a, &c);
     out[fa] = a;
     out[fb] = c;
     if (kind == 0 || slot < 0 || slot >= n_slots || pos < 0 || pos >= max_len) return;
