@@ -25,7 +25,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: calls 18 and 20, about 450 s
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 11, about 400 s
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -35,12 +35,11 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-second session: decode batches 1-256 with final-only engine outputs and
-    # half BLAS inputs from 128K values (run 146 measured them before), then where the
-    # host's time goes at those batches: calls 18 and 20 in one device call (about 450 s)
-    echo "next_calls.sh auto: calls 18 and 20"
-    bash "$SELF" 18
-    bash "$SELF" 20
+    # the thirty-third session: gpu_checks.py's 396 tests beside the ones runs 153 and 155
+    # ran on qkv_rope_mma (its int8 checks, 84; the greedy ids against cpu and the graphs,
+    # 20; the kit, 217), so the whole file has run on the new default (about 400 s)
+    echo "next_calls.sh auto: call 11"
+    bash "$SELF" 11
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
