@@ -11,7 +11,9 @@ process's peak resident set size (``getrusage``), so it covers both runs.
 instead: for each batch size B, B greedy requests of the same prompt are added at once and
 stepped to the end. ``decode_tok_s`` is the tokens generated from the step at which every
 request has its first token to the last step, over that time (what llama.cpp's
-``llama-batched-bench`` reports as S_TG); ``e2e_tok_s`` is every generated token over the
+``llama-batched-bench`` reports as S_TG, which prefills every prompt first: here prompts
+are prefilled ``max_batch_tokens`` at a time, so the window's last steps may run fewer
+rows unless that holds every prompt); ``e2e_tok_s`` is every generated token over the
 whole wall time, prefill included; each the best of the repeats, on its own (the first
 repeat may pay a one-time cost, such as capturing the prompt's prefill graph, that the
 decode window does not see). One runner per async setting, with ``max(batches)`` KV

@@ -400,6 +400,10 @@ def bench(
     through the engine (continuous batching); reports the aggregate decode tok/s (tokens
     generated once every request has its first token, over that time: llama-batched-bench's
     S_TG) and the end-to-end tok/s (every generated token over the whole wall time).
+    Prompts are prefilled --max-batch-tokens at a time beside the running requests, so with
+    B x --prompt-tokens above it the last requests start later and the timed window ends
+    with fewer rows; llama-batched-bench prefills every prompt first: a --max-batch-tokens
+    of at least B x --prompt-tokens measures the same way.
 
     \b
     Examples:
