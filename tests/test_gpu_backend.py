@@ -2520,6 +2520,28 @@ def test_mma_rope_puts_rope_and_the_kv_store_in_the_qkv_launch(
     backend.close()
 
 
+def test_mma_rope_refuses_a_head_dim_before_launching_anything() -> None:
+    """A head_dim past RoPE's table is refused at int8 mma rows with the bound named,
+    before quantize_norm_rows is launched: nothing runs."""
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values = True, 0
+    c = OpCase(backend)
+    d = 2 * MAX_HEAD_DIM
+    ws = {n: c.w(n, np.ones((d, 64), np.float32), "Q8_0") for n in ("q", "k", "v")}
+    layout = vt.KVLayout(n_layers=1, n_slots=8, max_len=2, n_kv_heads=1, head_dim=d)
+    with pytest.raises(ValueError, match=f"head_dim must be .* up to 256, got {d}"):
+        backend.launch("rms_norm_qkv_rope_kv_store", backend.create_stream(),
+                       q=c.t("q", F32, 8, d), k=c.t("k", F32, 8, d), v=c.t("v", F32, 8, d),
+                       x=c.t("x", F32, 8, 64), norm=c.w("norm", np.ones(64, np.float32)),
+                       eps=1e-5, wq=ws["q"], wk=ws["k"], wv=ws["v"],
+                       positions=c.t("positions", I32, 8), slots=c.t("slots", I32, 8),
+                       cache=c.t("cache", F32, *layout.shape), layout=layout, layer=0,
+                       n_heads=1, params=vt.RopeParams(d),
+                       scratch=c.t("s", F32, 8, 64))  # fmt: skip
+    assert rt.launches == []
+    backend.close()
+
+
 def test_int8_mma_falls_back_to_dp4a_where_a_block_would_straddle_weights() -> None:
     """qkv needs q's and k's features in whole 16s (a block's 16 features are one weight's),
     swiglu one block size for gate and up; else the dp4a kernels run the step."""

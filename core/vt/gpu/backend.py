@@ -894,14 +894,16 @@ class GpuBackend(
         op = "rms_norm_qkv_rope_kv_store"
         x: Tensor = a["x"]
         n, dim = x.shape
-        _, xq = self._int8_x(stream, x, *ws, norm=norm, eps=a["eps"])
-        per_weight = _qkv_weight_args(ws, self._qkv_biases(a, op))
         params: RopeParams = a["params"]
         layout: KVLayout = a["layout"]
         # (k and v are each n_kv_heads * head_dim wide: the op's checks)
-        if self.mma_rope and params.style != RopeStyle.neox and params.head_dim % 2 == 0:
+        fused = self.mma_rope and params.style != RopeStyle.neox and params.head_dim % 2 == 0
+        if fused:  # what the launch refuses, refused before anything is launched
             table = rope_table(params)
             self._head_dim(layout, op)
+        _, xq = self._int8_x(stream, x, *ws, norm=norm, eps=a["eps"])
+        per_weight = _qkv_weight_args(ws, self._qkv_biases(a, op))
+        if fused:
             grid, split = self._mma_split(stream, -(-sum(w.rows for w in ws) // 16), dim, 1, nt)
             self._kernel(
                 f"qkv_rope_mma{nt}_q8a", grid, _mma_threads(1, nt), stream,
