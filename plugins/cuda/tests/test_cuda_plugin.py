@@ -672,7 +672,7 @@ def test_a_first_launch_before_any_upload_starts_every_kernel_module(
         backend.launch("add", stream, out=a, a=a, b=a)
     backend.synchronize(stream)
     # the launch waited for its own module only: with fewer helper threads than modules the
-    # last builds may not have begun yet (a failure in session 32's suite, not reproduced)
+    # last builds may not have begun yet (a failure once in session 32's full suite, once in 33's)
     deadline = time.monotonic() + 10
     while len(seen["compiled"]) < N and time.monotonic() < deadline:
         time.sleep(0.01)
