@@ -189,11 +189,11 @@ case $N in
     done
     ;;
 19) # steps of 33-64 rows on the int8 mma kernels' 8 tiles against cuBLAS (run 147: the mma
-    # kernels the slower, 14,280 against 22,644 tok/s on the 1B shape at batch 64), with
-    # twice the K blocks a warp loads at once (VT_MMA_U8 2: 96 registers as 1 for matmul
-    # and qkv, sass_count.py; measured in run 25 only at batches that take 1-4 tiles)
+    # kernels the slower, 14,280 against 22,644 tok/s on the 1B shape at batch 64); two K
+    # blocks a warp loads at once (VT_MMA_U8 2, the default since run 159: +16-18% on the
+    # 1B shape there) against one
     X='--int8-mma-first 1'
-    KBATCH=32,48,64 KVARS="|$X|$X --kdefine VT_MMA_U8=2" bash $T setup models kvars:1b kvars:smol
+    KBATCH=32,48,64 KVARS="|$X|$X --kdefine VT_MMA_U8=1" bash $T setup models kvars:1b kvars:smol
     ;;
 21) # the thirty-third session's qkv_rope_mma (GpuBackend.mma_rope: qkv's RoPE and KV store
     # in the int8 mma launch's epilogue, one launch fewer a layer at batches 8-64): its

@@ -145,7 +145,7 @@ __device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32
 #define VT_MMA_U4 4  // 4 tiles (17-32 rows); 2 until run 57 (matmul_mma4_q8a +30% on Q8_0)
 #endif
 #ifndef VT_MMA_U8
-#define VT_MMA_U8 1
+#define VT_MMA_U8 2  // 8 tiles (33-64 rows, no BLAS); 1 until run 159 (+16-18% on the 1B shape)
 #endif
 #define MMA_U(NT) ((NT) >= 8 ? VT_MMA_U8 : (NT) >= 4 ? VT_MMA_U4 : VT_MMA_U1)
 #ifndef VT_MMA_SKIP_ZERO
