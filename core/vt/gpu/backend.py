@@ -818,13 +818,15 @@ class GpuBackend(
     def _qkv_mma(
         self, stream: Stream, qkv: tuple[Tensor, Tensor, Tensor], xq: int,
         ws: list[GpuWeight], per_weight: list[Any], n: int, dim: int, nt: int,
+        rope: list[Any] | None = None,
     ) -> None:  # fmt: skip
-        """``qkv_mma{nt}_q8a`` of x packed at ``xq`` (``per_weight``: _qkv_weight_args)."""
+        """``qkv_mma{nt}_q8a`` of x packed at ``xq`` (``per_weight``: _qkv_weight_args);
+        with ``rope`` (its RoPE and KV store arguments) ``qkv_rope_mma{nt}_q8a``."""
         grid, split = self._mma_split(stream, -(-sum(w.rows for w in ws) // 16), dim, 1, nt)
         self._kernel(
-            f"qkv_mma{nt}_q8a", grid, _mma_threads(1, nt), stream,
+            f"qkv_{'rope_' if rope else ''}mma{nt}_q8a", grid, _mma_threads(1, nt), stream,
             *(self._ptr(t) for t in qkv), P(xq), *per_weight, I32(n),
-            *(I32(w.rows) for w in ws), I32(dim), *split, weights=tuple(ws),
+            *(I32(w.rows) for w in ws), I32(dim), *split, *(rope or ()), weights=tuple(ws),
         )  # fmt: skip
 
     def op_qkv_rope_kv_store(
@@ -897,26 +899,21 @@ class GpuBackend(
         params: RopeParams = a["params"]
         layout: KVLayout = a["layout"]
         # (k and v are each n_kv_heads * head_dim wide: the op's checks)
-        fused = self.mma_rope and params.style != RopeStyle.neox and params.head_dim % 2 == 0
-        if fused:  # what the launch refuses, refused before anything is launched
+        rope: list[Any] | None = None
+        if self.mma_rope and params.style != RopeStyle.neox and params.head_dim % 2 == 0:
+            # what the launch refuses, refused before anything is launched
             table = rope_table(params)
             self._head_dim(layout, op)
+            rope = [self._ptr(a["positions"]), self._ptr(a["slots"]), self._ptr(a["cache"]),
+                    I32(params.head_dim), I32(layout.n_slots), I32(layout.n_layers),
+                    I32(layout.max_len), I32(a["layer"]), table]  # fmt: skip
         _, xq = self._int8_x(stream, x, *ws, norm=norm, eps=a["eps"])
         per_weight = _qkv_weight_args(ws, self._qkv_biases(a, op))
-        if fused:
-            grid, split = self._mma_split(stream, -(-sum(w.rows for w in ws) // 16), dim, 1, nt)
-            self._kernel(
-                f"qkv_rope_mma{nt}_q8a", grid, _mma_threads(1, nt), stream,
-                *(self._ptr(a[t]) for t in ("q", "k", "v")), P(xq), *per_weight, I32(n),
-                *(I32(w.rows) for w in ws), I32(dim), *split, self._ptr(a["positions"]),
-                self._ptr(a["slots"]), self._ptr(a["cache"]), I32(params.head_dim),
-                I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len),
-                I32(a["layer"]), table, weights=tuple(ws),
-            )  # fmt: skip
+        self._qkv_mma(stream, (a["q"], a["k"], a["v"]), xq, ws, per_weight, n, dim, nt, rope)
+        if rope is not None:
             return
-        self._qkv_mma(stream, (a["q"], a["k"], a["v"]), xq, ws, per_weight, n, dim, nt)
-        rope = get_op("rope_kv_store").args
-        self._dispatch_part("rope_kv_store", stream, **{arg.name: a[arg.name] for arg in rope})
+        rope_args = get_op("rope_kv_store").args
+        self._dispatch_part("rope_kv_store", stream, **{arg.name: a[arg.name] for arg in rope_args})
 
     def _qkv_biases(self, a: dict[str, Any], op: str) -> list[int]:
         """The device addresses of ``op``'s q, k and v biases in ``a`` (0 where absent)."""

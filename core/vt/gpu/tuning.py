@@ -98,8 +98,9 @@ class GpuTuning:
     #: one launch (``qkv_rope_mma*_q8a``: rope_kv_store's work in the mma kernel's epilogue,
     #: its bits) where the rotated pairs are (2i, 2i + 1) (Llama's GGUF order; NeoX's pairs
     #: span two of the kernel's 16-feature blocks); False:
-    #: ``qkv_mma*_q8a`` then ``rope_kv_store``. One launch fewer a layer at batches 8-64
-    #: (``bench_variant.py --mma-rope 0|1``).
+    #: ``qkv_mma*_q8a`` then ``rope_kv_store``. One launch fewer a layer at batches 8-64:
+    #: run 157 (H100), batch 8 +2.7% and +4.1% on the 1B and 135M shapes, batch 32 +1.5%
+    #: and +2.0% (``bench_variant.py --mma-rope 0|1``).
     mma_rope: bool = True
     #: Values a block of ``quantize_norm_rows`` packs: a row's blocks of 32 spread over
     #: K // this many blocks, each computing the row's scale itself (the same bits); 0: a
