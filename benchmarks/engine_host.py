@@ -127,4 +127,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from vt.errors import VtError
+
+    try:
+        main()
+    except (VtError, OSError, ValueError) as exc:  # a bad --backend or --model: one line
+        sys.exit(f"engine_host.py: {exc}")
