@@ -1085,8 +1085,9 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
     if op in ("attention", "attention_bounded"):  # split over positions, then combined
         launch, combine = rt.launches
         assert combine.kernel == "attention_combine" and combine.args[1] == launch.args[1] != 0
-        assert combine.args[-2] == 0 and combine.block == (128, 1, 1)  # no tiled launch
-        assert combine.args[-1] == backend.attention_min_split == karg(launch, "min_per_split")
+        assert karg(combine, "tile") == 0 and combine.block == (128, 1, 1)  # no tiled launch
+        assert karg(combine, "min_per_split") == backend.attention_min_split
+        assert karg(launch, "min_per_split") == backend.attention_min_split
         assert not karg(launch, "counts")  # no counters: attention_last_block_combine is off
     else:
         (launch,) = rt.launches
@@ -1232,6 +1233,7 @@ def test_attention_splits_positions_only_while_the_grid_is_small(last_block: boo
     backend, rt = make()
     backend.attention_last_block_combine = last_block
     backend.attention_tiled_min_rows = 1 << 30  # the split kernel at every row count
+    backend.attention_q8a = False  # attention's own scratch alone (the int8 hand-off's: below)
     layout = vt.KVLayout(n_layers=1, n_slots=256, n_kv_heads=2, head_dim=64, max_len=8)
     cache = vt.Tensor.of(backend.alloc(layout.nbytes), F32, *layout.shape)
     stream = backend.create_stream()
@@ -1356,7 +1358,7 @@ def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_orde
     assert launch.grid == (4, 8, 1) and launch.block == (128, 1, 1)
     assert launch.stream == split.stream == combine.stream == stream.handle
     assert split.kernel == "attention_split" and split.grid == (64, 2, 2)
-    assert split.args[0] == addresses["out"] and karg(split, "tile") == combine.args[-1] == 16
+    assert split.args[0] == addresses["out"] and karg(split, "tile") == karg(combine, "tile") == 16
     signature = kernel_signatures()["attention_tiled"]
     scalars = {"n": 64, "n_heads": 8, "n_kv": 2, "head_dim": 64, "n_slots": 5, "n_layers": 3,
                "max_len": 700, "layer": 1, "scale": 0.25}  # fmt: skip
@@ -1399,7 +1401,7 @@ def test_the_tiled_attention_kernel_by_head_dim_and_grid(
     assert split.kernel == "attention_split" and karg(split, "tile") == int(kernel[-2:])
     assert [c.kernel for c in combine] in ([], ["attention_combine"])
     if combine:
-        assert combine[0].args[-1] == karg(split, "tile")
+        assert karg(combine[0], "tile") == karg(split, "tile")
 
 
 def test_every_tiled_attention_kernel_is_instantiated_within_static_shared_memory() -> None:
@@ -2856,4 +2858,86 @@ def test_attention_threads_the_kernels_do_not_compile_for_are_refused_by_name() 
     with pytest.raises(ValueError, match=r"attention_threads is 100.*128, 256, 512 threads"):
         backend.prepare()
     assert rt.compiles == []  # nothing compiled
+    backend.close()
+
+
+def _attention_then(backend: FakeGpu, c: OpCase, n: int, hd: int, between: str = "") -> vt.Tensor:
+    """attention at n rows (2 KV heads of hd, 4 query heads), then matmul_add of its output
+    by a Q8_0 weight; ``between``: "add" launches an op between the two, "other x" gives
+    the projection another x of the same shape. Attention's out."""
+    rng = np.random.default_rng(n + hd)
+    layout = vt.KVLayout(n_layers=1, n_slots=n, max_len=16, n_kv_heads=2, head_dim=hd)
+    s = backend.create_stream()
+    out = c.t("attn", F32, n, 4 * hd)
+    backend.launch("attention", s, out=out, q=c.t("q", F32, n, 4 * hd),
+                   cache=c.t("cache", F32, *layout.shape), slots=c.t("slots", I32, n),
+                   positions=c.t("pos", I32, n), layout=layout, layer=0, n_heads=4,
+                   scale=0.125)  # fmt: skip
+    x = out
+    if between == "add":
+        backend.launch("add", s, out=c.t("sum", F32, n, 4 * hd), a=out, b=out)
+    elif between == "other x":
+        x = c.t("x", F32, n, 4 * hd)
+    w = c.w("wo", rng.standard_normal((32, 4 * hd)).astype(np.float32), "Q8_0")
+    y = c.t("y", F32, n, 32)
+    backend.launch("matmul_add", s, out=y, x=x, weight=w, residual=y,
+                   scratch=c.t("s", F32, n, 32))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize(("n", "hd", "splits"), [(8, 64, 32), (8, 64, 1), (33, 128, 32)])
+def test_attention_hands_its_int8_rows_to_the_projection_after_it(
+    n: int, hd: int, splits: int
+) -> None:
+    """attention_q8a (on by default): at int8 rows the attention kernel that writes the
+    output (attention_combine, or attention_split at one split) gets the int8 scratch as xq
+    and the projection after it reads that scratch as x with no quantize_rows launch."""
+    assert GpuBackend.attention_q8a
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values = True, 0
+    backend.attention_max_splits = splits
+    out = _attention_then(backend, OpCase(backend), n, hd)
+    launches = rt.launches
+    kernels = [la.kernel for la in launches]
+    tiles = 1 if n == 8 else 8
+    combine = ["attention_combine"] if splits > 1 else []
+    assert kernels == ["attention_split", *combine, f"matmul_mma{tiles}_q8a"]
+    split, writer, mma = launches[0], launches[-2], launches[-1]
+    xq = karg(writer, "xq")
+    assert xq and karg(split, "xq") == xq and mma.args[1] == xq  # x
+    assert karg(writer, "out") == int(out.buffer.handle)
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("n", "hd", "between", "on"),
+    [
+        (8, 64, "add", True),  # an op between: the hand-off is dropped
+        (8, 64, "other x", True),  # the projection's x is not attention's output
+        (8, 64, "", False),  # attention_q8a off
+        (8, 48, "", True),  # head_dim 48: a head is not whole blocks of 32
+        (4, 64, "", True),  # under int8_min_rows: the projection takes float x
+        (64, 64, "", True),  # the tiled attention's rows
+    ],
+)
+def test_the_projection_packs_x_itself_where_attention_handed_nothing(
+    n: int, hd: int, between: str, on: bool
+) -> None:
+    """Without a hand-off for its very x right after the attention op (or with the setting
+    off, heads not whole blocks of 32, rows outside 8-63), the attention kernels get xq 0
+    or the projection runs quantize_rows (or no int8 step at all) as before."""
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values, backend.attention_q8a = True, 0, on
+    backend.int8_mma_first = True  # 64 rows on the mma kernels too
+    _attention_then(backend, OpCase(backend), n, hd, between)
+    kernels = [la.kernel for la in rt.launches]
+    handed = [karg(la, "xq") for la in rt.launches if la.kernel.startswith("attention_s")]
+    if between:
+        assert handed[0]  # packed, then not taken
+        assert kernels[-2:] == ["quantize_rows", "matmul_mma1_q8a"]
+    elif n < 8:
+        assert not any(handed) and not any(k.startswith("quantize") for k in kernels)
+    else:
+        assert not any(handed), kernels
+        assert "quantize_rows" in kernels
     backend.close()

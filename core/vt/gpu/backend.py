@@ -228,6 +228,10 @@ class GpuBackend(
         self._keep_full = False
         self._reservations: list[_Reservation] = []  # live VMM reservations (KV growth)
         self._sm_number: int | None = None  # _sm()'s answer, once asked
+        # attention_q8a's hand-off: (stream, out's address, rows, values a row, the int8
+        # scratch) of the attention op just run, whose kernels packed out there; the next
+        # op's _int8_x of that x takes it, and the end of any other op's dispatch drops it.
+        self._q8a_ready: tuple[Any, int, int, int, int] | None = None
 
     @property
     def runtime(self) -> GpuRuntime:
@@ -323,9 +327,24 @@ class GpuBackend(
         return handle
 
     # ---- ops: the core has checked every tensor and weight against the op's signature
+    def _dispatch(self, op: str, stream: Stream, args: dict[str, Any]) -> None:
+        """Backend._dispatch; an attention_q8a hand-off lives to the end of the op after the
+        attention op that made it (whose first int8 step takes it), so an op that writes the
+        attention's output in between can never meet stale int8 rows."""
+        ready = self._q8a_ready
+        try:
+            super()._dispatch(op, stream, args)
+        finally:
+            if ready is not None and self._q8a_ready is ready:
+                self._q8a_ready = None
+
     @staticmethod
-    def _ptr(t: Tensor) -> P:
-        return P(int(t.buffer.handle) + t.buffer.offset)
+    def _address(t: Tensor) -> int:
+        return int(t.buffer.handle) + t.buffer.offset
+
+    @classmethod
+    def _ptr(cls, t: Tensor) -> P:
+        return P(cls._address(t))
 
     def op_embedding(self, stream: Stream, out: Tensor, ids: Tensor, table: Weight) -> None:
         w = self._gpu_weight(table, "embedding")
@@ -523,9 +542,10 @@ class GpuBackend(
         if not self._int8_applies(x, *ws):
             return ws[0].suffix, 0
         n, k = x.shape
-        stride = (k + k // 8 + k // 4 + 15) // 16 * 16  # vt_q8a_stride in matmul.cu
-        pairs = (k // 16) * max(64, -(-n // 8) * 8) * 8  # vt_q8a_pairs: (dx, sum) pairs
-        xq = self._scratch_at_least(n * stride + pairs, slot="int8_x")
+        xq = self._int8_scratch(n, k)
+        ready, self._q8a_ready = self._q8a_ready, None
+        if norm is None and ready == (stream.handle, self._address(x), n, k, xq):
+            return "q8a", xq  # the attention op's kernels packed x there (attention_q8a)
         if norm is None:
             self._kernel("quantize_rows", (-(-k // _THREADS), n, 1), _THREADS, stream, P(xq),
                          self._ptr(x), I32(n), I32(k))  # fmt: skip
@@ -534,6 +554,27 @@ class GpuBackend(
             self._kernel("quantize_norm_rows", (n, chunks, 1), _THREADS, stream, P(xq),
                          self._ptr(x), P(norm.data), I32(n), I32(k), F32(eps))  # fmt: skip
         return "q8a", xq
+
+    def _int8_scratch(self, n: int, k: int) -> int:
+        """The scratch for n rows of k values packed as int8 (the rows, then the mma
+        kernels' pairs)."""
+        stride = (k + k // 8 + k // 4 + 15) // 16 * 16  # vt_q8a_stride in common.cu
+        pairs = (k // 16) * max(64, -(-n // 8) * 8) * 8  # vt_q8a_pairs: (dx, sum) pairs
+        return self._scratch_at_least(n * stride + pairs, slot="int8_x")
+
+    def _attention_q8a(self, stream: Stream, out: Tensor, head_dim: int) -> int:
+        """Where ``attention_q8a`` applies to attention's ``out`` (int8 rows, below the
+        tiled kernel's, whole blocks of 32 a head): the int8 scratch its kernels also pack
+        out into, handed to the next op's ``_int8_x`` of out; else 0."""
+        n, k = out.shape
+        if (
+            not self.attention_q8a
+            or head_dim % 32
+            or n < max(2, self.int8_min_rows)
+            or n >= self.attention_tiled_min_rows
+        ):
+            return 0
+        return self._int8_scratch(n, k)
 
     def _norm_mma(self, x: Tensor, nw: GpuWeight, *ws: GpuWeight) -> int:
         """The int8 mma kernels' row tiles where a norm op of ``x`` before ``ws`` normalises
@@ -1169,6 +1210,7 @@ class GpuBackend(
         wide = n == 1 and 0 < self.overlap_attention_min_q <= n_heads * hd
         threads = self._short_threads() if short else self.attention_threads
         part = counts = 0
+        xq = self._attention_q8a(stream, out, hd)
         if splits > 1:
             part = self._scratch_at_least(n * n_heads * splits * (hd + 2) * 4, slot="attention")
             if self.attention_last_block_combine and not cluster:
@@ -1181,15 +1223,17 @@ class GpuBackend(
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
             F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile), P(counts),
-            overlap_attention=wide, short=short,
+            P(xq), overlap_attention=wide, short=short,
         )  # fmt: skip
         if splits > 1 and not counts and not cluster:
             self._kernel(
                 "attention_combine", (n * n_heads, 1, 1), self.attention_threads, stream,
                 self._ptr(out), P(part), self._ptr(slots), self._ptr(positions), I32(n),
                 I32(n_heads), I32(hd), I32(layout.n_slots), I32(layout.max_len), I32(splits),
-                I32(tile), I32(self.attention_min_split), overlap_attention=wide,
+                I32(tile), I32(self.attention_min_split), P(xq), overlap_attention=wide,
             )  # fmt: skip
+        if xq:
+            self._q8a_ready = (stream.handle, self._address(out), n, n_heads * hd, xq)
 
     def op_attention_bounded(
         self,

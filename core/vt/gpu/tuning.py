@@ -102,6 +102,14 @@ class GpuTuning:
     #: run 157 (H100), batch 8 +2.7% and +4.1% on the 1B and 135M shapes, batch 32 +1.5%
     #: and +2.0% (``bench_variant.py --mma-rope 0|1``).
     mma_rope: bool = True
+    #: At int8 rows (``int8_min_rows`` up to ``attention_tiled_min_rows``), the attention
+    #: kernel that writes a row's output (``attention_split`` at one split,
+    #: ``attention_combine``) also writes it packed as ``quantize_rows`` packs x (the
+    #: same function on the same floats: the same bytes), and the op after attention, where
+    #: its int8 kernels take that output as x, launches no ``quantize_rows``: a launch
+    #: fewer a layer at batches 8-63 (the output projection's). Unused, the packing costs
+    #: the attention kernel its shuffles and stores (``bench_variant.py --attention-q8a``).
+    attention_q8a: bool = True
     #: Values a block of ``quantize_norm_rows`` packs: a row's blocks of 32 spread over
     #: K // this many blocks, each computing the row's scale itself (the same bits); 0: a
     #: block a row. Run 113: 4.4 us a call at K = 2,048 against ``rms_norm``'s 2.6, the

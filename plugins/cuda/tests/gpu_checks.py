@@ -1258,6 +1258,78 @@ def test_last_block_combine_equals_the_combine_launch(
         io.close()
 
 
+#: attention_q8a's cases: (rows, KV heads, query heads, head_dim, most splits, last-block
+#: combine). Several splits and the combine launch (the 1B shape's batch 8: 2 heads a
+#: block), one split (the split kernel writes the rows: batch 32), the last-block combine,
+#: 8 tiles of x (33 rows), head_dim 128 and 96 (not 64 or 128: the block path, not the
+#: warp path).
+Q8A_CASES = ((8, 8, 32, 64, 32, False), (8, 8, 32, 64, 1, False), (8, 2, 4, 64, 32, True),
+             (33, 3, 9, 64, 32, False), (8, 2, 4, 128, 32, False), (33, 2, 8, 96, 1, False),
+             (8, 2, 8, 96, 32, False))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", Q8A_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attention_hands_its_int8_rows_to_the_projection(cuda: Any, case: tuple) -> None:
+    """attention_q8a: at int8 rows the attention kernel that writes a row also packs it as
+    quantize_rows would, and matmul_add of attention's output (a Q8_0 weight, the int8 mma
+    kernels) launches no quantize_rows: attention's output and the projection's are bit
+    for bit those of the setting off (quantize_rows launched), a row of an invalid slot
+    NaN in both; with an op between the two the projection packs x itself, the same bits."""
+    rows, n_kv, n_heads, hd, splits, last = case
+    layout = vt.KVLayout(n_layers=2, n_slots=rows, max_len=300, n_kv_heads=n_kv, head_dim=hd)
+    rng = np.random.default_rng(rows + hd + splits)
+    cache = rng.standard_normal(layout.shape).astype(np.float32)
+    slots = np.arange(rows, dtype=np.int32)
+    slots[1] = rows + 5  # an invalid slot: its row NaN
+    pos = rng.integers(0, 300, rows).astype(np.int32)
+    q = rng.standard_normal((rows, n_heads * hd)).astype(np.float32)
+    wo, _ = weight_tensor("wo", rng.standard_normal((96, n_heads * hd)).astype(np.float32), "Q8_0")
+    res = rng.standard_normal((rows, 96)).astype(np.float32)
+    io = IO(cuda)
+    saved = (cuda.attention_q8a, cuda.attention_max_splits, cuda.attention_last_block_combine,
+             cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma)  # fmt: skip
+    cuda.attention_max_splits, cuda.attention_last_block_combine = splits, last
+    cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = 8, 0, True
+    launched: dict[str, list[str]] = {}
+    got: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    try:
+        w = cuda.upload_weight(wo)
+        stream = cuda.create_stream()
+        for way in ("off", "on", "between"):
+            cuda.attention_q8a = way != "off"
+            out, y = io.empty(q.nbytes), io.put(res)
+            launched[way] = []
+            with recording(cuda, launched[way]):
+                cuda.launch(
+                    "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
+                    cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), rows),
+                    positions=i32(io.put(pos), rows), layout=layout, layer=1,
+                    n_heads=n_heads, scale=0.125,
+                )  # fmt: skip
+                if way == "between":
+                    cuda.launch("add", stream, out=f32(io.empty(q.nbytes), *q.shape),
+                                a=f32(out, *q.shape), b=f32(out, *q.shape))  # fmt: skip
+                cuda.launch("matmul_add", stream, out=f32(y, rows, 96), x=f32(out, *q.shape),
+                            weight=w, residual=f32(y, rows, 96),
+                            scratch=f32(io.empty(res.nbytes), rows, 96))  # fmt: skip
+            cuda.synchronize(stream)
+            got[way] = (io.get(out, np.float32, q.shape), io.get(y, np.float32, res.shape))
+        assert "quantize_rows" in launched["off"] and "quantize_rows" in launched["between"]
+        assert "quantize_rows" not in launched["on"], launched["on"]
+        for way in ("on", "between"):
+            for a, b, what in zip(got[way], got["off"], ("attention", "projection"), strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"{what} {way}")
+        attn = got["on"][0]
+        ok = slots < layout.n_slots
+        want = R.attention(q[ok], cache, layout, 1, slots[ok], pos[ok], n_heads, 0.125)
+        assert nmse(attn[ok], want) <= kernel_tolerance("attention", "F32")
+        assert np.isnan(attn[~ok]).all()
+    finally:
+        (cuda.attention_q8a, cuda.attention_max_splits, cuda.attention_last_block_combine,
+         cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma) = saved  # fmt: skip
+        io.close()
+
+
 @pytest.mark.parametrize(("n_kv", "n_heads", "rows"), [(8, 32, 1), (3, 9, 2), (2, 8, 3)])
 def test_cluster_attention_equals_eight_splits_and_the_combine_launch(
     cuda: Any, n_kv: int, n_heads: int, rows: int

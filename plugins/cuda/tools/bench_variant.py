@@ -78,6 +78,9 @@ blocks (``GpuBackend.norm_quantize_values``, 256 since run 119; 0: a row a block
 ``--mma-rope 0|1``: there, qkv's RoPE and KV store in the epilogue of its mma launch
 (``qkv_rope_mma*_q8a``, ``GpuBackend.mma_rope``, on since the thirty-third session) or in
 ``rope_kv_store`` after it (0);
+``--attention-q8a 0|1``: at int8 rows the attention kernel that writes a row also packs it
+for the int8 projection after it, which then launches no ``quantize_rows``
+(``GpuBackend.attention_q8a``, on) or that projection packs x itself (0);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
 (``GpuBackend.mma_split_blocks``, 512 since run 119, 0: never; ``mma_split_min_k``, 1024);
@@ -189,6 +192,7 @@ _NUMBERS = {
     "--norm-late": "norm_late",
     "--norm-quantize": "norm_quantize",
     "--mma-rope": "mma_rope",
+    "--attention-q8a": "attention_q8a",
     "--mma-split": "mma_split_blocks",
     "--norm-quantize-values": "norm_quantize_values",
     "--mma-split-k": "mma_split_min_k",

@@ -18,7 +18,8 @@ its warp, ``__shared__`` is a static. Then it runs ``gpu_checks.py``'s tiled-att
 cases, split attention past one chunk, the short-context attention (``short_context``:
 one launch of 512 threads, its own module), the last-block combine and ``qkv_rope_kv_store``
 checks (bit-equal to their two-launch forms), bit-exact copy checks, int8 tensor-core
-checks, gemv checks and the greedy argmax and sampling checks on the fake runtime
+checks (attention's int8 hand-off to the projection after it among them), gemv checks
+and the greedy argmax and sampling checks on the fake runtime
 (``tests/fake_gpu.py``), those kernels' launches routed to the emulation, each to a library
 built with its module's defines as the backend compiles them (by default ``-DVT_GV_X16=4``
 in the 4-bit layouts' modules only); ``-k`` keeps
@@ -278,11 +279,12 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
         attention_split(P(float*, 0), P(float*, 1), P(const float*, 2), P(const float*, 3),
             P(const int*, 4), P(const int*, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9),
             P(int, 10), P(int, 11), P(int, 12), P(int, 13), P(float, 14), P(int, 15),
-            P(int, 16), P(int, 17), P(int, 18), P(int*, 19)); }); return 1; }
+            P(int, 16), P(int, 17), P(int, 18), P(int*, 19), P(unsigned char*, 20)); });
+        return 1; }
     if (!std::strcmp(name, "attention_combine")) { vt_grid(g, block, [=] {
         attention_combine(P(float*, 0), P(const float*, 1), P(const int*, 2), P(const int*, 3),
             P(int, 4), P(int, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9), P(int, 10),
-            P(int, 11)); });
+            P(int, 11), P(unsigned char*, 12)); });
         return 1; }
     if (!std::strcmp(name, "sample_argmax")) { vt_grid(g, block, [=] {
         sample_argmax(P(VtArgmax*, 0), P(const float*, 1), P(int, 2), P(int, 3)); });
@@ -647,6 +649,12 @@ def main() -> None:
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for case in checks.Q8A_CASES:
+            label = f"attention int8 hand-off {case}"
+            if wanted(label):
+                checks.test_attention_hands_its_int8_rows_to_the_projection(backend, case)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for wtype in ("Q8_0", "Q4_1", "Q4_K", "Q6_K"):
             for n in (8, 33):
                 label = f"mma split k {wtype} n={n}"

@@ -76,6 +76,19 @@
 #define FA_HALVES(cond) for (int half = 0; half < 2 && (cond); ++half)
 #endif
 
+// Element d of head (oh % n_heads) of row i = oh / n_heads of attention's output, v; with xq
+// (GpuBackend.attention_q8a: the int8 projection after attention reads it) also its row
+// packed as quantize_rows packs x (the same function on the same float: the same bytes), so
+// that projection needs no quantize_rows launch. With xq the whole warp calls it, its lanes
+// on 32 consecutive elements of one head (head_dim % 32 == 0: one block of 32).
+__device__ __forceinline__ void vt_attn_out(float* out, unsigned char* xq, int n, int n_heads,
+                                            int head_dim, long long oh, int d, float v) {
+    out[oh * head_dim + d] = v;
+    if (xq)
+        vt_q8a_block(xq, n, n_heads * head_dim, (int)(oh / n_heads),
+                     (int)(oh % n_heads * head_dim + d) / 32, v);
+}
+
 // out[oh] (oh = row * n_heads + head) from attention_split's `splits` partials, by the
 // whole block (FA_THREADS threads; wt and red: FA_THREADS floats of shared memory each):
 // attention_combine's. Thread s reads split s's max and sum, so the weights exp(m_s - max)
@@ -86,7 +99,8 @@
 #define FA_MAX_SPLITS FA_THREADS
 __device__ void vt_attention_combine_block(float* out, const float* part, long long oh,
                                            int head_dim, int splits, int used, bool ok,
-                                           float* wt, float* red) {
+                                           float* wt, float* red, unsigned char* xq, int n,
+                                           int n_heads) {
     int t = threadIdx.x;
     const float* pp = part + oh * splits * (head_dim + 2);
 #if VT_FA_COMBINE_EARLY
@@ -120,7 +134,7 @@ __device__ void vt_attention_combine_block(float* out, const float* part, long l
 #endif
 #pragma unroll 8
         for (; k < used; ++k) num += wt[k] * pp[(long long)k * (head_dim + 2) + d];
-        out[oh * head_dim + d] = ok ? num / den : vt_nan();
+        vt_attn_out(out, xq, n, n_heads, head_dim, oh, d, ok ? num / den : vt_nan());
     }
 }
 
@@ -131,7 +145,8 @@ __device__ void vt_attention_combine_block(float* out, const float* part, long l
 // shuffle. For splits <= VT_WARP (the backend's at most 32) its sums are the block
 // version's, term for term: the outputs equal attention_combine's bit for bit.
 __device__ void vt_attention_combine_warp(float* out, const float* part, long long oh,
-                                          int head_dim, int splits, bool ok) {
+                                          int head_dim, int splits, bool ok, unsigned char* xq,
+                                          int n, int n_heads) {
     constexpr int PER = (FA_MAX_SPLITS + VT_WARP - 1) / VT_WARP;
     int lane = threadIdx.x % VT_WARP;
     const float* pp = part + oh * splits * (head_dim + 2);
@@ -172,7 +187,10 @@ __device__ void vt_attention_combine_warp(float* out, const float* part, long lo
                 if (k0 + u < splits) num += wk * v[u];
             }
         }
-        if (d0 + lane < head_dim) out[oh * head_dim + d] = ok ? num / den : vt_nan();
+        if (xq)  // head_dim % 32 == 0: every lane's d is its own
+            vt_attn_out(out, xq, n, n_heads, head_dim, oh, d, ok ? num / den : vt_nan());
+        else if (d0 + lane < head_dim)
+            out[oh * head_dim + d] = ok ? num / den : vt_nan();
     }
 }
 
@@ -203,7 +221,7 @@ template <bool CLUSTER>
 __device__ __forceinline__ void vt_attention_split_end(float* out, const float* part, int i,
                                                        int n_heads, int h0, int gb,
                                                        int head_dim, int splits, bool ok,
-                                                       int* counts) {
+                                                       int* counts, unsigned char* xq, int n) {
     int t = threadIdx.x, warp = t / VT_WARP, warps = FA_THREADS / VT_WARP;
     if (CLUSTER) {  // splits == the cluster's blocks (FA_CLUSTER), tile == 0: all arrive
         __threadfence();  // this block's partials visible beyond its SM, then the barrier
@@ -211,7 +229,7 @@ __device__ __forceinline__ void vt_attention_split_end(float* out, const float* 
         if (vt_cluster_rank() != 0) return;
         for (int g = warp; g < gb; g += warps)  // a head a warp (reads through L2: vt_ld_l2)
             vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim,
-                                      splits, ok);
+                                      splits, ok, xq, n, n_heads);
         return;
     }
     if (splits == 1 || !counts) return;  // the whole block: attention_combine follows
@@ -220,7 +238,7 @@ __device__ __forceinline__ void vt_attention_split_end(float* out, const float* 
     if (!vt_last_block(counts + (long long)i * gridDim.y + blockIdx.y, splits)) return;
     for (int g = warp; g < gb; g += warps)  // a head a warp, the warps at once
         vt_attention_combine_warp(out, part, (long long)i * n_heads + h0 + g, head_dim, splits,
-                                  ok);
+                                  ok, xq, n, n_heads);
 }
 
 // VT_FA_WARP's body of attention_split for positions [p0, p1) of a block's group of gb
@@ -239,7 +257,8 @@ __device__ void vt_fa_warp_split(float* out, float* part, const float* cache, lo
                                  long long vbase, long long pos_stride, int p0, int p1,
                                  const float* qs, int i, int n_heads, int h0, int gb,
                                  int splits, int s, float scale, bool ok,
-                                 float (*wacc)[FA_WARP_ACC], bool direct) {
+                                 float (*wacc)[FA_WARP_ACC], bool direct, unsigned char* xq,
+                                 int n) {
     constexpr int WARPS = FA_WARPS, LPN = HD / 16, PPW = VT_WARP / LPN;
     constexpr int E = HD / VT_WARP;  // V elements a lane
     __shared__ float wms[WARPS][FA_MAXG], wls[WARPS][FA_MAXG];
@@ -346,8 +365,8 @@ __device__ void vt_fa_warp_split(float* out, float* part, const float* cache, lo
             den += wt * wls[w][g];
         }
         long long oh = (long long)i * n_heads + h0 + g;
-        if (splits == 1 || direct) {
-            out[oh * HD + d] = ok ? num / den : vt_nan();
+        if (splits == 1 || direct) {  // a warp's lanes: 32 consecutive d of one head
+            vt_attn_out(out, xq, n, n_heads, HD, oh, d, ok ? num / den : vt_nan());
         } else {
             float* pp = part + (oh * splits + s) * (HD + 2);
             pp[d] = num;
@@ -369,7 +388,8 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
                                                    int n_kv, int head_dim, int n_slots,
                                                    int n_layers, int max_len, int layer,
                                                    float scale, int gb, int splits,
-                                                   int min_per_split, int tile, int* counts) {
+                                                   int min_per_split, int tile, int* counts,
+                                                   unsigned char* xq) {
     __shared__ float qs[FA_MAXG * 256];
     __shared__ float sc[FA_MAXG * FA_CHUNK];
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
@@ -439,12 +459,14 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
         __shared__ float wacc[FA_WARPS][FA_WARP_ACC];
         if (head_dim == 64)
             vt_fa_warp_split<64>(out, part, cache, kbase, vbase, pos_stride, p0, p1, qs, i,
-                                 n_heads, h0, gb, splits, s, scale, ok, wacc, direct);
+                                 n_heads, h0, gb, splits, s, scale, ok, wacc, direct, xq,
+                                 n);
         else
             vt_fa_warp_split<128>(out, part, cache, kbase, vbase, pos_stride, p0, p1, qs, i,
-                                  n_heads, h0, gb, splits, s, scale, ok, wacc, direct);
+                                  n_heads, h0, gb, splits, s, scale, ok, wacc, direct, xq,
+                                  n);
         vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok,
-                                        counts);
+                                        counts, xq, n);
         return;
     }
 #endif
@@ -602,8 +624,8 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
                 float v = 0.0f;
                 for (int k = 0; k < R; ++k) v += sc[(g * R + k) * hd_lanes + d0];
                 long long oh = (long long)i * n_heads + h0 + g;
-                if (splits == 1 || direct) {
-                    out[oh * head_dim + d] = ok ? v / ls[g] : vt_nan();
+                if (splits == 1 || direct) {  // r == 0 && mine: whole warps (head_dim % 32)
+                    vt_attn_out(out, xq, n, n_heads, head_dim, oh, d, ok ? v / ls[g] : vt_nan());
                 } else {
                     float* pp = part + (oh * splits + s) * (head_dim + 2);
                     pp[d] = v;
@@ -616,17 +638,18 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
         }
         __syncthreads();
     }
-    vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok, counts);
+    vt_attention_split_end<CLUSTER>(out, part, i, n_heads, h0, gb, head_dim, splits, ok, counts,
+                                    xq, n);
 }
 
 extern "C" __global__ void VT_FA_BOUNDS attention_split(
     float* out, float* part, const float* q, const float* cache, const int* slots,
     const int* positions, int n, int n_heads, int n_kv, int head_dim, int n_slots, int n_layers,
     int max_len, int layer, float scale, int gb, int splits, int min_per_split, int tile,
-    int* counts) {
+    int* counts, unsigned char* xq) {
     vt_attention_split<false>(out, part, q, cache, slots, positions, n, n_heads, n_kv, head_dim,
                               n_slots, n_layers, max_len, layer, scale, gb, splits,
-                              min_per_split, tile, counts);
+                              min_per_split, tile, counts, xq);
 }
 
 // attention_split with its combine in the same launch (GpuBackend.attention_cluster; NVIDIA
@@ -640,17 +663,18 @@ extern "C" __global__ void __cluster_dims__(1, 1, FA_CLUSTER) attention_split_cl
     float* out, float* part, const float* q, const float* cache, const int* slots,
     const int* positions, int n, int n_heads, int n_kv, int head_dim, int n_slots, int n_layers,
     int max_len, int layer, float scale, int gb, int splits, int min_per_split, int tile,
-    int* counts) {
+    int* counts, unsigned char* xq) {
     vt_attention_split<true>(out, part, q, cache, slots, positions, n, n_heads, n_kv, head_dim,
                              n_slots, n_layers, max_len, layer, scale, gb, splits,
-                             min_per_split, tile, counts);
+                             min_per_split, tile, counts, xq);
 }
 #endif
 
 // attention_split's partials combined by a second launch: one block per (row, query head).
 extern "C" __global__ void VT_FA_BOUNDS attention_combine(
     float* out, const float* part, const int* slots, const int* positions, int n, int n_heads,
-    int head_dim, int n_slots, int max_len, int splits, int tile, int min_per_split) {
+    int head_dim, int n_slots, int max_len, int splits, int tile, int min_per_split,
+    unsigned char* xq) {
     __shared__ float wt[FA_THREADS];
     __shared__ float red[FA_THREADS];
     __shared__ int ired[FA_THREADS / VT_WARP];
@@ -668,5 +692,6 @@ extern "C" __global__ void VT_FA_BOUNDS attention_combine(
     if (used == 1) return;  // attention_split wrote the row (waited for: overlapped, its
                             // end must still follow the split kernel's for the next kernel)
 #endif
-    vt_attention_combine_block(out, part, oh, head_dim, splits, used, ok, wt, red);
+    vt_attention_combine_block(out, part, oh, head_dim, splits, used, ok, wt, red, xq, n,
+                               n_heads);
 }

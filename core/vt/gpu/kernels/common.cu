@@ -338,6 +338,43 @@ struct alignas(16) vt_f4 {
     float x, y, z, w;
 };
 
+// Int8 activations (WT_Q8A): each row of x is packed by quantize_rows as K int8 codes, then
+// K/32 float scales dx (x ~ dx * code, dx = max|x| / 127 over a block of 32, codes rounded to
+// nearest even), then K/16 float sums of x over each 16 values, padded to 16 bytes.
+__device__ __forceinline__ long long vt_q8a_stride(int K) {
+    return ((long long)K + K / 8 + K / 4 + 15) / 16 * 16;
+}
+// After the n packed rows, for the int8 mma kernels: (dx, sum) per block of 16 values and
+// row, [K / 16][n8] (n8: 64, the most rows they take, or n rounded up to 8; the padding
+// rows are never written and their sums never stored), so a lane's two rows of a tile, 2t
+// and 2t + 1, are one 16-byte load.
+__device__ __forceinline__ int vt_q8a_n8(int n) { return n <= 64 ? 64 : (n + 7) / 8 * 8; }
+__device__ __forceinline__ vt_f2* vt_q8a_pairs(unsigned char* x, int n, int K) {
+    return (vt_f2*)(x + (long long)n * vt_q8a_stride(K));
+}
+
+// One block of 32 values of row r (block bc: columns bc * 32 + lane, a value a lane, the
+// whole warp) packed as above: quantize_rows's, quantize_norm_rows' and the attention's
+// int8 hand-off (attention.cu). The max and the sums by shuffles.
+__device__ __forceinline__ void vt_q8a_block(unsigned char* out, int n, int K, int r, int bc,
+                                             float v) {
+    int lane = threadIdx.x % 32;
+    float amax = fabsf(v), s = v;
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, VT_SHFL_XOR(amax, m));
+    for (int m = 8; m > 0; m >>= 1) s += VT_SHFL_XOR(s, m);  // over each 16 lanes
+    float dx = amax / 127.0f;
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    unsigned char* row = out + (long long)r * vt_q8a_stride(K);
+    row[bc * 32 + lane] = (unsigned char)(vt_i8)(int)rintf(v * inv);
+    if ((lane & 15) == 0) {
+        int h = 2 * bc + lane / 16;  // the block of 16
+        ((float*)(row + K + K / 8))[h] = s;
+        if (lane == 0) ((float*)(row + K))[bc] = dx;
+        vt_f2* pairs = vt_q8a_pairs(out, n, K);
+        pairs[(long long)h * vt_q8a_n8(n) + r] = {dx, s};
+    }
+}
+
 // RoPE: per-pair inverse frequencies, already divided by the linear factor, in float64
 // (the reference computes theta in float64); passed by value so a step uploads nothing.
 #define ROPE_MAX_PAIRS 128

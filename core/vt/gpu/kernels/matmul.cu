@@ -36,21 +36,6 @@ struct VtRow {
     long long at;
 };
 
-// Int8 activations (WT_Q8A): each row of x is packed by quantize_rows as K int8 codes, then
-// K/32 float scales dx (x ~ dx * code, dx = max|x| / 127 over a block of 32, codes rounded to
-// nearest even), then K/16 float sums of x over each 16 values, padded to 16 bytes.
-__device__ __forceinline__ long long vt_q8a_stride(int K) {
-    return ((long long)K + K / 8 + K / 4 + 15) / 16 * 16;
-}
-// After the n packed rows, for the int8 mma kernels: (dx, sum) per block of 16 values and
-// row, [K / 16][n8] (n8: 64, the most rows they take, or n rounded up to 8; the padding
-// rows are never written and their sums never stored), so a lane's two rows of a tile, 2t
-// and 2t + 1, are one 16-byte load.
-__device__ __forceinline__ int vt_q8a_n8(int n) { return n <= 64 ? 64 : (n + 7) / 8 * 8; }
-__device__ __forceinline__ vt_f2* vt_q8a_pairs(unsigned char* x, int n, int K) {
-    return (vt_f2*)(x + (long long)n * vt_q8a_stride(K));
-}
-
 // sum of the four int8 products of a and b, plus c: dp4a on NVIDIA, sdot4 where AMD has it.
 __device__ __forceinline__ int vt_dot4(int a, int b, int c) {
 #if defined(VT_HIP)

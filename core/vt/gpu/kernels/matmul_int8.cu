@@ -1,25 +1,6 @@
 
 // --------------------------------------------- int8 activations: quantize_rows, dp4a
 
-__device__ __forceinline__ void vt_q8a_block(unsigned char* out, int n, int K, int r, int bc,
-                                             float v) {
-    int lane = threadIdx.x % 32;
-    float amax = fabsf(v), s = v;
-    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, VT_SHFL_XOR(amax, m));
-    for (int m = 8; m > 0; m >>= 1) s += VT_SHFL_XOR(s, m);  // over each 16 lanes
-    float dx = amax / 127.0f;
-    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    unsigned char* row = out + (long long)r * vt_q8a_stride(K);
-    row[bc * 32 + lane] = (unsigned char)(vt_i8)(int)rintf(v * inv);
-    if ((lane & 15) == 0) {
-        int h = 2 * bc + lane / 16;  // the block of 16
-        ((float*)(row + K + K / 8))[h] = s;
-        if (lane == 0) ((float*)(row + K))[bc] = dx;
-        vt_f2* pairs = vt_q8a_pairs(out, n, K);
-        pairs[(long long)h * vt_q8a_n8(n) + r] = {dx, s};
-    }
-}
-
 // x[n, K] float32 -> packed int8 rows for the WT_Q8A decode kernels (see vt_q8a_stride),
 // then, after the n rows, the int8 mma kernels' pairs (vt_q8a_pairs): a group of 32 lanes
 // per block of 32 values, a lane per value (the max and the sums by shuffles); grid
