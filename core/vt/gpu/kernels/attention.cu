@@ -12,6 +12,8 @@
 // group's partials itself (vt_attention_combine_warp: attention_combine's sums), so no
 // second launch waits behind this one; counts[] (one int per (row, group), zero before
 // the launch) is left zero again for the next.
+// With xq (GpuBackend.attention_q8a, int8 rows) the kernel that writes a row's output also
+// packs it as quantize_rows would (vt_attn_out), for the int8 projection after attention.
 // FA_THREADS: a block's threads (GpuBackend.attention_threads compiles another: 512 is 16
 // warps a split block, a short context in 1-2 rounds of the warp path, so one split and no
 // combine launch: bench_variant.py --attention-threads 512 --splits 1; runs 100-101: +6.9%
