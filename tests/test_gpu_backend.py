@@ -2941,3 +2941,41 @@ def test_the_projection_packs_x_itself_where_attention_handed_nothing(
         assert not any(handed), kernels
         assert "quantize_rows" in kernels
     backend.close()
+
+
+@pytest.mark.parametrize(("ffn", "on"), [(64, True), (64, False), (48, True)])
+def test_swiglu_hands_its_int8_rows_to_the_down_projection_after_it(ffn: int, on: bool) -> None:
+    """swiglu_q8a (on by default): at int8 mma rows the swiglu kernel gets a second int8
+    scratch (xq) and an int per pair of its 16-feature blocks (zeroed once), and the down
+    projection of its output reads that scratch as x with no quantize_rows launch. Off, or
+    ffn not whole blocks of 32: xq 0, nothing handed on."""
+    assert GpuBackend.swiglu_q8a
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values, backend.swiglu_q8a = True, 0, on
+    c = OpCase(backend)
+    rng = np.random.default_rng(ffn)
+    s = backend.create_stream()
+    act = c.t("act", F32, 8, ffn)
+    backend.launch("rms_norm_swiglu", s, out=act, x=c.t("x", F32, 8, 64),
+                   norm=c.w("norm", np.ones(64, np.float32)), eps=1e-5,
+                   gate=c.w("g", rng.standard_normal((ffn, 64)).astype(np.float32), "Q8_0"),
+                   up=c.w("u", rng.standard_normal((ffn, 64)).astype(np.float32), "Q8_0"),
+                   scratch=c.t("s", F32, 8, 64), scratch_gate=c.t("sg", F32, 8, ffn),
+                   scratch_up=c.t("su", F32, 8, ffn))  # fmt: skip
+    norm_q, swiglu = rt.launches
+    assert (norm_q.kernel, swiglu.kernel) == ("quantize_norm_rows", "swiglu_mma1_q8a")
+    names = [n for _, n in kernel_signatures()["swiglu_mma"]]  # one per tiles: a macro's
+    xq, pairs = (swiglu.args[names.index(n)] for n in ("xq", "pair_counts"))
+    handed = on and ffn % 32 == 0
+    assert bool(xq) == bool(pairs) == handed
+    if handed:
+        assert xq != norm_q.args[0]  # not the swiglu's own packed x
+        zeroed = [call for call in rt.calls if call[0] == "memset"]
+        assert len(zeroed) == 1 and zeroed[0][1][3] is not None  # on the op's stream
+        w = c.w("down", rng.standard_normal((32, ffn)).astype(np.float32), "Q8_0")
+        y = c.t("y", F32, 8, 32)
+        backend.launch("matmul_add", s, out=y, x=act, weight=w, residual=y,
+                       scratch=c.t("s2", F32, 8, 32))  # fmt: skip
+        (down,) = rt.launches[2:]
+        assert down.kernel == "matmul_mma1_q8a" and down.args[1] == xq
+    backend.close()

@@ -228,9 +228,10 @@ class GpuBackend(
         self._keep_full = False
         self._reservations: list[_Reservation] = []  # live VMM reservations (KV growth)
         self._sm_number: int | None = None  # _sm()'s answer, once asked
-        # attention_q8a's hand-off: (stream, out's address, rows, values a row, the int8
-        # scratch) of the attention op just run, whose kernels packed out there; the next
-        # op's _int8_x of that x takes it, and the end of any other op's dispatch drops it.
+        # attention_q8a's and swiglu_q8a's hand-off: (stream, out's address, rows, values a
+        # row, the int8 scratch) of the attention or swiglu op just run, whose kernels
+        # packed out there; the next op's _int8_x of that x takes it, and the end of any
+        # other op's dispatch drops it.
         self._q8a_ready: tuple[Any, int, int, int, int] | None = None
 
     @property
@@ -542,10 +543,10 @@ class GpuBackend(
         if not self._int8_applies(x, *ws):
             return ws[0].suffix, 0
         n, k = x.shape
-        xq = self._int8_scratch(n, k)
         ready, self._q8a_ready = self._q8a_ready, None
-        if norm is None and ready == (stream.handle, self._address(x), n, k, xq):
-            return "q8a", xq  # the attention op's kernels packed x there (attention_q8a)
+        if norm is None and ready and ready[:4] == (stream.handle, self._address(x), n, k):
+            return "q8a", ready[4]  # the op before packed x there (attention_q8a, swiglu_q8a)
+        xq = self._int8_scratch(n, k)
         if norm is None:
             self._kernel("quantize_rows", (-(-k // _THREADS), n, 1), _THREADS, stream, P(xq),
                          self._ptr(x), I32(n), I32(k))  # fmt: skip
@@ -555,12 +556,12 @@ class GpuBackend(
                          self._ptr(x), P(norm.data), I32(n), I32(k), F32(eps))  # fmt: skip
         return "q8a", xq
 
-    def _int8_scratch(self, n: int, k: int) -> int:
+    def _int8_scratch(self, n: int, k: int, slot: str = "int8_x") -> int:
         """The scratch for n rows of k values packed as int8 (the rows, then the mma
-        kernels' pairs)."""
+        kernels' pairs); ``slot`` "int8_x out": swiglu's output's, beside its input's."""
         stride = (k + k // 8 + k // 4 + 15) // 16 * 16  # vt_q8a_stride in common.cu
         pairs = (k // 16) * max(64, -(-n // 8) * 8) * 8  # vt_q8a_pairs: (dx, sum) pairs
-        return self._scratch_at_least(n * stride + pairs, slot="int8_x")
+        return self._scratch_at_least(n * stride + pairs, slot=slot)
 
     def _attention_q8a(self, stream: Stream, out: Tensor, head_dim: int) -> int:
         """Where ``attention_q8a`` applies to attention's ``out`` (int8 rows, below the
@@ -805,13 +806,23 @@ class GpuBackend(
         self, stream: Stream, out: Tensor, xq: int, g: GpuWeight, u: GpuWeight, n: int,
         dim: int, nt: int,
     ) -> None:  # fmt: skip
-        """``swiglu_mma{nt}_q8a`` of x packed at ``xq`` (n rows of dim values)."""
+        """``swiglu_mma{nt}_q8a`` of x packed at ``xq`` (n rows of dim values); with
+        ``swiglu_q8a``, out packed too for the op after it (its int8 down projection)."""
         grid, split = self._mma_split(stream, -(-g.rows // 16), dim, 2, nt)
+        packed = pairs = 0
+        if self.swiglu_q8a and g.rows % 32 == 0:
+            packed = self._int8_scratch(n, g.rows, slot="int8_x out")
+            pairs = self._scratch_at_least(
+                4 * (grid[0] // 2), slot="swiglu pair counts", zero_on=stream
+            )
         self._kernel(
             f"swiglu_mma{nt}_q8a", grid, _mma_threads(2, nt), stream,
             self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.qarg), P(u.data),
-            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), *split, weights=(g, u),
+            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), *split, P(packed),
+            P(pairs), weights=(g, u),
         )  # fmt: skip
+        if packed:
+            self._q8a_ready = (stream.handle, self._address(out), n, g.rows, packed)
 
     def op_qkv(
         self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, x: Tensor, wq: Weight,

@@ -1258,6 +1258,60 @@ def test_last_block_combine_equals_the_combine_launch(
         io.close()
 
 
+#: swiglu_q8a's cases: (rows, dim, ffn, gate and up's type). K split over two slices at
+#: dim 2,048 (mma_split_blocks), 8 tiles of x at 33 rows, a 4-bit layout.
+SWIGLU_Q8A_CASES = ((8, 512, 96, "Q8_0"), (8, 2048, 96, "Q8_0"), (33, 512, 64, "Q4_1"))
+
+
+@pytest.mark.parametrize("case", SWIGLU_Q8A_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_swiglu_hands_its_int8_rows_to_the_down_projection(cuda: Any, case: tuple) -> None:
+    """swiglu_q8a: at int8 mma rows rms_norm_swiglu's kernel also packs its output (the
+    last of each pair of 16-feature blocks packing their 32 values a row) and matmul_add
+    of that output launches no quantize_rows: the act and the projection's output bit for
+    bit those of the setting off."""
+    rows, dim, ffn, wtype = case
+    rng = np.random.default_rng(rows + dim + ffn)
+    x = (rng.standard_normal((rows, dim)) * rng.uniform(0.1, 30, (rows, 1))).astype(np.float32)
+    norm_t, _ = weight_tensor("n", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32), "F32")
+    mats = {k: weight_tensor(k, rng.standard_normal((ffn, dim)).astype(np.float32), wtype)[0]
+            for k in ("gate", "up")}  # fmt: skip
+    down_t, _ = weight_tensor("d", rng.standard_normal((dim, ffn)).astype(np.float32), "Q8_0")
+    res = rng.standard_normal((rows, dim)).astype(np.float32)
+    io = IO(cuda)
+    saved = (cuda.swiglu_q8a, cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma)
+    cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = 8, 0, True
+    launched: dict[bool, list[str]] = {}
+    got: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
+    try:
+        ws = {k: cuda.upload_weight(t) for k, t in mats.items()}
+        nw, down = cuda.upload_weight(norm_t), cuda.upload_weight(down_t)
+        stream = cuda.create_stream()
+        for on in (False, True):
+            cuda.swiglu_q8a = on
+            act, y = io.empty(4 * rows * ffn), io.put(res)
+            launched[on] = []
+            with recording(cuda, launched[on]):
+                cuda.launch(
+                    "rms_norm_swiglu", stream, out=f32(act, rows, ffn),
+                    x=f32(io.put(x), rows, dim), norm=nw, eps=1e-5, **ws,
+                    scratch=f32(io.empty(x.nbytes), rows, dim),
+                    scratch_gate=f32(io.empty(4 * rows * ffn), rows, ffn),
+                    scratch_up=f32(io.empty(4 * rows * ffn), rows, ffn),
+                )  # fmt: skip
+                cuda.launch("matmul_add", stream, out=f32(y, rows, dim), x=f32(act, rows, ffn),
+                            weight=down, residual=f32(y, rows, dim),
+                            scratch=f32(io.empty(res.nbytes), rows, dim))  # fmt: skip
+            cuda.synchronize(stream)
+            got[on] = (io.get(act, np.float32, (rows, ffn)), io.get(y, np.float32, res.shape))
+        assert launched[False].count("quantize_rows") == 1, launched[False]
+        assert "quantize_rows" not in launched[True], launched[True]
+        for a, b, what in zip(got[True], got[False], ("act", "projection"), strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=what)
+    finally:
+        cuda.swiglu_q8a, cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = saved
+        io.close()
+
+
 #: attention_q8a's cases: (rows, KV heads, query heads, head_dim, most splits, last-block
 #: combine). Several splits and the combine launch (the 1B shape's batch 8: 2 heads a
 #: block), one split (the split kernel writes the rows: batch 32), the last-block combine,

@@ -184,7 +184,8 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
     if (!std::strcmp(name, "swiglu_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
         swiglu_mma##NO##_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),    \
             P(const float*, 3), P(int, 4), P(const vt_i8*, 5), P(const float*, 6), P(int, 7), \
-            P(int, 8), P(int, 9), P(int, 10), P(float*, 11), P(int*, 12)); }); return 1; }    \
+            P(int, 8), P(int, 9), P(int, 10), P(float*, 11), P(int*, 12),                     \
+            P(unsigned char*, 13), P(int*, 14)); }); return 1; }                              \
     if (!std::strcmp(name, "qkv_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                   \
         qkv_mma##NO##_q8a(P(float*, 0), P(float*, 1), P(float*, 2), P(const unsigned char*, 3), \
             P(const vt_i8*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),            \
@@ -649,6 +650,12 @@ def main() -> None:
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for case in checks.SWIGLU_Q8A_CASES:
+            label = f"swiglu int8 hand-off {case}"
+            if wanted(label):
+                checks.test_swiglu_hands_its_int8_rows_to_the_down_projection(backend, case)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in checks.Q8A_CASES:
             label = f"attention int8 hand-off {case}"
             if wanted(label):

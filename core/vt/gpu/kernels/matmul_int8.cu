@@ -236,7 +236,9 @@ struct VtRopeKv {
 };
 
 // MODE 0: out = x @ W.T (+ bias) (+ residual: out may alias it); 1: out = silu(x @ G.T) *
-// (x @ U.T) (weights 0 and 1, the same block size, each in its own layout); 2: q, k, v of
+// (x @ U.T) (weights 0 and 1, the same block size, each in its own layout), with xq
+// (GpuBackend.swiglu_q8a) also packed there for the int8 down projection after it, each
+// pair of blocks' last (pair_counts: an int a pair, zero before, left zero); 2: q, k, v of
 // weights 0, 1, 2 over N0 + N1 + N2 features (the host checks N0 and N1 are multiples of
 // 16, so a block's 16 features are one weight's); 3: 2, then rope_kv_store's work in the
 // epilogue (pairs (2i, 2i + 1) only: the host checks the style), q and k rotated and k
@@ -257,7 +259,8 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
                           const vt_i8* w2, const float* s2, int lg2, const float* b2,
                           const float* residual, int n, int N0, int N1, int N2, int K,
                           float* part, int* counts, const VtRopeKv* rk = nullptr,
-                          const RopeTable* table = nullptr) {
+                          const RopeTable* table = nullptr, unsigned char* xq = nullptr,
+                          int* pair_counts = nullptr) {
     constexpr int MT = MODE == 1 ? 2 : 1;
     constexpr int E = MT * NT * 4;
     constexpr int WARPS = E <= 32 ? 8 : 4;  // the host launches 32 * WARPS threads
@@ -366,6 +369,15 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
             }
         }
     }
+    if (MODE == 1 && xq) {
+        // The last of the two 16-feature blocks of a block of 32 to write its values packs
+        // the 32 of every row (a warp a row; the other block's through L2) as quantize_rows
+        // packs them: the same bytes (N % 32 == 0: the host checks).
+        if (!vt_last_block(pair_counts + blockIdx.x / 2, 2)) return;
+        int b32 = blockIdx.x / 2;
+        for (int row = warp; row < n; row += WARPS)
+            vt_q8a_block(xq, n, N, row, b32, vt_ld_l2(out + (long long)row * N + b32 * 32 + lane));
+    }
 }
 
 // Per NO (tiles of 8 rows: 1, 2, 4, 8): matmul_mma1_q8a, swiglu_mma2_q8a, qkv_mma4_q8a, ...
@@ -381,9 +393,10 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     extern "C" __global__ void swiglu_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
         const vt_i8* udata, const float* usm, int ulg, int n, int N, int K, float* part,      \
-        int* counts) {                                                                         \
+        int* counts, unsigned char* xq, int* pair_counts) {                                    \
         vt_mma_op<1, NO>(out, out, out, x, gdata, gsm, glg, 0, udata, usm, ulg, 0, udata, usm, \
-                         ulg, 0, 0, n, N, 0, 0, K, part, counts);                              \
+                         ulg, 0, 0, n, N, 0, 0, K, part, counts, nullptr, nullptr, xq,         \
+                         pair_counts);                                                         \
     }                                                                                          \
     extern "C" __global__ void qkv_mma##NO##_##SUFFIX(                                        \
         float* q, float* k, float* v, const unsigned char* x, const vt_i8* wq,                \
