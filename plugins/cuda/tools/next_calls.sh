@@ -23,6 +23,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 19    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 22    # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 11, about 400 s
@@ -201,6 +202,13 @@ case $N in
     # the int8 and split checks beside it), then decode batches 8-64 with it on, off, on
     bash $T setup models checksk:norm_quantize+int8_activation+mma_split
     KBATCH=8,16,32,64 KVARS='--mma-rope 1|--mma-rope 0|--mma-rope 1' bash $T kvars:smol kvars:1b
+    ;;
+22) # the thirty-fourth session's int8 hand-offs (attention_q8a, swiglu_q8a: the kernel before
+    # o and down packs x, no quantize_rows): their bits against quantize_rows on the GPU,
+    # then decode batches 8-32 with swiglu_q8a off, on, off, on
+    bash $T setup models checksk:attention_hands_its_int8+swiglu_hands_its_int8
+    KBATCH=8,16,32 KVARS='--swiglu-q8a 0|--swiglu-q8a 1|--swiglu-q8a 0|--swiglu-q8a 1' \
+        bash $T kvars:smol kvars:1b
     ;;
 20) # the engine's time a request a step at batches 32-256 on both shapes, every step's
     # output against final-only, profiled (engine_host.py --profile): run 146 had the
