@@ -81,8 +81,9 @@
 // Element d of head (oh % n_heads) of row i = oh / n_heads of attention's output, v; with xq
 // (GpuBackend.attention_q8a: the int8 projection after attention reads it) also its row
 // packed as quantize_rows packs x (the same function on the same float: the same bytes), so
-// that projection needs no quantize_rows launch. With xq the whole warp calls it, its lanes
-// on 32 consecutive elements of one head (head_dim % 32 == 0: one block of 32).
+// that projection needs no quantize_rows launch. With xq each whole group of 32 lanes
+// (threadIdx.x / 32) calls it on 32 consecutive elements of one head (head_dim % 32 == 0:
+// one block of 32).
 __device__ __forceinline__ void vt_attn_out(float* out, unsigned char* xq, int n, int n_heads,
                                             int head_dim, long long oh, int d, float v) {
     out[oh * head_dim + d] = v;
@@ -189,10 +190,9 @@ __device__ void vt_attention_combine_warp(float* out, const float* part, long lo
                 if (k0 + u < splits) num += wk * v[u];
             }
         }
-        if (xq)  // head_dim % 32 == 0: every lane's d is its own
+        // with xq (head_dim % 32 == 0) whole groups of 32 lanes pass or not (wave64 too)
+        if (d0 + lane < head_dim)
             vt_attn_out(out, xq, n, n_heads, head_dim, oh, d, ok ? num / den : vt_nan());
-        else if (d0 + lane < head_dim)
-            out[oh * head_dim + d] = ok ? num / den : vt_nan();
     }
 }
 
