@@ -2945,11 +2945,11 @@ def test_the_projection_packs_x_itself_where_attention_handed_nothing(
 
 @pytest.mark.parametrize(("ffn", "on"), [(64, True), (64, False), (48, True)])
 def test_swiglu_hands_its_int8_rows_to_the_down_projection_after_it(ffn: int, on: bool) -> None:
-    """swiglu_q8a (on by default): at int8 mma rows the swiglu kernel gets a second int8
-    scratch (xq) and an int per pair of its 16-feature blocks (zeroed once), and the down
-    projection of its output reads that scratch as x with no quantize_rows launch. Off, or
-    ffn not whole blocks of 32: xq 0, nothing handed on."""
-    assert GpuBackend.swiglu_q8a
+    """swiglu_q8a (off by default until a GPU has measured it): at int8 mma rows the swiglu
+    kernel gets a second int8 scratch (xq) and an int per pair of its 16-feature blocks
+    (zeroed once), and the down projection of its output reads that scratch as x with no
+    quantize_rows launch. Off, or ffn not whole blocks of 32: xq 0, nothing handed on."""
+    assert not GpuBackend.swiglu_q8a
     backend, rt = make()
     backend.int8_mma, backend.int8_min_values, backend.swiglu_q8a = True, 0, on
     c = OpCase(backend)

@@ -82,7 +82,7 @@ blocks (``GpuBackend.norm_quantize_values``, 256 since run 119; 0: a row a block
 for the int8 projection after it, which then launches no ``quantize_rows``
 (``GpuBackend.attention_q8a``, on) or that projection packs x itself (0);
 ``--swiglu-q8a 0|1``: the same for the int8 swiglu kernel and the down projection after it
-(``GpuBackend.swiglu_q8a``, on);
+(``GpuBackend.swiglu_q8a``, off until measured);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
 (``GpuBackend.mma_split_blocks``, 512 since run 119, 0: never; ``mma_split_min_k``, 1024);
