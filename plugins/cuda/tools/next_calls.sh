@@ -26,7 +26,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 22    # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 11, about 400 s
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: calls 22 and 11, about 560 s
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -36,11 +36,12 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-third session: gpu_checks.py's 396 tests beside the ones runs 153 and 155
-    # ran on qkv_rope_mma (its int8 checks, 84; the greedy ids against cpu and the graphs,
-    # 20; the kit, 217), so the whole file has run on the new default (about 400 s)
-    echo "next_calls.sh auto: call 11"
-    bash "$SELF" 11
+    # the thirty-fourth session: call 22 (swiglu_q8a's first GPU check and off/on, about
+    # 100 s), then call 11, gpu_checks.py's other tests on the defaults since run 155
+    # (qkv_rope_mma, VT_MMA_U8 2, attention_q8a), within what the call has left
+    echo "next_calls.sh auto: calls 22 and 11"
+    bash "$SELF" 22
+    CHECKLIMIT=${CHECKLIMIT:-450} bash "$SELF" 11
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -232,7 +233,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|21|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|22|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
