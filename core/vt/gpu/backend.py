@@ -329,9 +329,9 @@ class GpuBackend(
 
     # ---- ops: the core has checked every tensor and weight against the op's signature
     def _dispatch(self, op: str, stream: Stream, args: dict[str, Any]) -> None:
-        """Backend._dispatch; an attention_q8a hand-off lives to the end of the op after the
-        attention op that made it (whose first int8 step takes it), so an op that writes the
-        attention's output in between can never meet stale int8 rows."""
+        """Backend._dispatch; an int8 hand-off (attention_q8a, swiglu_q8a) lives to the end of
+        the op after the one that made it (whose first int8 step takes it), so an op that
+        writes the packed output in between can never meet stale int8 rows."""
         ready = self._q8a_ready
         try:
             super()._dispatch(op, stream, args)
