@@ -2869,6 +2869,7 @@ def _attention_then(backend: FakeGpu, c: OpCase, n: int, hd: int, between: str =
     layout = vt.KVLayout(n_layers=1, n_slots=n, max_len=16, n_kv_heads=2, head_dim=hd)
     s = backend.create_stream()
     out = c.t("attn", F32, n, 4 * hd)
+    w = c.w("wo", rng.standard_normal((32, 4 * hd)).astype(np.float32), "Q8_0")  # uploaded first
     backend.launch("attention", s, out=out, q=c.t("q", F32, n, 4 * hd),
                    cache=c.t("cache", F32, *layout.shape), slots=c.t("slots", I32, n),
                    positions=c.t("pos", I32, n), layout=layout, layer=0, n_heads=4,
@@ -2878,7 +2879,6 @@ def _attention_then(backend: FakeGpu, c: OpCase, n: int, hd: int, between: str =
         backend.launch("add", s, out=c.t("sum", F32, n, 4 * hd), a=out, b=out)
     elif between == "other x":
         x = c.t("x", F32, n, 4 * hd)
-    w = c.w("wo", rng.standard_normal((32, 4 * hd)).astype(np.float32), "Q8_0")
     y = c.t("y", F32, n, 32)
     backend.launch("matmul_add", s, out=y, x=x, weight=w, residual=y,
                    scratch=c.t("s", F32, n, 32))  # fmt: skip
@@ -2956,6 +2956,12 @@ def test_swiglu_hands_its_int8_rows_to_the_down_projection_after_it(ffn: int, on
     rng = np.random.default_rng(ffn)
     s = backend.create_stream()
     act = c.t("act", F32, 8, ffn)
+    # the down weight uploaded first: an upload between the two drops the hand-off
+    w = (
+        c.w("down", rng.standard_normal((32, ffn)).astype(np.float32), "Q8_0")
+        if ffn == 64
+        else None
+    )
     backend.launch("rms_norm_swiglu", s, out=act, x=c.t("x", F32, 8, 64),
                    norm=c.w("norm", np.ones(64, np.float32)), eps=1e-5,
                    gate=c.w("g", rng.standard_normal((ffn, 64)).astype(np.float32), "Q8_0"),
@@ -2972,10 +2978,48 @@ def test_swiglu_hands_its_int8_rows_to_the_down_projection_after_it(ffn: int, on
         assert xq != norm_q.args[0]  # not the swiglu's own packed x
         zeroed = [call for call in rt.calls if call[0] == "memset"]
         assert len(zeroed) == 1 and zeroed[0][1][3] is not None  # on the op's stream
-        w = c.w("down", rng.standard_normal((32, ffn)).astype(np.float32), "Q8_0")
+        assert w is not None
         y = c.t("y", F32, 8, 32)
         backend.launch("matmul_add", s, out=y, x=act, weight=w, residual=y,
                        scratch=c.t("s2", F32, 8, 32))  # fmt: skip
         (down,) = rt.launches[2:]
         assert down.kernel == "matmul_mma1_q8a" and down.args[1] == xq
+    backend.close()
+
+
+@pytest.mark.parametrize("work", ["memset", "copy_d2d", "copy_h2d_async", "graph"])
+def test_work_between_attention_and_the_projection_drops_the_hand_off(work: str) -> None:
+    """A memset, a copy or a graph's replay between the attention op and the projection of
+    its output may write that output: the projection packs x itself (quantize_rows)."""
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values = True, 0
+    c = OpCase(backend)
+    s = backend.create_stream()
+    layout = vt.KVLayout(n_layers=1, n_slots=8, max_len=16, n_kv_heads=2, head_dim=64)
+    out = c.t("attn", F32, 8, 256)
+    graph = None
+    if work == "graph":
+        backend.begin_capture(s)
+        backend.launch("add", s, out=c.t("g", F32, 1, 4), a=c.t("ga", F32, 1, 4),
+                       b=c.t("gb", F32, 1, 4))  # fmt: skip
+        graph = backend.end_capture(s)
+    backend.launch("attention", s, out=out, q=c.t("q", F32, 8, 256),
+                   cache=c.t("cache", F32, *layout.shape), slots=c.t("slots", I32, 8),
+                   positions=c.t("pos", I32, 8), layout=layout, layer=0, n_heads=4,
+                   scale=0.125)  # fmt: skip
+    if work == "memset":
+        backend.memset(out.buffer, 0, s)
+    elif work == "copy_d2d":
+        backend.copy_d2d(out.buffer, c.t("other", F32, 8, 256).buffer, 8 * 256 * 4, s)
+    elif work == "copy_h2d_async":
+        backend.copy_h2d_async(out.buffer, np.zeros((8, 256), np.float32), s)
+    else:
+        assert graph is not None
+        backend.launch_graph(graph, s)
+    w = c.w("wo", np.ones((32, 256), np.float32), "Q8_0")
+    y = c.t("y", F32, 8, 32)
+    backend.launch("matmul_add", s, out=y, x=out, weight=w, residual=y,
+                   scratch=c.t("s", F32, 8, 32))  # fmt: skip
+    kernels = [la.kernel for la in rt.launches]
+    assert kernels[-2:] == ["quantize_rows", "matmul_mma1_q8a"], kernels
     backend.close()

@@ -26,6 +26,7 @@ import numpy as np
 from ..protocol.backend import (
     Backend,
     Buffer,
+    Graph,
     KVLayout,
     RopeParams,
     RopeStyle,
@@ -338,6 +339,28 @@ class GpuBackend(
         finally:
             if ready is not None and self._q8a_ready is ready:
                 self._q8a_ready = None
+
+    # Work other than an op between an int8 hand-off's producer and its consumer (a copy, a
+    # memset, a graph's replay) may write the packed output's buffer: it drops the hand-off.
+    def _memset(self, buf: Buffer, value: int, stream: Stream | None) -> None:
+        self._q8a_ready = None
+        super()._memset(buf, value, stream)
+
+    def _copy_h2d(self, dst: Buffer, src: np.ndarray) -> None:
+        self._q8a_ready = None
+        super()._copy_h2d(dst, src)
+
+    def _copy_h2d_async(self, dst: Buffer, src: np.ndarray, stream: Stream) -> None:
+        self._q8a_ready = None
+        super()._copy_h2d_async(dst, src, stream)
+
+    def _copy_d2d(self, dst: Buffer, src: Buffer, nbytes: int, stream: Stream) -> None:
+        self._q8a_ready = None
+        super()._copy_d2d(dst, src, nbytes, stream)
+
+    def _launch_graph(self, graph: Graph, stream: Stream) -> None:
+        self._q8a_ready = None
+        super()._launch_graph(graph, stream)
 
     @staticmethod
     def _address(t: Tensor) -> int:

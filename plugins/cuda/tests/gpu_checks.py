@@ -1288,7 +1288,8 @@ def test_swiglu_hands_its_int8_rows_to_the_down_projection(cuda: Any, case: tupl
         stream = cuda.create_stream()
         for on in (False, True):
             cuda.swiglu_q8a = on
-            act, y = io.empty(4 * rows * ffn), io.put(res)
+            # every buffer first: a memset or copy between the two drops the hand-off
+            act, y, sy = io.empty(4 * rows * ffn), io.put(res), io.empty(res.nbytes)
             launched[on] = []
             with recording(cuda, launched[on]):
                 cuda.launch(
@@ -1300,7 +1301,7 @@ def test_swiglu_hands_its_int8_rows_to_the_down_projection(cuda: Any, case: tupl
                 )  # fmt: skip
                 cuda.launch("matmul_add", stream, out=f32(y, rows, dim), x=f32(act, rows, ffn),
                             weight=down, residual=f32(y, rows, dim),
-                            scratch=f32(io.empty(res.nbytes), rows, dim))  # fmt: skip
+                            scratch=f32(sy, rows, dim))  # fmt: skip
             cuda.synchronize(stream)
             got[on] = (io.get(act, np.float32, (rows, ffn)), io.get(y, np.float32, res.shape))
         assert launched[False].count("quantize_rows") == 1, launched[False]
@@ -1351,21 +1352,25 @@ def test_attention_hands_its_int8_rows_to_the_projection(cuda: Any, case: tuple)
         stream = cuda.create_stream()
         for way in ("off", "on", "between"):
             cuda.attention_q8a = way != "off"
-            out, y = io.empty(q.nbytes), io.put(res)
+            # every buffer first: a memset or copy between the two drops the hand-off
+            out, y, sy, other = io.empty(q.nbytes), io.put(res), io.empty(res.nbytes), None
+            qb, cb = io.put(q), io.put(cache)
+            sb, pb = io.put(slots), io.put(pos)
+            if way == "between":
+                other = io.empty(q.nbytes)
             launched[way] = []
             with recording(cuda, launched[way]):
                 cuda.launch(
-                    "attention", stream, out=f32(out, *q.shape), q=f32(io.put(q), *q.shape),
-                    cache=f32(io.put(cache), *layout.shape), slots=i32(io.put(slots), rows),
-                    positions=i32(io.put(pos), rows), layout=layout, layer=1,
-                    n_heads=n_heads, scale=0.125,
+                    "attention", stream, out=f32(out, *q.shape), q=f32(qb, *q.shape),
+                    cache=f32(cb, *layout.shape), slots=i32(sb, rows), positions=i32(pb, rows),
+                    layout=layout, layer=1, n_heads=n_heads, scale=0.125,
                 )  # fmt: skip
-                if way == "between":
-                    cuda.launch("add", stream, out=f32(io.empty(q.nbytes), *q.shape),
-                                a=f32(out, *q.shape), b=f32(out, *q.shape))  # fmt: skip
+                if other is not None:
+                    cuda.launch("add", stream, out=f32(other, *q.shape), a=f32(out, *q.shape),
+                                b=f32(out, *q.shape))  # fmt: skip
                 cuda.launch("matmul_add", stream, out=f32(y, rows, 96), x=f32(out, *q.shape),
                             weight=w, residual=f32(y, rows, 96),
-                            scratch=f32(io.empty(res.nbytes), rows, 96))  # fmt: skip
+                            scratch=f32(sy, rows, 96))  # fmt: skip
             cuda.synchronize(stream)
             got[way] = (io.get(out, np.float32, q.shape), io.get(y, np.float32, res.shape))
         assert "quantize_rows" in launched["off"] and "quantize_rows" in launched["between"]
