@@ -1313,6 +1313,106 @@ def test_swiglu_hands_its_int8_rows_to_the_down_projection(cuda: Any, case: tupl
         io.close()
 
 
+#: mma_deferred_norm's cases: (the op after the norm, rows, dim, the weights' type, K split
+#: over slices). dim 512 unsplit; 2,048 split over two slices (mma_split_blocks); 8 tiles of
+#: x at 33 rows; 4-bit layouts with offsets (Q4_1, Q4_K) and blocks of 16 (Q6_K).
+DEFERRED_MMA_CASES = (("swiglu", 8, 512, "Q8_0"), ("qkv", 8, 512, "Q8_0"),
+                      ("swiglu", 8, 2048, "Q8_0"), ("qkv", 33, 2048, "Q4_1"),
+                      ("swiglu", 33, 512, "Q4_K"), ("qkv", 17, 512, "Q6_K"))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DEFERRED_MMA_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_deferred_norm_at_int8_rows(cuda: Any, case: tuple) -> None:
+    """mma_deferred_norm: matmul_add_rms_norm_swiglu and matmul_add_rms_norm_qkv_rope_kv_store
+    at int8 mma rows launch quantize_rows, the projection's matmul_mma (which also packs
+    out * norm with its sums of squares) and the consumer's mma kernel, no
+    quantize_norm_rows: out (the residual's update) bit for bit that of the setting off,
+    what follows the norm (act; q, k, v and the cache) within the kit's bound of the
+    reference, as the setting off's is. Rows of x and the residual scaled apart."""
+    then, n, dim, wtype = case
+    op = DEFERRED[then]
+    rng = np.random.default_rng(n + dim + len(then))
+
+    def mk(name: str, rows: int, cols: int) -> tuple[vt.WeightTensor, np.ndarray]:
+        return weight_tensor(name, rng.standard_normal((rows, cols)).astype(np.float32), wtype)
+
+    wo = mk("wo", dim, dim)
+    norm_t, norm_ref = weight_tensor(
+        "n", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32), "F32"
+    )
+    x = (rng.standard_normal((n, dim)) * rng.uniform(0.1, 3, (n, 1))).astype(np.float32)
+    res = (rng.standard_normal((n, dim)) * rng.uniform(0.5, 30, (n, 1))).astype(np.float32)
+    layout = vt.KVLayout(n_layers=2, n_slots=n, max_len=8, n_kv_heads=2, head_dim=64)
+    if then == "swiglu":
+        mats = {"gate": mk("g", 96, dim), "up": mk("u", 96, dim)}
+        outs = {"act": (n, 96)}
+    else:
+        mats = {"wq": mk("q", 256, dim), "wk": mk("k", 128, dim), "wv": mk("v", 128, dim)}
+        outs = {"q": (n, 256), "k": (n, 128), "v": (n, 128)}
+    cache0 = rng.standard_normal(layout.shape).astype(np.float32)
+    positions = rng.integers(0, 8, n).astype(np.int32)
+    saved = (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma, cuda.mma_deferred_norm)
+    cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma = 8, 0, True
+    io = IO(cuda)
+    ws = {k: cuda.upload_weight(t) for k, (t, _) in mats.items()}
+    w, nw = cuda.upload_weight(wo[0]), cuda.upload_weight(norm_t)
+    launched: dict[bool, list[str]] = {True: [], False: []}
+    got: dict[bool, dict[str, np.ndarray]] = {}
+    try:
+        stream = cuda.create_stream()
+        for on in (False, True):
+            cuda.mma_deferred_norm = on
+            r_t = f32(io.put(res), n, dim)
+            args: dict[str, Any] = {k: f32(io.empty(4 * s[0] * s[1]), *s) for k, s in outs.items()}
+            if then == "swiglu":
+                args |= {
+                    k: f32(io.empty(4 * n * 96), n, 96) for k in ("scratch_gate", "scratch_up")
+                }
+            else:
+                args |= {"cache": vt.Tensor(io.put(cache0), np.float32, layout.shape),
+                         "positions": i32(io.put(positions), n),
+                         "slots": i32(io.put(np.arange(n, dtype=np.int32)), n),
+                         "layout": layout, "layer": 1, "n_heads": 4,
+                         "params": vt.RopeParams(64)}  # fmt: skip
+            x_t = f32(io.put(x), n, dim)
+            scratch, scratch_norm = f32(io.empty(x.nbytes), n, dim), f32(io.empty(x.nbytes), n, dim)
+            with recording(cuda, launched[on]):
+                cuda.launch(op, stream, out=r_t, x=x_t, weight=w, residual=r_t, norm=nw,
+                            eps=1e-5, scratch=scratch, scratch_norm=scratch_norm, **ws,
+                            **args)  # fmt: skip
+            cuda.synchronize(stream)
+            got[on] = {"out": io.get(r_t.buffer, np.float32, (n, dim))}
+            got[on] |= {k: io.get(args[k].buffer, np.float32, s) for k, s in outs.items()}
+            if then != "swiglu":
+                got[on]["cache"] = io.get(args["cache"].buffer, np.float32, layout.shape)
+        nt = cuda._mma_tiles(n)
+        consumer = launched[False][-1]
+        assert launched[False] == ["quantize_rows", f"matmul_mma{nt}_q8a", "quantize_norm_rows",
+                                   consumer], launched[False]  # fmt: skip
+        assert launched[True] == ["quantize_rows", f"matmul_mma{nt}_q8a", consumer]
+        np.testing.assert_array_equal(got[True]["out"], got[False]["out"])
+        want = {"out": np.zeros((n, dim), np.float32)}
+        want |= {k: np.zeros(s, np.float32) for k, s in outs.items()}
+        refs: dict[str, Any] = {k: ref for k, (_, ref) in mats.items()}
+        if then != "swiglu":
+            want["cache"] = cache0.copy()
+            refs |= {"positions": positions, "slots": np.arange(n, dtype=np.int32),
+                     "layout": layout, "layer": 1, "n_heads": 4,
+                     "params": vt.RopeParams(64)}  # fmt: skip
+        vt.OPS[op].reference({**want, "x": x, "weight": wo[1], "residual": res,
+                              "norm": norm_ref, "eps": 1e-5, **refs})  # fmt: skip
+        bound = kernel_tolerance(op, wtype)
+        for name, value in got[True].items():
+            assert nmse(value, want[name]) <= bound, name
+            assert nmse(got[False][name], want[name]) <= bound, name
+    finally:
+        (cuda.int8_min_rows, cuda.int8_min_values, cuda.int8_mma,
+         cuda.mma_deferred_norm) = saved  # fmt: skip
+        for weight in (*ws.values(), w, nw):
+            cuda.free_weight(weight)
+        io.close()
+
+
 #: attention_q8a's cases: (rows, KV heads, query heads, head_dim, most splits, last-block
 #: combine). Several splits and the combine launch (the 1B shape's batch 8: 2 heads a
 #: block), one split (the split kernel writes the rows: batch 32), the last-block combine,

@@ -24,6 +24,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 22    # carry [".whl"], about 150 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 23    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: calls 22 and 11, about 560 s
@@ -219,6 +220,14 @@ case $N in
 17) # gpu_checks.py's greedy ids on cuda against cpu, prefill graphs, logprobs and prefix
     # caching on the five groups (call 10's checks; then call 11 for the other 396)
     CHECKX="$OWED" bash $T setup checksx
+    ;;
+23) # the thirty-fifth session's deferred norm at int8 rows (mma_deferred_norm: the o and
+    # down projections' mma kernel packs out * norm, no quantize_norm_rows): its check, then
+    # decode batches 8-32 off, on, off, on (swiglu_q8a as call 22 left it: the default)
+    bash $T setup models checksk:deferred_norm_at_int8_rows
+    KBATCH=8,16,32 \
+        KVARS='--mma-deferred-norm 0|--mma-deferred-norm 1|--mma-deferred-norm 0|--mma-deferred-norm 1' \
+        bash $T kvars:smol kvars:1b
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125

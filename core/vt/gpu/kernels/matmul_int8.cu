@@ -244,6 +244,12 @@ struct VtRopeKv {
 // epilogue (pairs (2i, 2i + 1) only: the host checks the style), q and k rotated and k
 // and v stored into the cache, with rope_kv_store's roundings: its bits, one launch fewer.
 // x: quantize_rows's packed rows.
+// The deferred norm at int8 rows (GpuBackend.mma_deferred_norm): MODE 0 with xq, the
+// producer, also packs out * nw (not yet normalised) into xq, each pair of blocks' last
+// as MODE 1 packs, and writes psq[row][b32], the sum of out's squares over the block of
+// 32 (pairwise over the lanes); MODES 1-3 with psq (the consumers: x is such a producer's
+// xq) scale each row's sums by 1 / sqrt(sum(psq[row]) / K + eps) before the bias (the
+// late-scaled norm's numerics: not rms_norm's bits, within the kit's bounds).
 // K split (gridDim.y = S > 1, GpuBackend.mma_split_blocks): block (b, s) sums the K blocks
 // of slice s (ceil(K blocks / S) each) and writes its warps' sums to part[b][s]; the last
 // of the S blocks of b to finish (counts[b], zero before, left zero) adds the slices' sums
@@ -260,7 +266,8 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
                           const float* residual, int n, int N0, int N1, int N2, int K,
                           float* part, int* counts, const VtRopeKv* rk = nullptr,
                           const RopeTable* table = nullptr, unsigned char* xq = nullptr,
-                          int* pair_counts = nullptr) {
+                          int* pair_counts = nullptr, const float* nw = nullptr,
+                          float* psq = nullptr, float eps = 0.0f) {
     constexpr int MT = MODE == 1 ? 2 : 1;
     constexpr int E = MT * NT * 4;
     constexpr int WARPS = E <= 32 ? 8 : 4;  // the host launches 32 * WARPS threads
@@ -322,6 +329,17 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         }
         if (!vt_last_block(counts + blockIdx.x, S)) return;
     }
+    __shared__ float rsc[64];  // MODES 1-3 with psq: each row's norm scale
+    if (MODE != 0 && psq) {
+        int np = K / 32;
+        for (int row = warp; row < n; row += WARPS) {
+            float ss = 0.0f;
+            for (int i = lane; i < np; i += 32) ss += psq[(long long)row * np + i];
+            for (int m = 16; m > 0; m >>= 1) ss += VT_SHFL_XOR(ss, m);
+            if (lane == 0) rsc[row] = 1.0f / sqrtf(ss / (float)K + eps);
+        }
+        __syncthreads();
+    }
     for (int it = threadIdx.x; it < PE; it += WARPS * 32) {
         int L = it % 32, e = (it / 32) % 4, j = it / 128;
         int o = f + (L >> 2) + 8 * (e >> 1), row = j * 8 + 2 * (L & 3) + (e & 1);
@@ -334,7 +352,7 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
             } else {
                 for (int w = 0; w < WARPS; ++w) s += red[w][(m * NT + j) * 4 + e][L];
             }
-            v[m] = s;
+            v[m] = MODE != 0 && psq && row < n ? s * rsc[row] : s;
         }
         if (MODE == 3) {
             // the pair's other feature (o ^ 1) is lane ^ 4's, in the same iteration (within
@@ -369,14 +387,24 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
             }
         }
     }
-    if (MODE == 1 && xq) {
+    if (MODE <= 1 && xq) {
         // The last of the two 16-feature blocks of a block of 32 to write its values packs
         // the 32 of every row (a warp a row; the other block's through L2) as quantize_rows
-        // packs them: the same bytes (N % 32 == 0: the host checks).
+        // packs them: the same bytes (N % 32 == 0: the host checks). MODE 0 (the deferred
+        // norm's producer): out * nw, and the block's sum of out's squares into psq.
         if (!vt_last_block(pair_counts + blockIdx.x / 2, 2)) return;
         int b32 = blockIdx.x / 2;
-        for (int row = warp; row < n; row += WARPS)
-            vt_q8a_block(xq, n, N, row, b32, vt_ld_l2(out + (long long)row * N + b32 * 32 + lane));
+        float wn = MODE == 0 ? nw[b32 * 32 + lane] : 1.0f;
+        for (int row = warp; row < n; row += WARPS) {
+            float v = vt_ld_l2(out + (long long)row * N + b32 * 32 + lane);
+            if (MODE == 0) {
+                float q = v * v;
+                for (int m = 16; m > 0; m >>= 1) q += VT_SHFL_XOR(q, m);
+                if (lane == 0) psq[(long long)row * (N / 32) + b32] = q;
+                v *= wn;
+            }
+            vt_q8a_block(xq, n, N, row, b32, v);
+        }
     }
 }
 
@@ -386,25 +414,27 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     extern "C" __global__ void matmul_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* data, const float* sm, int lg_block, \
         const float* bias, const float* residual, int n, int N, int K, float* part,           \
-        int* counts) {                                                                         \
+        int* counts, unsigned char* xq, int* pair_counts, const float* nw, float* psq) {       \
         vt_mma_op<0, NO>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
-                         data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts);     \
+                         data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts,      \
+                         nullptr, nullptr, xq, pair_counts, nw, psq);                          \
     }                                                                                          \
     extern "C" __global__ void swiglu_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
         const vt_i8* udata, const float* usm, int ulg, int n, int N, int K, float* part,      \
-        int* counts, unsigned char* xq, int* pair_counts) {                                    \
+        int* counts, unsigned char* xq, int* pair_counts, float* psq, float eps) {             \
         vt_mma_op<1, NO>(out, out, out, x, gdata, gsm, glg, 0, udata, usm, ulg, 0, udata, usm, \
                          ulg, 0, 0, n, N, 0, 0, K, part, counts, nullptr, nullptr, xq,         \
-                         pair_counts);                                                         \
+                         pair_counts, nullptr, psq, eps);                                      \
     }                                                                                          \
     extern "C" __global__ void qkv_mma##NO##_##SUFFIX(                                        \
         float* q, float* k, float* v, const unsigned char* x, const vt_i8* wq,                \
         const float* sq, int lgq, const float* bq, const vt_i8* wk, const float* sk, int lgk, \
         const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
-        int Nq, int Nk, int Nv, int K, float* part, int* counts) {                             \
+        int Nq, int Nk, int Nv, int K, float* part, int* counts, float* psq, float eps) {      \
         vt_mma_op<2, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
-                         Nq, Nk, Nv, K, part, counts);                                         \
+                         Nq, Nk, Nv, K, part, counts, nullptr, nullptr, nullptr, nullptr,      \
+                         nullptr, psq, eps);                                                   \
     }
 // qkv_mma then rope_kv_store in one launch (MODE 3): the arguments of both, less
 // rope_kv_store's q, k, v, n, n_heads, n_kv and neox (pairs (2i, 2i + 1) only).
@@ -415,10 +445,11 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
         int Nq, int Nk, int Nv, int K, float* part, int* counts, const int* positions,        \
         const int* slots, float* cache, int head_dim, int n_slots, int n_layers, int max_len, \
-        int layer, RopeTable table) {                                                          \
+        int layer, RopeTable table, float* psq, float eps) {                                   \
         VtRopeKv rk = {positions, slots, cache, head_dim, n_slots, n_layers, max_len, layer};  \
         vt_mma_op<3, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
-                         Nq, Nk, Nv, K, part, counts, &rk, &table);                            \
+                         Nq, Nk, Nv, K, part, counts, &rk, &table, nullptr, nullptr, nullptr,  \
+                         psq, eps);                                                            \
     }
 VT_DECODE_MMA(q8a, 1)
 VT_DECODE_MMA(q8a, 2)
