@@ -24,10 +24,11 @@
 #   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 22    # carry [".whl"], about 150 s, any card
-#   bash plugins/cuda/tools/next_calls.sh 23    # carry [".whl"], about 200 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 23    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: calls 22 and 11, about 560 s
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 23, then 11 within
+#                                               # what is left of 560 s
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -37,12 +38,13 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-fourth session: call 22 (swiglu_q8a's first GPU check and off/on, about
-    # 100 s), then call 11, gpu_checks.py's other tests on the defaults since run 155
-    # (qkv_rope_mma, VT_MMA_U8 2, attention_q8a), within what the call has left
-    echo "next_calls.sh auto: calls 22 and 11"
-    bash "$SELF" 22
-    CHECKLIMIT=${CHECKLIMIT:-450} bash "$SELF" 11
+    # the thirty-fifth session: call 23 (swiglu_q8a's and mma_deferred_norm's first GPU
+    # checks and their measurement), then call 11, gpu_checks.py's other tests on the
+    # defaults since run 155 (qkv_rope_mma, VT_MMA_U8 2, attention_q8a), within what is left
+    echo "next_calls.sh auto: calls 23 and 11"
+    START=$SECONDS
+    bash "$SELF" 23
+    CHECKLIMIT=${CHECKLIMIT:-$((560 - (SECONDS - START)))} bash "$SELF" 11
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -221,13 +223,17 @@ case $N in
     # caching on the five groups (call 10's checks; then call 11 for the other 396)
     CHECKX="$OWED" bash $T setup checksx
     ;;
-23) # the thirty-fifth session's deferred norm at int8 rows (mma_deferred_norm: the o and
-    # down projections' mma kernel packs out * norm, no quantize_norm_rows): its check, then
-    # decode batches 8-32 off, on, off, on (swiglu_q8a as call 22 left it: the default)
-    bash $T setup models checksk:deferred_norm_at_int8_rows
-    KBATCH=8,16,32 \
-        KVARS='--mma-deferred-norm 0|--mma-deferred-norm 1|--mma-deferred-norm 0|--mma-deferred-norm 1' \
+23) # call 22 and the thirty-fifth session's deferred norm at int8 rows (mma_deferred_norm:
+    # the o and down projections' mma kernel packs out * norm, no quantize_norm_rows) in one:
+    # the three bit and bound checks, then decode batches 8-32 on the tree (both off),
+    # swiglu_q8a on, both on; twice
+    bash $T setup models checksk:attention_hands_its_int8+swiglu_hands_its_int8+deferred_norm_at_int8_rows
+    S='--swiglu-q8a 1'
+    KBATCH=8,16,32 KVARS="--swiglu-q8a 0|$S|$S --mma-deferred-norm 1|--swiglu-q8a 0|$S|$S --mma-deferred-norm 1" \
         bash $T kvars:smol kvars:1b
+    # where a batch-8 step of the 1B shape goes (no per-kernel table at batch 8 yet), the
+    # tree and both on
+    KPBATCH=8 KPVARS="|$S --mma-deferred-norm 1" bash $T kprofile:1b
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
