@@ -2308,7 +2308,7 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
             "scratch_up": c.t("su", F32, n, 40),
         }
         kernel, blocks = "swiglu_mma", 3
-        scalars = {"glg": lg("Q8_0"), "ulg": lg("Q4_1"), "n": n, "N": 40, "K": 64, "eps": 0.0}
+        scalars = {"glg": lg("Q8_0"), "ulg": lg("Q4_1"), "n": n, "N": 40, "K": 64}
     else:
         args = {
             "q": c.t("q", F32, n, 32),
@@ -2330,7 +2330,6 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
             "Nk": 16,
             "Nv": 8,
             "K": 64,
-            "eps": 0.0,  # no deferred norm (psq null)
         }
     backend.launch(op, backend.create_stream(), **args)  # fmt: skip
     quantize, launch = rt.launches
@@ -2510,8 +2509,7 @@ def test_mma_rope_puts_rope_and_the_kv_store_in_the_qkv_launch(
     assert kernels == ["quantize_norm_rows", "qkv_rope_mma2_q8a"]
     launch = rt.launches[1]
     names = [n for _, n in kernel_signatures()["qkv_rope_mma"]]
-    plain = [n for _, n in kernel_signatures()["qkv_mma"]]
-    assert names[:23] == plain[:23] and names[-2:] == plain[-2:] == ["psq", "eps"]
+    assert names[:23] == [n for _, n in kernel_signatures()["qkv_mma"]]
     arg = dict(zip(names, launch.args, strict=True))
     assert launch.grid == (4, 2, 1) and launch.block == (256, 1, 1)
     assert arg["x"] == rt.launches[0].args[0]  # the packed rows
@@ -2521,7 +2519,6 @@ def test_mma_rope_puts_rope_and_the_kv_store_in_the_qkv_launch(
     assert [arg[n] for n in sizes] == [9, 32, 16, 16, 2048, 16, 8, 3, 6, 2]
     assert arg["part"] and arg["counts"]  # K split: the slices' scratch
     assert list(arg["table"].inv) == list(rope_table(params).inv)
-    assert not arg["psq"]  # x normalised by quantize_norm_rows: no deferred norm
     backend.close()
 
 
@@ -2943,125 +2940,6 @@ def test_the_projection_packs_x_itself_where_attention_handed_nothing(
     else:
         assert not any(handed), kernels
         assert "quantize_rows" in kernels
-    backend.close()
-
-
-@pytest.mark.parametrize(("ffn", "on"), [(64, True), (64, False), (48, True)])
-def test_swiglu_hands_its_int8_rows_to_the_down_projection_after_it(ffn: int, on: bool) -> None:
-    """swiglu_q8a (off by default until a GPU has measured it): at int8 mma rows the swiglu
-    kernel gets a second int8 scratch (xq) and an int per pair of its 16-feature blocks
-    (zeroed once), and the down projection of its output reads that scratch as x with no
-    quantize_rows launch. Off, or ffn not whole blocks of 32: xq 0, nothing handed on."""
-    assert not GpuBackend.swiglu_q8a
-    backend, rt = make()
-    backend.int8_mma, backend.int8_min_values, backend.swiglu_q8a = True, 0, on
-    c = OpCase(backend)
-    rng = np.random.default_rng(ffn)
-    s = backend.create_stream()
-    act = c.t("act", F32, 8, ffn)
-    # the down weight uploaded first: an upload between the two drops the hand-off
-    w = (
-        c.w("down", rng.standard_normal((32, ffn)).astype(np.float32), "Q8_0")
-        if ffn == 64
-        else None
-    )
-    backend.launch("rms_norm_swiglu", s, out=act, x=c.t("x", F32, 8, 64),
-                   norm=c.w("norm", np.ones(64, np.float32)), eps=1e-5,
-                   gate=c.w("g", rng.standard_normal((ffn, 64)).astype(np.float32), "Q8_0"),
-                   up=c.w("u", rng.standard_normal((ffn, 64)).astype(np.float32), "Q8_0"),
-                   scratch=c.t("s", F32, 8, 64), scratch_gate=c.t("sg", F32, 8, ffn),
-                   scratch_up=c.t("su", F32, 8, ffn))  # fmt: skip
-    norm_q, swiglu = rt.launches
-    assert (norm_q.kernel, swiglu.kernel) == ("quantize_norm_rows", "swiglu_mma1_q8a")
-    names = [n for _, n in kernel_signatures()["swiglu_mma"]]  # one per tiles: a macro's
-    xq, pairs = (swiglu.args[names.index(n)] for n in ("xq", "pair_counts"))
-    handed = on and ffn % 32 == 0
-    assert bool(xq) == bool(pairs) == handed
-    if handed:
-        assert xq != norm_q.args[0]  # not the swiglu's own packed x
-        zeroed = [call for call in rt.calls if call[0] == "memset"]
-        assert len(zeroed) == 1 and zeroed[0][1][3] is not None  # on the op's stream
-        assert w is not None
-        y = c.t("y", F32, 8, 32)
-        backend.launch("matmul_add", s, out=y, x=act, weight=w, residual=y,
-                       scratch=c.t("s2", F32, 8, 32))  # fmt: skip
-        (down,) = rt.launches[2:]
-        assert down.kernel == "matmul_mma1_q8a" and down.args[1] == xq
-    backend.close()
-
-
-@pytest.mark.parametrize(
-    ("then", "n", "dim", "on"),
-    [("swiglu", 8, 64, True), ("qkv", 9, 64, True), ("swiglu", 8, 64, False),
-     ("qkv", 1, 64, True)],
-)  # fmt: skip
-def test_deferred_norm_at_int8_rows_packs_in_the_projection(
-    then: str, n: int, dim: int, on: bool
-) -> None:
-    """mma_deferred_norm (off by default until a GPU has measured it): at int8 mma rows
-    matmul_add_rms_norm_swiglu / _qkv_rope_kv_store launch quantize_rows, matmul_mma with
-    a third int8 scratch (xq), an int per pair of its 16-feature blocks (zeroed once), the
-    norm weight and the partial sums of squares, then the consumer's mma kernel on that
-    scratch with the sums and eps: no quantize_norm_rows. Off, or one row: the path before
-    it."""
-    assert not GpuBackend.mma_deferred_norm
-    backend, rt = make()
-    backend.int8_mma, backend.int8_min_values, backend.mma_deferred_norm = True, 0, on
-    c = OpCase(backend)
-    rng = np.random.default_rng(dim)
-
-    def w(name: str, rows: int, cols: int = dim) -> vt.Weight:
-        return c.w(name, rng.standard_normal((rows, cols)).astype(np.float32), "Q8_0")
-
-    a: dict[str, Any] = {
-        "out": c.t("out", F32, n, dim), "x": c.t("x", F32, n, 64), "weight": w("wo", dim, 64),
-        "norm": c.w("norm", np.ones(dim, np.float32)), "eps": 1e-5,
-        "scratch": c.t("s", F32, n, dim), "scratch_norm": c.t("sn", F32, n, dim),
-    }  # fmt: skip
-    a["residual"] = a["out"]
-    if then == "swiglu":
-        op = "matmul_add_rms_norm_swiglu"
-        a |= {"act": c.t("act", F32, n, 32), "gate": w("g", 32), "up": w("u", 32),
-              "scratch_gate": c.t("sg", F32, n, 32),
-              "scratch_up": c.t("su", F32, n, 32)}  # fmt: skip
-    else:
-        op = "matmul_add_rms_norm_qkv_rope_kv_store"
-        layout = vt.KVLayout(n_layers=1, n_slots=16, max_len=4, n_kv_heads=1, head_dim=16)
-        a |= {"q": c.t("q", F32, n, 32), "k": c.t("k", F32, n, 16), "v": c.t("v", F32, n, 16),
-              "wq": w("wq", 32), "wk": w("wk", 16), "wv": w("wv", 16),
-              "positions": c.t("positions", I32, n), "slots": c.t("slots", I32, n),
-              "cache": c.t("cache", F32, *layout.shape), "layout": layout, "layer": 0,
-              "n_heads": 2, "params": vt.RopeParams(16)}  # fmt: skip
-    s = backend.create_stream()
-    rt.calls.clear()
-    backend.launch(op, s, **a)
-    kernels = [launch.kernel for launch in rt.launches]
-    deferred = on and n > 1
-    if not deferred:
-        assert "quantize_norm_rows" in kernels or n == 1, kernels
-        assert all("psq" not in k or n == 1 for k in kernels), kernels
-        backend.close()
-        return
-    consumer = "swiglu_mma" if then == "swiglu" else "qkv_rope_mma"
-    nt = 1 if n <= 8 else 2
-    assert kernels == ["quantize_rows", f"matmul_mma{nt}_q8a", f"{consumer}{nt}_q8a"]
-    quant, proj, cons = rt.launches
-    names = [m for _, m in kernel_signatures()["matmul_mma"]]
-    arg = dict(zip(names, proj.args, strict=True))
-    assert arg["x"] == quant.args[0] and arg["out"] == arg["residual"] == c.addresses["out"]
-    assert arg["nw"] == a["norm"].handle.data
-    assert arg["xq"] and arg["xq"] != arg["x"] and arg["pair_counts"] and arg["psq"]
-    assert proj.grid[0] == dim // 16
-    zeroed = [call for call in rt.calls if call[0] == "memset"]
-    assert len(zeroed) == 1 and zeroed[0][1][3] is not None  # the pair counts, on the stream
-    cnames = [m for _, m in kernel_signatures()[consumer]]
-    carg = dict(zip(cnames, cons.args, strict=True))
-    assert carg["x"] == arg["xq"] and carg["psq"] == arg["psq"]
-    assert carg["eps"] == pytest.approx(1e-5) and carg["K"] == dim
-    if then == "swiglu":
-        assert carg["out"] == c.addresses["act"] and not carg["xq"]  # swiglu_q8a: off
-    else:
-        assert carg["q"] == c.addresses["q"] and carg["cache"] == c.addresses["cache"]
     backend.close()
 
 

@@ -229,10 +229,9 @@ class GpuBackend(
         self._keep_full = False
         self._reservations: list[_Reservation] = []  # live VMM reservations (KV growth)
         self._sm_number: int | None = None  # _sm()'s answer, once asked
-        # attention_q8a's and swiglu_q8a's hand-off: (stream, out's address, rows, values a
-        # row, the int8 scratch) of the attention or swiglu op just run, whose kernels
-        # packed out there; the next op's _int8_x of that x takes it, and the end of any
-        # other op's dispatch drops it.
+        # attention_q8a's hand-off: (stream, out's address, rows, values a row, the int8
+        # scratch) of the attention op just run, whose kernels packed out there; the next
+        # op's _int8_x of that x takes it, and the end of any other op's dispatch drops it.
         self._q8a_ready: tuple[Any, int, int, int, int] | None = None
 
     @property
@@ -330,7 +329,7 @@ class GpuBackend(
 
     # ---- ops: the core has checked every tensor and weight against the op's signature
     def _dispatch(self, op: str, stream: Stream, args: dict[str, Any]) -> None:
-        """Backend._dispatch; an int8 hand-off (attention_q8a, swiglu_q8a) lives to the end of
+        """Backend._dispatch; an int8 hand-off (attention_q8a) lives to the end of
         the op after the one that made it (whose first int8 step takes it), so an op that
         writes the packed output in between can never meet stale int8 rows."""
         ready = self._q8a_ready
@@ -485,7 +484,7 @@ class GpuBackend(
             if xq and (nt := self._mma_tiles(n)):
                 grid, split = self._mma_split(stream, -(-out_f // 16), in_f, 1, nt)
                 self._kernel(f"matmul_mma{nt}_q8a", grid, _mma_threads(1, nt), stream, *args,
-                             *split, P(0), P(0), P(0), P(0), weights=(w,))  # fmt: skip
+                             *split, weights=(w,))  # fmt: skip
                 return
             grid, rpb, no = self._small_grid(n, out_f)
             self._kernel(f"matmul_small{no}_{suffix}", grid, _THREADS, stream, *args, I32(rpb),
@@ -568,7 +567,7 @@ class GpuBackend(
         n, k = x.shape
         ready, self._q8a_ready = self._q8a_ready, None
         if norm is None and ready and ready[:4] == (stream.handle, self._address(x), n, k):
-            return "q8a", ready[4]  # the op before packed x there (attention_q8a, swiglu_q8a)
+            return "q8a", ready[4]  # the op before packed x there (attention_q8a)
         xq = self._int8_scratch(n, k)
         if norm is None:
             self._kernel("quantize_rows", (-(-k // _THREADS), n, 1), _THREADS, stream, P(xq),
@@ -579,12 +578,12 @@ class GpuBackend(
                          self._ptr(x), P(norm.data), I32(n), I32(k), F32(eps))  # fmt: skip
         return "q8a", xq
 
-    def _int8_scratch(self, n: int, k: int, slot: str = "int8_x") -> int:
+    def _int8_scratch(self, n: int, k: int) -> int:
         """The scratch for n rows of k values packed as int8 (the rows, then the mma
-        kernels' pairs); ``slot`` "int8_x out": swiglu's output's, beside its input's."""
+        kernels' pairs)."""
         stride = (k + k // 8 + k // 4 + 15) // 16 * 16  # vt_q8a_stride in common.cu
         pairs = (k // 16) * max(64, -(-n // 8) * 8) * 8  # vt_q8a_pairs: (dx, sum) pairs
-        return self._scratch_at_least(n * stride + pairs, slot=slot)
+        return self._scratch_at_least(n * stride + pairs, slot="int8_x")
 
     def _attention_q8a(self, stream: Stream, out: Tensor, head_dim: int) -> int:
         """Where ``attention_q8a`` applies to attention's ``out`` (int8 rows, below the
@@ -827,26 +826,15 @@ class GpuBackend(
 
     def _swiglu_mma(
         self, stream: Stream, out: Tensor, xq: int, g: GpuWeight, u: GpuWeight, n: int,
-        dim: int, nt: int, psq: tuple[int, float] = (0, 0.0),
+        dim: int, nt: int,
     ) -> None:  # fmt: skip
-        """``swiglu_mma{nt}_q8a`` of x packed at ``xq`` (n rows of dim values); with
-        ``swiglu_q8a``, out packed too for the op after it (its int8 down projection);
-        ``psq`` (the deferred norm's partial sums and eps): x not yet normalised."""
+        """``swiglu_mma{nt}_q8a`` of x packed at ``xq`` (n rows of dim values)."""
         grid, split = self._mma_split(stream, -(-g.rows // 16), dim, 2, nt)
-        packed = pairs = 0
-        if self.swiglu_q8a and g.rows % 32 == 0:
-            packed = self._int8_scratch(n, g.rows, slot="int8_x out")
-            pairs = self._scratch_at_least(
-                4 * (grid[0] // 2), slot="swiglu pair counts", zero_on=stream
-            )
         self._kernel(
             f"swiglu_mma{nt}_q8a", grid, _mma_threads(2, nt), stream,
             self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.qarg), P(u.data),
-            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), *split, P(packed),
-            P(pairs), P(psq[0]), F32(psq[1]), weights=(g, u),
+            P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), *split, weights=(g, u),
         )  # fmt: skip
-        if packed:
-            self._q8a_ready = (stream.handle, self._address(out), n, g.rows, packed)
 
     def op_qkv(
         self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, x: Tensor, wq: Weight,
@@ -894,17 +882,15 @@ class GpuBackend(
     def _qkv_mma(
         self, stream: Stream, qkv: tuple[Tensor, Tensor, Tensor], xq: int,
         ws: list[GpuWeight], per_weight: list[Any], n: int, dim: int, nt: int,
-        rope: list[Any] | None = None, psq: tuple[int, float] = (0, 0.0),
+        rope: list[Any] | None = None,
     ) -> None:  # fmt: skip
         """``qkv_mma{nt}_q8a`` of x packed at ``xq`` (``per_weight``: _qkv_weight_args);
-        with ``rope`` (its RoPE and KV store arguments) ``qkv_rope_mma{nt}_q8a``; ``psq``
-        as ``_swiglu_mma`` takes it."""
+        with ``rope`` (its RoPE and KV store arguments) ``qkv_rope_mma{nt}_q8a``."""
         grid, split = self._mma_split(stream, -(-sum(w.rows for w in ws) // 16), dim, 1, nt)
         self._kernel(
             f"qkv_{'rope_' if rope else ''}mma{nt}_q8a", grid, _mma_threads(1, nt), stream,
             *(self._ptr(t) for t in qkv), P(xq), *per_weight, I32(n),
-            *(I32(w.rows) for w in ws), I32(dim), *split, *(rope or ()), P(psq[0]),
-            F32(psq[1]), weights=tuple(ws),
+            *(I32(w.rows) for w in ws), I32(dim), *split, *(rope or ()), weights=tuple(ws),
         )  # fmt: skip
 
     def op_qkv_rope_kv_store(
@@ -964,15 +950,13 @@ class GpuBackend(
         self._qkv_rope_launch(stream, op, kernel, a, ws, gv[1], extra)
 
     def _norm_qkv_mma(
-        self, stream: Stream, a: dict[str, Any], norm: GpuWeight, ws: list[GpuWeight], nt: int,
-        deferred: tuple[int, int] = (0, 0),
-    ) -> None:  # fmt: skip
+        self, stream: Stream, a: dict[str, Any], norm: GpuWeight, ws: list[GpuWeight], nt: int
+    ) -> None:
         """rms_norm_qkv_rope_kv_store at int8 rows (``norm_quantize``): x normalised and
         quantized in one launch, then the projections, RoPE and the KV store on
         ``qkv_rope_mma{nt}_q8a`` (``mma_rope``), or on ``qkv_mma{nt}_q8a`` then
         ``rope_kv_store`` (the op's decomposition without rms_norm's and quantize_rows'
-        launches: the same bits either way). ``deferred`` (the deferred norm's packed x and
-        partial sums, ``_deferred_mma``): x is packed already, not yet normalised."""
+        launches: the same bits either way)."""
         op = "rms_norm_qkv_rope_kv_store"
         x: Tensor = a["x"]
         n, dim = x.shape
@@ -987,12 +971,9 @@ class GpuBackend(
             rope = [self._ptr(a["positions"]), self._ptr(a["slots"]), self._ptr(a["cache"]),
                     I32(params.head_dim), I32(layout.n_slots), I32(layout.n_layers),
                     I32(layout.max_len), I32(a["layer"]), table]  # fmt: skip
-        xq, psq = deferred
-        if not xq:
-            _, xq = self._int8_x(stream, x, *ws, norm=norm, eps=a["eps"])
+        _, xq = self._int8_x(stream, x, *ws, norm=norm, eps=a["eps"])
         per_weight = _qkv_weight_args(ws, self._qkv_biases(a, op))
-        qkv = (a["q"], a["k"], a["v"])
-        self._qkv_mma(stream, qkv, xq, ws, per_weight, n, dim, nt, rope, (psq, a["eps"]))
+        self._qkv_mma(stream, (a["q"], a["k"], a["v"]), xq, ws, per_weight, n, dim, nt, rope)
         if rope is not None:
             return
         rope_args = get_op("rope_kv_store").args
@@ -1071,57 +1052,6 @@ class GpuBackend(
         )  # fmt: skip
         return psq, count
 
-    def _mma_matmul(self, x: Tensor, w: GpuWeight) -> int:
-        """The tiles of 8 rows where ``_matmul`` of ``x`` by ``w`` takes the int8 mma
-        kernels (``matmul_mma{nt}_q8a``); 0: another path."""
-        n = x.shape[0]
-        first = self._mma_first(x, w)
-        if n >= self.blas_min_rows and self._rt.blas() and not first:
-            return 0
-        if (n >= self.tiled_min_rows and not first) or self._gemv(x, w)[0]:
-            return 0
-        return self._mma_tiles(n) if self._int8_applies(x, w) else 0
-
-    def _deferred_mma(
-        self, stream: Stream, op: str, a: dict[str, Any], w: GpuWeight, nw: GpuWeight,
-        ws: list[GpuWeight],
-    ) -> bool:  # fmt: skip
-        """``op`` (a matmul_add_rms_norm_* op) at int8 mma rows with ``mma_deferred_norm``:
-        ``matmul_mma{nt}_q8a`` writes out (the residual add) and packs out * nw unscaled
-        with a sum of out's squares a block of 32 (``int8_x norm``, ``mma deferred norm
-        sums``), and the consumer's mma kernel (``ws``: gate and up, or q, k and v) takes x
-        packed from there and scales each row's sums by its norm at the end: no
-        ``quantize_norm_rows`` launch. False (nothing launched) where any part of that does
-        not apply."""
-        out, x = a["out"], a["x"]
-        n, dim = out.shape
-        if (
-            not self.mma_deferred_norm  # (_norm_mma: dim in whole blocks of 32, as packed)
-            or (nt := self._mma_matmul(x, w)) == 0
-            or self._norm_mma(out, nw, *ws) != nt
-            or (op.endswith("swiglu") and ws[0].lg_block != ws[1].lg_block)
-            or (op.endswith("kv_store") and self._qkv_mma_tiles(n, ws) != nt)
-        ):
-            return False
-        _, xq = self._int8_x(stream, x, w)
-        grid, split = self._mma_split(stream, -(-dim // 16), x.shape[1], 1, nt)
-        packed = self._int8_scratch(n, dim, slot="int8_x norm")
-        psq = self._scratch_at_least(4 * n * (dim // 32), slot="mma deferred norm sums")
-        pairs = self._scratch_at_least(
-            4 * (grid[0] // 2), slot="deferred norm pair counts", zero_on=stream
-        )
-        self._kernel(
-            f"matmul_mma{nt}_q8a", grid, _mma_threads(1, nt), stream, self._ptr(out), P(xq),
-            P(w.data), P(w.scales), I32(w.qarg), P(0), self._ptr(a["residual"]), I32(n),
-            I32(dim), I32(x.shape[1]), *split, P(packed), P(pairs), P(nw.data), P(psq),
-            weights=(w,),
-        )  # fmt: skip
-        if op.endswith("swiglu"):
-            self._swiglu_mma(stream, a["act"], packed, ws[0], ws[1], n, dim, nt, (psq, a["eps"]))
-        else:
-            self._norm_qkv_mma(stream, {**a, "x": out}, nw, ws, nt, (packed, psq))
-        return True
-
     def op_matmul_add_rms_norm_swiglu(self, stream: Stream, **a: Any) -> None:
         """One row on the gemv kernels, the norm deferred: ``matmul_psq_gemv*_q`` (the
         residual add, out * norm into scratch_norm and a partial sum of out's squares a
@@ -1133,8 +1063,6 @@ class GpuBackend(
         op = "matmul_add_rms_norm_swiglu"
         w, nw = self._gpu_weight(a["weight"], op), self._gpu_weight(a["norm"], op)
         g, u = self._gpu_weight(a["gate"], op), self._gpu_weight(a["up"], op)
-        if self._deferred_mma(stream, op, a, w, nw, [g, u]):
-            return
         pv = self._deferred_gemv(a["x"], w, nw)
         sv = (0, 0)
         if pv[0] and g.kind == u.kind:
@@ -1158,8 +1086,6 @@ class GpuBackend(
         op = "matmul_add_rms_norm_qkv_rope_kv_store"
         w, nw = self._gpu_weight(a["weight"], op), self._gpu_weight(a["norm"], op)
         ws = [self._gpu_weight(a[n], op) for n in ("wq", "wk", "wv")]
-        if self._deferred_mma(stream, op, a, w, nw, ws):
-            return
         pv = self._deferred_gemv(a["x"], w, nw)
         qv = (0, 0)
         if pv[0] and a["params"].head_dim % 2 == 0:

@@ -112,22 +112,6 @@ class GpuTuning:
     #: +2.0% and +2.9% at batches 8, 16 and 32, the 1B shape within noise (-0.9% to +0.6%)
     #: (``bench_variant.py --attention-q8a 0|1``).
     attention_q8a: bool = True
-    #: At int8 mma rows, the swiglu kernel also packs its output as ``quantize_rows`` packs
-    #: x (the last of each pair of 16-feature blocks, a block of 32's, packs both: the same
-    #: bytes), and the down projection after it launches no ``quantize_rows``: a launch
-    #: fewer a layer (ffn a multiple of 32) (``bench_variant.py --swiglu-q8a``). Off until a
-    #: GPU has run its check (its pairs of blocks meet through memory, which the CPU
-    #: emulation, one block after another, cannot test) and measured it.
-    swiglu_q8a: bool = False
-    #: The deferred norm at int8 mma rows: ``matmul_add_rms_norm_swiglu`` and
-    #: ``matmul_add_rms_norm_qkv_rope_kv_store`` pack out * norm (unscaled) in the o and
-    #: down projections' mma epilogue (the last of each pair of 16-feature blocks, as
-    #: ``swiglu_q8a``), with each block of 32's sum of squares, and the consumer's mma
-    #: kernel scales each row's sums by its norm at the end: no ``quantize_norm_rows``, two
-    #: launches fewer a layer (the late-scaled norm's numerics, within the kit's bounds)
-    #: (``bench_variant.py --mma-deferred-norm``). Off until a GPU has run its check and
-    #: measured it.
-    mma_deferred_norm: bool = False
     #: Values a block of ``quantize_norm_rows`` packs: a row's blocks of 32 spread over
     #: K // this many blocks, each computing the row's scale itself (the same bits); 0: a
     #: block a row. Run 113: 4.4 us a call at K = 2,048 against ``rms_norm``'s 2.6, the

@@ -81,12 +81,6 @@ blocks (``GpuBackend.norm_quantize_values``, 256 since run 119; 0: a row a block
 ``--attention-q8a 0|1``: at int8 rows the attention kernel that writes a row also packs it
 for the int8 projection after it, which then launches no ``quantize_rows``
 (``GpuBackend.attention_q8a``, on) or that projection packs x itself (0);
-``--swiglu-q8a 0|1``: the same for the int8 swiglu kernel and the down projection after it
-(``GpuBackend.swiglu_q8a``, off until measured);
-``--mma-deferred-norm 0|1``: at int8 mma rows the o and down projections' kernel packs
-out * norm unscaled with its sums of squares, and the mma kernel after the norm scales its
-rows at the end: no ``quantize_norm_rows`` (``GpuBackend.mma_deferred_norm``, off until
-measured);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
 (``GpuBackend.mma_split_blocks``, 512 since run 119, 0: never; ``mma_split_min_k``, 1024);
@@ -199,8 +193,6 @@ _NUMBERS = {
     "--norm-quantize": "norm_quantize",
     "--mma-rope": "mma_rope",
     "--attention-q8a": "attention_q8a",
-    "--swiglu-q8a": "swiglu_q8a",
-    "--mma-deferred-norm": "mma_deferred_norm",
     "--mma-split": "mma_split_blocks",
     "--norm-quantize-values": "norm_quantize_values",
     "--mma-split-k": "mma_split_min_k",

@@ -180,20 +180,18 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
     if (!std::strcmp(name, "matmul_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
         matmul_mma##NO##_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),    \
             P(const float*, 3), P(int, 4), P(const float*, 5), P(const float*, 6), P(int, 7), \
-            P(int, 8), P(int, 9), P(float*, 10), P(int*, 11), P(unsigned char*, 12),          \
-            P(int*, 13), P(const float*, 14), P(float*, 15)); }); return 1; }                 \
+            P(int, 8), P(int, 9), P(float*, 10), P(int*, 11)); }); return 1; }                \
     if (!std::strcmp(name, "swiglu_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                \
         swiglu_mma##NO##_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),    \
             P(const float*, 3), P(int, 4), P(const vt_i8*, 5), P(const float*, 6), P(int, 7), \
-            P(int, 8), P(int, 9), P(int, 10), P(float*, 11), P(int*, 12),                     \
-            P(unsigned char*, 13), P(int*, 14), P(float*, 15), P(float, 16)); }); return 1; } \
+            P(int, 8), P(int, 9), P(int, 10), P(float*, 11), P(int*, 12)); }); return 1; }    \
     if (!std::strcmp(name, "qkv_mma" #NO "_q8a")) { vt_grid(g, block, [=] {                   \
         qkv_mma##NO##_q8a(P(float*, 0), P(float*, 1), P(float*, 2), P(const unsigned char*, 3), \
             P(const vt_i8*, 4), P(const float*, 5), P(int, 6), P(const float*, 7),            \
             P(const vt_i8*, 8), P(const float*, 9), P(int, 10), P(const float*, 11),          \
             P(const vt_i8*, 12), P(const float*, 13), P(int, 14), P(const float*, 15),        \
             P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20), P(float*, 21),        \
-            P(int*, 22), P(float*, 23), P(float, 24)); }); return 1; }                         \
+            P(int*, 22)); }); return 1; }                                                      \
     if (!std::strcmp(name, "qkv_rope_mma" #NO "_q8a")) { vt_grid(g, block, [=] {              \
         qkv_rope_mma##NO##_q8a(P(float*, 0), P(float*, 1), P(float*, 2),                      \
             P(const unsigned char*, 3), P(const vt_i8*, 4), P(const float*, 5), P(int, 6),    \
@@ -201,8 +199,7 @@ template <typename F> static void vt_grid(const int* g, int block, F body) {
             P(const float*, 11), P(const vt_i8*, 12), P(const float*, 13), P(int, 14),        \
             P(const float*, 15), P(int, 16), P(int, 17), P(int, 18), P(int, 19), P(int, 20),  \
             P(float*, 21), P(int*, 22), P(const int*, 23), P(const int*, 24), P(float*, 25),   \
-            P(int, 26), P(int, 27), P(int, 28), P(int, 29), P(int, 30), P(RopeTable, 31),     \
-            P(float*, 32), P(float, 33));                                                      \
+            P(int, 26), P(int, 27), P(int, 28), P(int, 29), P(int, 30), P(RopeTable, 31));     \
         }); return 1; }
 // the batch-1 gemv kernels, per features a block
 #define GEMV(GV)                                                                              \
@@ -652,18 +649,6 @@ def main() -> None:
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
-        for case in checks.SWIGLU_Q8A_CASES:
-            label = f"swiglu int8 hand-off {case}"
-            if wanted(label):
-                checks.test_swiglu_hands_its_int8_rows_to_the_down_projection(backend, case)
-                ran += 1
-                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
-        for case in checks.DEFERRED_MMA_CASES:
-            label = f"deferred norm int8 {case}"
-            if wanted(label):
-                checks.test_deferred_norm_at_int8_rows(backend, case)
-                ran += 1
-                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in checks.Q8A_CASES:
             label = f"attention int8 hand-off {case}"
             if wanted(label):

@@ -23,12 +23,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 19    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
-#   bash plugins/cuda/tools/next_calls.sh 22    # carry [".whl"], about 150 s, any card
-#   bash plugins/cuda/tools/next_calls.sh 23    # carry [".whl"], about 250 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 24    # carry [".whl"], about 300 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 23, then 11 within
-#                                               # what is left of 560 s
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 24
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -38,13 +36,10 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-fifth session: call 23 (swiglu_q8a's and mma_deferred_norm's first GPU
-    # checks and their measurement), then call 11, gpu_checks.py's other tests on the
-    # defaults since run 155 (qkv_rope_mma, VT_MMA_U8 2, attention_q8a), within what is left
-    echo "next_calls.sh auto: calls 23 and 11"
-    START=$SECONDS
-    bash "$SELF" 23
-    CHECKLIMIT=${CHECKLIMIT:-$((560 - (SECONDS - START)))} bash "$SELF" 11
+    # the thirty-fifth session: call 24 (the int8 mma kernels' plain per-kernel table at
+    # batch 8 and four of their settings at batches 8-32, about 300 s)
+    echo "next_calls.sh auto: call 24"
+    bash "$SELF" 24
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -207,13 +202,6 @@ case $N in
     bash $T setup models checksk:norm_quantize+int8_activation+mma_split
     KBATCH=8,16,32,64 KVARS='--mma-rope 1|--mma-rope 0|--mma-rope 1' bash $T kvars:smol kvars:1b
     ;;
-22) # the thirty-fourth session's int8 hand-offs (attention_q8a, swiglu_q8a: the kernel before
-    # o and down packs x, no quantize_rows): their bits against quantize_rows on the GPU,
-    # then decode batches 8-32 with swiglu_q8a off, on, off, on
-    bash $T setup models checksk:attention_hands_its_int8+swiglu_hands_its_int8
-    KBATCH=8,16,32 KVARS='--swiglu-q8a 0|--swiglu-q8a 1|--swiglu-q8a 0|--swiglu-q8a 1' \
-        bash $T kvars:smol kvars:1b
-    ;;
 20) # the engine's time a request a step at batches 32-256 on both shapes, every step's
     # output against final-only, profiled (engine_host.py --profile): run 146 had the
     # 135M and 1B steps take the same time at 64-256 rows, about 30-44 us a request
@@ -223,17 +211,14 @@ case $N in
     # caching on the five groups (call 10's checks; then call 11 for the other 396)
     CHECKX="$OWED" bash $T setup checksx
     ;;
-23) # call 22 and the thirty-fifth session's deferred norm at int8 rows (mma_deferred_norm:
-    # the o and down projections' mma kernel packs out * norm, no quantize_norm_rows) in one:
-    # the three bit and bound checks, then decode batches 8-32 on the tree (both off),
-    # swiglu_q8a on, both on; twice
-    bash $T setup models checksk:attention_hands_its_int8+swiglu_hands_its_int8+deferred_norm_at_int8_rows
-    S='--swiglu-q8a 1'
-    KBATCH=8,16,32 KVARS="--swiglu-q8a 0|$S|$S --mma-deferred-norm 1|--swiglu-q8a 0|$S|$S --mma-deferred-norm 1" \
-        bash $T kvars:smol kvars:1b
-    # where a batch-8 step of the 1B shape goes (no per-kernel table at batch 8 yet), the
-    # tree and both on
-    KPBATCH=8 KPVARS="|$S --mma-deferred-norm 1" bash $T kprofile:1b
+24) # the thirty-fifth session: the int8 mma kernels at batches 8-32. A batch-8 step of the
+    # 1B shape with every launch plain (--overlap 0: each kernel's own time; run 163's
+    # table counts an overlapped kernel from its early start), then twice beside the tree:
+    # K blocks a warp loads at once for 1-2 tiles (VT_MMA_U1 8 and 6; 4 now) and the K
+    # split up to 1,024 and 2,048 blocks (512 now: swiglu's 512 blocks stay unsplit)
+    KPBATCH=8 KPVARS='--overlap 0' bash $T setup models kprofile:1b
+    X='--kdefine VT_MMA_U1=8|--kdefine VT_MMA_U1=6|--mma-split 1024|--mma-split 2048'
+    KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
@@ -248,7 +233,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|22|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|24|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac

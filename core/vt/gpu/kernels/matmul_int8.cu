@@ -236,20 +236,12 @@ struct VtRopeKv {
 };
 
 // MODE 0: out = x @ W.T (+ bias) (+ residual: out may alias it); 1: out = silu(x @ G.T) *
-// (x @ U.T) (weights 0 and 1, the same block size, each in its own layout), with xq
-// (GpuBackend.swiglu_q8a) also packed there for the int8 down projection after it, each
-// pair of blocks' last (pair_counts: an int a pair, zero before, left zero); 2: q, k, v of
+// (x @ U.T) (weights 0 and 1, the same block size, each in its own layout); 2: q, k, v of
 // weights 0, 1, 2 over N0 + N1 + N2 features (the host checks N0 and N1 are multiples of
 // 16, so a block's 16 features are one weight's); 3: 2, then rope_kv_store's work in the
 // epilogue (pairs (2i, 2i + 1) only: the host checks the style), q and k rotated and k
 // and v stored into the cache, with rope_kv_store's roundings: its bits, one launch fewer.
 // x: quantize_rows's packed rows.
-// The deferred norm at int8 rows (GpuBackend.mma_deferred_norm): MODE 0 with xq, the
-// producer, also packs out * nw (not yet normalised) into xq, each pair of blocks' last
-// as MODE 1 packs, and writes psq[row][b32], the sum of out's squares over the block of
-// 32 (pairwise over the lanes); MODES 1-3 with psq (the consumers: x is such a producer's
-// xq) scale each row's sums by 1 / sqrt(sum(psq[row]) / K + eps) before the bias (the
-// late-scaled norm's numerics: not rms_norm's bits, within the kit's bounds).
 // K split (gridDim.y = S > 1, GpuBackend.mma_split_blocks): block (b, s) sums the K blocks
 // of slice s (ceil(K blocks / S) each) and writes its warps' sums to part[b][s]; the last
 // of the S blocks of b to finish (counts[b], zero before, left zero) adds the slices' sums
@@ -265,9 +257,7 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
                           const vt_i8* w2, const float* s2, int lg2, const float* b2,
                           const float* residual, int n, int N0, int N1, int N2, int K,
                           float* part, int* counts, const VtRopeKv* rk = nullptr,
-                          const RopeTable* table = nullptr, unsigned char* xq = nullptr,
-                          int* pair_counts = nullptr, const float* nw = nullptr,
-                          float* psq = nullptr, float eps = 0.0f) {
+                          const RopeTable* table = nullptr) {
     constexpr int MT = MODE == 1 ? 2 : 1;
     constexpr int E = MT * NT * 4;
     constexpr int WARPS = E <= 32 ? 8 : 4;  // the host launches 32 * WARPS threads
@@ -329,17 +319,6 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         }
         if (!vt_last_block(counts + blockIdx.x, S)) return;
     }
-    __shared__ float rsc[64];  // MODES 1-3 with psq: each row's norm scale
-    if (MODE != 0 && psq) {
-        int np = K / 32;
-        for (int row = warp; row < n; row += WARPS) {
-            float ss = 0.0f;
-            for (int i = lane; i < np; i += 32) ss += psq[(long long)row * np + i];
-            for (int m = 16; m > 0; m >>= 1) ss += VT_SHFL_XOR(ss, m);
-            if (lane == 0) rsc[row] = 1.0f / sqrtf(ss / (float)K + eps);
-        }
-        __syncthreads();
-    }
     for (int it = threadIdx.x; it < PE; it += WARPS * 32) {
         int L = it % 32, e = (it / 32) % 4, j = it / 128;
         int o = f + (L >> 2) + 8 * (e >> 1), row = j * 8 + 2 * (L & 3) + (e & 1);
@@ -352,7 +331,7 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
             } else {
                 for (int w = 0; w < WARPS; ++w) s += red[w][(m * NT + j) * 4 + e][L];
             }
-            v[m] = MODE != 0 && psq && row < n ? s * rsc[row] : s;
+            v[m] = s;
         }
         if (MODE == 3) {
             // the pair's other feature (o ^ 1) is lane ^ 4's, in the same iteration (within
@@ -387,25 +366,6 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
             }
         }
     }
-    if (MODE <= 1 && xq) {
-        // The last of the two 16-feature blocks of a block of 32 to write its values packs
-        // the 32 of every row (a warp a row; the other block's through L2) as quantize_rows
-        // packs them: the same bytes (N % 32 == 0: the host checks). MODE 0 (the deferred
-        // norm's producer): out * nw, and the block's sum of out's squares into psq.
-        if (!vt_last_block(pair_counts + blockIdx.x / 2, 2)) return;
-        int b32 = blockIdx.x / 2;
-        float wn = MODE == 0 ? nw[b32 * 32 + lane] : 1.0f;
-        for (int row = warp; row < n; row += WARPS) {
-            float v = vt_ld_l2(out + (long long)row * N + b32 * 32 + lane);
-            if (MODE == 0) {
-                float q = v * v;
-                for (int m = 16; m > 0; m >>= 1) q += VT_SHFL_XOR(q, m);
-                if (lane == 0) psq[(long long)row * (N / 32) + b32] = q;
-                v *= wn;
-            }
-            vt_q8a_block(xq, n, N, row, b32, v);
-        }
-    }
 }
 
 // Per NO (tiles of 8 rows: 1, 2, 4, 8): matmul_mma1_q8a, swiglu_mma2_q8a, qkv_mma4_q8a, ...
@@ -414,27 +374,24 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     extern "C" __global__ void matmul_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* data, const float* sm, int lg_block, \
         const float* bias, const float* residual, int n, int N, int K, float* part,           \
-        int* counts, unsigned char* xq, int* pair_counts, const float* nw, float* psq) {       \
+        int* counts) {                                                                         \
         vt_mma_op<0, NO>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
-                         data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts,      \
-                         nullptr, nullptr, xq, pair_counts, nw, psq);                          \
+                         data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts);     \
     }                                                                                          \
     extern "C" __global__ void swiglu_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
         const vt_i8* udata, const float* usm, int ulg, int n, int N, int K, float* part,      \
-        int* counts, unsigned char* xq, int* pair_counts, float* psq, float eps) {             \
+        int* counts) {                                                                         \
         vt_mma_op<1, NO>(out, out, out, x, gdata, gsm, glg, 0, udata, usm, ulg, 0, udata, usm, \
-                         ulg, 0, 0, n, N, 0, 0, K, part, counts, nullptr, nullptr, xq,         \
-                         pair_counts, nullptr, psq, eps);                                      \
+                         ulg, 0, 0, n, N, 0, 0, K, part, counts);                              \
     }                                                                                          \
     extern "C" __global__ void qkv_mma##NO##_##SUFFIX(                                        \
         float* q, float* k, float* v, const unsigned char* x, const vt_i8* wq,                \
         const float* sq, int lgq, const float* bq, const vt_i8* wk, const float* sk, int lgk, \
         const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
-        int Nq, int Nk, int Nv, int K, float* part, int* counts, float* psq, float eps) {      \
+        int Nq, int Nk, int Nv, int K, float* part, int* counts) {                             \
         vt_mma_op<2, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
-                         Nq, Nk, Nv, K, part, counts, nullptr, nullptr, nullptr, nullptr,      \
-                         nullptr, psq, eps);                                                   \
+                         Nq, Nk, Nv, K, part, counts);                                         \
     }
 // qkv_mma then rope_kv_store in one launch (MODE 3): the arguments of both, less
 // rope_kv_store's q, k, v, n, n_heads, n_kv and neox (pairs (2i, 2i + 1) only).
@@ -445,11 +402,10 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         const float* bk, const vt_i8* wv, const float* sv, int lgv, const float* bv, int n,   \
         int Nq, int Nk, int Nv, int K, float* part, int* counts, const int* positions,        \
         const int* slots, float* cache, int head_dim, int n_slots, int n_layers, int max_len, \
-        int layer, RopeTable table, float* psq, float eps) {                                   \
+        int layer, RopeTable table) {                                                          \
         VtRopeKv rk = {positions, slots, cache, head_dim, n_slots, n_layers, max_len, layer};  \
         vt_mma_op<3, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
-                         Nq, Nk, Nv, K, part, counts, &rk, &table, nullptr, nullptr, nullptr,  \
-                         psq, eps);                                                            \
+                         Nq, Nk, Nv, K, part, counts, &rk, &table);                            \
     }
 VT_DECODE_MMA(q8a, 1)
 VT_DECODE_MMA(q8a, 2)
