@@ -23,7 +23,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 19    # carry [".whl"], about 200 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
-#   bash plugins/cuda/tools/next_calls.sh 24    # carry [".whl"], about 300 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 24    # carry [".whl"], about 350 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 24
@@ -36,8 +36,9 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-fifth session: call 24 (the int8 mma kernels' plain per-kernel table at
-    # batch 8 and four of their settings at batches 8-32, about 300 s)
+    # the thirty-fifth session: call 24 (on an H200 the 1B shape's batch 1 first; plain
+    # per-kernel tables at batches 1, 8 and 32, four int8 mma settings at batches 8-32;
+    # about 350 s)
     echo "next_calls.sh auto: call 24"
     bash "$SELF" 24
     exit
@@ -211,12 +212,19 @@ case $N in
     # caching on the five groups (call 10's checks; then call 11 for the other 396)
     CHECKX="$OWED" bash $T setup checksx
     ;;
-24) # the thirty-fifth session: the int8 mma kernels at batches 8-32. A batch-8 step of the
-    # 1B shape with every launch plain (--overlap 0: each kernel's own time; run 163's
-    # table counts an overlapped kernel from its early start), then twice beside the tree:
+24) # the thirty-fifth session: the int8 mma kernels at batches 8-32. Steps of the 1B shape
+    # at batches 1, 8 and 32 with every launch plain (--overlap 0: each kernel's own time;
+    # run 163's table counts an overlapped kernel from its early start), then twice beside
+    # the tree:
     # K blocks a warp loads at once for 1-2 tiles (VT_MMA_U1 8 and 6; 4 now) and the K
     # split up to 1,024 and 2,048 blocks (512 now: swiglu's 512 blocks stay unsplit)
-    KPBATCH=8 KPVARS='--overlap 0' bash $T setup models kprofile:1b
+    # (on an H200 first the goal's open figure, vt alone: the 1B shape at batch 1, twice;
+    # 127-token prompts keep its files apart from the kvars below)
+    bash $T setup models
+    if nvidia-smi -L 2>/dev/null | grep -q H200; then
+        KPROMPT=127 KBATCH=1 KVARS='||' bash $T kvars:1b
+    fi
+    KPBATCH='1 8 32' KPVARS='--overlap 0' bash $T kprofile:1b
     X='--kdefine VT_MMA_U1=8|--kdefine VT_MMA_U1=6|--mma-split 1024|--mma-split 2048'
     KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     ;;
