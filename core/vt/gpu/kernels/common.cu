@@ -354,8 +354,8 @@ __device__ __forceinline__ vt_f2* vt_q8a_pairs(unsigned char* x, int n, int K) {
 }
 
 // One block of 32 values of row r (block bc: columns bc * 32 + lane, a value a lane, the
-// whole warp) packed as above: quantize_rows's, quantize_norm_rows' and the int8 hand-offs'
-// of attention (attention.cu) and swiglu (matmul_int8.cu). The max and the sums by shuffles.
+// whole warp) packed as above: quantize_rows's, quantize_norm_rows' and attention's int8
+// hand-off's (attention.cu, GpuBackend.attention_q8a). The max and the sums by shuffles.
 __device__ __forceinline__ void vt_q8a_block(unsigned char* out, int n, int K, int r, int bc,
                                              float v) {
     int lane = threadIdx.x % 32;
