@@ -545,6 +545,27 @@ def test_gemv_x16_compiles_every_module_with_its_define() -> None:
     backend.close()
 
 
+def test_mma_stage_compiles_every_module_with_its_define() -> None:
+    """GpuBackend.mma_stage (the int8 mma kernels' weight codes, 2: and scales, through
+    shared memory) reaches the kernels as -DVT_MMA_STAGE=N in every module, of every layout
+    and each layout's own; 0, the default, compiles without it; another value is refused by
+    name before anything compiles."""
+    for stage, define in [(1, ("-DVT_MMA_STAGE=1",)), (2, ("-DVT_MMA_STAGE=2",)), (0, ())]:
+        backend, rt = make()
+        backend.mma_stage = stage
+        OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
+        opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1", *define)
+        assert rt.compiles == every(opts) + own(0xC00, opts)
+        backend.close()
+    assert "VT_MMA_STAGE" in WEIGHT_SOURCE
+    backend, rt = make()
+    backend.mma_stage = 3
+    with pytest.raises(ValueError, match=r"mma_stage is 3; 0 \(off\), 1"):
+        backend.prepare()
+    assert rt.compiles == []
+    backend.close()
+
+
 def test_gemv_x16_layout_flags_keep_other_layouts_on_the_float_path() -> None:
     """gemv_x16_layout_flags 0x100 (Q_NIB): the 16-bit path compiles into the 4-bit layouts'
     modules (Q4_1: 0x500) only; Q8_0's (0xc00) and the weights' module of every layout keep

@@ -501,7 +501,7 @@ def test_ncu_table_reads_the_raw_report(tmp_path: Path, monkeypatch: pytest.Monk
     cells, stalls = line.split(" | ")
     cells = cells.split()
     assert cells[:6] == ["attention_split", "(1,8,32)", "128", "7.78", "0.55", "-"]
-    assert cells[6:] == ["96.00", "-", "-"]
+    assert cells[6:] == ["96.00", "-", "-", "-", "-"]
     assert stalls == "long_scoreboard 12.2, barrier 3.5"  # no_instruction 0: left out
 
     monkeypatch.setattr(sys, "argv", ["ncu_table.py", str(report)])

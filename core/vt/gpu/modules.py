@@ -159,7 +159,14 @@ class GpuModules(GpuTuning):
                 f"GpuBackend.gemv_x16_layout_flags is {flags!r}; 0 (every layout) or Q_* "
                 "layout flags (vt.gpu.weights: 0x100 the 4-bit layouts)"
             )
-        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *self._x16_options(layout)]
+        if self.mma_stage not in (0, 1, 2):
+            raise ValueError(
+                f"GpuBackend.mma_stage is {self.mma_stage!r}; 0 (off), 1 (the int8 mma "
+                "kernels' codes through shared memory) or 2 (their scales too)"
+            )
+        stage = [f"-DVT_MMA_STAGE={self.mma_stage}"] if self.mma_stage else []
+        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *stage,
+                *self._x16_options(layout)]  # fmt: skip
 
     def _x16_rows(self, layout: int | None) -> int:
         """The fewest weight rows of a one-row gemv block that take x as 16-bit codes in

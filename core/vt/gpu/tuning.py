@@ -132,6 +132,12 @@ class GpuTuning:
     #: shape's batch 8 to +20% but cost the 135M shape's batch 32 15% (its K = 576 split).
     mma_split_blocks: int = 512
     mma_split_min_k: int = 1024
+    #: 1: the int8 mma kernels copy each warp's weight codes through shared memory in 16-byte
+    #: pieces, 8 lanes a 128-byte line (``-DVT_MMA_STAGE=N``: kernels/matmul_int8.cu), instead
+    #: of each lane loading its 8 bytes of 8 rows: a request to L2 carries a whole line,
+    #: not a 32-byte sector. 2: the scales too, a load of 4 K blocks' scales a row and
+    #: shuffles. The same fragments and scales, so the same bits (``gpu_checks.py``). 0: off.
+    mma_stage: int = 0
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Steps of one row against quantized weights (K a multiple of 16, 16-byte aligned)

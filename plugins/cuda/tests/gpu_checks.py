@@ -576,6 +576,78 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
         io.close()
 
 
+@pytest.fixture(scope="module", params=[1, 2])
+def cuda_stage(request: pytest.FixtureRequest) -> Any:
+    """A cuda backend whose int8 mma kernels copy their weight codes (2: and load their
+    scales four K blocks a lane) through shared memory (GpuBackend.mma_stage, set before
+    its kernels compile)."""
+    backend = make("cuda")
+    backend.mma_stage = request.param
+    yield backend
+    backend.close()
+
+
+def _int8_mma_outputs(be: Any, wtype: str, n: int, k_in: int, split: int) -> list[np.ndarray]:
+    """matmul_add, swiglu and q, k, v of ``n`` rows at int8 mma rows on ``be`` (K split over
+    ``split`` slices where above 1): whole 16-feature tiles and a partial one (72 rows)."""
+    rows = (80, 80, 72)
+    rng = np.random.default_rng(n * 7 + k_in + len(wtype))
+    mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wtype)
+            for i, r in enumerate(rows)]  # fmt: skip
+    x = rng.standard_normal((n, k_in)).astype(np.float32)
+    res = rng.standard_normal((n, rows[0])).astype(np.float32)
+    saved = (be.int8_min_rows, be.int8_min_values, be.int8_mma, be.int8_mma_first,
+             be.mma_split_blocks, be.mma_split_min_k)  # fmt: skip
+    be.int8_min_rows, be.int8_min_values, be.int8_mma, be.int8_mma_first = 8, 0, True, True
+    be.mma_split_blocks = 3 * 5 * split if split > 1 else 0
+    be.mma_split_min_k = k_in // split
+    io = IO(be)
+    ws = [be.upload_weight(t) for t, _ in mats]
+    try:
+        stream = be.create_stream()
+        xb = f32(io.put(x), n, k_in)
+        out = [f32(io.empty(4 * n * r), n, r) for r in rows]
+        names: list[str] = []
+        with recording(be, names):
+            be.launch("matmul_add", stream, out=out[0], x=xb, weight=ws[0],
+                      residual=f32(io.put(res), n, rows[0]),
+                      scratch=f32(io.empty(4 * n * rows[0]), n, rows[0]))  # fmt: skip
+            sw = f32(io.empty(4 * n * 80), n, 80)
+            be.launch("swiglu", stream, out=sw, x=xb, gate=ws[0], up=ws[1],
+                      scratch_gate=f32(io.empty(4 * n * 80), n, 80),
+                      scratch_up=f32(io.empty(4 * n * 80), n, 80))  # fmt: skip
+            be.launch("qkv", stream, q=out[0], k=out[1], v=out[2], x=xb, wq=ws[0], wk=ws[1],
+                      wv=ws[2])  # fmt: skip
+        be.synchronize(stream)
+        assert sum("_mma" in name for name in names) == 3, names
+        return [
+            io.get(sw.buffer, np.float32, (n, 80)),
+            *(io.get(o.buffer, np.float32, (n, r)) for o, r in zip(out, rows, strict=True)),
+        ]
+    finally:
+        (be.int8_min_rows, be.int8_min_values, be.int8_mma, be.int8_mma_first,
+         be.mma_split_blocks, be.mma_split_min_k) = saved  # fmt: skip
+        for w in ws:
+            be.free_weight(w)
+        io.close()
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("n", [8, 17, 33, 63])
+def test_mma_stage_gives_the_same_bits(cuda: Any, cuda_stage: Any, wtype: str, n: int) -> None:
+    """GpuBackend.mma_stage: the int8 mma kernels with their weight codes copied through
+    shared memory give the bits of the loads straight to registers, for every tile count
+    (1, 3, 5 and 8 tiles of 8 rows), unsplit and with K split (the copies clamped at a
+    slice's end; K = 544 leaves a warp a short last round), on every layout family (int8
+    codes, nibbles, blocks of 16)."""
+    k_in = 1024 if wtype.endswith("_K") else 544
+    for split in (1, 4):
+        whole = _int8_mma_outputs(cuda, wtype, n, k_in, split)
+        staged = _int8_mma_outputs(cuda_stage, wtype, n, k_in, split)
+        for i, (a, b) in enumerate(zip(staged, whole, strict=True)):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=str(i))
+
+
 @pytest.fixture(scope="module")
 def cuda_x16() -> Any:
     """A cuda backend whose one-row gemvs take x as 16-bit codes in every block of every

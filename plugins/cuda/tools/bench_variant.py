@@ -81,6 +81,9 @@ blocks (``GpuBackend.norm_quantize_values``, 256 since run 119; 0: a row a block
 ``--attention-q8a 0|1``: at int8 rows the attention kernel that writes a row also packs it
 for the int8 projection after it, which then launches no ``quantize_rows``
 (``GpuBackend.attention_q8a``, on) or that projection packs x itself (0);
+``--mma-stage 0|1|2``: the int8 mma kernels copy their weight codes through shared memory,
+2: and load their scales 4 K blocks a lane (GpuBackend.mma_stage: ``-DVT_MMA_STAGE=N``, the
+same bits);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
 (``GpuBackend.mma_split_blocks``, 512 since run 119, 0: never; ``mma_split_min_k``, 1024);
@@ -194,6 +197,7 @@ _NUMBERS = {
     "--mma-rope": "mma_rope",
     "--attention-q8a": "attention_q8a",
     "--mma-split": "mma_split_blocks",
+    "--mma-stage": "mma_stage",
     "--norm-quantize-values": "norm_quantize_values",
     "--mma-split-k": "mma_split_min_k",
     "--gemv-unroll-k": "gemv_unroll_min_k",

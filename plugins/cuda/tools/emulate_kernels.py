@@ -72,6 +72,7 @@ static int vt_lane_i[1024];
 #define __launch_bounds__(...)
 inline void __syncthreads() { vt_block_barrier->arrive_and_wait(); }
 inline void vt_warp_sync() { vt_warp_barriers[threadIdx.x / VT_WARP]->arrive_and_wait(); }
+#define VT_SYNC32() vt_warp_sync()
 template <typename T> T vt_shfl(T v, int m, T* lanes) {
     int t = threadIdx.x;
     lanes[t] = v;

@@ -30,7 +30,7 @@
 # model_q4km: /tmp/1b-q4km.gguf (the 1B shape in Q4_K_M) for kvars:1b-q4km.
 # checksvar: the kit and gpu_checks.py (CHECKK: a -k expression, + for " or ") with the
 # flags in CHECKVARS, in one process. ncu:MODEL: Nsight Compute's time, throughputs and stall reasons of the
-# kernels NCUK names (default: attention's decode pair) at batch 1 (ncu_table.py). nsys:MODEL:
+# kernels NCUK names (default: attention's decode pair) at NCUBATCH rows (1) (ncu_table.py). nsys:MODEL:
 # Nsight Systems' trace of a batch-1 bench, each kernel's share of a replayed step (nsys_steps.py);
 # trace:MODEL: the same through PyTorch's profiler (torch_trace.py), where nsys is missing.
 # cmd: the shell command in $CMD, limited to CMDLIMIT seconds (300), with the environment
@@ -346,7 +346,7 @@ EOF"
         done
         ;;
     ncu:*)  # Nsight Compute on NCUK's kernels (a regex; default attention's decode pair) in a
-        # batch-1 vt bench with the bench_variant.py flags in NCUVARS: NCUCOUNT launches
+        # vt bench at NCUBATCH rows (1) with the bench_variant.py flags in NCUVARS: NCUCOUNT launches
         # (8) after NCUSKIP (96: past the prefill); time, throughputs and the warps' stall
         # reasons a launch (ncu_table.py); the raw CSV in $OUT/ncu-MODEL.csv. NCUCACHE: ncu's
         # --cache-control (none: caches as the previous launch left them, as in a replayed
@@ -355,8 +355,8 @@ EOF"
         step "ncu-$m" 500 "/usr/local/cuda/bin/ncu --csv --page raw --kernel-name 'regex:${NCUK:-^attention_(split|combine)\$}' \
             --cache-control ${NCUCACHE:-none} --clock-control none \
             --launch-skip ${NCUSKIP:-96} --launch-count ${NCUCOUNT:-8} --section SpeedOfLight --section WarpStateStats \
-            --section Occupancy --section LaunchStats python3 plugins/cuda/tools/bench_variant.py ${NCUVARS:-} bench \
-            --backend cuda --model /tmp/$m.gguf --batch 1 --prompt-tokens 128 --gen-tokens 32 --repeat 1 > $OUT/ncu-$m.csv; \
+            --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis python3 plugins/cuda/tools/bench_variant.py ${NCUVARS:-} bench \
+            --backend cuda --model /tmp/$m.gguf --batch ${NCUBATCH:-1} --prompt-tokens 128 --gen-tokens 32 --repeat 1 > $OUT/ncu-$m.csv; \
             python3 plugins/cuda/tools/ncu_table.py $OUT/ncu-$m.csv"
         ;;
     nsys:*)  # Nsight Systems on a batch-1 vt bench (graphs replayed as in use, NSYSVARS:

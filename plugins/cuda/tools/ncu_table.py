@@ -8,7 +8,8 @@ its warps stall.
 a line of their units, then a line per profiled launch. Each kernel's line here: grid and
 block, ``gpu__time_duration.sum`` in microseconds, memory and SM throughput (% of peak;
 memory: DRAM's where the report has it, else the SpeedOfLight section's memory figure),
-registers a thread, achieved occupancy, warp cycles per issued instruction, and the
+registers a thread, achieved occupancy, warp cycles per issued instruction, L1's and L2's
+throughput (% of peak: whether the loads' wavefronts, not the DRAM, bound it), and the
 ``--top`` stall reasons by cycles a warp spends in them per issued instruction
 (``smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio``): whether a
 latency-bound kernel waits on memory (``long_scoreboard``), on barriers (``barrier``), on
@@ -33,6 +34,8 @@ FIGURES = (
     ("regs", ("launch__registers_per_thread",)),
     ("occ%", ("sm__warps_active.avg.pct_of_peak_sustained_active",)),
     ("cyc/inst", ("smsp__average_warp_latency_per_inst_issued.ratio",)),
+    ("L1%", ("l1tex__throughput.avg.pct_of_peak_sustained_active",)),
+    ("L2%", ("lts__throughput.avg.pct_of_peak_sustained_elapsed",)),
 )  # fmt: skip
 STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 

@@ -24,9 +24,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 24    # carry [".whl"], about 350 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 25    # carry [".whl"], about 300 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 24
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 25
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -36,11 +37,10 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-fifth session: call 24 (on an H200 the 1B shape's batch 1 first; plain
-    # per-kernel tables at batches 1, 8 and 32, four int8 mma settings at batches 8-32;
-    # about 350 s)
-    echo "next_calls.sh auto: call 24"
-    bash "$SELF" 24
+    # the thirty-sixth session: call 25 (the int8 mma kernels' codes through shared memory:
+    # their bits, plain kernel tables at batches 8 and 32, batches 8-32; about 300 s)
+    echo "next_calls.sh auto: call 25"
+    bash "$SELF" 25
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -228,6 +228,17 @@ case $N in
     X='--kdefine VT_MMA_U1=8|--kdefine VT_MMA_U1=6|--mma-split 1024|--mma-split 2048'
     KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     ;;
+25) # the thirty-sixth session: the int8 mma kernels' weight codes through shared memory
+    # (GpuBackend.mma_stage; run 167's ncu: the loads of 8 rows' 32-byte sectors a request
+    # held the batch-8 output projection to 2.1 TB/s), 2: the scales too in 4 times fewer
+    # loads: their bits against the tree's, the plain kernel tables with 2 at batches 8 and
+    # 32 (run 166 has the tree's), then both twice beside the tree at batches 8-32 (about
+    # 350 s)
+    bash $T setup models checksk:mma_stage_gives_the_same_bits
+    KPBATCH='8 32' KPVARS='--overlap 0 --mma-stage 2' bash $T kprofile:1b
+    X='--mma-stage 1|--mma-stage 2'
+    KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -241,7 +252,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|24|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|25|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac

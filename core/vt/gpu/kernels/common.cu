@@ -33,6 +33,14 @@
 #define VT_SHFL32(v, src) __shfl_sync(0xffffffffu, (v), (src), 32)
 #endif
 #define VT_DYN_SHARED(T, name) extern __shared__ T name[]
+// The lanes of a group of 32 (the int8 mma kernels' warp) meet: shared memory one lane
+// wrote is then seen by the others. A wave64 runs its lanes in step and its LDS accesses in
+// order, so there only the compiler is held.
+#ifdef VT_HIP
+#define VT_SYNC32() __builtin_amdgcn_wave_barrier()
+#else
+#define VT_SYNC32() __syncwarp()
+#endif
 #endif
 
 typedef unsigned int vt_u32;
@@ -112,6 +120,17 @@ __device__ __forceinline__ void vt_copy16_async(void* smem, const void* g) {
     // share them; .cg (L2 only) made each block's copies an L2 round trip on those hot lines
     // (run 101: swiglu_psq_gemv2_q 34.8 us a call against swiglu_gemv2_q's ~13).
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+#else
+    vt_u64 a = ((const vt_u64*)g)[0], b = ((const vt_u64*)g)[1];
+    ((vt_u64*)smem)[0] = a, ((vt_u64*)smem)[1] = b;
+#endif
+}
+// The same copy through L2 only (cp.async.cg): for bytes a launch reads once (a weight's
+// codes), which L1 would keep for nothing.
+__device__ __forceinline__ void vt_stream16_async(void* smem, const void* g) {
+#ifdef VT_CP_ASYNC
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
 #else
     vt_u64 a = ((const vt_u64*)g)[0], b = ((const vt_u64*)g)[1];
     ((vt_u64*)smem)[0] = a, ((vt_u64*)smem)[1] = b;

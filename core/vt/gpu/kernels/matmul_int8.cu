@@ -227,6 +227,166 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
     }
 }
 
+// VT_MMA_STAGE (0: off): a warp's round of weight codes goes through shared memory. Run 167's
+// ncu (1B shape, batch 8, H100): the loop above reaches 2.1 TB/s on the output projection
+// where the batch-1 gemv reaches 2.9, both latency-bound (long_scoreboard), and its L1 sends
+// L2 three times the requests (l1tex2xbar 19.9% against 6.3%): each 8-byte load of a lane
+// takes one 32-byte sector of 8 rows, so a request carries 32 bytes. Here the warp copies
+// its 16 rows' U K blocks in 16-byte pieces, 8 lanes a 128-byte line (cp.async.cg, past
+// L1), then each lane reads the same bytes of its rows as above from shared memory: the
+// same fragments, so the same sums and bits. The codes leave the registers while the copies
+// fly (the a[] above are U * MT * 4 registers). 2: the scales also in 4 times fewer loads
+// (below). GpuBackend.mma_stage sets it.
+#ifndef VT_MMA_STAGE
+#define VT_MMA_STAGE 0
+#endif
+// bytes a staged row takes in shared memory: U K blocks of int8 codes (the most a layout
+// has) and a pad that puts rows g and g + 1 eight banks apart (8-byte reads, conflict-free)
+template <int KB, int U>
+struct VtMmaStage {
+    static constexpr int RS = U * KB + (U * KB >= 128 ? 32 : 16);
+};
+
+// a float from lane src of the caller's 32, by its bits
+__device__ __forceinline__ float vt_shfl32f(float v, int src) {
+    return __uint_as_float((vt_u32)VT_SHFL32((int)__float_as_uint(v), src));
+}
+
+template <int KB, int MT, int NT, int WARPS>
+__device__ __forceinline__ void vt_mma_loop_staged(float (*acc)[NT][4], const vt_i8* const* wd,
+                                                   const float* const* ws, const int* lgs,
+                                                   int f, int N, const unsigned char* x, int n,
+                                                   int K, int kb_lo, int kb_hi,
+                                                   unsigned char* stage) {
+    constexpr int CW = KB / 4;
+    constexpr int U = MMA_U(NT);
+    constexpr int RS = VtMmaStage<KB, U>::RS;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int g = lane >> 2, t = lane & 3;
+    long long rs = vt_q8a_stride(K);
+    int n8 = vt_q8a_n8(n);
+    const vt_f2* pairs = vt_q8a_pairs((unsigned char*)x, n, K);
+    unsigned char* mine = stage + (long long)warp * MT * 16 * RS;
+    long long ra = min(f + g, N - 1), rb = min(f + g + 8, N - 1);
+    bool waited = false;
+    bool one = VT_MMA_SKIP_ZERO != 0;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) one = one && (VT_QF(lgs[m]) & VT_Q_ONE);
+    for (int kb0 = kb_lo + warp * U; kb0 < kb_hi; kb0 += WARPS * U) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            int sh = (VT_QF(lgs[m]) & VT_Q_NIB) ? 1 : 0;  // bytes = values >> sh
+            int span = (U * KB) >> sh, cpr = span / 16;     // a row's bytes, 16-byte pieces
+            // the last piece of the slice's K blocks in a row: pieces past it (K blocks this
+            // round skips) copy that one instead, never a byte past the slice
+            int last = ((kb_hi - kb0) * KB >> sh) - 16;
+            for (int c = lane; c < 16 * cpr; c += 32) {
+                int r = c / cpr, q = c - r * cpr;
+                long long row = min(f + r, N - 1);
+                const unsigned char* src = (const unsigned char*)wd[m] +
+                                           ((row * K + (long long)kb0 * KB) >> sh) +
+                                           min(q * 16, last);  // fmt: skip
+                vt_stream16_async(mine + (m * 16 + r) * RS + q * 16, src);
+            }
+        }
+        vt_f2 sa[U][MT], sb[U][MT];
+        if (VT_MMA_STAGE >= 2) {
+            // the scales too in fewer requests: lane t loads K block u = t (of each 4) of
+            // its rows g and g + 8, 4 consecutive scales of a row a request, and the warp's
+            // shuffles hand lane (g, t') the 4 (the same values as the loads below)
+#pragma unroll
+            for (int u0 = 0; u0 < U; u0 += 4) {
+                int kb = min(kb0 + u0 + t, kb_hi - 1);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
+                    vt_f2 ma = vt_qso(ws[m], lgs[m], ia >> VT_Q_LG(lgs[m]));
+                    vt_f2 mb = vt_qso(ws[m], lgs[m], ib >> VT_Q_LG(lgs[m]));
+#pragma unroll
+                    for (int u = u0; u < U && u < u0 + 4; ++u) {
+                        int from = g * 4 + (u - u0);
+                        sa[u][m].x = vt_shfl32f(ma.x, from), sb[u][m].x = vt_shfl32f(mb.x, from);
+                        sa[u][m].y = one ? 0.0f : vt_shfl32f(ma.y, from);
+                        sb[u][m].y = one ? 0.0f : vt_shfl32f(mb.y, from);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                int kb = min(kb0 + u, kb_hi - 1);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
+                    sa[u][m] = vt_qso(ws[m], lgs[m], ia >> VT_Q_LG(lgs[m]));
+                    sb[u][m] = vt_qso(ws[m], lgs[m], ib >> VT_Q_LG(lgs[m]));
+                }
+            }
+        }
+        if (!waited) vt_grid_wait(), waited = true;  // the first weights on their way: x next
+        vt_copy_wait();
+        VT_SYNC32();
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int kb = kb0 + u;
+            if (kb < kb_hi) {  // the same for the whole warp
+                vt_u32 a[MT][4];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    const unsigned char* rg = mine + (m * 16 + g) * RS;
+                    int at = u * KB + t * CW;  // the value index in the staged rows
+                    if (KB == 32) {
+                        vt_codes<8> va = vt_qcodes<8>(rg, lgs[m], at);
+                        vt_codes<8> vb = vt_qcodes<8>(rg + 8 * RS, lgs[m], at);
+                        a[m][0] = va.w[0], a[m][2] = va.w[1];
+                        a[m][1] = vb.w[0], a[m][3] = vb.w[1];
+                    } else {
+                        a[m][0] = vt_qcodes<4>(rg, lgs[m], at).w[0];
+                        a[m][1] = vt_qcodes<4>(rg + 8 * RS, lgs[m], at).w[0];
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const unsigned char* xb = x + (long long)min(j * 8 + g, n - 1) * rs;
+                    vt_u32 b[2];
+                    if (KB == 32) {
+                        vt_codes<8> vx = *(const vt_codes<8>*)(xb + kb * KB + t * CW);
+                        b[0] = vx.w[0], b[1] = vx.w[1];
+                    } else {
+                        b[0] = *(const vt_u32*)(xb + kb * KB + t * CW);
+                    }
+                    const vt_f4* pr = (const vt_f4*)(pairs + (long long)(kb * KB / 16) * n8 +
+                                                     j * 8 + 2 * t);  // fmt: skip
+                    vt_f4 p0 = pr[0];
+                    float dx[2] = {p0.x, p0.z}, xs[2] = {p0.y, p0.w};
+                    if (KB == 32 && !one) {
+                        vt_f4 p1 = pr[n8 / 2];
+                        xs[0] += p1.y, xs[1] += p1.w;
+                    }
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        int c[4] = {0, 0, 0, 0};
+                        if (KB == 32) vt_mma_k32(c, a[m], b);
+                        else vt_mma_k16(c, a[m], b);
+                        if (one) {
+                            acc[m][j][0] += __fmul_rn(sa[u][m].x * dx[0], (float)c[0]);
+                            acc[m][j][1] += __fmul_rn(sa[u][m].x * dx[1], (float)c[1]);
+                            acc[m][j][2] += __fmul_rn(sb[u][m].x * dx[0], (float)c[2]);
+                            acc[m][j][3] += __fmul_rn(sb[u][m].x * dx[1], (float)c[3]);
+                            continue;
+                        }
+                        acc[m][j][0] += sa[u][m].x * dx[0] * (float)c[0] + sa[u][m].y * xs[0];
+                        acc[m][j][1] += sa[u][m].x * dx[1] * (float)c[1] + sa[u][m].y * xs[1];
+                        acc[m][j][2] += sb[u][m].x * dx[0] * (float)c[2] + sb[u][m].y * xs[0];
+                        acc[m][j][3] += sb[u][m].x * dx[1] * (float)c[3] + sb[u][m].y * xs[1];
+                    }
+                }
+            }
+        }
+        VT_SYNC32();  // every lane's reads done before the next round's copies land
+    }
+}
+
 // What MODE 3's epilogue needs for RoPE and the KV store (rope_kv_store's arguments).
 struct VtRopeKv {
     const int* positions;
@@ -292,11 +452,22 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     int S = (int)gridDim.y, kb_all = VT_Q_LG(lgs[0]) == 5 ? K / 32 : K / 16;
     int per = (kb_all + S - 1) / S, kb_lo = min((int)blockIdx.y * per, kb_all);
     int kb_hi = min(kb_lo + per, kb_all);
-    if (VT_Q_LG(lgs[0]) == 5)
+    // the warps' sums (red) and, with VT_MMA_STAGE, the staged codes before them: one buffer
+    constexpr int RED = WARPS * E * 32 * 4;
+    constexpr int STAGE = VT_MMA_STAGE ? WARPS * MT * 16 * VtMmaStage<32, MMA_U(NT)>::RS : 0;
+    __shared__ vt_f4 smem[(RED > STAGE ? RED : STAGE) / 16];
+    if (VT_MMA_STAGE && VT_Q_LG(lgs[0]) == 5)
+        vt_mma_loop_staged<32, MT, NT, WARPS>(acc, wd, ws, lgs, f, N, x, n, K, kb_lo, kb_hi,
+                                              (unsigned char*)smem);
+    else if (VT_MMA_STAGE)
+        vt_mma_loop_staged<16, MT, NT, WARPS>(acc, wd, ws, lgs, f, N, x, n, K, kb_lo, kb_hi,
+                                              (unsigned char*)smem);
+    else if (VT_Q_LG(lgs[0]) == 5)
         vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
     else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
     vt_grid_wait();  // a warp without K blocks waits here, before the epilogue's reads
-    __shared__ float red[WARPS][E][32];
+    if (VT_MMA_STAGE) __syncthreads();  // every warp's last reads of its stage done
+    float (*red)[E][32] = (float (*)[E][32])smem;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
