@@ -44,14 +44,25 @@ EVERY = [f"vt_{group}.cu" for group in MODULE_GROUPS]
 WEIGHT_SOURCE = "".join(kernel_source(MODULE_GROUPS[group]) for group in WEIGHT_GROUPS)
 
 
-def every(opts: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
-    """The compiles of every group's module of every layout, with ``opts``."""
-    return [(name, opts) for name in EVERY]
+#: the int8 group's own option by default (GpuBackend.mma_stage 2)
+STAGE = ("-DVT_MMA_STAGE=2",)
 
 
-def own(layout: int, opts: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
-    """The compiles of ``layout``'s modules (the weights' groups), with ``opts``."""
-    return [(f"vt_{group}_q{layout:x}.cu", (*opts, f"-DVT_Q_FLAGS={layout:#x}"))
+def every(
+    opts: tuple[str, ...], stage: tuple[str, ...] = STAGE
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The compiles of every group's module of every layout, with ``opts`` (and ``stage``
+    in the int8 group's)."""
+    return [(name, (*opts, *stage) if name == "vt_int8.cu" else opts) for name in EVERY]
+
+
+def own(
+    layout: int, opts: tuple[str, ...], stage: tuple[str, ...] = STAGE
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The compiles of ``layout``'s modules (the weights' groups), with ``opts`` (and
+    ``stage`` in the int8 group's)."""
+    return [(f"vt_{group}_q{layout:x}.cu",
+             (*opts, *(stage if group == "int8" else ()), f"-DVT_Q_FLAGS={layout:#x}"))
             for group in WEIGHT_GROUPS]  # fmt: skip
 
 
@@ -546,16 +557,16 @@ def test_gemv_x16_compiles_every_module_with_its_define() -> None:
 
 
 def test_mma_stage_compiles_every_module_with_its_define() -> None:
-    """GpuBackend.mma_stage (the int8 mma kernels' weight codes, 2: and scales, through
-    shared memory) reaches the kernels as -DVT_MMA_STAGE=N in every module, of every layout
-    and each layout's own; 0, the default, compiles without it; another value is refused by
-    name before anything compiles."""
+    """GpuBackend.mma_stage (the int8 mma kernels' weight codes, 2, the default: and
+    scales, through shared memory) reaches the kernels as -DVT_MMA_STAGE=N in the int8
+    group's modules alone, of every layout and each layout's own; 0 compiles without it;
+    another value is refused by name before anything compiles."""
     for stage, define in [(1, ("-DVT_MMA_STAGE=1",)), (2, ("-DVT_MMA_STAGE=2",)), (0, ())]:
         backend, rt = make()
         backend.mma_stage = stage
         OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
-        opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1", *define)
-        assert rt.compiles == every(opts) + own(0xC00, opts)
+        opts = ("-DVT_WARP=32", "-DVT_NORM_LATE=1")
+        assert rt.compiles == every(opts, define) + own(0xC00, opts, define)
         backend.close()
     assert "VT_MMA_STAGE" in WEIGHT_SOURCE
     backend, rt = make()

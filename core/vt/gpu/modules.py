@@ -164,9 +164,12 @@ class GpuModules(GpuTuning):
                 f"GpuBackend.mma_stage is {self.mma_stage!r}; 0 (off), 1 (the int8 mma "
                 "kernels' codes through shared memory) or 2 (their scales too)"
             )
-        stage = [f"-DVT_MMA_STAGE={self.mma_stage}"] if self.mma_stage else []
-        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *stage,
-                *self._x16_options(layout)]  # fmt: skip
+        return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *self._x16_options(layout)]
+
+    def group_options(self, group: str) -> list[str]:
+        """What a group's modules add to compile_options: the int8 group's
+        ``-DVT_MMA_STAGE`` (GpuBackend.mma_stage), so no other module's binary changes."""
+        return [f"-DVT_MMA_STAGE={self.mma_stage}"] if group == "int8" and self.mma_stage else []
 
     def _x16_rows(self, layout: int | None) -> int:
         """The fewest weight rows of a one-row gemv block that take x as 16-bit codes in
@@ -192,8 +195,10 @@ class GpuModules(GpuTuning):
         if parts is None or (layout is not None and group not in WEIGHT_GROUPS):
             raise ValueError(f"no kernel module {key!r}")
         if layout is None:
-            return kernel_source(parts), f"vt_{group}.cu", self.compile_options()
-        options = [*self.compile_options(layout), f"-DVT_Q_FLAGS={layout:#x}"]
+            options = [*self.compile_options(), *self.group_options(group)]
+            return kernel_source(parts), f"vt_{group}.cu", options
+        options = [*self.compile_options(layout), *self.group_options(group),
+                   f"-DVT_Q_FLAGS={layout:#x}"]  # fmt: skip
         return kernel_source(parts), f"vt_{group}_q{layout:x}.cu", options
 
     def _module(self, key: ModuleKey) -> Any:

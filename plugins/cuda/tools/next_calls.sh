@@ -24,10 +24,11 @@
 #   bash plugins/cuda/tools/next_calls.sh 20    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 21    # carry [".whl"], about 450 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 24    # carry [".whl"], about 350 s, any card
-#   bash plugins/cuda/tools/next_calls.sh 25    # carry [".whl"], about 300 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 25    # carry [".whl"], about 350 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 26    # carry [".whl"], about 500 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 25
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 26
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -37,10 +38,10 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-sixth session: call 25 (the int8 mma kernels' codes through shared memory:
-    # their bits, plain kernel tables at batches 8 and 32, batches 8-32; about 300 s)
-    echo "next_calls.sh auto: call 25"
-    bash "$SELF" 25
+    # the thirty-sixth session: call 26 (mma_stage 2, the default, three times beside 0 at
+    # batches 8-32 on both shapes; gpu_checks.py whole; about 500 s)
+    echo "next_calls.sh auto: call 26"
+    bash "$SELF" 26
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -239,6 +240,14 @@ case $N in
     X='--mma-stage 1|--mma-stage 2'
     KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     ;;
+26) # the thirty-sixth session, after run 168: mma_stage 2 by default; the 135M shape (run
+    # 168: -0.5%, -5.1%, -0.4%) and the 1B shape three times beside --mma-stage 0 at batches
+    # 8-32, then gpu_checks.py whole on the new defaults (about 500 s)
+    bash $T setup models
+    KBATCH=8,16,32 KVARS='--mma-stage 0||--mma-stage 0||--mma-stage 0|' bash $T kvars:smol kvars:1b
+    CHECKX="not ($OWED)" CHECKLIMIT=240 bash $T checksx
+    CHECKX="$OWED" CHECKLIMIT=200 bash $T checksx
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -252,7 +261,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|25|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|26|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac

@@ -241,7 +241,11 @@ def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> N
     compiles = [c[1] for c in rtc.calls if c[0] == "hiprtcCompileProgram"]
     opts = [b"--offload-arch=gfx942", b"-DVT_WARP=64", b"-DVT_NORM_LATE=1"]
     n = len(MODULE_GROUPS)
-    assert compiles == [("prog", 3, opts)] * n  # each group's module of every layout
+    # each group's module of every layout; the int8 group's with its own option (mma_stage)
+    stage = [*opts, b"-DVT_MMA_STAGE=2"]
+    assert compiles == [("prog", 4, stage) if g == "int8" else ("prog", 3, opts)
+                        for g in MODULE_GROUPS]  # fmt: skip
+    assert n == len(compiles)
     assert rtc.calls[-1] == ("hiprtcDestroyProgram", ("prog",))
     assert fake.args("hipModuleLoadData") == [(b"HSACODE!",)] * n
     other, fake2, rtc2 = make_rtc(APU.model_copy(update={"warp_size": 64}), fresh=False)
