@@ -26,9 +26,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 24    # carry [".whl"], about 350 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 25    # carry [".whl"], about 350 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 26    # carry [".whl"], about 500 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 27    # carry [".whl"], about 300 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 26
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 27
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -38,10 +39,10 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-sixth session: call 26 (mma_stage 2, the default, three times beside 0 at
-    # batches 8-32 on both shapes; gpu_checks.py whole; about 500 s)
-    echo "next_calls.sh auto: call 26"
-    bash "$SELF" 26
+    # the thirty-sixth session: call 27 (swiglu_mma1's wave at batch 8: three settings
+    # twice beside the tree at batches 8-32, a plain batch-8 table; about 300 s)
+    echo "next_calls.sh auto: call 27"
+    bash "$SELF" 27
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -248,6 +249,18 @@ case $N in
     CHECKX="not ($OWED)" CHECKLIMIT=240 bash $T checksx
     CHECKX="$OWED" CHECKLIMIT=200 bash $T checksx
     ;;
+27) # for the thirty-seventh session: swiglu_mma1's wave at batch 8 (the 1B shape's 512
+    # blocks, 3 an SM at mma_stage 2's 72 registers: 396 places, a second wave of 116; run
+    # 168: 20.9 us a call, 1.7 TB/s): VT_MMA_SW1_BLOCKS=4 (__launch_bounds__: 64 registers,
+    # no spills by sass_count.py), VT_MMA_U1=2 (56 registers, half the shared memory, twice
+    # the rounds) and --mma-split 1024, twice beside the tree at batches 8-32; the plain
+    # batch-8 table with the first (about 300 s). VT_MMA_U1=8 no longer compiles with
+    # mma_stage (72 KB of shared memory a block)
+    bash $T setup models
+    X='--kdefine VT_MMA_SW1_BLOCKS=4|--kdefine VT_MMA_U1=2|--mma-split 1024'
+    KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
+    KPBATCH=8 KPVARS='--overlap 0 --kdefine VT_MMA_SW1_BLOCKS=4' bash $T kprofile:1b
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
     # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
     # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
@@ -261,7 +274,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
         bash $T kvars:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|26|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|27|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac

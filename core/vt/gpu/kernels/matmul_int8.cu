@@ -539,6 +539,18 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     }
 }
 
+// VT_MMA_SW1_BLOCKS (unset: none): swiglu_mma1's blocks an SM must hold at once, by its
+// registers (__launch_bounds__): the 1B shape's 512 swiglu blocks at batch 8 fill 396 places
+// at 3 an SM (72 registers, run 168), a second wave of 116.
+#ifdef VT_MMA_SW1_BLOCKS
+#define VT_MMA_BOUNDS_SW1 __launch_bounds__(256, VT_MMA_SW1_BLOCKS)
+#else
+#define VT_MMA_BOUNDS_SW1
+#endif
+#define VT_MMA_BOUNDS_SW2
+#define VT_MMA_BOUNDS_SW4
+#define VT_MMA_BOUNDS_SW8
+
 // Per NO (tiles of 8 rows: 1, 2, 4, 8): matmul_mma1_q8a, swiglu_mma2_q8a, qkv_mma4_q8a, ...
 // with the arguments of the matching *_small kernels less rpb.
 #define VT_DECODE_MMA(SUFFIX, NO)                                                             \
@@ -549,7 +561,7 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         vt_mma_op<0, NO>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
                          data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts);     \
     }                                                                                          \
-    extern "C" __global__ void swiglu_mma##NO##_##SUFFIX(                                     \
+    extern "C" __global__ void VT_MMA_BOUNDS_SW##NO swiglu_mma##NO##_##SUFFIX(                \
         float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
         const vt_i8* udata, const float* usm, int ulg, int n, int N, int K, float* part,      \
         int* counts) {                                                                         \
