@@ -133,6 +133,53 @@ __device__ __forceinline__ void vt_mma_k32(int* c, const vt_u32* a, const vt_u32
 #define VT_MMA_SKIP_ZERO 1  // since run 119 (docs/gpu.md, twenty-fourth session)
 #endif
 
+// acc[m][j][e] += K block kb's products of weight m's rows (fragments a[m], scales sa[m] of
+// rows g, sb[m] of g + 8) with x's tile j, each scaled as the dp4a path scales it.
+template <int KB, int MT, int NT>
+__device__ __forceinline__ void vt_mma_kblock(float (*acc)[NT][4], const vt_u32 (*a)[4],
+                                              const vt_f2* sa, const vt_f2* sb,
+                                              const unsigned char* x, int n, long long rs,
+                                              const vt_f2* pairs, int n8, int kb, bool one) {
+    constexpr int CW = KB / 4;  // a lane's codes of a row per K block: 8 (k32) or 4 (k16)
+    int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const unsigned char* xb = x + (long long)min(j * 8 + g, n - 1) * rs;
+        vt_u32 b[2];
+        if (KB == 32) {
+            vt_codes<8> vx = *(const vt_codes<8>*)(xb + kb * KB + t * CW);
+            b[0] = vx.w[0], b[1] = vx.w[1];
+        } else {
+            b[0] = *(const vt_u32*)(xb + kb * KB + t * CW);
+        }
+        // x rows 2t and 2t + 1 of the tile: their scale and sum over the block
+        const vt_f4* pr = (const vt_f4*)(pairs + (long long)(kb * KB / 16) * n8 + j * 8 + 2 * t);
+        vt_f4 p0 = pr[0];
+        float dx[2] = {p0.x, p0.z}, xs[2] = {p0.y, p0.w};
+        if (KB == 32 && !one) {
+            vt_f4 p1 = pr[n8 / 2];  // the second block of 16
+            xs[0] += p1.y, xs[1] += p1.w;
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            int c[4] = {0, 0, 0, 0};
+            if (KB == 32) vt_mma_k32(c, a[m], b);
+            else vt_mma_k16(c, a[m], b);
+            if (one) {  // scales alone: the offsets' + 0 * sum(x) left out
+                acc[m][j][0] += __fmul_rn(sa[m].x * dx[0], (float)c[0]);
+                acc[m][j][1] += __fmul_rn(sa[m].x * dx[1], (float)c[1]);
+                acc[m][j][2] += __fmul_rn(sb[m].x * dx[0], (float)c[2]);
+                acc[m][j][3] += __fmul_rn(sb[m].x * dx[1], (float)c[3]);
+                continue;
+            }
+            acc[m][j][0] += sa[m].x * dx[0] * (float)c[0] + sa[m].y * xs[0];
+            acc[m][j][1] += sa[m].x * dx[1] * (float)c[1] + sa[m].y * xs[1];
+            acc[m][j][2] += sb[m].x * dx[0] * (float)c[2] + sb[m].y * xs[0];
+            acc[m][j][3] += sb[m].x * dx[1] * (float)c[3] + sb[m].y * xs[1];
+        }
+    }
+}
+
 // acc[m][j][e] += this warp's K blocks, of blocks [kb_lo, kb_hi), of weight m's rows (ra,
 // rb) against x's tile j (weight m in layout lgs[m]; every weight's blocks KB values).
 template <int KB, int MT, int NT, int WARPS>
@@ -185,43 +232,7 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
         for (int u = 0; u < U; ++u) {
             int kb = kb0 + u;
             if (kb < kb_hi) {  // the same for the whole warp
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const unsigned char* xb = x + (long long)min(j * 8 + g, n - 1) * rs;
-                    vt_u32 b[2];
-                    if (KB == 32) {
-                        vt_codes<8> vx = *(const vt_codes<8>*)(xb + kb * KB + t * CW);
-                        b[0] = vx.w[0], b[1] = vx.w[1];
-                    } else {
-                        b[0] = *(const vt_u32*)(xb + kb * KB + t * CW);
-                    }
-                    // x rows 2t and 2t + 1 of the tile: their scale and sum over the block
-                    const vt_f4* pr = (const vt_f4*)(pairs + (long long)(kb * KB / 16) * n8 +
-                                                     j * 8 + 2 * t);  // fmt: skip
-                    vt_f4 p0 = pr[0];
-                    float dx[2] = {p0.x, p0.z}, xs[2] = {p0.y, p0.w};
-                    if (KB == 32 && !one) {
-                        vt_f4 p1 = pr[n8 / 2];  // the second block of 16
-                        xs[0] += p1.y, xs[1] += p1.w;
-                    }
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        int c[4] = {0, 0, 0, 0};
-                        if (KB == 32) vt_mma_k32(c, a[u][m], b);
-                        else vt_mma_k16(c, a[u][m], b);
-                        if (one) {  // scales alone: the offsets' + 0 * sum(x) left out
-                            acc[m][j][0] += __fmul_rn(sa[u][m].x * dx[0], (float)c[0]);
-                            acc[m][j][1] += __fmul_rn(sa[u][m].x * dx[1], (float)c[1]);
-                            acc[m][j][2] += __fmul_rn(sb[u][m].x * dx[0], (float)c[2]);
-                            acc[m][j][3] += __fmul_rn(sb[u][m].x * dx[1], (float)c[3]);
-                            continue;
-                        }
-                        acc[m][j][0] += sa[u][m].x * dx[0] * (float)c[0] + sa[u][m].y * xs[0];
-                        acc[m][j][1] += sa[u][m].x * dx[1] * (float)c[1] + sa[u][m].y * xs[1];
-                        acc[m][j][2] += sb[u][m].x * dx[0] * (float)c[2] + sb[u][m].y * xs[0];
-                        acc[m][j][3] += sb[u][m].x * dx[1] * (float)c[3] + sb[u][m].y * xs[1];
-                    }
-                }
+                vt_mma_kblock<KB, MT, NT>(acc, a[u], sa[u], sb[u], x, n, rs, pairs, n8, kb, one);
             }
         }
     }
@@ -345,42 +356,7 @@ __device__ __forceinline__ void vt_mma_loop_staged(float (*acc)[NT][4], const vt
                         a[m][1] = vt_qcodes<4>(rg + 8 * RS, lgs[m], at).w[0];
                     }
                 }
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const unsigned char* xb = x + (long long)min(j * 8 + g, n - 1) * rs;
-                    vt_u32 b[2];
-                    if (KB == 32) {
-                        vt_codes<8> vx = *(const vt_codes<8>*)(xb + kb * KB + t * CW);
-                        b[0] = vx.w[0], b[1] = vx.w[1];
-                    } else {
-                        b[0] = *(const vt_u32*)(xb + kb * KB + t * CW);
-                    }
-                    const vt_f4* pr = (const vt_f4*)(pairs + (long long)(kb * KB / 16) * n8 +
-                                                     j * 8 + 2 * t);  // fmt: skip
-                    vt_f4 p0 = pr[0];
-                    float dx[2] = {p0.x, p0.z}, xs[2] = {p0.y, p0.w};
-                    if (KB == 32 && !one) {
-                        vt_f4 p1 = pr[n8 / 2];
-                        xs[0] += p1.y, xs[1] += p1.w;
-                    }
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        int c[4] = {0, 0, 0, 0};
-                        if (KB == 32) vt_mma_k32(c, a[m], b);
-                        else vt_mma_k16(c, a[m], b);
-                        if (one) {
-                            acc[m][j][0] += __fmul_rn(sa[u][m].x * dx[0], (float)c[0]);
-                            acc[m][j][1] += __fmul_rn(sa[u][m].x * dx[1], (float)c[1]);
-                            acc[m][j][2] += __fmul_rn(sb[u][m].x * dx[0], (float)c[2]);
-                            acc[m][j][3] += __fmul_rn(sb[u][m].x * dx[1], (float)c[3]);
-                            continue;
-                        }
-                        acc[m][j][0] += sa[u][m].x * dx[0] * (float)c[0] + sa[u][m].y * xs[0];
-                        acc[m][j][1] += sa[u][m].x * dx[1] * (float)c[1] + sa[u][m].y * xs[1];
-                        acc[m][j][2] += sb[u][m].x * dx[0] * (float)c[2] + sb[u][m].y * xs[0];
-                        acc[m][j][3] += sb[u][m].x * dx[1] * (float)c[3] + sb[u][m].y * xs[1];
-                    }
-                }
+                vt_mma_kblock<KB, MT, NT>(acc, a, sa[u], sb[u], x, n, rs, pairs, n8, kb, one);
             }
         }
         VT_SYNC32();  // every lane's reads done before the next round's copies land
@@ -547,13 +523,11 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
 #else
 #define VT_MMA_BOUNDS_SW1
 #endif
-#define VT_MMA_BOUNDS_SW2
-#define VT_MMA_BOUNDS_SW4
-#define VT_MMA_BOUNDS_SW8
 
 // Per NO (tiles of 8 rows: 1, 2, 4, 8): matmul_mma1_q8a, swiglu_mma2_q8a, qkv_mma4_q8a, ...
-// with the arguments of the matching *_small kernels less rpb.
-#define VT_DECODE_MMA(SUFFIX, NO)                                                             \
+// with the arguments of the matching *_small kernels less rpb; VT_SW_BOUNDS: swiglu's
+// launch bounds (a macro, unpasted, so vt.gpu.modules still finds the kernel's name).
+#define VT_DECODE_MMA(SUFFIX, NO, VT_SW_BOUNDS)                                               \
     extern "C" __global__ void matmul_mma##NO##_##SUFFIX(                                     \
         float* out, const unsigned char* x, const vt_i8* data, const float* sm, int lg_block, \
         const float* bias, const float* residual, int n, int N, int K, float* part,           \
@@ -561,7 +535,7 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         vt_mma_op<0, NO>(out, out, out, x, data, sm, lg_block, bias, data, sm, lg_block, bias, \
                          data, sm, lg_block, bias, residual, n, N, 0, 0, K, part, counts);     \
     }                                                                                          \
-    extern "C" __global__ void VT_MMA_BOUNDS_SW##NO swiglu_mma##NO##_##SUFFIX(                \
+    extern "C" __global__ void VT_SW_BOUNDS swiglu_mma##NO##_##SUFFIX(                       \
         float* out, const unsigned char* x, const vt_i8* gdata, const float* gsm, int glg,    \
         const vt_i8* udata, const float* usm, int ulg, int n, int N, int K, float* part,      \
         int* counts) {                                                                         \
@@ -590,10 +564,10 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
         vt_mma_op<3, NO>(q, k, v, x, wq, sq, lgq, bq, wk, sk, lgk, bk, wv, sv, lgv, bv, 0, n,  \
                          Nq, Nk, Nv, K, part, counts, &rk, &table);                            \
     }
-VT_DECODE_MMA(q8a, 1)
-VT_DECODE_MMA(q8a, 2)
-VT_DECODE_MMA(q8a, 4)
-VT_DECODE_MMA(q8a, 8)
+VT_DECODE_MMA(q8a, 1, VT_MMA_BOUNDS_SW1)
+VT_DECODE_MMA(q8a, 2, )
+VT_DECODE_MMA(q8a, 4, )
+VT_DECODE_MMA(q8a, 8, )
 VT_DECODE_MMA_ROPE(q8a, 1)
 VT_DECODE_MMA_ROPE(q8a, 2)
 VT_DECODE_MMA_ROPE(q8a, 4)
