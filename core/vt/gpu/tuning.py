@@ -137,9 +137,10 @@ class GpuTuning:
     #: of each lane loading its 8 bytes of 8 rows: a request to L2 carries a whole line,
     #: not a 32-byte sector. 2: the scales too, a load of 4 K blocks' scales a row and
     #: shuffles. The same fragments and scales, so the same bits (``gpu_checks.py``). 0: off.
-    #: 2 since run 168 (H100; docs/gpu.md, thirty-sixth session): the 1B shape +4.6%, +10.1%
-    #: and +15.5% at batches 8, 16 and 32 (the output projection 137 -> 106 us at batch 8,
-    #: 258 -> 198 at 32), the 135M shape -0.5%, -5.1% and -0.4%.
+    #: 2 since runs 168-169 (H100; docs/gpu.md, thirty-sixth session): the 1B shape +6.0%,
+    #: +7.0% and +16.9% at batches 8, 16 and 32 (the output projection 137 -> 106 us at
+    #: batch 8, 258 -> 198 at 32), the 135M shape +2.9%, +4.0% and 0.0% (run 169; run 168's
+    #: -0.5%, -5.1%, -0.4% there within that shape's spread).
     mma_stage: int = 2
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
