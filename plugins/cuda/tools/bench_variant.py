@@ -81,6 +81,8 @@ blocks (``GpuBackend.norm_quantize_values``, 256 since run 119; 0: a row a block
 ``--attention-q8a 0|1``: at int8 rows the attention kernel that writes a row also packs it
 for the int8 projection after it, which then launches no ``quantize_rows``
 (``GpuBackend.attention_q8a``, on) or that projection packs x itself (0);
+``--target-blocks N``: attention splits a row's positions (and the 2-7-row kernels their
+rows) while the grid has fewer than N blocks (``GpuBackend.target_blocks``, 256);
 ``--mma-stage 0|1|2``: the int8 mma kernels copy their weight codes through shared memory,
 2: and load their scales 4 K blocks a lane (GpuBackend.mma_stage: ``-DVT_MMA_STAGE=N``, the
 same bits);
@@ -174,6 +176,7 @@ _NUMBERS = {
     "--blas-min-rows": "blas_min_rows",
     "--blas-f16-values": "blas_f16_min_values",
     "--splits": "attention_max_splits",
+    "--target-blocks": "target_blocks",
     "--min-split": "attention_min_split",
     "--attention-heads": "attention_max_group",
     "--attention-threads": "attention_threads",

@@ -26,7 +26,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 24    # carry [".whl"], about 350 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 25    # carry [".whl"], about 350 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 26    # carry [".whl"], about 500 s, any card
-#   bash plugins/cuda/tools/next_calls.sh 27    # carry [".whl"], about 300 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 27    # carry [".whl"], about 330 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 27
@@ -39,8 +39,9 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-sixth session: call 27 (swiglu_mma1's wave at batch 8: three settings
-    # twice beside the tree at batches 8-32, a plain batch-8 table; about 300 s)
+    # the thirty-sixth session: call 27 (swiglu_mma1's wave and attention's splits at batch
+    # 8: five settings twice beside the tree at batches 8-32, a plain batch-8 table; about
+    # 330 s)
     echo "next_calls.sh auto: call 27"
     bash "$SELF" 27
     exit
@@ -253,11 +254,14 @@ case $N in
     # blocks, 3 an SM at mma_stage 2's 72 registers: 396 places, a second wave of 116; run
     # 168: 20.9 us a call, 1.7 TB/s): VT_MMA_SW1_BLOCKS=4 (__launch_bounds__: 64 registers,
     # no spills by sass_count.py), VT_MMA_U1=2 (56 registers, half the shared memory, twice
-    # the rounds) and --mma-split 1024, twice beside the tree at batches 8-32; the plain
-    # batch-8 table with the first (about 300 s). VT_MMA_U1=8 no longer compiles with
+    # the rounds) and --mma-split 1024; and attention at batch 8 (run 168: 13.1 us a layer
+    # against batch 1's 6.3, 2 splits of a row's positions at target_blocks 256) with 4 and
+    # 8 splits (--target-blocks 512, 1024); twice beside the tree at batches 8-32; the plain
+    # batch-8 table with the first (about 330 s). VT_MMA_U1=8 no longer compiles with
     # mma_stage (72 KB of shared memory a block)
     bash $T setup models
     X='--kdefine VT_MMA_SW1_BLOCKS=4|--kdefine VT_MMA_U1=2|--mma-split 1024'
+    X="$X|--target-blocks 512|--target-blocks 1024"
     KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     KPBATCH=8 KPVARS='--overlap 0 --kdefine VT_MMA_SW1_BLOCKS=4' bash $T kprofile:1b
     ;;
