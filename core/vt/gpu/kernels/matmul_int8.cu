@@ -429,18 +429,26 @@ __device__ void vt_mma_op(float* o0, float* o1, float* o2, const unsigned char* 
     int per = (kb_all + S - 1) / S, kb_lo = min((int)blockIdx.y * per, kb_all);
     int kb_hi = min(kb_lo + per, kb_all);
     // the warps' sums (red) and, with VT_MMA_STAGE, the staged codes before them: one buffer
+    // (one loop compiled a kernel, by the preprocessor: a module's compile time stays)
     constexpr int RED = WARPS * E * 32 * 4;
-    constexpr int STAGE = VT_MMA_STAGE ? WARPS * MT * 16 * VtMmaStage<32, MMA_U(NT)>::RS : 0;
+#if VT_MMA_STAGE
+    constexpr int STAGE = WARPS * MT * 16 * VtMmaStage<32, MMA_U(NT)>::RS;
+#else
+    constexpr int STAGE = 0;
+#endif
     __shared__ vt_f4 smem[(RED > STAGE ? RED : STAGE) / 16];
-    if (VT_MMA_STAGE && VT_Q_LG(lgs[0]) == 5)
+#if VT_MMA_STAGE
+    if (VT_Q_LG(lgs[0]) == 5)
         vt_mma_loop_staged<32, MT, NT, WARPS>(acc, wd, ws, lgs, f, N, x, n, K, kb_lo, kb_hi,
                                               (unsigned char*)smem);
-    else if (VT_MMA_STAGE)
+    else
         vt_mma_loop_staged<16, MT, NT, WARPS>(acc, wd, ws, lgs, f, N, x, n, K, kb_lo, kb_hi,
                                               (unsigned char*)smem);
-    else if (VT_Q_LG(lgs[0]) == 5)
+#else
+    if (VT_Q_LG(lgs[0]) == 5)
         vt_mma_loop<32, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
     else vt_mma_loop<16, MT, NT, WARPS>(acc, wd, ws, lgs, ra, rb, x, n, K, kb_lo, kb_hi);
+#endif
     vt_grid_wait();  // a warp without K blocks waits here, before the epilogue's reads
     if (VT_MMA_STAGE) __syncthreads();  // every warp's last reads of its stage done
     float (*red)[E][32] = (float (*)[E][32])smem;
