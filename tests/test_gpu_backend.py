@@ -561,7 +561,8 @@ def test_mma_stage_compiles_every_module_with_its_define() -> None:
     scales, through shared memory) reaches the kernels as -DVT_MMA_STAGE=N in the int8
     group's modules alone, of every layout and each layout's own; 0 compiles without it;
     another value is refused by name before anything compiles."""
-    for stage, define in [(1, ("-DVT_MMA_STAGE=1",)), (2, ("-DVT_MMA_STAGE=2",)), (0, ())]:
+    for stage, define in [(1, ("-DVT_MMA_STAGE=1",)), (2, ("-DVT_MMA_STAGE=2",)), (0, ()),
+                          (True, ("-DVT_MMA_STAGE=1",))]:  # fmt: skip
         backend, rt = make()
         backend.mma_stage = stage
         OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")

@@ -169,7 +169,8 @@ class GpuModules(GpuTuning):
     def group_options(self, group: str) -> list[str]:
         """What a group's modules add to compile_options: the int8 group's
         ``-DVT_MMA_STAGE`` (GpuBackend.mma_stage), so no other module's binary changes."""
-        return [f"-DVT_MMA_STAGE={self.mma_stage}"] if group == "int8" and self.mma_stage else []
+        stage = int(self.mma_stage)  # True reads as 1, not "True"
+        return [f"-DVT_MMA_STAGE={stage}"] if group == "int8" and stage else []
 
     def _x16_rows(self, layout: int | None) -> int:
         """The fewest weight rows of a one-row gemv block that take x as 16-bit codes in

@@ -113,24 +113,18 @@ __device__ __forceinline__ void vt_prefetch_l2(const void* p) {
 #if !defined(VT_HIP) && !defined(VT_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define VT_CP_ASYNC 1
 #endif
+// KEEP_L1 (the default): .ca, through L1; false: .cg (L2 only), for bytes a launch reads
+// once (a weight's codes: the int8 mma kernels' stage), which L1 would keep for nothing.
+template <bool KEEP_L1 = true>
 __device__ __forceinline__ void vt_copy16_async(void* smem, const void* g) {
 #ifdef VT_CP_ASYNC
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    // .ca (through L1): every block of a launch copies the same few lines, so an SM's blocks
-    // share them; .cg (L2 only) made each block's copies an L2 round trip on those hot lines
-    // (run 101: swiglu_psq_gemv2_q 34.8 us a call against swiglu_gemv2_q's ~13).
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
-#else
-    vt_u64 a = ((const vt_u64*)g)[0], b = ((const vt_u64*)g)[1];
-    ((vt_u64*)smem)[0] = a, ((vt_u64*)smem)[1] = b;
-#endif
-}
-// The same copy through L2 only (cp.async.cg): for bytes a launch reads once (a weight's
-// codes), which L1 would keep for nothing.
-__device__ __forceinline__ void vt_stream16_async(void* smem, const void* g) {
-#ifdef VT_CP_ASYNC
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+    // .ca: every block of a launch copies the same few lines, so an SM's blocks share them;
+    // .cg made each block's copies an L2 round trip on those hot lines (run 101:
+    // swiglu_psq_gemv2_q 34.8 us a call against swiglu_gemv2_q's ~13).
+    if (KEEP_L1)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+    else asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
 #else
     vt_u64 a = ((const vt_u64*)g)[0], b = ((const vt_u64*)g)[1];
     ((vt_u64*)smem)[0] = a, ((vt_u64*)smem)[1] = b;

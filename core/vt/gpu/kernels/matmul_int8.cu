@@ -297,7 +297,7 @@ __device__ __forceinline__ void vt_mma_loop_staged(float (*acc)[NT][4], const vt
                 const unsigned char* src = (const unsigned char*)wd[m] +
                                            ((row * K + (long long)kb0 * KB) >> sh) +
                                            min(q * 16, last);  // fmt: skip
-                vt_stream16_async(mine + (m * 16 + r) * RS + q * 16, src);
+                vt_copy16_async<false>(mine + (m * 16 + r) * RS + q * 16, src);
             }
         }
         vt_f2 sa[U][MT], sb[U][MT];
