@@ -265,17 +265,18 @@ case $N in
     KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     KPBATCH=8 KPVARS='--overlap 0 --kdefine VT_MMA_SW1_BLOCKS=4' bash $T kprofile:1b
     ;;
-h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side; then
-    # whether the 16-bit path in every layout (Q8_0 too) helps the 1B step there: run 125
-    # +1.0% (the H100: -1.3%, run 123); twice beside the tree, batch 1
+h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side (with
+    # mma_stage 2 at the batch cells); then attention at batch 1 with fewer splits of more
+    # positions (target_blocks 128 and 64: 8 and 4 splits where 256 gives 16 of 16
+    # positions; run 166, H100: split 6.27 + combine 2.67 us a layer, 16% of the step),
+    # twice beside the tree
     if ! nvidia-smi -L 2>/dev/null | grep -q H200; then
         echo "next_calls.sh h200: no H200 here; nothing run" >&2
         exit 3
     fi
     VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
-    X='--gemv-x16-flags 0'
-    KBATCH=1 KVARS="--splits 32|$X|$X --gemv-x16 2|--splits 32|$X|$X --gemv-x16 2" \
-        bash $T kvars:1b
+    X='--target-blocks 128|--target-blocks 64'
+    KBATCH=1 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     ;;
 *)
     echo "usage: $0 1|2|...|27|h200|auto (docs/gpu.md, the latest Next)" >&2
