@@ -44,8 +44,8 @@ EVERY = [f"vt_{group}.cu" for group in MODULE_GROUPS]
 WEIGHT_SOURCE = "".join(kernel_source(MODULE_GROUPS[group]) for group in WEIGHT_GROUPS)
 
 
-#: the int8 group's own option by default (GpuBackend.mma_stage 2)
-STAGE = ("-DVT_MMA_STAGE=2",)
+#: the int8 group's own option by default (GpuBackend.mma_stage on)
+STAGE = ("-DVT_MMA_STAGE=1",)
 
 
 def every(
@@ -557,12 +557,11 @@ def test_gemv_x16_compiles_every_module_with_its_define() -> None:
 
 
 def test_mma_stage_compiles_every_module_with_its_define() -> None:
-    """GpuBackend.mma_stage (the int8 mma kernels' weight codes, 2, the default: and
-    scales, through shared memory) reaches the kernels as -DVT_MMA_STAGE=N in the int8
-    group's modules alone, of every layout and each layout's own; 0 compiles without it;
-    another value is refused by name before anything compiles."""
-    for stage, define in [(1, ("-DVT_MMA_STAGE=1",)), (2, ("-DVT_MMA_STAGE=2",)), (0, ()),
-                          (True, ("-DVT_MMA_STAGE=1",))]:  # fmt: skip
+    """GpuBackend.mma_stage (the int8 mma kernels' weight codes through shared memory and
+    their scales in fewer loads; on by default) reaches the kernels as -DVT_MMA_STAGE=1 in
+    the int8 group's modules alone, of every layout and each layout's own; off compiles
+    without it; another value is refused by name before anything compiles."""
+    for stage, define in [(True, STAGE), (1, STAGE), (False, ()), (0, ())]:
         backend, rt = make()
         backend.mma_stage = stage
         OpCase(backend).w("w", np.ones((16, 256), np.float32), "Q8_0")
@@ -571,8 +570,8 @@ def test_mma_stage_compiles_every_module_with_its_define() -> None:
         backend.close()
     assert "VT_MMA_STAGE" in WEIGHT_SOURCE
     backend, rt = make()
-    backend.mma_stage = 3
-    with pytest.raises(ValueError, match=r"mma_stage is 3; 0 \(off\), 1"):
+    backend.mma_stage = 2
+    with pytest.raises(ValueError, match=r"mma_stage is 2; True \(the int8 mma"):
         backend.prepare()
     assert rt.compiles == []
     backend.close()

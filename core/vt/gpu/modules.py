@@ -159,18 +159,17 @@ class GpuModules(GpuTuning):
                 f"GpuBackend.gemv_x16_layout_flags is {flags!r}; 0 (every layout) or Q_* "
                 "layout flags (vt.gpu.weights: 0x100 the 4-bit layouts)"
             )
-        if self.mma_stage not in (0, 1, 2):
+        if self.mma_stage not in (False, True):  # 0 and 1 too
             raise ValueError(
-                f"GpuBackend.mma_stage is {self.mma_stage!r}; 0 (off), 1 (the int8 mma "
-                "kernels' codes through shared memory) or 2 (their scales too)"
+                f"GpuBackend.mma_stage is {self.mma_stage!r}; True (the int8 mma kernels' "
+                "weight codes through shared memory, their scales in fewer loads) or False"
             )
         return [f"-DVT_WARP={self._rt.warp_size()}", *late, *fa, *self._x16_options(layout)]
 
     def group_options(self, group: str) -> list[str]:
         """What a group's modules add to compile_options: the int8 group's
         ``-DVT_MMA_STAGE`` (GpuBackend.mma_stage), so no other module's binary changes."""
-        stage = int(self.mma_stage)  # True reads as 1, not "True"
-        return [f"-DVT_MMA_STAGE={stage}"] if group == "int8" and stage else []
+        return ["-DVT_MMA_STAGE=1"] if group == "int8" and self.mma_stage else []
 
     def _x16_rows(self, layout: int | None) -> int:
         """The fewest weight rows of a one-row gemv block that take x as 16-bit codes in

@@ -132,16 +132,18 @@ class GpuTuning:
     #: shape's batch 8 to +20% but cost the 135M shape's batch 32 15% (its K = 576 split).
     mma_split_blocks: int = 512
     mma_split_min_k: int = 1024
-    #: 1: the int8 mma kernels copy each warp's weight codes through shared memory in 16-byte
-    #: pieces, 8 lanes a 128-byte line (``-DVT_MMA_STAGE=N``: kernels/matmul_int8.cu), instead
+    #: The int8 mma kernels copy each warp's weight codes through shared memory in 16-byte
+    #: pieces, 8 lanes a 128-byte line (``-DVT_MMA_STAGE=1``: kernels/matmul_int8.cu), instead
     #: of each lane loading its 8 bytes of 8 rows: a request to L2 carries a whole line,
-    #: not a 32-byte sector. 2: the scales too, a load of 4 K blocks' scales a row and
-    #: shuffles. The same fragments and scales, so the same bits (``gpu_checks.py``). 0: off.
-    #: 2 since runs 168-169 (H100; docs/gpu.md, thirty-sixth session): the 1B shape +6.0%,
+    #: not a 32-byte sector; and load their scales 4 K blocks a row a load, handed round by
+    #: shuffles. The same fragments and scales, so the same bits (``gpu_checks.py``). On
+    #: since runs 168-169 (H100; docs/gpu.md, thirty-sixth session): the 1B shape +6.0%,
     #: +7.0% and +16.9% at batches 8, 16 and 32 (the output projection 137 -> 106 us at
     #: batch 8, 258 -> 198 at 32), the 135M shape +2.9%, +4.0% and 0.0% (run 169; run 168's
-    #: -0.5%, -5.1%, -0.4% there within that shape's spread).
-    mma_stage: int = 2
+    #: -0.5%, -5.1%, -0.4% there within that shape's spread). The codes alone (without the
+    #: scales' loads, the thirty-sixth session's setting 1) lost to both at batch 32 and are
+    #: gone since the thirty-seventh.
+    mma_stage: bool = True
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Steps of one row against quantized weights (K a multiple of 16, 16-byte aligned)

@@ -576,13 +576,12 @@ def test_gemv_one_row(cuda: Any, wtype: str, k_in: int, gv: int) -> None:
         io.close()
 
 
-@pytest.fixture(scope="module", params=[1, 2])
-def cuda_stage(request: pytest.FixtureRequest) -> Any:
-    """A cuda backend whose int8 mma kernels copy their weight codes (2: and load their
-    scales four K blocks a lane) through shared memory (GpuBackend.mma_stage, set before
-    its kernels compile)."""
+@pytest.fixture(scope="module")
+def cuda_unstaged() -> Any:
+    """A cuda backend whose int8 mma kernels load their weight codes and scales straight
+    into registers (GpuBackend.mma_stage off, set before its kernels compile)."""
     backend = make("cuda")
-    backend.mma_stage = request.param
+    backend.mma_stage = False
     yield backend
     backend.close()
 
@@ -634,16 +633,18 @@ def _int8_mma_outputs(be: Any, wtype: str, n: int, k_in: int, split: int) -> lis
 
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("n", [8, 17, 33, 63])
-def test_mma_stage_gives_the_same_bits(cuda: Any, cuda_stage: Any, wtype: str, n: int) -> None:
-    """GpuBackend.mma_stage: the int8 mma kernels with their weight codes copied through
-    shared memory give the bits of the loads straight to registers, for every tile count
+def test_mma_stage_gives_the_same_bits(cuda: Any, cuda_unstaged: Any, wtype: str, n: int) -> None:
+    """GpuBackend.mma_stage (on by default): the int8 mma kernels with their weight codes
+    copied through shared memory and their scales handed round by shuffles give the bits
+    of the loads straight to registers (off), for every tile count
     (1, 3, 5 and 8 tiles of 8 rows), unsplit and with K split (the copies clamped at a
     slice's end; K = 544 leaves a warp a short last round), on every layout family (int8
     codes, nibbles, blocks of 16)."""
     k_in = 1024 if wtype.endswith("_K") else 544
     for split in (1, 4):
-        whole = _int8_mma_outputs(cuda, wtype, n, k_in, split)
-        staged = _int8_mma_outputs(cuda_stage, wtype, n, k_in, split)
+        assert cuda.mma_stage and not cuda_unstaged.mma_stage
+        whole = _int8_mma_outputs(cuda_unstaged, wtype, n, k_in, split)
+        staged = _int8_mma_outputs(cuda, wtype, n, k_in, split)
         for i, (a, b) in enumerate(zip(staged, whole, strict=True)):
             np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=str(i))
 

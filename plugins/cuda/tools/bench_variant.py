@@ -83,9 +83,9 @@ for the int8 projection after it, which then launches no ``quantize_rows``
 (``GpuBackend.attention_q8a``, on) or that projection packs x itself (0);
 ``--target-blocks N``: attention splits a row's positions (and the 2-7-row kernels their
 rows) while the grid has fewer than N blocks (``GpuBackend.target_blocks``, 256);
-``--mma-stage 0|1|2``: the int8 mma kernels copy their weight codes through shared memory,
-2: and load their scales 4 K blocks a lane (GpuBackend.mma_stage: ``-DVT_MMA_STAGE=N``, the
-same bits);
+``--mma-stage 0|1``: the int8 mma kernels copy their weight codes through shared memory
+and load their scales 4 K blocks a lane (GpuBackend.mma_stage, on: ``-DVT_MMA_STAGE=1``,
+the same bits) or load both a lane's own (0);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
 (``GpuBackend.mma_split_blocks``, 512 since run 119, 0: never; ``mma_split_min_k``, 1024);

@@ -242,7 +242,7 @@ def test_kernels_compile_with_hiprtc_for_the_device_arch_once_per_process() -> N
     opts = [b"--offload-arch=gfx942", b"-DVT_WARP=64", b"-DVT_NORM_LATE=1"]
     n = len(MODULE_GROUPS)
     # each group's module of every layout; the int8 group's with its own option (mma_stage)
-    stage = [*opts, b"-DVT_MMA_STAGE=2"]
+    stage = [*opts, b"-DVT_MMA_STAGE=1"]
     assert compiles == [("prog", 4, stage) if g == "int8" else ("prog", 3, opts)
                         for g in MODULE_GROUPS]  # fmt: skip
     assert n == len(compiles)

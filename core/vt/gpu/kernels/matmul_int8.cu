@@ -246,8 +246,8 @@ __device__ __forceinline__ void vt_mma_loop(float (*acc)[NT][4], const vt_i8* co
 // its 16 rows' U K blocks in 16-byte pieces, 8 lanes a 128-byte line (cp.async.cg, past
 // L1), then each lane reads the same bytes of its rows as above from shared memory: the
 // same fragments, so the same sums and bits. The codes leave the registers while the copies
-// fly (the a[] above are U * MT * 4 registers). 2: the scales also in 4 times fewer loads
-// (below). GpuBackend.mma_stage sets it.
+// fly (the a[] above are U * MT * 4 registers), and the scales come in 4 times fewer loads
+// (below). GpuBackend.mma_stage sets it (1: on).
 #ifndef VT_MMA_STAGE
 #define VT_MMA_STAGE 0
 #endif
@@ -300,37 +300,24 @@ __device__ __forceinline__ void vt_mma_loop_staged(float (*acc)[NT][4], const vt
                 vt_copy16_async<false>(mine + (m * 16 + r) * RS + q * 16, src);
             }
         }
+        // the scales in 4 times fewer requests: lane t loads K block u = t (of each 4) of its
+        // rows g and g + 8, 4 consecutive scales of a row a request, and the warp's shuffles
+        // hand lane (g, t') the 4 (the values vt_mma_loop loads one by one)
         vt_f2 sa[U][MT], sb[U][MT];
-        if (VT_MMA_STAGE >= 2) {
-            // the scales too in fewer requests: lane t loads K block u = t (of each 4) of
-            // its rows g and g + 8, 4 consecutive scales of a row a request, and the warp's
-            // shuffles hand lane (g, t') the 4 (the same values as the loads below)
 #pragma unroll
-            for (int u0 = 0; u0 < U; u0 += 4) {
-                int kb = min(kb0 + u0 + t, kb_hi - 1);
+        for (int u0 = 0; u0 < U; u0 += 4) {
+            int kb = min(kb0 + u0 + t, kb_hi - 1);
 #pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
-                    vt_f2 ma = vt_qso(ws[m], lgs[m], ia >> VT_Q_LG(lgs[m]));
-                    vt_f2 mb = vt_qso(ws[m], lgs[m], ib >> VT_Q_LG(lgs[m]));
+            for (int m = 0; m < MT; ++m) {
+                long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
+                vt_f2 ma = vt_qso(ws[m], lgs[m], ia >> VT_Q_LG(lgs[m]));
+                vt_f2 mb = vt_qso(ws[m], lgs[m], ib >> VT_Q_LG(lgs[m]));
 #pragma unroll
-                    for (int u = u0; u < U && u < u0 + 4; ++u) {
-                        int from = g * 4 + (u - u0);
-                        sa[u][m].x = vt_shfl32f(ma.x, from), sb[u][m].x = vt_shfl32f(mb.x, from);
-                        sa[u][m].y = one ? 0.0f : vt_shfl32f(ma.y, from);
-                        sb[u][m].y = one ? 0.0f : vt_shfl32f(mb.y, from);
-                    }
-                }
-            }
-        } else {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                int kb = min(kb0 + u, kb_hi - 1);
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    long long ia = ra * K + (long long)kb * KB, ib = rb * K + (long long)kb * KB;
-                    sa[u][m] = vt_qso(ws[m], lgs[m], ia >> VT_Q_LG(lgs[m]));
-                    sb[u][m] = vt_qso(ws[m], lgs[m], ib >> VT_Q_LG(lgs[m]));
+                for (int u = u0; u < U && u < u0 + 4; ++u) {
+                    int from = g * 4 + (u - u0);
+                    sa[u][m].x = vt_shfl32f(ma.x, from), sb[u][m].x = vt_shfl32f(mb.x, from);
+                    sa[u][m].y = one ? 0.0f : vt_shfl32f(ma.y, from);
+                    sb[u][m].y = one ? 0.0f : vt_shfl32f(mb.y, from);
                 }
             }
         }
