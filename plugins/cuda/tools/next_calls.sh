@@ -264,6 +264,9 @@ case $N in
     X="$X|--target-blocks 512|--target-blocks 1024"
     KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     KPBATCH=8 KPVARS='--overlap 0 --kdefine VT_MMA_SW1_BLOCKS=4' bash $T kprofile:1b
+    # the thirty-seventh session's mma_stage as a bool (its old setting 2; the same machine
+    # code by sass_count.py): the bit check against an unstaged backend (20 cases)
+    bash $T checksk:mma_stage_gives_the_same_bits
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side (with
     # mma_stage 2 at the batch cells); then attention at batch 1 with fewer splits of more
