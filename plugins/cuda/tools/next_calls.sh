@@ -27,7 +27,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 25    # carry [".whl"], about 350 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 26    # carry [".whl"], about 500 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 27    # carry [".whl"], about 330 s, any card
-#   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 350 s on an
+#   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 450 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 27
 #
@@ -272,7 +272,7 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
     # mma_stage 2 at the batch cells); then attention at batch 1 with fewer splits of more
     # positions (target_blocks 128 and 64: 8 and 4 splits where 256 gives 16 of 16
     # positions; run 166, H100: split 6.27 + combine 2.67 us a layer, 16% of the step),
-    # twice beside the tree
+    # twice beside the tree; the plain batch-1 table (about 450 s)
     if ! nvidia-smi -L 2>/dev/null | grep -q H200; then
         echo "next_calls.sh h200: no H200 here; nothing run" >&2
         exit 3
@@ -280,6 +280,8 @@ h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by
     VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
     X='--target-blocks 128|--target-blocks 64'
     KBATCH=1 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
+    # the batch-1 step's kernels plain on the H200 (TB/s a kernel, against run 166's H100)
+    KPBATCH=1 KPVARS='--overlap 0' bash $T kprofile:1b
     ;;
 *)
     echo "usage: $0 1|2|...|27|h200|auto (docs/gpu.md, the latest Next)" >&2
