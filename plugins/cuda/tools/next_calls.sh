@@ -269,7 +269,7 @@ case $N in
     bash $T checksk:mma_stage_gives_the_same_bits
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side (with
-    # mma_stage 2 at the batch cells); then attention at batch 1 with fewer splits of more
+    # mma_stage at the batch cells); then attention at batch 1 with fewer splits of more
     # positions (target_blocks 128 and 64: 8 and 4 splits where 256 gives 16 of 16
     # positions; run 166, H100: split 6.27 + combine 2.67 us a layer, 16% of the step),
     # twice beside the tree; the plain batch-1 table (about 450 s)
