@@ -40,6 +40,7 @@ DOC = ROOT / "docs" / "support-matrix.md"
 N_CASES = len(all_cases()) + 1  # every case plus the per-backend `executed` test
 N_MODELS = len(SUPPORTED_ARCHITECTURES) * len(WEIGHT_TYPES)
 N_LOGPROBS = sum(c.unit == "logprobs" for c in all_cases())  # not declared on tt_stub
+N_PREFETCH = sum(c.unit == "prefetch" for c in all_cases())  # declared by neither
 TT_UNDECLARED = [
     "pinned-host-memory",
     "event-ordering",
@@ -105,14 +106,16 @@ def test_kit_passes_on_cpu_and_tt_stub_with_counts(tmp_path: Path) -> None:
         tmp_path / "run", "--vt-backend", "cpu", "--vt-backend", "tt_stub", f"--vt-matrix={matrix}"
     )
     assert rc == 0, out
-    assert len(OPS) == 22 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
+    assert len(OPS) == 23 and len(CORE_METHODS) == 2 and N_MODELS == 27 and len(CONTRACTS) == 11
     assert summary("cpu", 22, 2, 11, 27, 0) in out
     assert summary("tt_stub", 21, 2, 4, 27, 0) in out
     # tt_stub declares nothing: those contracts are "not declared", never passes; it lacks
-    # the optional op logprobs (the runner computes them on the host), also "not declared"
-    undeclared = ["op logprobs", *(f"contract {c}" for c in TT_UNDECLARED)]
+    # the optional op logprobs (the runner computes them on the host), also "not declared";
+    # neither declares the optional hint prefetch (the graph launches none there)
+    undeclared = ["op logprobs", "op prefetch", *(f"contract {c}" for c in TT_UNDECLARED)]
     assert "  not declared: " + ", ".join(undeclared) in out
-    skipped = len(TT_UNDECLARED) + N_LOGPROBS
+    assert "  not declared: op prefetch" in out  # cpu's
+    skipped = len(TT_UNDECLARED) + N_LOGPROBS + 2 * N_PREFETCH
     assert counts == {"passed": 2 * N_CASES - skipped, "skipped": skipped}
     for cid in TT_UNDECLARED:
         assert f"vt conformance [tt_stub] contract {cid}: not declared:" in out
@@ -281,7 +284,8 @@ def test_kit_names_each_planted_fault(tmp_path: Path, install_dist) -> None:
         tmp_path / "run", "--vt-backend", names, "-k", "not models", pythonpath=site
     )
     assert rc == 1
-    ops, core, contracts = len(OPS), len(CORE_METHODS), len(CONTRACTS)
+    # cpu's subclasses: every op but the prefetch hint, which none of them declares
+    ops, core, contracts = len(OPS) - 1, len(CORE_METHODS), len(CONTRACTS)
 
     # an off-by-one rms_norm: every rms_norm case fails, naming the op; of the ops that
     # normalise first (decomposed), the F32 case within rms_norm_swiglu's bound (the
@@ -429,7 +433,7 @@ def test_matrix_marks_failed_cells_and_lists_failures() -> None:
     matrix = matrix_from_results(["mine", "gone"], results, "test", {"mine": caps}, {"gone": "why"})
     assert not matrix.ok
     text = matrix.render(markdown=True)
-    assert summary("mine", 21, 2, 4, 27, 1) in text
+    assert summary("mine", 22, 2, 4, 27, 1) in text
     assert "| `rms_norm` | - | **FAIL** (1/4) |" in text  # how it runs: not recorded here
     assert "| `events` | no | `event-ordering` | not declared |" in text
     assert "| `device_memory_is_host_addressable` | no | `host-view` (must refuse) | pass |" in text

@@ -90,9 +90,11 @@ def test_plugin_registers_the_cpu_backend_with_its_declaration() -> None:
     assert caps.vmm == declared.vmm
     # every op of the table runs natively (the reference), fused ones included, but
     # the GPU's fusions of a projection with the norm after it, which run as their
-    # decompositions, and attention_bounded (it declares no context classes)
+    # decompositions, attention_bounded (it declares no context classes) and the prefetch
+    # hint (nothing to bring nearer: the graph launches none here)
     decomposed = ("matmul_add_rms_norm", "matmul_add_rms_norm_swiglu",
-                  "matmul_add_rms_norm_qkv_rope_kv_store", "attention_bounded")  # fmt: skip
+                  "matmul_add_rms_norm_qkv_rope_kv_store", "attention_bounded",
+                  "prefetch")  # fmt: skip
     assert CpuBackend.op_names() == tuple(op for op in vt.OPS if op not in decomposed)
     assert all(backend.supports(op) is (op not in decomposed) for op in vt.OPS)
     backend.close()

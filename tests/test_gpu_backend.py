@@ -24,7 +24,7 @@ from vt.execution.runner import ModelRunner, SeqChunk
 from vt.gpu import MAX_HEAD_DIM, GpuBackend, GpuCallError, GpuWeight, kernel_source
 from vt.gpu import weights as W
 from vt.gpu.backend import _TILED_ROWS as TILED_ROWS
-from vt.gpu.backend import RopeTable, _out_of_memory, rope_table
+from vt.gpu.backend import RopeTable, VtPrefetch, _out_of_memory, rope_table
 from vt.gpu.modules import (
     KERNEL_PARTS,
     MODULE_GROUPS,
@@ -1105,9 +1105,10 @@ WEIGHT_POINTERS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("op", tuple(o for o in vt.OPS if o not in DEFERRED))
+@pytest.mark.parametrize("op", tuple(o for o in vt.OPS if o not in (*DEFERRED, "prefetch")))
 def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: str) -> None:
-    """Every op of the table but the deferred norm's two-kernel ops (their own test)."""
+    """Every op of the table but the deferred norm's two-kernel ops and the prefetch hint,
+    which launches nothing itself (their own tests)."""
     backend, rt = make()
     backend.native_fused |= {op}  # the norm ops: not native by default (not yet measured)
     case = OpCase(backend)
@@ -1150,6 +1151,8 @@ def test_each_op_launches_its_kernel_with_the_arguments_in_signature_order(op: s
             assert not value, name
         elif ctype == "RopeTable":
             assert isinstance(raw, RopeTable) and raw.inv[1] == pytest.approx(10000**-0.25)
+        elif ctype == "VtPrefetch":  # op_prefetch's ranges: none without a hint
+            assert isinstance(raw, VtPrefetch) and not any(raw.n), name
         else:
             assert value == pytest.approx(scalars.pop(name)), name
     assert scalars == {}  # every scalar the case expects was passed
@@ -3010,4 +3013,72 @@ def test_work_between_attention_and_the_projection_drops_the_hand_off(work: str)
                    scratch=c.t("s", F32, 8, 32))  # fmt: skip
     kernels = [la.kernel for la in rt.launches]
     assert kernels[-2:] == ["quantize_rows", "matmul_mma1_q8a"], kernels
+    backend.close()
+
+
+def test_prefetch_rides_on_the_next_attention_launch() -> None:
+    """GpuBackend.prefetch_bytes: the op ``prefetch`` (declared only where it is above 0)
+    launches nothing; the next attention's split kernel gets its weights' byte ranges (the
+    first weight whole, then the same leading share of the pair's codes and scales, in
+    128-byte lines, within the budget), and the one after it none; freeing a weight drops a
+    pending hint; a weight this backend did not upload is refused by name."""
+    backend, rt = make()
+    assert not backend.supports("prefetch")  # 0 by default: nothing to launch
+    backend.prefetch_bytes = 20_000
+    assert backend.supports("prefetch")
+    c = OpCase(backend)
+    rng = np.random.default_rng(3)
+    wo = c.w("wo", rng.standard_normal((16, 256)).astype(np.float32), "Q8_0")
+    gate = c.w("gate", rng.standard_normal((64, 256)).astype(np.float32), "Q8_0")
+    up = c.w("up", rng.standard_normal((64, 256)).astype(np.float32), "Q8_0")
+    o, g, u = (w.handle for w in (wo, gate, up))
+    layout = vt.KVLayout(n_layers=1, n_slots=2, n_kv_heads=2, head_dim=64, max_len=8)
+    stream = backend.create_stream()
+
+    def attention() -> VtPrefetch:
+        rt.launches.clear()
+        buf, ints = backend.alloc(8 * 64 * 4), backend.alloc(4)
+        backend.launch(
+            "attention", stream, out=vt.Tensor.of(buf, F32, 1, 8 * 64),
+            q=vt.Tensor.of(buf, F32, 1, 8 * 64),
+            cache=vt.Tensor.of(backend.alloc(layout.nbytes), F32, *layout.shape),
+            slots=vt.Tensor.of(ints, I32, 1), positions=vt.Tensor.of(ints, I32, 1),
+            layout=layout, layer=0, n_heads=8, scale=0.1,
+        )  # fmt: skip
+        split = rt.launches[0]
+        assert split.kernel == "attention_split"
+        pf = split.ctypes_args[-1]
+        assert isinstance(pf, VtPrefetch)
+        return pf
+
+    backend.launch("prefetch", stream, weight=wo)
+    backend.launch("prefetch", stream, weight=gate, paired=up)
+    assert rt.launches == []
+    pf = attention()
+    got = [(pf.p[r] or 0, pf.n[r]) for r in range(6)]
+    whole = o.buffer.nbytes
+    share = (20_000 - whole) / (g.buffer.nbytes + u.buffer.nbytes)
+    codes, scales = g.scales - g.data, g.buffer.nbytes - (g.scales - g.data)
+
+    def lines(size: int) -> int:
+        return min(size, -(-int(size * share) // 128) * 128)
+
+    assert got == [(o.data, whole), (g.data, lines(codes)), (g.scales, lines(scales)),
+                   (u.data, lines(codes)), (u.scales, lines(scales)), (0, 0)]  # fmt: skip
+    assert 0 < share < 1 and sum(n for _, n in got) <= 20_000 + 4 * 128
+    assert not any(attention().n)  # taken by the launch before
+    backend.prefetch_bytes = 1 << 30  # every byte of every weight, each whole
+    backend.launch("prefetch", stream, weight=gate, paired=up)
+    pf = attention()
+    assert [(pf.p[r], pf.n[r]) for r in range(2)] == [(g.data, g.buffer.nbytes),
+                                                      (u.data, u.buffer.nbytes)]  # fmt: skip
+    backend.launch("prefetch", stream, weight=wo)
+    backend.free_weight(up)
+    assert not any(attention().n)  # the hint named a weight now freed: dropped
+    stranger = vt.Weight("x", (16, 256), "a handle of another backend", wo.ggml_type)
+    with pytest.raises(ValueError, match="prefetch: weight 'x' was not uploaded by"):
+        backend.launch("prefetch", stream, weight=stranger)
+    with pytest.raises(ValueError, match="op prefetch: weight paired"):
+        backend.launch("prefetch", stream, weight=wo, paired=gate)  # 64 rows against 16
+    assert not any(attention().n)  # neither refused hint was kept
     backend.close()

@@ -27,13 +27,16 @@ def test_every_op_has_a_reference_and_fused_ops_decompose_into_table_ops() -> No
         else:
             assert not op.parts
     assert set(vt.PRIMITIVE_OPS) | set(vt.FUSED_OPS) | set(vt.OPTIONAL_OPS) == set(OPS)
-    assert vt.OPTIONAL_OPS == ("logprobs",) and OPS["logprobs"].fallback
+    assert vt.OPTIONAL_OPS == ("logprobs", "prefetch")
+    assert all(OPS[op].fallback for op in vt.OPTIONAL_OPS)
+    # the hint changes nothing: its reference writes no tensor (it has none to write)
+    assert not any(a.is_tensor for a in OPS["prefetch"].args)
 
 
 def test_an_optional_op_is_a_fallback_never_missing() -> None:
     plan = op_plan(set(vt.PRIMITIVE_OPS).__contains__)
     assert plan["logprobs"] == "fallback" and "missing" not in plan.values()
-    assert plan_text(plan).endswith("fallback: logprobs")
+    assert plan_text(plan).endswith("fallback: logprobs, prefetch")
     assert op_plan(set(OPS).__contains__)["logprobs"] == "native"
 
 
@@ -56,7 +59,8 @@ def test_plan_native_decomposed_and_missing() -> None:
     assert no_rope["swiglu"] == "decomposed"
     assert plan_text(no_rope).startswith("native: embedding")
     assert "missing: rope, rope_kv_store" in plan_text(no_rope)
-    assert plan_text(op_plan(lambda _op: False)).startswith("fallback: logprobs; missing: embed")
+    lacking = plan_text(op_plan(lambda _op: False))
+    assert lacking.startswith("fallback: logprobs, prefetch; missing: embed")
 
 
 def test_closure_expands_only_what_the_backend_lacks() -> None:
@@ -75,11 +79,12 @@ def test_vt_backends_and_audit_show_each_backends_ops() -> None:
     assert "decomposed: matmul_add, swiglu, rope_kv_store" in table.output  # tt_stub
     assert "fallback: logprobs" in table.output  # tt_stub: the host computes logprobs
     listed = {e["name"]: e for e in json.loads(runner.invoke(main, ["backends", "--json"]).output)}
-    # cpu runs every op natively but the GPU's projection-and-norm fusions and
-    # attention_bounded (no context classes: the graph never launches it there)
+    # cpu runs every op natively but the GPU's projection-and-norm fusions,
+    # attention_bounded (no context classes: the graph never launches it there) and the
+    # prefetch hint (the graph launches none there)
     gpu_fusions = ("matmul_add_rms_norm", "matmul_add_rms_norm_swiglu",
                    "matmul_add_rms_norm_qkv_rope_kv_store", "attention_bounded")  # fmt: skip
-    cpu_native = [op for op in OPS if op not in gpu_fusions]
+    cpu_native = [op for op in OPS if op not in (*gpu_fusions, "prefetch")]
     assert listed["cpu"]["ops"] == cpu_native and listed["tt_stub"]["ops"] == list(vt.PRIMITIVE_OPS)
     audit = runner.invoke(main, ["audit", "--backend", "tt_stub", "--json"])
     assert audit.exit_code == 0, audit.output
@@ -87,7 +92,8 @@ def test_vt_backends_and_audit_show_each_backends_ops() -> None:
     assert report["ops"]["swiglu"] == "decomposed" and report["ops"]["matmul"] == "native"
     text = runner.invoke(main, ["audit", "--backend", "cpu"]).output
     assert "  ops    native: embedding" in text
-    assert text.split("\n")[1].endswith("; decomposed: " + ", ".join(gpu_fusions))
+    line = text.split("\n")[1]
+    assert line.endswith("; decomposed: " + ", ".join(gpu_fusions) + "; fallback: prefetch")
 
 
 def test_attention_bounded_refuses_a_bound_outside_the_cache_and_a_row_past_it() -> None:

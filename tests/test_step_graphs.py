@@ -561,3 +561,51 @@ def test_random_serving_schedules_replay_the_ids_of_eager_steps(llama: Any, seed
         stats = r.graph_stats
     assert got == want
     assert stats["replays"] > 0 and stats["evictions"] > 0, stats
+
+
+def test_the_graph_hints_each_layers_weights_before_its_attention(llama: Any) -> None:
+    """Where a backend declares the optional op ``prefetch``, each layer launches it twice
+    right before attention (the output projection's weight, then gate with up: what the
+    ops after attention read), in eager and captured steps alike; the ids stay those of
+    the plain backend, whose steps launch no prefetch."""
+    plain = make_backend("cpu")
+    plain_ops = _ops(plain)
+    with ModelRunner(plain, llama, max_slots=4, graphs=False) as r:
+        want = scripted(r)
+    assert plain_ops and "prefetch" not in plain_ops
+    backend = make_backend("cpu")
+    hints: list[tuple[str, str | None]] = []
+    supports = backend.supports
+    backend.supports = lambda op, dtype=None: op == "prefetch" or supports(op, dtype)  # type: ignore[method-assign]
+
+    def op_prefetch(stream: Any, weight: vt.Weight, paired: vt.Weight | None = None) -> None:
+        hints.append((weight.name, None if paired is None else paired.name))
+
+    backend.op_prefetch = op_prefetch  # type: ignore[attr-defined]
+    ops = _ops(backend)
+    with ModelRunner(backend, llama, max_slots=4) as r:
+        got = scripted(r)
+    assert got == want
+    layers = llama.config.n_layers
+    assert hints[: 2 * layers] == [
+        hint
+        for i in range(layers)
+        for hint in ((f"blk.{i}.attn_output.weight", None),
+                     (f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"))
+    ]  # fmt: skip
+    at = [j for j, op in enumerate(ops) if op.startswith("attention")]
+    assert at and all(ops[j - 2 : j] == ["prefetch", "prefetch"] for j in at)
+    assert ops.count("prefetch") == 2 * len(at) == len(hints)
+
+
+def _ops(backend: Any) -> list[str]:
+    """The ops ``backend`` launches from now on, in order (a spy on its launch)."""
+    ops: list[str] = []
+    launch = backend.launch
+
+    def spy(op: str, stream: Any, **args: Any) -> None:
+        ops.append(op)
+        launch(op, stream, **args)
+
+    backend.launch = spy
+    return ops

@@ -72,6 +72,15 @@ _TILED_ROWS = {64: (64, 32, 16), 128: (32, 16), 256: (16,)}
 _AT_THREADS = 128
 
 
+class VtPrefetch(ctypes.Structure):
+    """kernels/common.cu's VtPrefetch, passed by value: byte ranges to bring into L2."""
+
+    _fields_ = [("p", ctypes.c_void_p * 6), ("n", ctypes.c_int64 * 6)]
+
+
+_NO_PREFETCH = VtPrefetch()
+
+
 class RopeTable(ctypes.Structure):
     """kernels/rope_kv.cu's RopeTable: inverse frequencies in float64, passed by value."""
 
@@ -233,6 +242,8 @@ class GpuBackend(
         # scratch) of the attention op just run, whose kernels packed out there; the next
         # op's _int8_x of that x takes it, and the end of any other op's dispatch drops it.
         self._q8a_ready: tuple[Any, int, int, int, int] | None = None
+        # op_prefetch's hints (weight, paired) since the last attention launch, which takes them
+        self._prefetch: list[tuple[GpuWeight, GpuWeight | None]] = []
 
     @property
     def runtime(self) -> GpuRuntime:
@@ -318,6 +329,7 @@ class GpuBackend(
 
     def _free_weight(self, weight: Weight) -> None:
         w = self._gpu_weight(weight, "free_weight")
+        self._prefetch.clear()  # no hint may outlive a weight it names
         self._drop_copies(w)  # before its address can be reused by another weight
         self.free(w.buffer)
 
@@ -748,6 +760,8 @@ class GpuBackend(
 
     # ---- fused ops (native; GpuBackend.native_fused lists those that run so)
     def supports(self, op: str, dtype: str | None = None) -> bool:
+        if op == "prefetch" and self.prefetch_bytes <= 0:
+            return False  # a hint that would do nothing: the graph launches none
         if op in FUSED_OPS and op not in self.native_fused:
             if not ((self.norm_fold_max_k or self.norm_quantize) and op in _NORM_OPS):
                 return False  # run as its decomposition (to measure what the fusion buys)
@@ -1187,6 +1201,42 @@ class GpuBackend(
                 I32(layout.n_layers), I32(layout.max_len), I32(layer),
             )  # fmt: skip
 
+    def op_prefetch(self, stream: Stream, weight: Weight, paired: Weight | None = None) -> None:
+        """The hint: kept for the next attention launch, whose split kernel brings up to
+        ``prefetch_bytes`` of these weights into L2 before it waits (_prefetch_ranges)."""
+        w = self._gpu_weight(weight, "prefetch")
+        p = None if paired is None else self._gpu_weight(paired, "prefetch")
+        if self.prefetch_bytes > 0 and len(self._prefetch) < 8:
+            self._prefetch.append((w, p))
+
+    def _prefetch_ranges(self) -> VtPrefetch:
+        """The hints since the last attention launch as the kernel's ranges (and forget
+        them): each weight whole while ``prefetch_bytes`` lasts, then the same leading
+        share of a weight and its pair (codes and scales alike: their first rows, which
+        the first blocks of the op after read), in lines of 128 bytes."""
+        hints, self._prefetch = self._prefetch, []
+        if not hints:
+            return _NO_PREFETCH
+        pf, r, left = VtPrefetch(), 0, self.prefetch_bytes
+        for w, p in hints:
+            ws = [w] if p is None else [w, p]
+            total = sum(x.buffer.nbytes for x in ws)
+            share = min(1.0, left / total)
+            for x in ws:
+                parts = [(x.data, x.buffer.nbytes)]
+                if x.scales and share < 1.0:  # codes, then scales (256-byte aligned)
+                    parts = [(x.data, x.scales - x.data),
+                             (x.scales, x.buffer.nbytes - (x.scales - x.data))]  # fmt: skip
+                for at, size in parts:
+                    n = -(-int(size * share) // 128) * 128
+                    if n > 0 and r < len(pf.n):
+                        pf.p[r], pf.n[r] = at, min(n, size)
+                        r += 1
+            left -= int(total * share)
+            if left <= 0:
+                break
+        return pf
+
     def op_attention(
         self,
         stream: Stream,
@@ -1246,7 +1296,7 @@ class GpuBackend(
             self._ptr(out), P(part), self._ptr(q), *kv_args, I32(n), I32(n_heads), I32(n_kv),
             I32(hd), I32(layout.n_slots), I32(layout.n_layers), I32(layout.max_len), I32(layer),
             F32(scale), I32(gb), I32(splits), I32(self.attention_min_split), I32(tile), P(counts),
-            P(xq), overlap_attention=wide, short=short,
+            P(xq), self._prefetch_ranges(), overlap_attention=wide, short=short,
         )  # fmt: skip
         if splits > 1 and not counts and not cluster:
             self._kernel(

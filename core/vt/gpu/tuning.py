@@ -144,6 +144,13 @@ class GpuTuning:
     #: scales' loads, the thirty-sixth session's setting 1) lost to both at batch 32 and are
     #: gone since the thirty-seventh.
     mma_stage: bool = True
+    #: Bytes of the weights the ops after attention read (the op ``prefetch``'s hint: the
+    #: output projection's weight whole, then the same leading share of each of gate and
+    #: up, their first rows) that attention's split kernel brings into L2 before it waits
+    #: (``vt_prefetch_ranges``): attention waits on memory latency with DRAM idle (run 166,
+    #: H100: 9 us a layer at batch 1, 16% of the 1B step). 0: the backend does not declare
+    #: ``prefetch``, so the graph launches none. Built in the thirty-seventh session.
+    prefetch_bytes: int = 0
     #: The decode kernels split rows over more blocks while the grid has fewer than this.
     target_blocks: int = 256
     #: Steps of one row against quantized weights (K a multiple of 16, 16-byte aligned)

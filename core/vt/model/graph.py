@@ -192,6 +192,9 @@ class LlamaGraph:
         wide = config.ffn_dim >= config.dim  # the product's scratch apart from h (forward)
         self._proj_swiglu = wide and backend.supports("matmul_add_rms_norm_swiglu")
         self._proj_qkv = wide and backend.supports("matmul_add_rms_norm_qkv_rope_kv_store")
+        # The optional hint before each attention: the weights read after it (a GPU's
+        # attention blocks bring them toward L2 while they wait on memory).
+        self._prefetch = backend.supports("prefetch")
         self._uploaded: list[Weight] = []
         try:
             self.token_embd = self._upload(model, "token_embd.weight")
@@ -374,6 +377,9 @@ class LlamaGraph:
                 op("rms_norm_qkv_rope_kv_store", q=q, k=k, v=v, x=x, norm=w.attn_norm,
                    eps=eps, wq=w.wq, wk=w.wk, wv=w.wv, bq=w.bq, bk=w.bk, bv=w.bv,
                    scratch=h, **rope_args)  # fmt: skip
+            if self._prefetch:
+                op("prefetch", weight=w.wo)
+                op("prefetch", weight=w.w_gate, paired=w.w_up)
             if context:
                 op("attention_bounded", out=attn, q=q, cache=kv, slots=slots, positions=pos,
                    layout=layout, layer=i, n_heads=c.n_heads, scale=scale,

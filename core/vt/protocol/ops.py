@@ -516,6 +516,16 @@ OPS: dict[str, OpDef] = {
             fallback="the runner copies the rows' logits to the host and computes them there "
             "(vt.reference.sampling.logprobs)",
         ),
+        OpDef(
+            "prefetch",
+            "a hint with no outputs: the ops after the next attention read weight (with "
+            "paired beside it, row for row: the feed-forward's gate and up), so a backend may "
+            "start bringing it nearer (a GPU's L2) while attention waits on memory; it "
+            "changes no tensor and no result",
+            (_w("weight", ("out_f", "in_f")), _w("paired", ("out_f", "in_f"), optional=True)),
+            lambda a: None,
+            fallback="nothing: the graph launches it only where the backend declares it",
+        ),
         # ---- fused ops: a backend that lacks one runs its decomposition
         OpDef(
             "matmul_add",

@@ -309,8 +309,12 @@ def _matmul_add(
         )
 
 
-def _swiglu(ctx: KitContext, title: str, wtype: str, n: int, ffn: int, norm: bool = False) -> str:
-    """swiglu, or (``norm``) rms_norm_swiglu."""
+def _swiglu(
+    ctx: KitContext, title: str, wtype: str, n: int, ffn: int, norm: bool = False,
+    prefetch: bool = False,
+) -> str:  # fmt: skip
+    """swiglu, or (``norm``) rms_norm_swiglu; ``prefetch``: after the hint ``prefetch`` of
+    its gate and up weights (which must change nothing)."""
     op, dim = "rms_norm_swiglu" if norm else "swiglu", in_features(wtype)
     g_tensor, g_ref = weight_tensor("kit.gate", _normal((ffn, dim), "sw-g", wtype, ffn), wtype)
     u_tensor, u_ref = weight_tensor("kit.up", _normal((ffn, dim), "sw-u", wtype, ffn), wtype)
@@ -327,6 +331,9 @@ def _swiglu(ctx: KitContext, title: str, wtype: str, n: int, ffn: int, norm: boo
     with _Uploaded(ctx, title) as up, CaseBuffers(ctx, title) as io:
         gate, upw = up(g_tensor), up(u_tensor)
         out = io.output("out", F32, (n, ffn))
+        if prefetch:
+            _launch(ctx, "prefetch", weight=gate, paired=upw)
+            _launch(ctx, "prefetch", weight=upw)
         _launch(
             ctx, op, out=out, x=io.input("x", x), gate=gate, up=upw,
             scratch_gate=io.scratch("scratch_gate", F32, (n, ffn)),
@@ -900,6 +907,11 @@ def op_cases() -> list[KitCase]:
     ]
     cases += _sample_cases()
     cases += _logprobs_cases()
+    cases += [
+        _case("prefetch", f"{wt},then swiglu n=1,37x{in_features(wt)}", wt, _swiglu, wtype=wt,
+              n=1, ffn=37, prefetch=True)
+        for wt in ("Q8_0", "F32")
+    ]  # fmt: skip
     # fused ops: run natively, or as their decomposition where the backend lacks them
     cases += [
         _case("matmul_add", f"{wt},n=5,37x{in_features(wt)},in-place", wt, _matmul_add,

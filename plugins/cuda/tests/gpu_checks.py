@@ -1267,6 +1267,45 @@ def _attention_checked(
     return got
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_prefetch_hint_changes_no_attention_bit(cuda: Any, rows: int) -> None:
+    """GpuBackend.prefetch_bytes: attention after the op prefetch (the 1B shape's o, gate
+    and up weights: its split kernel's blocks bring 24 MiB of them into L2 before they
+    wait) gives the bits of attention without it, and the weights still read right."""
+    layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=512, n_kv_heads=8, head_dim=64)
+    rng = np.random.default_rng(rows)
+    cache = rng.standard_normal(layout.shape).astype(np.float32)
+    slots = np.arange(rows, dtype=np.int32) % 4
+    pos = np.array([300 - 7 * i for i in range(rows)], np.int32)
+    q = rng.standard_normal((rows, 32 * 64)).astype(np.float32)
+    shapes = (("o", (2048, 2048)), ("g", (8192, 2048)), ("u", (8192, 2048)))
+    mats = {n: rng.standard_normal(s).astype(np.float32) * 0.02 for n, s in shapes}
+    ws = {n: cuda.upload_weight(weight_tensor(n, m, "Q8_0")[0]) for n, m in mats.items()}
+    saved = cuda.prefetch_bytes
+    io = IO(cuda)
+    try:
+        stream = cuda.create_stream()
+        plain = _attention_checked(cuda, io, stream, q, cache, layout, slots, pos)
+        cuda.prefetch_bytes = 24 << 20
+        assert cuda.supports("prefetch")
+        cuda.launch("prefetch", stream, weight=ws["o"])
+        cuda.launch("prefetch", stream, weight=ws["g"], paired=ws["u"])
+        hinted = _attention_checked(cuda, io, stream, q, cache, layout, slots, pos)
+        np.testing.assert_array_equal(hinted.view(np.uint32), plain.view(np.uint32))
+        x = rng.standard_normal((1, 2048)).astype(np.float32)
+        out = io.empty(4 * 2048)
+        cuda.launch("matmul", stream, out=f32(out, 1, 2048), x=f32(io.put(x), 1, 2048),
+                    weight=ws["o"])  # fmt: skip
+        cuda.synchronize(stream)
+        want = R.matmul(x, weight_tensor("o", mats["o"], "Q8_0")[1])
+        assert nmse(io.get(out, np.float32, (1, 2048)), want) <= kernel_tolerance("matmul", "Q8_0")
+    finally:
+        cuda.prefetch_bytes = saved
+        for w in ws.values():
+            cuda.free_weight(w)
+        io.close()
+
+
 #: Short-context cases: (positions, KV heads, query heads, head_dim, slot); slot 9 is
 #: invalid (its row NaN). The 135M shape's 9 / 3 heads of 64 first; every query row is
 #: narrower than overlap_attention_min_q (2,048 values), so each takes the short path.

@@ -83,6 +83,9 @@ for the int8 projection after it, which then launches no ``quantize_rows``
 (``GpuBackend.attention_q8a``, on) or that projection packs x itself (0);
 ``--target-blocks N``: attention splits a row's positions (and the 2-7-row kernels their
 rows) while the grid has fewer than N blocks (``GpuBackend.target_blocks``, 256);
+``--prefetch-bytes B``: the graph hints each layer's o, gate and up weights before its
+attention, whose split kernel brings up to B bytes of them into L2 before it waits
+(``GpuBackend.prefetch_bytes``; 0, the default: no hint);
 ``--mma-stage 0|1``: the int8 mma kernels copy their weight codes through shared memory
 and load their scales 4 K blocks a lane (GpuBackend.mma_stage, on: ``-DVT_MMA_STAGE=1``,
 the same bits) or load both a lane's own (0);
@@ -201,6 +204,7 @@ _NUMBERS = {
     "--attention-q8a": "attention_q8a",
     "--mma-split": "mma_split_blocks",
     "--mma-stage": "mma_stage",
+    "--prefetch-bytes": "prefetch_bytes",
     "--norm-quantize-values": "norm_quantize_values",
     "--mma-split-k": "mma_split_min_k",
     "--gemv-unroll-k": "gemv_unroll_min_k",

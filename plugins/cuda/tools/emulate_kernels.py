@@ -280,7 +280,8 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
         attention_split(P(float*, 0), P(float*, 1), P(const float*, 2), P(const float*, 3),
             P(const int*, 4), P(const int*, 5), P(int, 6), P(int, 7), P(int, 8), P(int, 9),
             P(int, 10), P(int, 11), P(int, 12), P(int, 13), P(float, 14), P(int, 15),
-            P(int, 16), P(int, 17), P(int, 18), P(int*, 19), P(unsigned char*, 20)); });
+            P(int, 16), P(int, 17), P(int, 18), P(int*, 19), P(unsigned char*, 20),
+            P(VtPrefetch, 21)); });
         return 1; }
     if (!std::strcmp(name, "attention_combine")) { vt_grid(g, block, [=] {
         attention_combine(P(float*, 0), P(const float*, 1), P(const int*, 2), P(const int*, 3),

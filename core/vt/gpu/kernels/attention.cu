@@ -391,12 +391,13 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
                                                    int n_layers, int max_len, int layer,
                                                    float scale, int gb, int splits,
                                                    int min_per_split, int tile, int* counts,
-                                                   unsigned char* xq) {
+                                                   unsigned char* xq, const VtPrefetch& pf) {
     __shared__ float qs[FA_MAXG * 256];
     __shared__ float sc[FA_MAXG * FA_CHUNK];
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
     __shared__ int red[FA_THREADS / VT_WARP];
     vt_launch_dependents();  // the next overlapped kernel may start (common.cu)
+    vt_prefetch_ranges(pf);  // the ops after attention: their weights toward L2 meanwhile
     int i = blockIdx.x, s = blockIdx.z, t = threadIdx.x;
     if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, red))
         return;  // attention_tiled writes this row (the whole block leaves together)
@@ -648,10 +649,10 @@ extern "C" __global__ void VT_FA_BOUNDS attention_split(
     float* out, float* part, const float* q, const float* cache, const int* slots,
     const int* positions, int n, int n_heads, int n_kv, int head_dim, int n_slots, int n_layers,
     int max_len, int layer, float scale, int gb, int splits, int min_per_split, int tile,
-    int* counts, unsigned char* xq) {
+    int* counts, unsigned char* xq, VtPrefetch pf) {
     vt_attention_split<false>(out, part, q, cache, slots, positions, n, n_heads, n_kv, head_dim,
                               n_slots, n_layers, max_len, layer, scale, gb, splits,
-                              min_per_split, tile, counts, xq);
+                              min_per_split, tile, counts, xq, pf);
 }
 
 // attention_split with its combine in the same launch (GpuBackend.attention_cluster; NVIDIA
@@ -665,10 +666,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, FA_CLUSTER) attention_split_cl
     float* out, float* part, const float* q, const float* cache, const int* slots,
     const int* positions, int n, int n_heads, int n_kv, int head_dim, int n_slots, int n_layers,
     int max_len, int layer, float scale, int gb, int splits, int min_per_split, int tile,
-    int* counts, unsigned char* xq) {
+    int* counts, unsigned char* xq, VtPrefetch pf) {
     vt_attention_split<true>(out, part, q, cache, slots, positions, n, n_heads, n_kv, head_dim,
                              n_slots, n_layers, max_len, layer, scale, gb, splits,
-                             min_per_split, tile, counts, xq);
+                             min_per_split, tile, counts, xq, pf);
 }
 #endif
 

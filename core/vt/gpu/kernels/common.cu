@@ -107,6 +107,28 @@ __device__ __forceinline__ void vt_prefetch_l2(const void* p) {
 #endif
 }
 
+// Byte ranges of weights the ops after a launch will read (GpuBackend.op_prefetch's hint,
+// passed by value to the kernel that carries it; n[r] = 0: none). The ranges start on
+// 256-byte boundaries (a weight's allocation and its scales within it).
+#define VT_PF_RANGES 6
+struct VtPrefetch {
+    const char* p[VT_PF_RANGES];
+    long long n[VT_PF_RANGES];
+};
+
+// Every thread of the launch brings its share of pf's 128-byte lines into L2: a kernel
+// that waits on memory latency (attention at a decode step) leaves DRAM idle, and the next
+// ops' weights then come from L2. Call it before vt_grid_wait and any early return.
+__device__ __forceinline__ void vt_prefetch_ranges(const VtPrefetch& pf) {
+    long long threads = (long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
+    long long id =
+        (((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x +
+        threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < VT_PF_RANGES; ++r)
+        for (long long e = id * 128; e < pf.n[r]; e += threads * 128) vt_prefetch_l2(pf.p[r] + e);
+}
+
 // 16 bytes from global to shared memory with no register in between (cp.async, sm_80+:
 // the copy lands while the thread goes on; vt_copy_wait() waits for this thread's copies).
 // Elsewhere (HIP, the emulator, older parts) a plain load and store.
