@@ -260,18 +260,20 @@ EOF"
         # KVARS ('|' between variants; the table goes to the log, each JSON into
         # $OUT/kvars.tar as kvars-MODEL-pPROMPT-N.json: one file, where the device returns
         # about 8 a call); prompts of KPROMPT tokens (default 128: a long context is e.g.
-        # KPROMPT=2048)
+        # KPROMPT=2048); KTAG: a word in the step and file names, so a second kvars step of
+        # one model in a call keeps its own files (kvars-MODEL-pPROMPT-TAG-N.json)
         m=${s#kvars:}
+        t=$m${KTAG:+-$KTAG}
         B="bench --backend cuda --model /tmp/$m.gguf --batch ${KBATCH:-1,8,32} --prompt-tokens ${KPROMPT:-128} --gen-tokens 128 --repeat 2 --json"
         IFS='|' read -ra VS <<< "${KVARS:-}"
         [ ${#VS[@]} -eq 0 ] && VS=("")  # no KVARS: the tree as it is (run 55 ran nothing)
         i=0
         for v in "${VS[@]}"; do
             i=$((i + 1))
-            step "kvars-$m-$i" 300 "echo 'variant $i: $v'; python3 plugins/cuda/tools/bench_variant.py $v $B > /tmp/kvars-$m-$i.json \
-                && python3 plugins/cuda/tools/batch_table.py /tmp/kvars-$m-$i.json"  # rc: the bench's (run 124)
-            j=kvars-$m-p${KPROMPT:-128}-$i.json
-            cp /tmp/kvars-$m-$i.json /tmp/$j 2>/dev/null && tar -rf "$OUT/kvars.tar" -C /tmp "$j"
+            step "kvars-$t-$i" 300 "echo 'variant $i: $v'; python3 plugins/cuda/tools/bench_variant.py $v $B > /tmp/kvars-$t-$i.json \
+                && python3 plugins/cuda/tools/batch_table.py /tmp/kvars-$t-$i.json"  # rc: the bench's (run 124)
+            j=kvars-$m-p${KPROMPT:-128}${KTAG:+-$KTAG}-$i.json
+            cp /tmp/kvars-$t-$i.json /tmp/$j 2>/dev/null && tar -rf "$OUT/kvars.tar" -C /tmp "$j"
         done
         ;;
     splits:*)  # decode at batch 1 and 8 with attention split over at most 1, 4, 8, 16, 32 blocks

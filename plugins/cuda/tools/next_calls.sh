@@ -27,9 +27,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 25    # carry [".whl"], about 350 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 26    # carry [".whl"], about 500 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 27    # carry [".whl"], about 330 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 28    # carry [".whl"], about 420 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 450 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 27
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 28
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -39,11 +40,10 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-sixth session: call 27 (swiglu_mma1's wave and attention's splits at batch
-    # 8: five settings twice beside the tree at batches 8-32, a plain batch-8 table; about
-    # 330 s)
-    echo "next_calls.sh auto: call 27"
-    bash "$SELF" 27
+    # the thirty-seventh session: call 28 (the prefetch hint at batch 1; three of call 27's
+    # settings and the hint at batches 8-32; the stage's and the hint's bit checks)
+    echo "next_calls.sh auto: call 28"
+    bash "$SELF" 28
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -268,23 +268,37 @@ case $N in
     # code by sass_count.py): the bit check against an unstaged backend (20 cases)
     bash $T checksk:mma_stage_gives_the_same_bits
     ;;
+28) # the thirty-seventh session's: GpuBackend.prefetch_bytes (the op prefetch: attention's
+    # split kernel brings the o, gate and up weights the ops after it read into L2 before it
+    # waits; off by default) at 16 and 32 MiB, twice beside the tree at batch 1; then at
+    # batches 8-32 beside three of call 27's settings (swiglu_mma1's wave: VT_MMA_SW1_BLOCKS=4,
+    # VT_MMA_U1=2; attention's splits: --target-blocks 512); then the bit checks of the
+    # stage as a bool (against an unstaged backend) and of the hint (about 420 s)
+    bash $T setup models
+    P='--prefetch-bytes 16777216|--prefetch-bytes 33554432'
+    KBATCH=1 KTAG=b1 KVARS="|$P||$P" bash $T kvars:1b kvars:smol
+    X='--kdefine VT_MMA_SW1_BLOCKS=4|--kdefine VT_MMA_U1=2|--target-blocks 512'
+    X="$X|--prefetch-bytes 16777216"
+    KBATCH=8,16,32 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
+    bash $T checksk:mma_stage_gives_the_same_bits+prefetch_hint_changes_no_attention_bit
+    ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side (with
-    # mma_stage at the batch cells); then attention at batch 1 with fewer splits of more
-    # positions (target_blocks 128 and 64: 8 and 4 splits where 256 gives 16 of 16
-    # positions; run 166, H100: split 6.27 + combine 2.67 us a layer, 16% of the step),
-    # twice beside the tree; the plain batch-1 table (about 450 s)
+    # mma_stage at the batch cells); then at batch 1 the prefetch hint (16 and 32 MiB) and
+    # attention with fewer splits of more positions (target_blocks 128: 8 splits where 256
+    # gives 16 of 16 positions; run 166, H100: split 6.27 + combine 2.67 us a layer, 16% of
+    # the step), twice beside the tree; the plain batch-1 table (about 480 s)
     if ! nvidia-smi -L 2>/dev/null | grep -q H200; then
         echo "next_calls.sh h200: no H200 here; nothing run" >&2
         exit 3
     fi
     VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
-    X='--target-blocks 128|--target-blocks 64'
+    X='--prefetch-bytes 16777216|--prefetch-bytes 33554432|--target-blocks 128'
     KBATCH=1 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
     # the batch-1 step's kernels plain on the H200 (TB/s a kernel, against run 166's H100)
     KPBATCH=1 KPVARS='--overlap 0' bash $T kprofile:1b
     ;;
 *)
-    echo "usage: $0 1|2|...|27|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|28|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
