@@ -381,6 +381,9 @@ __device__ void vt_fa_warp_split(float* out, float* part, const float* cache, lo
     __syncthreads();
 }
 
+#ifndef VT_PF_LATE
+#define VT_PF_LATE 0
+#endif
 // CLUSTER (attention_split_cluster): the row's splits of a group are one thread-block
 // cluster, and its first block combines their partials after the cluster's barrier.
 template <bool CLUSTER>
@@ -397,7 +400,9 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
     __shared__ float ms[FA_MAXG], ls[FA_MAXG], cs[FA_MAXG];
     __shared__ int red[FA_THREADS / VT_WARP];
     vt_launch_dependents();  // the next overlapped kernel may start (common.cu)
-    vt_prefetch_ranges(pf);  // the ops after attention: their weights toward L2 meanwhile
+    // the ops after attention: their weights toward L2 meanwhile (VT_PF_LATE: once the
+    // kernel before has finished, so the prefetches do not queue beside its loads)
+    if (!VT_PF_LATE) vt_prefetch_ranges(pf);
     int i = blockIdx.x, s = blockIdx.z, t = threadIdx.x;
     if (vt_tile_is_tiled(slots, positions, n, n_slots, max_len, i - i % max(tile, 1), tile, red))
         return;  // attention_tiled writes this row (the whole block leaves together)
@@ -417,7 +422,10 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
     // A split past the row's positions (a short context) leaves at once: attention_combine
     // reads only the splits before it (the last-block combine counts every block, and every
     // block of a cluster meets at its barrier, so not then).
-    if (splits > 1 && !counts && !CLUSTER && p0 >= p1) return;
+    if (splits > 1 && !counts && !CLUSTER && p0 >= p1) {
+        if (VT_PF_LATE) vt_grid_wait(), vt_prefetch_ranges(pf);
+        return;
+    }
     long long pos_stride = (long long)n_slots * n_layers * 2 * row;
     long long kbase = ok ? vt_kv_index(0, slot, layer, 0, n_slots, n_layers, row) + kvh * head_dim
                          : 0;
@@ -432,6 +440,7 @@ __device__ __forceinline__ void vt_attention_split(float* out, float* part, cons
                        (c % lines) * 32);
     }
     vt_grid_wait();
+    if (VT_PF_LATE) vt_prefetch_ranges(pf);
     for (int e = t; e < gb * head_dim; e += FA_THREADS) {
         int g = e / head_dim, d = e % head_dim;
         qs[g * 256 + d] = q[((long long)i * n_heads + h0 + g) * head_dim + d];
