@@ -28,7 +28,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 26    # carry [".whl"], about 500 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 27    # carry [".whl"], about 330 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 28    # carry [".whl"], about 420 s, any card
-#   bash plugins/cuda/tools/next_calls.sh 29    # carry [".whl"], about 170 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 29    # carry [".whl"], about 120 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 450 s on an
 #                                               # H200; elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 28
@@ -285,14 +285,14 @@ case $N in
     ;;
 29) # after run 170 (the prefetch hint at batch 1 on the 1B shape: 16 MiB -2.9%, 32 MiB
     # -4.2%): the hint issued after attention's wait (VT_PF_LATE=1, so its lines do not queue
-    # beside qkv's loads) at 16 MiB and at 4 MiB (the o projection's weight alone), twice
-    # beside the tree at batch 1; then VT_MMA_SW1_BLOCKS=4 (run 170: +3.5% on the 1B shape at
-    # batch 8, 0 elsewhere) three times beside the tree at batches 8 and 16 (about 170 s)
+    # beside qkv's loads) at 16 MiB, twice beside the tree at batch 1; then
+    # VT_MMA_SW1_BLOCKS=4 (run 170: +3.5% on the 1B shape at batch 8, 0 elsewhere) twice
+    # beside the tree at batches 8 and 16 (about 120 s: the session had 400 s left)
     bash $T setup models
-    L='--kdefine VT_PF_LATE=1 --prefetch-bytes'
-    KBATCH=1 KTAG=b1 KVARS="|$L 16777216|$L 4194304||$L 16777216|$L 4194304" bash $T kvars:1b
+    L='--kdefine VT_PF_LATE=1 --prefetch-bytes 16777216'
+    KBATCH=1 KTAG=b1 KVARS="|$L||$L" bash $T kvars:1b
     S='--kdefine VT_MMA_SW1_BLOCKS=4'
-    KBATCH=8,16 KVARS="|$S||$S||$S" bash $T kvars:1b
+    KBATCH=8,16 KVARS="|$S||$S" bash $T kvars:1b
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side (with
     # mma_stage at the batch cells); then at batch 1 the prefetch hint (16 and 32 MiB) and
