@@ -31,7 +31,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 29    # carry [".whl"], about 120 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 450 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 28
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 29
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -41,10 +41,11 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # the thirty-seventh session: call 28 (the prefetch hint at batch 1; three of call 27's
-    # settings and the hint at batches 8-32; the stage's and the hint's bit checks)
-    echo "next_calls.sh auto: call 28"
-    bash "$SELF" 28
+    # for the thirty-eighth session: call 29 (the prefetch hint after attention's wait at
+    # batch 1; VT_MMA_SW1_BLOCKS=4 again at batches 8 and 16; about 120 s). Call 28 ran as
+    # run 170
+    echo "next_calls.sh auto: call 29"
+    bash "$SELF" 29
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
