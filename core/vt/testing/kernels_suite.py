@@ -908,7 +908,7 @@ def op_cases() -> list[KitCase]:
     cases += _sample_cases()
     cases += _logprobs_cases()
     cases += [
-        _case("prefetch", f"{wt},then swiglu n=1,37x{in_features(wt)}", wt, _swiglu, wtype=wt,
+        _case("prefetch", f"{wt},then-swiglu,n=1,37x{in_features(wt)}", wt, _swiglu, wtype=wt,
               n=1, ffn=37, prefetch=True)
         for wt in ("Q8_0", "F32")
     ]  # fmt: skip
