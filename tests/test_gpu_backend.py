@@ -3021,7 +3021,8 @@ def test_prefetch_rides_on_the_next_attention_launch() -> None:
     launches nothing; the next attention's split kernel gets its weights' byte ranges (the
     first weight whole, then the same leading share of the pair's codes and scales, in
     128-byte lines, within the budget), and the one after it none; freeing a weight drops a
-    pending hint; a weight this backend did not upload is refused by name."""
+    pending hint; a weight this backend did not upload, a mismatched pair and a negative
+    budget (before anything compiles) are refused by name."""
     backend, rt = make()
     assert not backend.supports("prefetch")  # 0 by default: nothing to launch
     backend.prefetch_bytes = 20_000
@@ -3081,4 +3082,10 @@ def test_prefetch_rides_on_the_next_attention_launch() -> None:
     with pytest.raises(ValueError, match="op prefetch: weight paired"):
         backend.launch("prefetch", stream, weight=wo, paired=gate)  # 64 rows against 16
     assert not any(attention().n)  # neither refused hint was kept
+    backend.close()
+    backend, rt = make()
+    backend.prefetch_bytes = -1
+    with pytest.raises(ValueError, match=r"prefetch_bytes is -1; 0 \(no prefetch hint\) or"):
+        backend.prepare()
+    assert rt.compiles == []
     backend.close()

@@ -1203,7 +1203,8 @@ class GpuBackend(
 
     def op_prefetch(self, stream: Stream, weight: Weight, paired: Weight | None = None) -> None:
         """The hint: kept for the next attention launch, whose split kernel brings up to
-        ``prefetch_bytes`` of these weights into L2 before it waits (_prefetch_ranges)."""
+        ``prefetch_bytes`` of these weights into L2 before it waits (_prefetch_ranges); at
+        most 8 hints wait for one launch (the graph gives 2), the rest are dropped."""
         w = self._gpu_weight(weight, "prefetch")
         p = None if paired is None else self._gpu_weight(paired, "prefetch")
         if self.prefetch_bytes > 0 and len(self._prefetch) < 8:

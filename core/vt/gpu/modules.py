@@ -159,6 +159,11 @@ class GpuModules(GpuTuning):
                 f"GpuBackend.gemv_x16_layout_flags is {flags!r}; 0 (every layout) or Q_* "
                 "layout flags (vt.gpu.weights: 0x100 the 4-bit layouts)"
             )
+        if not isinstance(self.prefetch_bytes, int) or self.prefetch_bytes < 0:
+            raise ValueError(
+                f"GpuBackend.prefetch_bytes is {self.prefetch_bytes!r}; 0 (no prefetch hint) "
+                "or the bytes of the hinted weights attention brings into L2"
+            )
         if self.mma_stage not in (False, True):  # 0 and 1 too
             raise ValueError(
                 f"GpuBackend.mma_stage is {self.mma_stage!r}; True (the int8 mma kernels' "
