@@ -2370,7 +2370,7 @@ def test_int8_mma_kernels_launch_with_the_arguments_in_signature_order(
     quantize, launch = rt.launches
     assert quantize.kernel == "quantize_rows" and quantize.args[1:] == [c.addresses["x"], n, 64]
     assert launch.kernel == f"{kernel}{tiles}_q8a"
-    assert f"\nVT_DECODE_MMA(q8a, {tiles}, " in kernel_source()  # instantiated
+    assert f"\nVT_DECODE_MMA(q8a, {tiles})" in kernel_source()  # instantiated
     threads = 128 if op == "swiglu" and tiles == 8 else 256
     assert launch.grid == (blocks, 1, 1) and launch.block == (threads, 1, 1)
     weights = {name: a.handle for name, a in args.items() if isinstance(a, vt.Weight)}
@@ -2432,6 +2432,58 @@ def test_mma_split_blocks_splits_k_over_the_grids_y(blocks: int, min_k: int, spl
         scratch = {backend._addr(buf): buf.nbytes for _, buf in backend._scratch}
         assert counts in counts_zeroed and scratch[counts] >= 4 * 3
         assert scratch[part] >= 4 * 3 * splits * weights * 4 * 128
+
+
+@pytest.mark.parametrize(
+    ("n", "features", "setting", "types", "kernel"),
+    [(8, 48, 3, ("Q8_0", "Q8_0"), "swiglu_mma1w_q8a"),
+     (8, 48, 3, ("Q4_0", "Q4_0"), "swiglu_mma1w_q8a"),
+     (8, 48, 3, ("Q6_K", "Q6_K"), "swiglu_mma1w_q8a"),
+     (8, 64, 4, ("Q8_0", "Q8_0"), "swiglu_mma1w_q8a"),
+     (8, 48, 4, ("Q8_0", "Q8_0"), "swiglu_mma1_q8a"),
+     (8, 48, 0, ("Q8_0", "Q8_0"), "swiglu_mma1_q8a"),
+     (9, 64, 1, ("Q8_0", "Q8_0"), "swiglu_mma2_q8a"),
+     (8, 48, 3, ("Q4_1", "Q4_1"), "swiglu_mma1_q8a"),
+     (8, 48, 3, ("Q4_K", "Q4_K"), "swiglu_mma1_q8a"),
+     (8, 48, 3, ("Q8_0", "Q4_0"), "swiglu_mma1_q8a")],
+)  # fmt: skip
+def test_mma_sw1_wave_blocks_picks_swiglus_four_an_sm_form(
+    n: int, features: int, setting: int, types: tuple[str, str], kernel: str
+) -> None:
+    """mma_sw1_wave_blocks (400 by default): an 8-row swiglu launch of at least that many
+    16-feature blocks, in a layout of scales alone (Q8_0, Q4_0, Q6_K), takes
+    swiglu_mma1w_q8a (swiglu_mma1_q8a's code held to 4 blocks an SM), with swiglu_mma's
+    arguments and grid; fewer blocks, 0 (never), more tiles, a layout with offsets (which
+    spills at 64 registers) or two layouts (the module of every layout) keep the plain
+    kernels; a negative setting is refused by name before anything compiles."""
+    assert GpuBackend.mma_sw1_wave_blocks == 400
+    backend, rt = make()
+    backend.int8_mma, backend.int8_min_values = True, 0
+    backend.mma_sw1_wave_blocks = setting
+    c = OpCase(backend)
+    rng = np.random.default_rng(2)
+
+    def w(name: str, wtype: str) -> vt.Weight:
+        return c.w(name, rng.standard_normal((features, 256)).astype(np.float32), wtype)
+
+    backend.launch("swiglu", backend.create_stream(), out=c.t("out", F32, n, features),
+                   x=c.t("x", F32, n, 256), gate=w("g", types[0]), up=w("u", types[1]),
+                   scratch_gate=c.t("sg", F32, n, features),
+                   scratch_up=c.t("su", F32, n, features))  # fmt: skip
+    _, launch = rt.launches
+    assert launch.kernel == kernel
+    assert launch.grid == (features // 16, 1, 1) and launch.block == (256, 1, 1)
+    signatures = kernel_signatures()
+    assert signatures["swiglu_mma1w_q8a"] == signatures["swiglu_mma"]
+    names = [name for _, name in signatures["swiglu_mma"]]
+    assert launch.args[names.index("N")] == features and launch.args[names.index("n")] == n
+    backend.close()
+    backend, rt = make()
+    backend.mma_sw1_wave_blocks = -1
+    with pytest.raises(ValueError, match=r"mma_sw1_wave_blocks is -1; 0 \(never\) or"):
+        backend.prepare()
+    assert rt.compiles == []
+    backend.close()
 
 
 @pytest.mark.parametrize("on", [False, True], ids=["off", "default"])

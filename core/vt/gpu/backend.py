@@ -842,10 +842,20 @@ class GpuBackend(
         self, stream: Stream, out: Tensor, xq: int, g: GpuWeight, u: GpuWeight, n: int,
         dim: int, nt: int,
     ) -> None:  # fmt: skip
-        """``swiglu_mma{nt}_q8a`` of x packed at ``xq`` (n rows of dim values)."""
+        """``swiglu_mma{nt}_q8a`` of x packed at ``xq`` (n rows of dim values); at one tile
+        of a launch of ``mma_sw1_wave_blocks`` blocks or more, in a layout of scales alone
+        (its own module's), its 4-an-SM form."""
         grid, split = self._mma_split(stream, -(-g.rows // 16), dim, 2, nt)
+        layout = self._layout((g, u))
+        wave = (
+            nt == 1
+            and 0 < self.mma_sw1_wave_blocks <= grid[0] * grid[1]
+            and layout is not None
+            and bool(layout & W.Q_ONE)  # offsets: spills at its 64 registers
+        )
         self._kernel(
-            f"swiglu_mma{nt}_q8a", grid, _mma_threads(2, nt), stream,
+            "swiglu_mma1w_q8a" if wave else f"swiglu_mma{nt}_q8a", grid, _mma_threads(2, nt),
+            stream,
             self._ptr(out), P(xq), P(g.data), P(g.scales), I32(g.qarg), P(u.data),
             P(u.scales), I32(u.qarg), I32(n), I32(g.rows), I32(dim), *split, weights=(g, u),
         )  # fmt: skip

@@ -164,6 +164,11 @@ class GpuModules(GpuTuning):
                 f"GpuBackend.prefetch_bytes is {self.prefetch_bytes!r}; 0 (no prefetch hint) "
                 "or the bytes of the hinted weights attention brings into L2"
             )
+        if not isinstance(self.mma_sw1_wave_blocks, int) or self.mma_sw1_wave_blocks < 0:
+            raise ValueError(
+                f"GpuBackend.mma_sw1_wave_blocks is {self.mma_sw1_wave_blocks!r}; 0 (never) or "
+                "the fewest blocks of an 8-row swiglu launch that take swiglu_mma1w_q8a"
+            )
         if self.mma_stage not in (False, True):  # 0 and 1 too
             raise ValueError(
                 f"GpuBackend.mma_stage is {self.mma_stage!r}; True (the int8 mma kernels' "

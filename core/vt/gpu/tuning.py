@@ -132,6 +132,17 @@ class GpuTuning:
     #: shape's batch 8 to +20% but cost the 135M shape's batch 32 15% (its K = 576 split).
     mma_split_blocks: int = 512
     mma_split_min_k: int = 1024
+    #: ``swiglu_mma1_q8a`` launches (8 rows) of at least this many blocks, in a layout of
+    #: scales alone (``Q_ONE``: Q8_0, Q4_0, Q6_K, each in its own module), take
+    #: ``swiglu_mma1w_q8a``: the same code held to 64 registers, so 4 blocks an SM where
+    #: its 72 fit 3 (the H100's and H200's 132 SMs: 396 places, and the 1B shape's 512
+    #: blocks ran a second wave of 116). The same bits. Layouts with offsets spill at 64
+    #: registers (``sass_count.py``: Q4_1, Q4_K, Q5_K and the module of every layout) and
+    #: keep the plain kernel. 0: never. Runs 170-173 (H100; docs/gpu.md, thirty-eighth
+    #: session): the 1B Q8_0 shape's batch 8 +3.5%, +4.3% and +6.8%; the 135M shape's 96
+    #: blocks (one wave either way) -0.3% to -3.4% on the bounded form, so it keeps the
+    #: plain one.
+    mma_sw1_wave_blocks: int = 400
     #: The int8 mma kernels copy each warp's weight codes through shared memory in 16-byte
     #: pieces, 8 lanes a 128-byte line (``-DVT_MMA_STAGE=1``: kernels/matmul_int8.cu), instead
     #: of each lane loading its 8 bytes of 8 rows: a request to L2 carries a whole line,

@@ -586,9 +586,12 @@ def cuda_unstaged() -> Any:
     backend.close()
 
 
-def _int8_mma_outputs(be: Any, wtype: str, n: int, k_in: int, split: int) -> list[np.ndarray]:
+def _int8_mma_outputs(
+    be: Any, wtype: str, n: int, k_in: int, split: int, wave: bool = False
+) -> list[np.ndarray]:
     """matmul_add, swiglu and q, k, v of ``n`` rows at int8 mma rows on ``be`` (K split over
-    ``split`` slices where above 1): whole 16-feature tiles and a partial one (72 rows)."""
+    ``split`` slices where above 1): whole 16-feature tiles and a partial one (72 rows);
+    ``wave``: swiglu at one tile on its 4-an-SM form (mma_sw1_wave_blocks 1), else never."""
     rows = (80, 80, 72)
     rng = np.random.default_rng(n * 7 + k_in + len(wtype))
     mats = [weight_tensor(f"w{i}", rng.standard_normal((r, k_in)).astype(np.float32), wtype)
@@ -596,8 +599,9 @@ def _int8_mma_outputs(be: Any, wtype: str, n: int, k_in: int, split: int) -> lis
     x = rng.standard_normal((n, k_in)).astype(np.float32)
     res = rng.standard_normal((n, rows[0])).astype(np.float32)
     saved = (be.int8_min_rows, be.int8_min_values, be.int8_mma, be.int8_mma_first,
-             be.mma_split_blocks, be.mma_split_min_k)  # fmt: skip
+             be.mma_split_blocks, be.mma_split_min_k, be.mma_sw1_wave_blocks)  # fmt: skip
     be.int8_min_rows, be.int8_min_values, be.int8_mma, be.int8_mma_first = 8, 0, True, True
+    be.mma_sw1_wave_blocks = 1 if wave else 0
     be.mma_split_blocks = 3 * 5 * split if split > 1 else 0
     be.mma_split_min_k = k_in // split
     io = IO(be)
@@ -619,13 +623,15 @@ def _int8_mma_outputs(be: Any, wtype: str, n: int, k_in: int, split: int) -> lis
                       wv=ws[2])  # fmt: skip
         be.synchronize(stream)
         assert sum("_mma" in name for name in names) == 3, names
+        assert ("swiglu_mma1w_q8a" in names) == (wave and n <= 8), names
+        assert ("swiglu_mma1w_q8a" in names) == (wave and n <= 8), names
         return [
             io.get(sw.buffer, np.float32, (n, 80)),
             *(io.get(o.buffer, np.float32, (n, r)) for o, r in zip(out, rows, strict=True)),
         ]
     finally:
         (be.int8_min_rows, be.int8_min_values, be.int8_mma, be.int8_mma_first,
-         be.mma_split_blocks, be.mma_split_min_k) = saved  # fmt: skip
+         be.mma_split_blocks, be.mma_split_min_k, be.mma_sw1_wave_blocks) = saved  # fmt: skip
         for w in ws:
             be.free_weight(w)
         io.close()
@@ -647,6 +653,19 @@ def test_mma_stage_gives_the_same_bits(cuda: Any, cuda_unstaged: Any, wtype: str
         staged = _int8_mma_outputs(cuda, wtype, n, k_in, split)
         for i, (a, b) in enumerate(zip(staged, whole, strict=True)):
             np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=str(i))
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q6_K"])
+def test_swiglu_mma1_wave_form_gives_the_same_bits(cuda: Any, wtype: str) -> None:
+    """GpuBackend.mma_sw1_wave_blocks: swiglu at 8 rows on swiglu_mma1w_q8a (the plain
+    kernel's code held to 4 blocks an SM by its launch bounds) gives swiglu_mma1_q8a's
+    bits, unsplit and with K split, in each layout of scales alone (the only ones that
+    take it: int8 codes, nibbles, blocks of 16)."""
+    k_in = 1024 if wtype.endswith("_K") else 544
+    for split in (1, 4):
+        plain = _int8_mma_outputs(cuda, wtype, 8, k_in, split)
+        wave = _int8_mma_outputs(cuda, wtype, 8, k_in, split, wave=True)
+        np.testing.assert_array_equal(wave[0].view(np.uint32), plain[0].view(np.uint32))
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,9 @@ attention, whose split kernel brings up to B bytes of them into L2 before it wai
 ``--mma-stage 0|1``: the int8 mma kernels copy their weight codes through shared memory
 and load their scales 4 K blocks a lane (GpuBackend.mma_stage, on: ``-DVT_MMA_STAGE=1``,
 the same bits) or load both a lane's own (0);
+``--mma-sw1-wave B``: 8-row swiglu launches of at least B blocks take
+``swiglu_mma1w_q8a``, held to 4 blocks an SM (``GpuBackend.mma_sw1_wave_blocks``, 400
+since the thirty-eighth session; 0: never);
 ``--mma-split B``, ``--mma-split-k K``: int8 mma launches of fewer 16-feature blocks than
 B split K over slices of at least K values, the last block of each adding their sums
 (``GpuBackend.mma_split_blocks``, 512 since run 119, 0: never; ``mma_split_min_k``, 1024);
@@ -204,6 +207,7 @@ _NUMBERS = {
     "--attention-q8a": "attention_q8a",
     "--mma-split": "mma_split_blocks",
     "--mma-stage": "mma_stage",
+    "--mma-sw1-wave": "mma_sw1_wave_blocks",
     "--prefetch-bytes": "prefetch_bytes",
     "--norm-quantize-values": "norm_quantize_values",
     "--mma-split-k": "mma_split_min_k",

@@ -651,6 +651,12 @@ def main() -> None:
                     checks.test_int8_activation_decode_kernels(backend, wtype, n, True)
                     ran += 1
                     print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for wtype in ("Q8_0", "Q4_0", "Q6_K"):
+            label = f"swiglu mma1 wave {wtype}"
+            if wanted(label):
+                checks.test_swiglu_mma1_wave_form_gives_the_same_bits(backend, wtype)
+                ran += 1
+                print(f"ok  {label} ({time.perf_counter() - start:.0f} s)", flush=True)
         for case in checks.Q8A_CASES:
             label = f"attention int8 hand-off {case}"
             if wanted(label):
