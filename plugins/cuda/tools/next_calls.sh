@@ -29,9 +29,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 27    # carry [".whl"], about 330 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 28    # carry [".whl"], about 420 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 29    # carry [".whl"], about 120 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 30    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 450 s on an
 #                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 29
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 30
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -41,11 +42,11 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # for the thirty-eighth session: call 29 (the prefetch hint after attention's wait at
-    # batch 1; VT_MMA_SW1_BLOCKS=4 again at batches 8 and 16; about 120 s). Call 28 ran as
-    # run 170
-    echo "next_calls.sh auto: call 29"
-    bash "$SELF" 29
+    # for the thirty-eighth session's last call or the thirty-ninth: call 30 (swiglu_mma1w_q8a
+    # by default: its bit checks and the 1B shape at batch 8 beside --mma-sw1-wave 0; about
+    # 250 s). Call 29 ran as run 171
+    echo "next_calls.sh auto: call 30"
+    bash "$SELF" 30
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -294,6 +295,15 @@ case $N in
     KBATCH=1 KTAG=b1 KVARS="|$L||$L" bash $T kvars:1b
     S='--kdefine VT_MMA_SW1_BLOCKS=4'
     KBATCH=8,16 KVARS="|$S||$S" bash $T kvars:1b
+    ;;
+30) # after runs 170-173 (VT_MMA_SW1_BLOCKS=4 at the 1B shape's batch 8: +3.5%, +4.3%,
+    # +6.8%): its default form, swiglu_mma1w_q8a where an 8-row launch has 400+ blocks in a
+    # layout of scales alone (mma_sw1_wave_blocks). Its bit checks against the plain kernel
+    # (Q8_0, Q4_0, Q6_K; unsplit and split) and mma_stage's (the int8 module's other
+    # kernels), then the 1B shape at batch 8 twice beside --mma-sw1-wave 0 (about 250 s)
+    bash $T setup models
+    CHECKX='swiglu_mma1_wave or mma_stage_gives' bash $T checksx
+    KBATCH=8 KTAG=b8 KVARS="|--mma-sw1-wave 0||--mma-sw1-wave 0" bash $T kvars:1b
     ;;
 h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side (with
     # mma_stage at the batch cells); then at batch 1 the prefetch hint (16 and 32 MiB) and
