@@ -309,6 +309,10 @@ extern "C" int vt_emulate(const char* name, const int* g, int block, void** a) {
         quantize_norm_rows(P(unsigned char*, 0), P(const float*, 1), P(const float*, 2),
             P(int, 3), P(int, 4), P(float, 5)); }); return 1; }
     MMA(1) MMA(2) MMA(4) MMA(8)
+    if (!std::strcmp(name, "swiglu_mma1w_q8a")) { vt_grid(g, block, [=] {
+        swiglu_mma1w_q8a(P(float*, 0), P(const unsigned char*, 1), P(const vt_i8*, 2),
+            P(const float*, 3), P(int, 4), P(const vt_i8*, 5), P(const float*, 6), P(int, 7),
+            P(int, 8), P(int, 9), P(int, 10), P(float*, 11), P(int*, 12)); }); return 1; }
     SMALL1(q) SMALL1(f32) SMALL1SW(q) SMALLN(4, 2, q) SMALLN(4, 2, q8a)
     if (!std::strcmp(name, "embedding_q")) { vt_grid(g, block, [=] {
         embedding_q(P(float*, 0), P(const void*, 1), P(const float*, 2), P(int, 3),
