@@ -17,6 +17,8 @@ READS = re.compile(r"os\.environ|getenv\(|envvar=")
 NOT_SETTINGS = {
     "VT_GPU_CHECKS_OUT": "where plugins/cuda/tests/gpu_checks.py writes its results (a test "
     "script's own output path, not a setting of vt)",
+    "VT_MMA_SW1_BLOCKS": "a kernel define docs/gpu.md's runs 166-173 measured, replaced by the "
+    "kernel swiglu_mma1w_q8a in the thirty-eighth session (history, not a setting)",
 }
 
 #: Files that still read VT_* variables themselves instead of through vt.envs (their owners
