@@ -624,7 +624,6 @@ def _int8_mma_outputs(
         be.synchronize(stream)
         assert sum("_mma" in name for name in names) == 3, names
         assert ("swiglu_mma1w_q8a" in names) == (wave and n <= 8), names
-        assert ("swiglu_mma1w_q8a" in names) == (wave and n <= 8), names
         return [
             io.get(sw.buffer, np.float32, (n, 80)),
             *(io.get(o.buffer, np.float32, (n, r)) for o, r in zip(out, rows, strict=True)),
