@@ -139,7 +139,8 @@ class GpuTuning:
     #: blocks ran a second wave of 116). The same bits. Layouts with offsets spill at 64
     #: registers (``sass_count.py``: Q4_1, Q4_K, Q5_K and the module of every layout) and
     #: keep the plain kernel. 0: never. Runs 170-173 (H100; docs/gpu.md, thirty-eighth
-    #: session): the 1B Q8_0 shape's batch 8 +3.5%, +4.3% and +6.8%; the 135M shape's 96
+    #: session): the 1B Q8_0 shape's batch 8 +3.5%, +4.3% and +6.8% (run 174, this form
+    #: against 0: +5.2%); the 135M shape's 96
     #: blocks (one wave either way) -0.3% to -3.4% on the bounded form, so it keeps the
     #: plain one.
     mma_sw1_wave_blocks: int = 400

@@ -557,7 +557,7 @@ VT_DECODE_MMA(q8a, 8)
 // swiglu_mma1_q8a held to 4 blocks an SM by its registers (64 where it takes 72 at 3 an
 // SM): the backend launches it where a launch has more blocks than 3 an SM hold
 // (GpuBackend.mma_sw1_wave_blocks), so they run in one wave, not two (the 1B shape's 512
-// at batch 8 against the H100's 396 places: +3.5% to +6.8%, runs 170-173), in the layouts
+// at batch 8 against the H100's 396 places: +3.5% to +6.8%, runs 170-174), in the layouts
 // of scales alone (the others spill at 64 registers). The same code, so the same bits.
 #define VT_MMA_WAVE_BOUNDS __launch_bounds__(256, 4)
 extern "C" __global__ void VT_MMA_WAVE_BOUNDS swiglu_mma1w_q8a(
