@@ -30,9 +30,10 @@
 #   bash plugins/cuda/tools/next_calls.sh 28    # carry [".whl"], about 420 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 29    # carry [".whl"], about 120 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 30    # carry [".whl"], about 150 s, any card
-#   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"], about 450 s on an
-#                                               # H200; elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 30
+#   bash plugins/cuda/tools/next_calls.sh 31    # carry [".whl", ".llama"], about 480 s, any card
+#   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"]: 31 on an H200;
+#                                               # elsewhere exits 3 within seconds
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 31
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -42,11 +43,10 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # for the thirty-eighth session's last call or the thirty-ninth: call 30 (swiglu_mma1w_q8a
-    # by default: its bit checks and the 1B shape at batch 8 beside --mma-sw1-wave 0; about
-    # 150 s). Call 29 ran as run 171
-    echo "next_calls.sh auto: call 30"
-    bash "$SELF" 30
+    # for the thirty-ninth session: call 31 (the side by side on any card, then the 1B
+    # step's kernels plain at batches 1 and 8; about 480 s). Call 30 ran as run 174
+    echo "next_calls.sh auto: call 31"
+    bash "$SELF" 31
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
@@ -305,23 +305,24 @@ case $N in
     CHECKX='swiglu_mma1_wave' bash $T checksx
     KBATCH=8 KTAG=b8 KVARS="|--mma-sw1-wave 0||--mma-sw1-wave 0" bash $T kvars:1b
     ;;
-h200)  # the goal's one open figure, the 1B shape at batch 1 on an H200, side by side (with
-    # mma_stage at the batch cells); then at batch 1 the prefetch hint (16 and 32 MiB) and
-    # attention with fewer splits of more positions (target_blocks 128: 8 splits where 256
-    # gives 16 of 16 positions; run 166, H100: split 6.27 + combine 2.67 us a layer, 16% of
-    # the step), twice beside the tree; the plain batch-1 table (about 480 s)
+31) # the ratio table refilled from one call on the current defaults (the side by side on
+    # the three shapes: runs 122 and 125 were the last, before mma_stage, mma_rope,
+    # attention_q8a and the wave form moved batches 8-32), then the 1B step's kernels plain
+    # at batches 1 and 8 (about 480 s, any card; on an H200 it is also the goal's open
+    # batch-1 figure)
+    VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
+    KPBATCH="1 8" KPVARS='--overlap 0' bash $T kprofile:1b
+    ;;
+h200)  # call 31 where the card is an H200 (the goal's one open figure: the 1B shape at
+    # batch 1 side by side with llama.cpp; run 125 measured 1,452.6 tok/s there)
     if ! nvidia-smi -L 2>/dev/null | grep -q H200; then
         echo "next_calls.sh h200: no H200 here; nothing run" >&2
         exit 3
     fi
-    VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
-    X='--prefetch-bytes 16777216|--prefetch-bytes 33554432|--target-blocks 128'
-    KBATCH=1 KVARS="|$X||$X" bash $T kvars:1b kvars:smol
-    # the batch-1 step's kernels plain on the H200 (TB/s a kernel, against run 166's H100)
-    KPBATCH=1 KPVARS='--overlap 0' bash $T kprofile:1b
+    bash "$SELF" 31
     ;;
 *)
-    echo "usage: $0 1|2|...|28|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|31|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
