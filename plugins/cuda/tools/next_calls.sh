@@ -31,6 +31,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 29    # carry [".whl"], about 120 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 30    # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 31    # carry [".whl", ".llama"], about 480 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 32    # carry [".whl"], about 350 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"]: 31 on an H200;
 #                                               # elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 31
@@ -313,6 +314,16 @@ case $N in
     VSMODELS=smol,1b,1b-q4km bash $T setup llama_bg models vsllama:300
     KPBATCH="1 8" KPVARS='--overlap 0' bash $T kprofile:1b
     ;;
+32) # attention at batches 8-32 (run 175's plain batch-8 table, H100: attention_split 13.41
+    # us a layer, 17% of the 1B step, where batch 1's takes 6.71): four query heads a split
+    # block (each K and V row read once for the group, not twice), the split kernels
+    # launched overlapped with their K and V rows brought into L2 before the wait (measured
+    # at one row only so far), and two position groups of a warp's loads in flight a round,
+    # beside the tree twice (about 350 s, any card)
+    bash $T setup models
+    KBATCH=8,16,32 KVARS="|--attention-heads 4|--overlap-attention 1|--kdefine VT_FA_WARP_GROUPS=2|" \
+        bash $T kvars:1b kvars:smol
+    ;;
 h200)  # call 31 where the card is an H200 (the goal's one open figure: the 1B shape at
     # batch 1 side by side with llama.cpp; run 125 measured 1,452.6 tok/s there)
     if ! nvidia-smi -L 2>/dev/null | grep -q H200; then
@@ -322,7 +333,7 @@ h200)  # call 31 where the card is an H200 (the goal's one open figure: the 1B s
     bash "$SELF" 31
     ;;
 *)
-    echo "usage: $0 1|2|...|31|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|32|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
