@@ -835,7 +835,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "scale": 0.5},
             "attention_split",
             {"n": 3, "n_heads": 6, "n_kv": 1, "head_dim": 8, "n_slots": 7, "n_layers": 4,
-             "max_len": 5, "layer": 2, "scale": 0.5, "gb": 2, "splits": 29,
+             "max_len": 5, "layer": 2, "scale": 0.5, "gb": 3, "splits": 32,
              "min_per_split": 16, "tile": 0},
         ),
         "attention_bounded": lambda: (  # short_context 0: op_attention's launches
@@ -843,7 +843,7 @@ def _case(c: OpCase, op: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
              "scale": 0.5, "context": 5},
             "attention_split",
             {"n": 3, "n_heads": 6, "n_kv": 1, "head_dim": 8, "n_slots": 7, "n_layers": 4,
-             "max_len": 5, "layer": 2, "scale": 0.5, "gb": 2, "splits": 29,
+             "max_len": 5, "layer": 2, "scale": 0.5, "gb": 3, "splits": 32,
              "min_per_split": 16, "tile": 0},
         ),
         "qkv_rope_kv_store": lambda: (
@@ -1320,6 +1320,31 @@ def test_attention_blocks_take_at_most_max_group_query_heads(
 
 
 @pytest.mark.parametrize(
+    ("n", "n_heads", "most", "gb"),
+    [
+        (8, 6, None, 3),  # the 135M shape's groups of 3 heads: one block at batches
+        (8, 8, None, 2),  # the 1B shape's groups of 4: two blocks of 2, as at one row
+        (1, 6, None, 1),  # one row: attention_max_group's 2, so a head a block
+        (2, 6, 1, 1),
+        (8, 16, 8, 8),
+    ],
+)
+def test_attention_blocks_at_batches_take_attention_batch_max_group_heads(
+    n: int, n_heads: int, most: int | None, gb: int
+) -> None:
+    """At steps of more than one row a split block takes up to attention_batch_max_group
+    (3) query heads: the largest divisor of the group up to it."""
+    backend, rt = make()
+    if most is not None:
+        backend.attention_batch_max_group = most
+    layout = vt.KVLayout(n_layers=2, n_slots=16, max_len=700, n_kv_heads=2, head_dim=64)
+    _attention_launch(backend, n, n_heads, layout)
+    split = rt.launches[0]
+    assert karg(split, "gb") == gb and split.grid[:2] == (n, 2 * (n_heads // 2 // gb))
+    backend.close()
+
+
+@pytest.mark.parametrize(
     ("arch", "n", "tiled", "want"),
     [
         ("sm_90", 1, False, ["attention_split_cluster"]),
@@ -1346,6 +1371,7 @@ def test_attention_cluster_combines_in_the_split_launch_where_the_device_has_clu
     rt.arch = lambda: arch  # type: ignore[method-assign]
     backend.attention_cluster = True
     backend.attention_max_group = 8  # the 4 heads of a group in one block: these grids
+    backend.attention_batch_max_group = 8
     backend.attention_tiled_min_rows = 64 if tiled else 1 << 30
     layout = vt.KVLayout(n_layers=2, n_slots=4, max_len=700, n_kv_heads=2, head_dim=64)
     _attention_launch(backend, n, 8, layout)
@@ -1384,6 +1410,7 @@ def test_attention_of_many_rows_runs_the_tiled_kernel_with_its_arguments_in_orde
     the tiled kernel leaves: many sequences); below it the split kernel alone, as before."""
     backend, rt = make()
     backend.attention_max_group = 8  # the 4 heads of a group in one block: these grids
+    backend.attention_batch_max_group = 8
     layout = vt.KVLayout(n_layers=3, n_slots=5, max_len=700, n_kv_heads=2, head_dim=64)
     for n, kernel in ((63, "attention_split"), (64, "attention_tiled_h64r16")):
         rt.launches.clear()
@@ -2787,27 +2814,35 @@ def _launch_attention(
 
 
 @pytest.mark.parametrize(
-    ("rows", "n_heads", "min_q", "overlap", "want"),
+    ("rows", "n_heads", "min_q", "max_rows", "overlap", "want"),
     [
-        (1, 32, None, True, True),  # the default, 32 heads of 64 (the 1B shape's 2,048 values)
-        (1, 9, None, True, False),  # 9 heads of 64 (the 135M shape's 576): plain
-        (1, 2, 128, True, True),  # the threshold itself
-        (1, 2, 129, True, False),
-        (2, 32, None, True, False),  # a batch: plain (measured at one row only)
-        (1, 32, 0, True, False),  # 0: never
-        (1, 32, None, False, False),  # overlap_launches off: every launch plain
+        (1, 32, None, None, True, True),  # the default: 32 heads of 64 (the 1B shape's 2,048)
+        (1, 9, None, None, True, False),  # 9 heads of 64 (the 135M shape's 576): plain
+        (1, 2, 128, None, True, True),  # the threshold itself
+        (1, 2, 129, None, True, False),
+        (2, 32, None, None, True, True),  # decode batches too (runs 176-177: 8-32 rows)
+        (8, 32, None, None, True, True),
+        (8, 9, None, None, True, False),  # a batch of narrow rows: plain
+        (2, 32, None, 1, True, False),  # overlap_attention_max_rows 1: one row only
+        (3, 32, None, 2, True, False),
+        (2, 32, None, 2, True, True),
+        (1, 32, 0, None, True, False),  # 0: never
+        (1, 32, None, None, False, False),  # overlap_launches off: every launch plain
     ],
 )
-def test_attention_overlaps_at_one_row_where_the_query_row_is_wide(
-    rows: int, n_heads: int, min_q: int | None, overlap: bool, want: bool
+def test_attention_overlaps_at_decode_steps_where_the_query_row_is_wide(
+    rows: int, n_heads: int, min_q: int | None, max_rows: int | None, overlap: bool, want: bool
 ) -> None:
-    """overlap_attention_min_q: at one row, where n_heads * head_dim reaches it, the split
+    """overlap_attention_min_q: at steps of up to overlap_attention_max_rows rows (63 by
+    default, below the tiled kernel's 64), where n_heads * head_dim reaches it, the split
     and combine kernels go through ``launch_overlapped`` (both wait for their predecessor on
-    the device); narrower rows, batches, 0 and overlap_launches off launch them plain."""
+    the device); narrower rows, longer steps, 0 and overlap_launches off launch them plain."""
     backend, rt = make()
     backend.overlap_launches = overlap
     if min_q is not None:
         backend.overlap_attention_min_q = min_q
+    if max_rows is not None:
+        backend.overlap_attention_max_rows = max_rows
     assert backend.overlap_attention is False  # the rule, not the every-shape switch
     overlapped = _overlapped_launches(rt)
     c = OpCase(backend)

@@ -273,18 +273,20 @@ def test_emulator_settings_reach_both_sides_and_refuse_below_one(
     seen: list[tuple[int, int]] = []
 
     class Backend:
-        attention_min_split, attention_max_group = 16, 2
+        attention_min_split, attention_max_group, attention_batch_max_group = 16, 2, 3
 
     monkeypatch.setattr(emulate_kernels, "emulated_backend", lambda lib: (Backend(), None))
     monkeypatch.setattr(
         emulate_kernels, "_bits_outputs",
-        lambda b: seen.append((b.attention_min_split, b.attention_max_group)) or [],
+        lambda b: seen.append(
+            (b.attention_min_split, b.attention_max_group, b.attention_batch_max_group)
+        ) or [],
     )  # fmt: skip
     argv = ["emulate_kernels.py", "--same-bits", "X=1", "--min-split", "64"]
     monkeypatch.setattr(sys, "argv", [*argv, "--attention-heads", "1"])
     with pytest.raises(SystemExit) as done:
         emulate_kernels.main()
-    assert done.value.code == 0 and seen == [(64, 1), (64, 1)]
+    assert done.value.code == 0 and seen == [(64, 1, 1), (64, 1, 1)]
     for flag in ("--min-split", "--attention-heads"):
         monkeypatch.setattr(sys, "argv", ["emulate_kernels.py", flag, "0"])
         with pytest.raises(SystemExit):

@@ -1283,7 +1283,8 @@ class GpuBackend(
                 F32(scale),
             )  # fmt: skip
         group = n_heads // n_kv
-        most = max(1, min(group, _FA_MAXG, self.attention_max_group))
+        most = self.attention_max_group if n == 1 else self.attention_batch_max_group
+        most = max(1, min(group, _FA_MAXG, most))
         gb = max(g for g in range(1, most + 1) if group % g == 0)
         blocks = n * n_kv * (group // gb)
         splits = max(1, min(self.attention_max_splits, -(-self.target_blocks // blocks)))
@@ -1291,7 +1292,11 @@ class GpuBackend(
         cluster = self.attention_cluster and splits > 1 and not tile and self._sm() >= 90
         if cluster:
             splits = _FA_CLUSTER
-        wide = n == 1 and 0 < self.overlap_attention_min_q <= n_heads * hd
+        wide = (
+            n <= self.overlap_attention_max_rows
+            and n < self.attention_tiled_min_rows
+            and 0 < self.overlap_attention_min_q <= n_heads * hd
+        )
         threads = self._short_threads() if short else self.attention_threads
         part = counts = 0
         xq = self._attention_q8a(stream, out, hd)

@@ -302,6 +302,14 @@ class GpuTuning:
     #: --attention-heads N``). 2 since runs 90-91 (batch 1: +1.2% to +5.4% over 8, every
     #: head of a group in one block as before; 1: -3.8% on the 1B shape at 2,048 positions).
     attention_max_group: int = 2
+    #: The same at steps of more than one row. 3 since the thirty-ninth session: the 135M
+    #: shape's groups of 3 heads go in one block at batches (each K and V row read once for
+    #: the group, not three times; runs 176-177, H100: batch 16 +4.6% and +4.8%, batch 32
+    #: +0.6% and +0.8%, batch 8 +6.1%, +1.7% and -7.5%, that cell's noise), while the 1B
+    #: shape's groups of 4 keep two blocks of 2 (4 heads a block lost 2.0-3.3% at batches
+    #: 8-32, run 176). Measured at batches 8, 16 and 32 only (``bench_variant.py
+    #: --attention-batch-heads N``).
+    attention_batch_max_group: int = 3
     #: Where attention splits a row, the last split block of each (row, KV group) to
     #: finish combines the partials itself (``attention_split`` with its counters) instead
     #: of a second launch (``attention_combine``). Off: measured 2-11% slower at batch 1 on
@@ -335,11 +343,20 @@ class GpuTuning:
     #: With ``overlap_launches``, attention's split and combine kernels too (the split
     #: kernel's K and V rows prefetched into L2 before its wait), at every shape.
     overlap_attention: bool = False
-    #: With ``overlap_launches``, attention's kernels overlapped at one row where a query
-    #: row has at least this many values (``n_heads * head_dim``); 0: only where
-    #: ``overlap_attention`` says. Measured at batch 1 (docs/gpu.md runs 40, 52-53, 80, 98):
-    #: the 1B shape (2,048 values) +1.5% to +5%, the 135M shape (576) -6% to -13%.
+    #: With ``overlap_launches``, attention's kernels overlapped at decode steps (up to
+    #: ``overlap_attention_max_rows`` rows) where a query row has at least this many values
+    #: (``n_heads * head_dim``); 0: only where ``overlap_attention`` says. Measured at batch
+    #: 1 (docs/gpu.md runs 40, 52-53, 80, 98): the 1B shape (2,048 values) +1.5% to +5%,
+    #: the 135M shape (576) -6% to -13%.
     overlap_attention_min_q: int = 2048
+    #: That rule at steps of up to this many rows too (and fewer than
+    #: ``attention_tiled_min_rows``: decode batches); 1: one row only, the rule before the
+    #: thirty-ninth session. Runs 176-177 (H100, ``--overlap-attention 1`` on the 1B shape,
+    #: whose 2,048-value rows the rule takes): batch 8 +0.4% and +4.8%, batch 16 +2.1% and
+    #: +4.9%, batch 32 +3.9% and +6.3%; the 135M shape's 576-value rows stay plain (that
+    #: switch cost them 6.9% and 3.1% at batches 16 and 32, run 176)
+    #: (``bench_variant.py --overlap-attention-rows N``).
+    overlap_attention_max_rows: int = 63
     #: With ``overlap_launches``, the int8 batch kernels too (``quantize_rows``,
     #: ``quantize_norm_rows``, ``*_mma*_q8a``): each starts while the kernel before it
     #: finishes, an mma warp's first weights loaded before its wait. Batch steps launch

@@ -8,7 +8,9 @@ in half precision / TF32 for every weight (``GpuBackend.blas_inputs``; the defau
 picks by the weight's size); ``--splits N``: attention splits a row's positions over at
 most N blocks (``GpuBackend.attention_max_splits``); ``--min-split N``: each split at least
 N positions long (``GpuBackend.attention_min_split``); ``--attention-heads N``: a split
-block takes at most N query heads of a KV head (``GpuBackend.attention_max_group``);
+block takes at most N query heads of a KV head at one row (``GpuBackend.attention_max_group``);
+``--attention-batch-heads N``: the same at steps of more rows
+(``GpuBackend.attention_batch_max_group``, 3 by default);
 ``--short-context N``: a step whose rows all end within N positions is a context class
 of its own (the runner's graphs keyed by it, ``attention_bounded`` launched), and at one
 row, where attention is not overlapped, runs it as one launch of
@@ -43,8 +45,10 @@ overlapped with their predecessor (1, the default; ``GpuBackend.overlap_launches
 ``--overlap-attention 0|1``: attention's split and combine kernels launched overlapped
 too (the split kernel's K and V rows prefetched into L2 before its wait;
 ``GpuBackend.overlap_attention``, off by default: every shape);
-``--overlap-attention-min-q N``: the same at one row where a query row has at least N
+``--overlap-attention-min-q N``: the same at decode steps where a query row has at least N
 values (``GpuBackend.overlap_attention_min_q``, 2048 by default; 0: never);
+``--overlap-attention-rows N``: that rule at steps of up to N rows
+(``GpuBackend.overlap_attention_max_rows``, 63 by default; 1: one row only);
 ``--overlap-combine 0|1``: ``attention_combine`` alone launched overlapped
 (``GpuBackend.overlap_combine``, off by default);
 ``--overlap-mma 0|1``: the int8 batch kernels (``quantize_rows``, ``quantize_norm_rows``,
@@ -185,6 +189,7 @@ _NUMBERS = {
     "--target-blocks": "target_blocks",
     "--min-split": "attention_min_split",
     "--attention-heads": "attention_max_group",
+    "--attention-batch-heads": "attention_batch_max_group",
     "--attention-threads": "attention_threads",
     "--short-context": "short_context",
     "--short-context-threads": "short_context_threads",
@@ -199,6 +204,7 @@ _NUMBERS = {
     "--argmax-slice": "sample_argmax_slice",
     "--overlap-attention": "overlap_attention",
     "--overlap-attention-min-q": "overlap_attention_min_q",
+    "--overlap-attention-rows": "overlap_attention_max_rows",
     "--overlap-combine": "overlap_combine",
     "--overlap-mma": "overlap_mma",
     "--norm-late": "norm_late",

@@ -512,8 +512,9 @@ def main() -> None:
                     help="GpuBackend.attention_min_split for every case (as bench_variant.py "
                          "--min-split: each split at least N positions)")  # fmt: skip
     ap.add_argument("--attention-heads", type=int, metavar="N",
-                    help="GpuBackend.attention_max_group for every case (as bench_variant.py "
-                         "--attention-heads: at most N query heads a split block)")  # fmt: skip
+                    help="GpuBackend.attention_max_group and attention_batch_max_group for "
+                         "every case (as bench_variant.py --attention-heads and "
+                         "--attention-batch-heads: at most N query heads a block)")  # fmt: skip
     ap.add_argument("--splits", type=int, metavar="N",
                     help="GpuBackend.attention_max_splits for every case (as bench_variant.py "
                          "--splits)")  # fmt: skip
@@ -549,6 +550,8 @@ def main() -> None:
             ap.error(f"{flag} must be at least 1, not {value}")
         if value is not None:
             settings[attr] = value
+    if a.attention_heads is not None:  # at every step's rows, one or many
+        settings["attention_batch_max_group"] = a.attention_heads
     if a.same_bits:
         sys.exit(1 if same_bits(a.same_bits, tuple(a.define), settings) else 0)
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,6 +32,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 30    # carry [".whl"], about 150 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 31    # carry [".whl", ".llama"], about 480 s, any card
 #   bash plugins/cuda/tools/next_calls.sh 32    # carry [".whl"], about 350 s, any card
+#   bash plugins/cuda/tools/next_calls.sh 33    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"]: 31 on an H200;
 #                                               # elsewhere exits 3 within seconds
 #   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 31
@@ -324,6 +325,15 @@ case $N in
     KBATCH=8,16,32 KVARS="|--attention-heads 4|--overlap-attention 1|--kdefine VT_FA_WARP_GROUPS=2|" \
         bash $T kvars:1b kvars:smol
     ;;
+33) # attention's batch defaults of the thirty-ninth session (overlap_attention_max_rows 63:
+    # the 1B shape's wide rows launched overlapped at batches too; attention_batch_max_group
+    # 3: the 135M shape's groups of 3 heads one block at batches): gpu_checks.py's attention
+    # tests on them, then batches 8-32 twice beside the rules before (about 250 s, any card)
+    bash $T setup models
+    CHECKX='attention' bash $T checksx
+    OLD='--overlap-attention-rows 1 --attention-batch-heads 2'
+    KBATCH=8,16,32 KVARS="|$OLD||$OLD" bash $T kvars:1b kvars:smol
+    ;;
 h200)  # call 31 where the card is an H200 (the goal's one open figure: the 1B shape at
     # batch 1 side by side with llama.cpp; run 125 measured 1,452.6 tok/s there)
     if ! nvidia-smi -L 2>/dev/null | grep -q H200; then
@@ -333,7 +343,7 @@ h200)  # call 31 where the card is an H200 (the goal's one open figure: the 1B s
     bash "$SELF" 31
     ;;
 *)
-    echo "usage: $0 1|2|...|32|h200|auto (docs/gpu.md, the latest Next)" >&2
+    echo "usage: $0 1|2|...|33|h200|auto (docs/gpu.md, the latest Next)" >&2
     exit 2
     ;;
 esac
