@@ -731,6 +731,40 @@ def test_h200_checks_cmd_runs_a_command_with_the_steps_environment(tmp_path: Pat
     assert done.returncode != 0 and "set CMD to the command" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("kvars", "want"),
+    [("", [""]), ("|a|", ["", "a", ""]), ("|a||a", ["", "a", "", "a"]), ("a|b", ["a", "b"])],
+)
+def test_h200_checks_kvars_runs_every_variant_a_trailing_tree_too(
+    tmp_path: Path, kvars: str, want: list[str]
+) -> None:
+    """h200_checks.sh kvars: one bench per '|'-separated variant of KVARS, in order; an
+    empty one is the tree, at the end too (run 176 lost a trailing one to bash's read)."""
+    script = Path(__file__).resolve().parents[1] / "plugins/cuda/tools/h200_checks.sh"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"  # a bench that only says which variant it was given
+    fake.write_text('#!/bin/sh\necho "fake python3 $*" >> "$OUT/calls.txt"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "KVARS": kvars, "KTAG": f"t{os.getpid()}",
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}  # fmt: skip
+    try:
+        done = subprocess.run(
+            ["bash", str(script), "kvars:none"], env=env, capture_output=True, text=True
+        )
+    finally:  # the step keeps each bench's JSON in /tmp, as on the device
+        for left in Path("/tmp").glob(f"kvars-none*{env['KTAG']}*.json"):
+            left.unlink()
+    assert done.returncode == 0, done.stderr
+    benches = [
+        line.split("bench_variant.py", 1)[1].split(" bench --backend", 1)[0].strip()
+        for line in (out / "calls.txt").read_text().splitlines()
+        if "bench_variant.py" in line
+    ]
+    assert benches == want
+
+
 def test_sass_same_compares_listings_without_labels_and_numbered_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

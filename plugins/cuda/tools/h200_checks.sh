@@ -265,8 +265,9 @@ EOF"
         m=${s#kvars:}
         t=$m${KTAG:+-$KTAG}
         B="bench --backend cuda --model /tmp/$m.gguf --batch ${KBATCH:-1,8,32} --prompt-tokens ${KPROMPT:-128} --gen-tokens 128 --repeat 2 --json"
-        IFS='|' read -ra VS <<< "${KVARS:-}"
-        [ ${#VS[@]} -eq 0 ] && VS=("")  # no KVARS: the tree as it is (run 55 ran nothing)
+        # the '|' appended keeps a trailing empty variant (the tree) that read would drop
+        # (run 176 lost one so); no KVARS: the tree as it is (run 55 ran nothing)
+        IFS='|' read -ra VS <<< "${KVARS:-}|"
         i=0
         for v in "${VS[@]}"; do
             i=$((i + 1))
@@ -341,8 +342,7 @@ EOF"
     kprofile1:*)  # the same at batch 1 only, per variant of bench_variant.py flags in KPVARS
         # ('|' between variants; default: the tree as it is)
         m=${s#kprofile1:}
-        IFS='|' read -ra VS <<< "${KPVARS:-}"
-        [ ${#VS[@]} -eq 0 ] && VS=("")
+        IFS='|' read -ra VS <<< "${KPVARS:-}|"  # as kvars: a trailing empty variant kept
         for v in "${VS[@]}"; do
             step "kprofile1-$m" 300 "echo 'variant: $v'; python3 plugins/cuda/tools/profile_decode.py $v /tmp/$m.gguf --steps 64 --batch 1 --kernels --no-cprofile"
         done
@@ -408,8 +408,7 @@ done; ls -la $VT_HOME/kernels"
         ;;
     kprofile:*)  # at batch 1 and 32 (KPBATCH), per variant in KPVARS as kprofile1
         m=${s#kprofile:}
-        IFS='|' read -ra VS <<< "${KPVARS:-}"
-        [ ${#VS[@]} -eq 0 ] && VS=("")
+        IFS='|' read -ra VS <<< "${KPVARS:-}|"  # as kvars: a trailing empty variant kept
         for v in "${VS[@]}"; do
             step "kprofile-$m" 400 "echo 'variant: $v'; for b in ${KPBATCH:-1 32}; do python3 plugins/cuda/tools/profile_decode.py $v /tmp/$m.gguf --steps 64 --batch \$b --kernels --no-cprofile; done"
         done

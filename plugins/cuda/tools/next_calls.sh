@@ -35,7 +35,7 @@
 #   bash plugins/cuda/tools/next_calls.sh 33    # carry [".whl"], about 250 s, any card
 #   bash plugins/cuda/tools/next_calls.sh h200  # carry [".whl", ".llama"]: 31 on an H200;
 #                                               # elsewhere exits 3 within seconds
-#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl", ".llama"]: call 31
+#   bash plugins/cuda/tools/next_calls.sh auto  # carry [".whl"]: call 33
 #
 # Output goes to $OUT as h200_checks.sh writes it (summary.txt, log.txt, bench-*.json).
 set -u
@@ -45,10 +45,11 @@ T=plugins/cuda/tools/h200_checks.sh
 nvidia-smi -L || true
 N=${1:-}
 if [ "$N" = auto ]; then
-    # for the thirty-ninth session: call 31 (the side by side on any card, then the 1B
-    # step's kernels plain at batches 1 and 8; about 480 s). Call 30 ran as run 174
-    echo "next_calls.sh auto: call 31"
-    bash "$SELF" 31
+    # for the fortieth session: call 33 (the thirty-ninth session's attention batch rules:
+    # their gpu_checks.py attention tests and batches 8-32 beside the rules before; about
+    # 250 s). Calls 31 and 32 ran as runs 175 and 176
+    echo "next_calls.sh auto: call 33"
+    bash "$SELF" 33
     exit
 fi
 #: gpu_checks.py's last 20 tests (calls 10 and 11 split the file at them)
