@@ -304,8 +304,8 @@ class GpuTuning:
     attention_max_group: int = 2
     #: The same at steps of more than one row. 3 since the thirty-ninth session: the 135M
     #: shape's groups of 3 heads go in one block at batches (each K and V row read once for
-    #: the group, not three times; runs 176-177, H100: batch 16 +4.6% and +4.8%, batch 32
-    #: +0.6% and +0.8%, batch 8 +6.1%, +1.7% and -7.5%, that cell's noise), while the 1B
+    #: the group, not three times; runs 176-177, H100: batch 16 +4.8% and +4.6%, batch 32
+    #: +0.8% and +0.7%, batch 8 +6.1% and -2.5%, that cell's noise), while the 1B
     #: shape's groups of 4 keep two blocks of 2 (4 heads a block lost 2.0-3.3% at batches
     #: 8-32, run 176). Measured at batches 8, 16 and 32 only (``bench_variant.py
     #: --attention-batch-heads N``).
@@ -352,8 +352,8 @@ class GpuTuning:
     #: That rule at steps of up to this many rows too (and fewer than
     #: ``attention_tiled_min_rows``: decode batches); 1: one row only, the rule before the
     #: thirty-ninth session. Runs 176-177 (H100, ``--overlap-attention 1`` on the 1B shape,
-    #: whose 2,048-value rows the rule takes): batch 8 +0.4% and +4.8%, batch 16 +2.1% and
-    #: +4.9%, batch 32 +3.9% and +6.3%; the 135M shape's 576-value rows stay plain (that
+    #: whose 2,048-value rows the rule takes): batch 8 +0.4% and +4.7%, batch 16 +2.1% and
+    #: +4.9%, batch 32 +3.9% and +6.2%; the 135M shape's 576-value rows stay plain (that
     #: switch cost them 6.9% and 3.1% at batches 16 and 32, run 176)
     #: (``bench_variant.py --overlap-attention-rows N``).
     overlap_attention_max_rows: int = 63
