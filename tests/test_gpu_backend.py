@@ -2482,7 +2482,7 @@ def test_mma_sw1_wave_blocks_picks_swiglus_four_an_sm_form(
     swiglu_mma1w_q8a (swiglu_mma1_q8a's code held to 4 blocks an SM), with swiglu_mma's
     arguments and grid; fewer blocks, 0 (never), more tiles, a layout with offsets (which
     spills at 64 registers) or two layouts (the module of every layout) keep the plain
-    kernels; a negative setting is refused by name before anything compiles."""
+    kernels (a negative setting: test_a_negative_setting_is_refused_by_name_before_any_compile)."""
     assert GpuBackend.mma_sw1_wave_blocks == 400
     backend, rt = make()
     backend.int8_mma, backend.int8_min_values = True, 0
@@ -2504,12 +2504,6 @@ def test_mma_sw1_wave_blocks_picks_swiglus_four_an_sm_form(
     assert signatures["swiglu_mma1w_q8a"] == signatures["swiglu_mma"]
     names = [name for _, name in signatures["swiglu_mma"]]
     assert launch.args[names.index("N")] == features and launch.args[names.index("n")] == n
-    backend.close()
-    backend, rt = make()
-    backend.mma_sw1_wave_blocks = -1
-    with pytest.raises(ValueError, match=r"mma_sw1_wave_blocks is -1; 0 \(never\) or"):
-        backend.prepare()
-    assert rt.compiles == []
     backend.close()
 
 
@@ -2857,6 +2851,21 @@ def test_attention_overlaps_at_decode_steps_where_the_query_row_is_wide(
     backend.close()
 
 
+def test_attention_at_the_tiled_kernels_rows_is_not_overlapped() -> None:
+    """From attention_tiled_min_rows rows (prefill steps: the tiled kernel takes rows) the
+    split kernel launches plain whatever overlap_attention_max_rows says; one row fewer is
+    a decode batch and overlaps."""
+    layout = vt.KVLayout(n_layers=1, n_slots=8, max_len=64, n_kv_heads=8, head_dim=64)
+    for rows, want in ((3, []), (2, ["attention_split", "attention_combine"])):
+        backend, rt = make()
+        backend.attention_tiled_min_rows = 3
+        overlapped = _overlapped_launches(rt)
+        _launch_attention(backend, OpCase(backend), layout, rows, 32)
+        assert [la.kernel for la in rt.launches if la.kernel.startswith("attention_split")]
+        assert overlapped == want
+        backend.close()
+
+
 @pytest.mark.parametrize(
     ("n", "wtype", "kernels"),
     [
@@ -3108,8 +3117,8 @@ def test_prefetch_rides_on_the_next_attention_launch() -> None:
     launches nothing; the next attention's split kernel gets its weights' byte ranges (the
     first weight whole, then the same leading share of the pair's codes and scales, in
     128-byte lines, within the budget), and the one after it none; freeing a weight drops a
-    pending hint; a weight this backend did not upload, a mismatched pair and a negative
-    budget (before anything compiles) are refused by name."""
+    pending hint; a weight this backend did not upload and a mismatched pair are refused by
+    name (a negative budget: test_a_negative_setting_is_refused_by_name_before_any_compile)."""
     backend, rt = make()
     assert not backend.supports("prefetch")  # 0 by default: nothing to launch
     backend.prefetch_bytes = 20_000
@@ -3170,9 +3179,21 @@ def test_prefetch_rides_on_the_next_attention_launch() -> None:
         backend.launch("prefetch", stream, weight=wo, paired=gate)  # 64 rows against 16
     assert not any(attention().n)  # neither refused hint was kept
     backend.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("mma_sw1_wave_blocks", r"mma_sw1_wave_blocks is -1; 0 \(never\) or"),
+        ("prefetch_bytes", r"prefetch_bytes is -1; 0 \(no prefetch hint\) or"),
+    ],
+)
+def test_a_negative_setting_is_refused_by_name_before_any_compile(
+    setting: str, message: str
+) -> None:
     backend, rt = make()
-    backend.prefetch_bytes = -1
-    with pytest.raises(ValueError, match=r"prefetch_bytes is -1; 0 \(no prefetch hint\) or"):
+    setattr(backend, setting, -1)
+    with pytest.raises(ValueError, match=message):
         backend.prepare()
     assert rt.compiles == []
     backend.close()
